@@ -1,0 +1,5 @@
+"""The small library behind the commands in scripts/.
+
+It knows the pin, the series, the patches and git, and nothing else:
+the commands parse arguments, call in here, print and set the exit code.
+"""

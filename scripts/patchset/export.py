@@ -1,0 +1,112 @@
+"""Write the series back out of the patched branch, deterministically."""
+
+from __future__ import annotations
+
+import difflib
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from .apply import build_tree_path, default_branch, pristine_tag
+from .errors import Exit, PatchSetError
+from .git import Git
+from .manifest import MANIFEST_NAME, SERIES_NAME, Series, sha256_of, step_of
+
+# Flags that make `git format-patch` output a function of the commits alone
+# (electron's export uses the same idea): no commit ids, full blob ids, no
+# version signature, no [PATCH n/m] subject prefix, a fixed diffstat width.
+FORMAT_PATCH_FLAGS = [
+    "--zero-commit",
+    "--full-index",
+    "--no-signature",
+    "--keep-subject",
+    "--no-numbered",
+    "--no-thread",
+    "--no-cover-letter",
+    "--no-attach",
+    "--stat=80",
+    "--no-renames",
+    "--abbrev=40",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
+]
+SERIES_HEADER = (
+    "# Applied in this order by scripts/apply-patches; "
+    "regenerate with scripts/export-patches.\n"
+)
+
+
+def export_to(series: Series, repo: Path, out: Path) -> list[str]:
+    """Write series, patches and manifest for pristine..branch into out."""
+    manifest = series.manifest
+    git = Git(repo, owned=True)
+    branch = default_branch(manifest)
+    if git.rev(f"refs/heads/{branch}") is None:
+        raise PatchSetError(
+            Exit.NOT_A_CHECKOUT,
+            f"{repo} has no branch {branch} to export from",
+            "run scripts/apply-patches first",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    listing = git.out(
+        "format-patch", *FORMAT_PATCH_FLAGS, "-o", str(out),
+        f"{pristine_tag(manifest)}..{branch}",
+    )  # fmt: skip
+    names = [Path(line).name for line in listing.splitlines() if line.strip()]
+    revs = git.out("rev-list", "--reverse", f"{pristine_tag(manifest)}..{branch}").split()
+    blobs = {path: {"base": by_step["base"]} for path, by_step in manifest.blobs.items()}
+    for name, rev in zip(names, revs, strict=True):
+        for path in blobs:
+            blob = git.blob_at(rev, path)
+            if blob is None:
+                raise PatchSetError(
+                    Exit.PATCHSET_INVALID,
+                    f"{path} does not exist after {name}",
+                    "the series must keep the three patched files",
+                )
+            blobs[path][step_of(name)] = blob
+    (out / SERIES_NAME).write_text(SERIES_HEADER + "".join(f"{n}\n" for n in names))
+    updated = replace(
+        manifest,
+        patch_hashes={name: sha256_of(out / name) for name in names},
+        blobs=blobs,
+    )
+    (out / MANIFEST_NAME).write_text(updated.dumps())
+    return names
+
+
+def _exported_files(folder: Path) -> dict[str, str]:
+    return {
+        p.name: p.read_text(encoding="utf-8")
+        for p in sorted(folder.iterdir())
+        if p.is_file() and (p.suffix == ".patch" or p.name in (SERIES_NAME, MANIFEST_NAME))
+    }
+
+
+def stale_diff(series: Series, build: Path) -> str:
+    """The unified diff between the committed patch set and a fresh export."""
+    repo = build_tree_path(series, build)
+    with tempfile.TemporaryDirectory(prefix="sglang-backports-export-") as tmp:
+        export_to(series, repo, Path(tmp))
+        fresh = _exported_files(Path(tmp))
+    committed = _exported_files(series.folder)
+    chunks: list[str] = []
+    for name in sorted(set(fresh) | set(committed)):
+        old = committed.get(name, "").splitlines(keepends=True)
+        new = fresh.get(name, "").splitlines(keepends=True)
+        chunks += difflib.unified_diff(
+            old, new, f"committed/{name}", f"exported/{name}"
+        )
+    return "".join(chunks)
+
+
+def export_in_place(series: Series, build: Path) -> list[str]:
+    """Replace the patch set folder's series, patches and manifest with a fresh export."""
+    repo = build_tree_path(series, build)
+    with tempfile.TemporaryDirectory(prefix="sglang-backports-export-") as tmp:
+        names = export_to(series, repo, Path(tmp))
+        for old in series.folder.glob("*.patch"):
+            old.unlink()
+        for path in Path(tmp).iterdir():
+            (series.folder / path.name).write_bytes(path.read_bytes())
+    return names

@@ -1,0 +1,134 @@
+"""A thin wrapper over the git command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import Exit, PatchSetError
+
+# Identity for commits in repositories this project owns (the build tree).
+PROJECT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "sglang-backports",
+    "GIT_AUTHOR_EMAIL": "sglang-backports@localhost",
+    "GIT_COMMITTER_NAME": "sglang-backports",
+    "GIT_COMMITTER_EMAIL": "sglang-backports@localhost",
+}
+
+
+class GitError(RuntimeError):
+    def __init__(self, args: list[str], result: subprocess.CompletedProcess[str]):
+        self.args_ = args
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+        self.returncode = result.returncode
+        super().__init__(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+
+
+@dataclass
+class Git:
+    """Runs git in one work tree.
+
+    owned=True marks a repository this project made: user and system git
+    configuration is ignored there, so output (format-patch above all) does
+    not depend on whoever runs the command.
+    """
+
+    cwd: Path
+    owned: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+            env.pop(name, None)
+        if self.owned:
+            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+            env.update(PROJECT_IDENTITY)
+        env.update(self.extra_env)
+        return env
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            ["git", *args],
+            cwd=self.cwd,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+        )
+        if check and result.returncode != 0:
+            raise GitError(list(args), result)
+        return result
+
+    def out(self, *args: str) -> str:
+        return self.run(*args).stdout.strip()
+
+    def ok(self, *args: str) -> bool:
+        return self.run(*args, check=False).returncode == 0
+
+    def rev(self, spec: str) -> str | None:
+        result = self.run("rev-parse", "--verify", "--quiet", spec, check=False)
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    def blob_at(self, rev: str, path: str) -> str | None:
+        return self.rev(f"{rev}:{path}")
+
+    def branch_exists(self, branch: str) -> bool:
+        return self.rev(f"refs/heads/{branch}") is not None
+
+    def current_branch(self) -> str | None:
+        result = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+        return result.stdout.strip() or None
+
+    def dirty_files(self) -> list[str]:
+        """Tracked files with staged or unstaged changes (untracked ones are safe)."""
+        listing = self.out("status", "--porcelain=v1", "--untracked-files=no")
+        return [line[3:] for line in listing.splitlines() if line.strip()]
+
+    def operation_in_progress(self) -> str | None:
+        git_dir = Path(self.out("rev-parse", "--absolute-git-dir"))
+        for marker, name in (
+            ("rebase-apply", "git am or rebase"),
+            ("rebase-merge", "rebase"),
+            ("MERGE_HEAD", "merge"),
+            ("CHERRY_PICK_HEAD", "cherry-pick"),
+        ):
+            if (git_dir / marker).exists():
+                return name
+        return None
+
+
+def open_checkout(path: Path) -> Git:
+    """A Git for a user's checkout, refusing a path that is not one."""
+    if not path.is_dir():
+        raise PatchSetError(
+            Exit.NOT_A_CHECKOUT,
+            f"{path} is not a directory",
+            "pass --sglang with the top folder of a git checkout of sglang",
+        )
+    git = Git(path)
+    result = git.run("rev-parse", "--show-toplevel", check=False)
+    if result.returncode != 0:
+        raise PatchSetError(
+            Exit.NOT_A_CHECKOUT,
+            f"{path} is not a git checkout",
+            "clone sglang and check out the pinned tag first, e.g. "
+            "`git clone https://github.com/sgl-project/sglang && "
+            "git -C sglang checkout v0.5.15.post1`, then pass --sglang sglang",
+        )
+    top = Path(result.stdout.strip())
+    if top.resolve() != path.resolve():
+        raise PatchSetError(
+            Exit.NOT_A_CHECKOUT,
+            f"{path} is inside the git checkout {top}, not its top folder",
+            f"pass --sglang {top}",
+        )
+    if git.rev("HEAD") is None:
+        raise PatchSetError(
+            Exit.NOT_A_CHECKOUT,
+            f"the git repository at {path} has no commits",
+            "check out sglang's pinned tag there first",
+        )
+    return git

@@ -1,0 +1,88 @@
+"""The pinned sglang wheels: download with pip, check the sha256, cache, unpack."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .errors import Exit, PatchSetError
+from .manifest import WheelPin, sha256_of
+
+PACKAGE_PREFIX = "sglang/"
+# The wheel holds the repository's python/sglang/ tree as sglang/.
+REPO_PREFIX = "python/"
+
+
+def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
+    actual = sha256_of(path)
+    if actual != pin.sha256:
+        raise PatchSetError(
+            Exit.WHEEL_HASH,
+            f"the {where} wheel {path} has sha256 {actual}, but the manifest pins "
+            f"{pin.sha256} for {pin.wheel}",
+            f"delete {path} and run again; if a fresh download still differs, "
+            "the file on the package index is not the one this series was made "
+            "against: do not use it",
+        )
+
+
+def _pip_download(pin: WheelPin, dest: Path) -> subprocess.CompletedProcess[str]:
+    name, _version, python_tag, abi, platform = pin.wheel[: -len(".whl")].split("-")
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps",
+        "--only-binary=:all:", "--disable-pip-version-check",
+        "--implementation", python_tag[:2], "--python-version", python_tag[2:],
+        "--abi", abi, "--platform", platform,
+        "--dest", str(dest), f"{name}=={pin.version}",
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
+    """The pinned wheel from the cache, downloading it once if it is not there."""
+    cached = cache / pin.wheel
+    if cached.is_file():
+        _check_hash(cached, pin, "cached")
+        return cached
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+        result = _pip_download(pin, Path(tmp))
+        downloaded = Path(tmp) / pin.wheel
+        if result.returncode != 0 or not downloaded.is_file():
+            detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise PatchSetError(
+                Exit.WHEEL_UNAVAILABLE,
+                f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
+                f"and it is not in the cache {cache}. pip said: {detail}",
+                "connect to the package index (or set pip's index options), or "
+                f"put the wheel into {cache} by hand",
+            )
+        _check_hash(downloaded, pin, "downloaded")
+        downloaded.replace(cached)
+    return cached
+
+
+def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
+    """The given python/sglang/... files as the wheel holds them."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {
+            path: archive.read(path.removeprefix(REPO_PREFIX)) for path in repo_paths
+        }
+
+
+def extract_package(wheel: Path, dest: Path) -> Path:
+    """Lay the wheel's sglang/ tree out as dest/python/sglang/; returns dest/python."""
+    target = dest / REPO_PREFIX
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.infolist():
+            if not member.filename.startswith(PACKAGE_PREFIX) or member.is_dir():
+                continue
+            out = target / member.filename
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(member) as src, out.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return target
