@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from . import wheel as wheels
 from .errors import Exit, PatchSetError
-from .git import Git, GitError, open_checkout
+from .git import Git, open_checkout
 from .manifest import BASE_STEP, PinManifest, Series, step_of
 
 # Fix B's line; a base that already has it needs no patch, whatever its version.
@@ -70,9 +71,7 @@ def _mismatch(
     looks_like = [r for r, files in manifest.known_releases.items() if files == blobs]
     decode = read_file(DECODE_PY) or ""
     fixed = manifest.first_fixed_release
-    if any(_version_key(r) >= _version_key(fixed) for r in looks_like) or (
-        FIX_B_MARKER in decode
-    ):
+    if any(_version_key(r) >= _version_key(fixed) for r in looks_like) or (FIX_B_MARKER in decode):
         named = f"sglang {looks_like[-1]}" if looks_like else f"sglang {fixed} or later"
         lines.append(
             f"It looks like {named}, which already contains both fixes "
@@ -132,8 +131,7 @@ def _refuse_unclean(git: Git, where: Path) -> None:
         raise PatchSetError(
             Exit.DIRTY_TREE,
             f"{where} has uncommitted changes to tracked files: {', '.join(dirty)}",
-            "commit them (or move them aside yourself) and run again; "
-            "nothing was changed",
+            "commit them (or move them aside yourself) and run again; nothing was changed",
         )
 
 
@@ -192,9 +190,7 @@ def _apply_on_new_branch(
     return applied
 
 
-def apply_to_checkout(
-    git: Git, series: Series, branch: str, where: Path
-) -> ApplyReport:
+def apply_to_checkout(git: Git, series: Series, branch: str, where: Path) -> ApplyReport:
     """Apply what is missing of the series to HEAD of git, on a new branch."""
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
@@ -205,10 +201,8 @@ def apply_to_checkout(
             return report
         raise PatchSetError(
             Exit.BRANCH_EXISTS,
-            f"branch {branch} already exists in {where} and does not hold the "
-            "patched files",
-            f"delete it (`git -C {where} branch -D {branch}`) or pass --branch "
-            "with another name",
+            f"branch {branch} already exists in {where} and does not hold the patched files",
+            f"delete it (`git -C {where} branch -D {branch}`) or pass --branch with another name",
         )
     state = locate_step(manifest, _blobs_at(git, "HEAD", manifest), _show(git, "HEAD"), str(where))
     patches = _patches_after(series, state.step)
@@ -268,7 +262,7 @@ def apply_to_build_tree(series: Series, build: Path, cache: Path) -> ApplyReport
             raise PatchSetError(
                 Exit.NOT_A_CHECKOUT,
                 f"{repo} exists but is not a tree this command made",
-                f"move it aside or delete it (it is generated) and run again",
+                "move it aside or delete it (it is generated) and run again",
             )
         _refuse_unclean(git, repo)
         branch = default_branch(series.manifest)
@@ -334,10 +328,9 @@ def _git_apply(cwd: Path, patch: Path, *flags: str) -> subprocess.CompletedProce
 
 
 def _hash_blob(data: bytes | None) -> str | None:
+    """The git blob id of data, as `git hash-object` gives it."""
     if data is None:
         return None
-    import hashlib
-
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
@@ -352,22 +345,12 @@ def files_of_checkout(series: Series, path: Path) -> dict[str, bytes | None]:
     return out
 
 
-def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[dict[str, bytes | None], str]:
+def files_of_build_tree(
+    series: Series, build: Path, cache: Path
+) -> tuple[dict[str, bytes | None], str]:
     """The touched files of the build tree if it exists, else of the pinned wheel."""
     repo = build_tree_path(series, build)
     if repo.is_dir():
         return files_of_checkout(series, repo), str(repo)
     wheel = wheels.fetch_wheel(series.manifest.base, cache)
     return dict(wheels.read_files(wheel, series.manifest.files)), str(wheel)
-
-
-__all__ = [
-    "ApplyReport",
-    "CheckResult",
-    "GitError",
-    "apply_to_build_tree",
-    "apply_to_user_checkout",
-    "check_series",
-    "files_of_build_tree",
-    "files_of_checkout",
-]

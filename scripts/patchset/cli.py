@@ -28,7 +28,7 @@ def add_patch_set(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=DEFAULT_PATCH_DIR,
         metavar="DIR",
-        help=f"patch set folder (default: {DEFAULT_PATCH_DIR.relative_to(DEFAULT_PATCH_DIR.parents[1])})",
+        help=f"patch set folder (default: patches/sglang-{DEFAULT_BASE})",
     )
 
 

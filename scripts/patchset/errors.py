@@ -21,6 +21,7 @@ class Exit(IntEnum):
     APPLY_FAILED = 10
     WOULD_NOT_APPLY = 11
     BRANCH_EXISTS = 12
+    STALE = 13
 
 
 EXIT_HELP = """\
@@ -38,6 +39,7 @@ exit codes:
   10  a patch failed to apply; everything this run changed was rolled back
   11  (--check) at least one patch would not apply cleanly
   12  the target branch already exists and holds something else
+  13  (export-patches --check) the committed patch set differs from a fresh export
 """
 
 

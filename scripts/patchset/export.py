@@ -31,8 +31,7 @@ FORMAT_PATCH_FLAGS = [
     "--dst-prefix=b/",
 ]
 SERIES_HEADER = (
-    "# Applied in this order by scripts/apply-patches; "
-    "regenerate with scripts/export-patches.\n"
+    "# Applied in this order by scripts/apply-patches; regenerate with scripts/export-patches.\n"
 )
 
 
@@ -94,9 +93,7 @@ def stale_diff(series: Series, build: Path) -> str:
     for name in sorted(set(fresh) | set(committed)):
         old = committed.get(name, "").splitlines(keepends=True)
         new = fresh.get(name, "").splitlines(keepends=True)
-        chunks += difflib.unified_diff(
-            old, new, f"committed/{name}", f"exported/{name}"
-        )
+        chunks += difflib.unified_diff(old, new, f"committed/{name}", f"exported/{name}")
     return "".join(chunks)
 
 

@@ -84,9 +84,7 @@ class PinManifest:
             return cls(
                 base=WheelPin(sglang["version"], sglang["wheel"], sglang["sha256"]),
                 tag=sglang["tag"],
-                upstream_fixed=WheelPin(
-                    upstream["version"], upstream["wheel"], upstream["sha256"]
-                ),
+                upstream_fixed=WheelPin(upstream["version"], upstream["wheel"], upstream["sha256"]),
                 first_fixed_release=upstream["version"],
                 patch_hashes=dict(data["patches"]),
                 blobs={path: dict(steps) for path, steps in data["blobs"].items()},

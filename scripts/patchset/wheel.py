@@ -69,9 +69,7 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
 def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
     """The given python/sglang/... files as the wheel holds them."""
     with zipfile.ZipFile(wheel) as archive:
-        return {
-            path: archive.read(path.removeprefix(REPO_PREFIX)) for path in repo_paths
-        }
+        return {path: archive.read(path.removeprefix(REPO_PREFIX)) for path in repo_paths}
 
 
 def extract_package(wheel: Path, dest: Path) -> Path:
