@@ -1,0 +1,64 @@
+"""Shared fixtures for the tests of the commands in scripts/.
+
+These tests run once (not per step), with the project's venv python. The
+pinned wheels are fetched through the project's own hash-checked path into
+the shared cache, once per run, and every test reuses them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+from patchset import paths, wheel  # noqa: E402
+from patchset.manifest import Series  # noqa: E402
+
+RunScript = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="session")
+def series() -> Series:
+    """The real patch set, pinned to sglang 0.5.15.post1."""
+    return Series.load(paths.DEFAULT_PATCH_DIR)
+
+
+@pytest.fixture(scope="session")
+def wheel_cache(series: Series) -> Path:
+    """The shared wheel cache, holding the pinned base wheel (downloaded once)."""
+    cache = paths.cache_dir()
+    wheel.fetch_wheel(series.manifest.base, cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def upstream_fixed_wheel(series: Series, wheel_cache: Path) -> Path:
+    """The first release with both fixes (0.5.19), through the same pinned path."""
+    return wheel.fetch_wheel(series.manifest.upstream_fixed, wheel_cache)
+
+
+@pytest.fixture
+def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
+    """Run scripts/NAME with a private build folder and the shared wheel cache."""
+
+    def run(name: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+        full_env = dict(os.environ)
+        full_env.setdefault("SGLANG_BACKPORTS_BUILD", str(tmp_path / "build"))
+        full_env["SGLANG_BACKPORTS_CACHE"] = str(wheel_cache)
+        full_env.update(env or {})
+        return subprocess.run(
+            [sys.executable, str(SCRIPTS / name), *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            cwd=cwd or tmp_path,
+        )
+
+    return run
