@@ -84,8 +84,17 @@ class Git:
 
     def dirty_files(self) -> list[str]:
         """Tracked files with staged or unstaged changes (untracked ones are safe)."""
-        listing = self.out("status", "--porcelain=v1", "--untracked-files=no")
-        return [line[3:] for line in listing.splitlines() if line.strip()]
+        listing = self.run("status", "--porcelain=v1", "-z", "--untracked-files=no").stdout
+        # Each entry is "XY path"; a rename adds its old path as a separate entry.
+        entries = iter(listing.split("\0"))
+        dirty = []
+        for entry in entries:
+            if not entry:
+                continue
+            dirty.append(entry[3:])
+            if entry[0] in "RC":
+                next(entries, None)
+        return dirty
 
     def operation_in_progress(self) -> str | None:
         git_dir = Path(self.out("rev-parse", "--absolute-git-dir"))

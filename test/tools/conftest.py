@@ -50,7 +50,7 @@ def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
 
     def run(name: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
         full_env = dict(os.environ)
-        full_env.setdefault("SGLANG_BACKPORTS_BUILD", str(tmp_path / "build"))
+        full_env["SGLANG_BACKPORTS_BUILD"] = str(tmp_path / "build")
         full_env["SGLANG_BACKPORTS_CACHE"] = str(wheel_cache)
         full_env.update(env or {})
         return subprocess.run(

@@ -1,0 +1,383 @@
+"""scripts/apply-patches: the default build tree, a user's checkout, --check, refusals."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import RunScript
+from patchset import wheel
+from patchset.errors import Exit
+from patchset.git import Git
+from patchset.manifest import Series, sha256_of
+
+BRANCH = "sglang-backports/0.5.15.post1"
+DECODE = "python/sglang/srt/disaggregation/decode.py"
+OVERLAP = "python/sglang/srt/managers/overlap_utils.py"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", "--all")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+
+
+def repo_state(repo: Path) -> dict[str, str]:
+    """Everything a run could change in a checkout: refs, HEAD, status, worktrees."""
+    return {
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "head": git(repo, "symbolic-ref", "-q", "HEAD") + " " + git(repo, "rev-parse", "HEAD"),
+        "status": git(repo, "status", "--porcelain=v1", "--untracked-files=all"),
+        "worktrees": git(repo, "worktree", "list", "--porcelain"),
+    }
+
+
+def blobs(repo: Path, rev: str, series: Series) -> dict[str, str]:
+    return {path: git(repo, "rev-parse", f"{rev}:{path}") for path in series.manifest.files}
+
+
+@pytest.fixture(scope="session")
+def sglang_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path):
+    """A git checkout of sglang 0.5.15.post1's python/sglang tree, as a user has one."""
+    repo = tmp_path_factory.mktemp("template") / "sglang"
+    wheel.extract_package(wheel_cache / series.manifest.base.wheel, repo)
+    (repo / "README.md").write_text("sglang\n")
+    git(repo, "init", "-q", "--initial-branch=main")
+    commit_all(repo, "v0.5.15.post1")
+    git(repo, "tag", "v0.5.15.post1")
+    return repo
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, sglang_template: Path) -> Path:
+    """A fresh clone of the template, with an untracked file of the user's."""
+    repo = tmp_path / "sglang"
+    subprocess.run(["git", "clone", "-q", str(sglang_template), str(repo)], check=True)
+    git(repo, "config", "user.name", "User")
+    git(repo, "config", "user.email", "user@example.com")
+    (repo / "notes.txt").write_text("my notes\n")
+    return repo
+
+
+def copy_patch_set(series: Series, dest: Path) -> Path:
+    folder = dest / "patch-set"
+    shutil.copytree(series.folder, folder)
+    return folder
+
+
+def repin(folder: Path, name: str) -> None:
+    """Record a changed patch's new hash in the copy's manifest."""
+    manifest = folder / "pin.toml"
+    text = manifest.read_text()
+    text = re.sub(
+        rf'("{re.escape(name)}" = ")[0-9a-f]+"', rf'\g<1>{sha256_of(folder / name)}"', text
+    )
+    manifest.write_text(text)
+
+
+# --- the default: the pinned wheel laid out under build/ -------------------
+
+
+def test_default_run_builds_the_patched_tree(run_script: RunScript, tmp_path: Path, series: Series):
+    result = run_script("apply-patches")
+    assert result.returncode == 0, result.stderr
+    repo = tmp_path / "build" / "sglang-0.5.15.post1"
+    assert f"patched tree: {repo / 'python'}" in result.stdout
+    for name in series.patch_names:
+        assert f"applied: {name}" in result.stdout
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
+    assert blobs(repo, "HEAD", series) == series.manifest.blobs_at("0002")
+    assert blobs(repo, "pristine/0.5.15.post1", series) == series.manifest.blobs_at("base")
+    assert git(repo, "status", "--porcelain") == ""
+    # The files on disk are the patched ones.
+    assert "self.schedule_stream.wait_stream(self.forward_stream)" in (repo / DECODE).read_text()
+
+
+def test_second_default_run_is_a_no_op(run_script: RunScript, tmp_path: Path):
+    assert run_script("apply-patches").returncode == 0
+    repo = tmp_path / "build" / "sglang-0.5.15.post1"
+    before = repo_state(repo)
+    again = run_script("apply-patches")
+    assert again.returncode == 0, again.stderr
+    assert "already applied" in again.stdout
+    assert repo_state(repo) == before
+
+
+def test_check_on_the_default_base_changes_nothing(
+    run_script: RunScript, tmp_path: Path, series: Series
+):
+    result = run_script("apply-patches", "--check")
+    assert result.returncode == 0, result.stderr
+    for name in series.patch_names:
+        assert f"{name}: applies cleanly" in result.stdout
+    assert not (tmp_path / "build").exists()
+
+
+# --- a user's own checkout ---------------------------------------------------
+
+
+def test_user_checkout_gets_a_new_branch_and_keeps_its_own(
+    run_script: RunScript, checkout: Path, series: Series
+):
+    head_before = git(checkout, "rev-parse", "HEAD")
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert f"patched branch {BRANCH} created" in result.stdout
+    assert git(checkout, "symbolic-ref", "--short", "HEAD") == "main"
+    assert git(checkout, "rev-parse", "HEAD") == head_before
+    assert (checkout / "notes.txt").read_text() == "my notes\n"
+    assert git(checkout, "status", "--porcelain") == "?? notes.txt"
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
+    subjects = git(checkout, "log", "--format=%s", f"main..{BRANCH}").splitlines()
+    assert len(subjects) == len(series.patch_names)
+    assert len(git(checkout, "worktree", "list").splitlines()) == 1
+
+
+def test_user_checkout_second_run_says_already_applied(run_script: RunScript, checkout: Path):
+    assert run_script("apply-patches", "--sglang", str(checkout)).returncode == 0
+    before = repo_state(checkout)
+    again = run_script("apply-patches", "--sglang", str(checkout))
+    assert again.returncode == 0, again.stderr
+    assert "already applied" in again.stdout
+    assert repo_state(checkout) == before
+
+
+def test_checkout_already_on_the_patched_branch_is_a_no_op(run_script: RunScript, checkout: Path):
+    assert run_script("apply-patches", "--sglang", str(checkout)).returncode == 0
+    git(checkout, "switch", "-q", BRANCH)
+    result = run_script("apply-patches", "--sglang", str(checkout), "--branch", "other")
+    assert result.returncode == 0, result.stderr
+    assert "already applied" in result.stdout
+    assert "refs/heads/other" not in repo_state(checkout)["refs"]
+
+
+def test_checkout_with_only_the_first_patch_gets_the_rest(
+    run_script: RunScript, checkout: Path, series: Series
+):
+    first = series.patch_paths[0]
+    git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", str(first))
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert f"already in the base: {first.name}" in result.stdout
+    assert f"applied: {series.patch_names[1]}" in result.stdout
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
+
+
+def test_check_on_a_checkout_reports_each_patch_and_changes_nothing(
+    run_script: RunScript, checkout: Path, series: Series
+):
+    before = repo_state(checkout)
+    result = run_script("apply-patches", "--sglang", str(checkout), "--check")
+    assert result.returncode == 0, result.stderr
+    assert [line.strip() for line in result.stdout.splitlines()[1:]] == [
+        f"{name}: applies cleanly" for name in series.patch_names
+    ]
+    assert repo_state(checkout) == before
+
+
+def test_check_reports_a_patch_that_would_not_apply(
+    run_script: RunScript, tmp_path: Path, series: Series
+):
+    folder = copy_patch_set(series, tmp_path)
+    second = folder / series.patch_names[1]
+    second.write_text(
+        second.read_text().replace(" # construct fake completed prefill", " # built elsewhere")
+    )
+    repin(folder, second.name)
+    result = run_script("apply-patches", "--check", "--patch-set", str(folder))
+    assert result.returncode == Exit.WOULD_NOT_APPLY
+    assert f"{series.patch_names[0]}: applies cleanly" in result.stdout
+    assert f"{second.name}: does not apply" in result.stdout
+
+
+# --- refusals: a message, a non-zero exit, nothing touched ------------------
+
+
+def test_dirty_work_tree_is_refused_by_name(run_script: RunScript, checkout: Path):
+    (checkout / DECODE).write_text((checkout / DECODE).read_text() + "# local edit\n")
+    before = repo_state(checkout)
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.DIRTY_TREE
+    assert DECODE in result.stderr
+    assert "next step:" in result.stderr
+    assert repo_state(checkout) == before
+
+
+def test_unknown_base_is_refused_naming_the_file(run_script: RunScript, checkout: Path):
+    (checkout / OVERLAP).write_text((checkout / OVERLAP).read_text() + "# fork\n")
+    commit_all(checkout, "a fork")
+    before = repo_state(checkout)
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.BASE_MISMATCH
+    assert f"{OVERLAP}: blob" in result.stderr
+    assert DECODE not in result.stderr  # only the file that differs is named
+    assert "matches no sglang release" in result.stderr
+    assert repo_state(checkout) == before
+
+
+def test_fixed_release_is_refused_as_already_upstream(
+    run_script: RunScript, checkout: Path, series: Series, upstream_fixed_wheel: Path
+):
+    for path, data in wheel.read_files(upstream_fixed_wheel, series.manifest.files).items():
+        (checkout / path).write_bytes(data)
+    commit_all(checkout, "v0.5.19")
+    before = repo_state(checkout)
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.ALREADY_UPSTREAM
+    assert "looks like sglang 0.5.19" in result.stderr
+    assert "no patch is needed" in result.stderr
+    assert repo_state(checkout) == before
+    check = run_script("apply-patches", "--sglang", str(checkout), "--check")
+    assert check.returncode == Exit.ALREADY_UPSTREAM
+
+
+def test_unknown_release_with_fix_b_is_refused_as_already_upstream(
+    run_script: RunScript, checkout: Path, series: Series
+):
+    patched = checkout / DECODE
+    text = patched.read_text().replace(
+        "        new_batch.process_prebuilt(self.server_args, self.future_map)\n",
+        "        self.schedule_stream.wait_stream(self.forward_stream)\n"
+        "        new_batch.process_prebuilt(self.server_args, self.future_map)\n",
+    )
+    patched.write_text(text)
+    commit_all(checkout, "someone's own fix")
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.ALREADY_UPSTREAM
+    assert "0.5.19 or later" in result.stderr
+
+
+def test_changed_patch_file_is_refused(run_script: RunScript, tmp_path: Path, series: Series):
+    folder = copy_patch_set(series, tmp_path)
+    patch = folder / series.patch_names[0]
+    patch.write_text(patch.read_text().replace("cumulative", "accumulating", 1))
+    result = run_script("apply-patches", "--patch-set", str(folder))
+    assert result.returncode == Exit.PATCHSET_INVALID
+    assert f"patch {patch.name} has sha256" in result.stderr
+    assert not (tmp_path / "build").exists()
+
+
+def test_path_that_is_not_a_checkout_is_refused(run_script: RunScript, tmp_path: Path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for target in (plain, tmp_path / "missing"):
+        result = run_script("apply-patches", "--sglang", str(target))
+        assert result.returncode == Exit.NOT_A_CHECKOUT
+        assert str(target) in result.stderr
+        assert "next step:" in result.stderr
+    assert list(plain.iterdir()) == []
+
+
+def test_wheel_with_wrong_sha256_is_refused(run_script: RunScript, tmp_path: Path, series: Series):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / series.manifest.base.wheel).write_bytes(b"not the wheel")
+    result = run_script("apply-patches", env={"SGLANG_BACKPORTS_CACHE": str(cache)})
+    assert result.returncode == Exit.WHEEL_HASH
+    assert series.manifest.base.sha256 in result.stderr
+    assert not (tmp_path / "build").exists()
+    assert (cache / series.manifest.base.wheel).read_bytes() == b"not the wheel"
+
+
+def test_no_network_and_no_cache_is_refused(run_script: RunScript, tmp_path: Path, series: Series):
+    offline = {
+        "SGLANG_BACKPORTS_CACHE": str(tmp_path / "empty-cache"),
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+    }
+    result = run_script("apply-patches", env=offline)
+    assert result.returncode == Exit.WHEEL_UNAVAILABLE
+    assert series.manifest.base.wheel in result.stderr
+    assert not (tmp_path / "build").exists()
+
+
+def test_existing_branch_with_other_content_is_refused(run_script: RunScript, checkout: Path):
+    git(checkout, "branch", BRANCH)
+    before = repo_state(checkout)
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.BRANCH_EXISTS
+    assert "--branch" in result.stderr
+    assert repo_state(checkout) == before
+
+
+# --- a patch that fails midway is rolled back --------------------------------
+
+
+@pytest.fixture
+def broken_second_patch(tmp_path: Path, series: Series) -> Path:
+    """A patch set whose 0002 no longer applies (its context was edited), re-pinned."""
+    folder = copy_patch_set(series, tmp_path)
+    second = folder / series.patch_names[1]
+    second.write_text(
+        second.read_text().replace(" # construct fake completed prefill", " # built elsewhere")
+    )
+    repin(folder, second.name)
+    return folder
+
+
+def test_failed_patch_rolls_back_a_user_checkout(
+    run_script: RunScript, checkout: Path, broken_second_patch: Path, series: Series
+):
+    before = repo_state(checkout)
+    result = run_script(
+        "apply-patches", "--sglang", str(checkout), "--patch-set", str(broken_second_patch)
+    )
+    assert result.returncode == Exit.APPLY_FAILED
+    assert f"patch {series.patch_names[1]} did not apply" in result.stderr
+    assert "rolled back" in result.stderr
+    assert repo_state(checkout) == before
+
+
+def test_failed_patch_rolls_back_the_build_tree(
+    run_script: RunScript, tmp_path: Path, broken_second_patch: Path
+):
+    result = run_script("apply-patches", "--patch-set", str(broken_second_patch))
+    assert result.returncode == Exit.APPLY_FAILED
+    assert not (tmp_path / "build" / "sglang-0.5.15.post1").exists()
+
+
+def test_failed_patch_keeps_an_existing_build_tree_as_it_was(
+    run_script: RunScript, tmp_path: Path, broken_second_patch: Path, series: Series
+):
+    # A build tree from an earlier run, holding only the pristine base.
+    repo = tmp_path / "build" / "sglang-0.5.15.post1"
+    assert run_script("apply-patches").returncode == 0
+    owned = Git(repo, owned=True)
+    owned.run("switch", "-q", "--detach", "pristine/0.5.15.post1")
+    owned.run("branch", "-D", BRANCH)
+    before = repo_state_detached(repo)
+    result = run_script("apply-patches", "--patch-set", str(broken_second_patch))
+    assert result.returncode == Exit.APPLY_FAILED
+    assert repo_state_detached(repo) == before
+
+
+def repo_state_detached(repo: Path) -> dict[str, str]:
+    return {
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "head": git(repo, "rev-parse", "HEAD"),
+        "status": git(repo, "status", "--porcelain=v1", "--untracked-files=all"),
+        "worktrees": git(repo, "worktree", "list", "--porcelain"),
+    }
+
+
+# --- help ----------------------------------------------------------------------
+
+
+def test_help_documents_every_exit_code(run_script: RunScript):
+    result = run_script("apply-patches", "--help")
+    assert result.returncode == 0
+    documented = {int(m) for m in re.findall(r"^\s+(\d+)\s{2}", result.stdout, re.MULTILINE)}
+    assert documented == {int(code) for code in Exit}
