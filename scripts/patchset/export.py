@@ -38,9 +38,9 @@ SERIES_HEADER = (
 def export_to(series: Series, repo: Path, out: Path) -> list[str]:
     """Write series, patches and manifest for pristine..branch into out."""
     manifest = series.manifest
-    git = Git(repo, owned=True)
     branch = default_branch(manifest)
-    if git.rev(f"refs/heads/{branch}") is None:
+    git = Git(repo, owned=True)
+    if not repo.is_dir() or git.rev(f"refs/heads/{branch}") is None:
         raise PatchSetError(
             Exit.NOT_A_CHECKOUT,
             f"{repo} has no branch {branch} to export from",
