@@ -1,0 +1,225 @@
+"""Read one `git format-patch` file: its message, trailers and hunks, with line numbers.
+
+Lint and review both need the parts of a patch and where in the patch file
+each part sits, so that a problem can be reported as file:line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
+HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+INDEX_LINE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
+
+
+@dataclass
+class PatchLine:
+    """One line of a hunk: its kind ('+', '-', ' '), text, and where it is."""
+
+    kind: str
+    text: str
+    patch_line: int  # 1-based line in the patch file
+    old_line: int | None  # line in the file before the patch ('-' and ' ')
+    new_line: int | None  # line in the file after the patch ('+' and ' ')
+
+
+@dataclass
+class Hunk:
+    header_line: int
+    lines: list[PatchLine] = field(default_factory=list)
+
+
+@dataclass
+class FileDiff:
+    old_path: str
+    new_path: str
+    diff_line: int  # line of `diff --git` in the patch file
+    old_blob: str | None = None
+    new_blob: str | None = None
+    index_line: int | None = None
+    hunks: list[Hunk] = field(default_factory=list)
+    # patch-file lines of "\ No newline at end of file" that follow '+' lines
+    new_lacks_final_newline: list[int] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return self.new_path if self.new_path != "/dev/null" else self.old_path
+
+    @property
+    def added(self) -> int:
+        return sum(1 for h in self.hunks for line in h.lines if line.kind == "+")
+
+    @property
+    def removed(self) -> int:
+        return sum(1 for h in self.hunks for line in h.lines if line.kind == "-")
+
+
+@dataclass
+class Trailer:
+    key: str
+    value: str
+    line: int
+
+
+@dataclass
+class Patch:
+    """A parsed patch file."""
+
+    path: Path
+    text: str
+    subject: str | None
+    subject_line: int | None
+    # message body without the subject and the trailers: the "why"
+    body: list[str]
+    body_start: int | None
+    trailers: list[Trailer]
+    files: list[FileDiff]
+
+    def trailer(self, key: str) -> list[Trailer]:
+        return [t for t in self.trailers if t.key.lower() == key.lower()]
+
+    @property
+    def description(self) -> str:
+        return "\n".join(self.body).strip()
+
+
+def _strip_diff_prefix(path: str) -> str:
+    for prefix in ("a/", "b/"):
+        if path.startswith(prefix):
+            return path[len(prefix) :]
+    return path
+
+
+def _split_message(
+    lines: list[str], start: int, end: int
+) -> tuple[list[str], int | None, list[Trailer]]:
+    """Body and trailers of the message lines [start, end) (0-based)."""
+    # The trailer block is the last paragraph, if every line of it is Key: value.
+    last = end
+    while last > start and not lines[last - 1].strip():
+        last -= 1
+    first = last
+    while first > start and lines[first - 1].strip():
+        first -= 1
+    block = lines[first:last]
+    trailers: list[Trailer] = []
+    if block and all(TRAILER.match(line) for line in block):
+        for offset, line in enumerate(block):
+            match = TRAILER.match(line)
+            assert match
+            trailers.append(Trailer(match[1], match[2].strip(), first + offset + 1))
+        body_end = first
+    else:
+        body_end = last
+    while start < body_end and not lines[start].strip():
+        start += 1
+    body = lines[start:body_end]
+    return body, (start + 1 if body else None), trailers
+
+
+def parse_patch(path: Path) -> Patch:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+
+    subject: str | None = None
+    subject_line: int | None = None
+    i = 0
+    # Mail headers end at the first blank line; a Subject may be folded.
+    while i < len(lines) and lines[i].strip():
+        if lines[i].startswith("Subject:"):
+            subject = lines[i][len("Subject:") :].strip()
+            subject_line = i + 1
+            while i + 1 < len(lines) and lines[i + 1].startswith((" ", "\t")):
+                i += 1
+                subject += " " + lines[i].strip()
+        i += 1
+    message_start = i
+
+    # The message ends at the '---' before the diffstat, or at the first diff.
+    message_end = len(lines)
+    for j in range(message_start, len(lines)):
+        if lines[j] == "---" or lines[j].startswith("diff --git "):
+            message_end = j
+            break
+    body, body_start, trailers = _split_message(lines, message_start, message_end)
+
+    files: list[FileDiff] = []
+    current: FileDiff | None = None
+    hunk: Hunk | None = None
+    old_no = new_no = 0
+    old_left = new_left = 0
+    last_kind = ""
+    for j in range(message_end, len(lines)):
+        line = lines[j]
+        number = j + 1
+        if hunk is not None and current is not None and (old_left > 0 or new_left > 0):
+            kind = line[:1] if line else " "
+            if kind == "+":
+                hunk.lines.append(PatchLine("+", line[1:], number, None, new_no))
+                new_no += 1
+                new_left -= 1
+                last_kind = kind
+                continue
+            if kind == "-":
+                hunk.lines.append(PatchLine("-", line[1:], number, old_no, None))
+                old_no += 1
+                old_left -= 1
+                last_kind = kind
+                continue
+            if kind == " ":
+                hunk.lines.append(PatchLine(" ", line[1:], number, old_no, new_no))
+                old_no += 1
+                new_no += 1
+                old_left -= 1
+                new_left -= 1
+                last_kind = kind
+                continue
+        if line.startswith("\\") and current is not None:
+            if last_kind in "+ " and last_kind:
+                current.new_lacks_final_newline.append(number)
+            continue
+        if line.startswith("diff --git "):
+            parts = line.split(" ")
+            old, new = (parts[2], parts[3]) if len(parts) >= 4 else ("", "")
+            current = FileDiff(_strip_diff_prefix(old), _strip_diff_prefix(new), number)
+            files.append(current)
+            hunk = None
+            continue
+        if current is None:
+            continue
+        index = INDEX_LINE.match(line)
+        if index and hunk is None:
+            current.old_blob, current.new_blob = index[1], index[2]
+            current.index_line = number
+            continue
+        if line.startswith("--- ") and hunk is None:
+            path_ = line[4:].strip()
+            current.old_path = "/dev/null" if path_ == "/dev/null" else _strip_diff_prefix(path_)
+            continue
+        if line.startswith("+++ ") and hunk is None:
+            path_ = line[4:].strip()
+            current.new_path = "/dev/null" if path_ == "/dev/null" else _strip_diff_prefix(path_)
+            continue
+        header = HUNK_HEADER.match(line)
+        if header:
+            old_no, new_no = int(header[1]), int(header[3])
+            old_left = int(header[2]) if header[2] is not None else 1
+            new_left = int(header[4]) if header[4] is not None else 1
+            hunk = Hunk(number)
+            current.hunks.append(hunk)
+            last_kind = ""
+    return Patch(
+        path=path,
+        text=text,
+        subject=subject,
+        subject_line=subject_line,
+        body=body,
+        body_start=body_start,
+        trailers=trailers,
+        files=files,
+    )
