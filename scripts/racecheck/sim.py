@@ -1,0 +1,131 @@
+"""Simulated CUDA streams and events whose ordering operations feed CSAN.
+
+Nothing runs asynchronously: every op executes at once on the CPU. What the
+simulation keeps is the *order the GPU would be allowed to use*: each stream
+operation is handed to a CSAN EventHandler, whose vector clocks then decide
+whether two accesses are ordered. The device module mirrors the part of
+torch.cuda that sglang calls through torch.get_device_module().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from . import csan
+
+# CSAN knows stream 0 from the start (csan.check_shape pins the value).
+DEFAULT_STREAM_ID = 0
+
+
+class SimEvent:
+    """A CUDA event: remembers the producing stream's clock at its latest record."""
+
+    def __init__(self, device: SimDevice, **_options: Any) -> None:
+        self.device = device
+        self.event_id = next(device._ids)
+        device.handler._handle_event_creation(self.event_id)
+
+    def record(self, stream: SimStream | None = None) -> None:
+        stream = stream or self.device.current_stream()
+        self.device.handler._handle_event_record(self.event_id, stream.stream_id)
+
+    def wait(self, stream: SimStream | None = None) -> None:
+        stream = stream or self.device.current_stream()
+        self.device.handler._handle_event_wait(self.event_id, stream.stream_id)
+
+    def synchronize(self) -> None:
+        self.device.handler._handle_event_synchronization(self.event_id)
+
+    def query(self) -> bool:
+        raise NotImplementedError(
+            "SimEvent.query(): completion is not modelled; the checker only knows ordering"
+        )
+
+    def __repr__(self) -> str:
+        return f"SimEvent({self.event_id})"
+
+
+class SimStream:
+    """A CUDA stream, named for the reports."""
+
+    def __init__(self, device: SimDevice, name: str, stream_id: int) -> None:
+        self.device = device
+        self.name = name
+        self.stream_id = stream_id
+
+    def wait_event(self, event: SimEvent) -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: SimStream) -> None:
+        # What torch.cuda.Stream.wait_stream does: record on the other stream, wait here.
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: SimEvent | None = None) -> SimEvent:
+        event = event or SimEvent(self.device)
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        self.device.handler._handle_stream_synchronization(self.stream_id)
+
+    def query(self) -> bool:
+        raise NotImplementedError(
+            "SimStream.query(): completion is not modelled; the checker only knows ordering"
+        )
+
+    def __repr__(self) -> str:
+        return f"SimStream({self.name})"
+
+
+class SimDevice:
+    """Stands in for torch.cuda as returned by torch.get_device_module()."""
+
+    def __init__(self) -> None:
+        self.handler = csan.load().EventHandler()
+        # CSAN starts with stream 0 already known; other ids start above it.
+        self._ids = itertools.count(DEFAULT_STREAM_ID + 1)
+        self._default = SimStream(self, "default stream", DEFAULT_STREAM_ID)
+        self._current = self._default
+        self.streams: dict[int, SimStream] = {DEFAULT_STREAM_ID: self._default}
+
+    def Stream(self, name: str | None = None, **_options: Any) -> SimStream:  # noqa: N802
+        stream_id = next(self._ids)
+        stream = SimStream(self, name or f"stream {stream_id}", stream_id)
+        self.handler._handle_stream_creation(stream_id)
+        self.streams[stream_id] = stream
+        return stream
+
+    def Event(self, **options: Any) -> SimEvent:  # noqa: N802
+        return SimEvent(self, **options)
+
+    def current_stream(self, device: Any = None) -> SimStream:
+        return self._current
+
+    def default_stream(self, device: Any = None) -> SimStream:
+        return self._default
+
+    def set_stream(self, stream: SimStream) -> None:
+        self._current = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: SimStream | None) -> Iterator[None]:
+        if stream is None:
+            yield
+            return
+        previous, self._current = self._current, stream
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    StreamContext = stream
+
+    def synchronize(self, device: Any = None) -> None:
+        self.handler._handle_device_synchronization()
+
+    def stream_name(self, stream_id: int) -> str:
+        stream = self.streams.get(stream_id)
+        return stream.name if stream else f"stream {stream_id}"

@@ -1,0 +1,297 @@
+"""Per-row reads and writes of watched buffers, checked by CSAN's vector clocks.
+
+CSAN keys an access by the tensor's data pointer, so two streams writing
+different rows of one relay buffer would look like a race. Here every row of
+a watched buffer gets its own key: an indexed op (index, index_put_,
+index_select, ...) touches the rows its index names, any other op touches
+every row its view of the buffer spans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import sim
+from .sim import SimDevice
+
+aten = torch.ops.aten
+
+# The checker's own frames are never a call site worth reporting.
+_MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
+
+# Far above real stream/event ids and small enough to stay an int key.
+_FIRST_KEY = 1 << 40
+
+
+@dataclass(frozen=True)
+class Site:
+    """One frame of a call stack: file (relative to its root's parent), line, function."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One side of a race."""
+
+    kind: str  # "read" or "write"
+    stream: str
+    operator: str
+    code: tuple[Site, ...]  # frames in the code under test, innermost first
+    driver: tuple[Site, ...]  # frames in the scenario that drove it, innermost first
+
+    @property
+    def site(self) -> str:
+        if self.code:
+            return str(self.code[0])
+        return str(self.driver[0]) if self.driver else "(unknown)"
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two accesses to one row, on two streams, that nothing orders."""
+
+    buffer: str
+    row: int
+    first: Access
+    second: Access
+
+    @property
+    def kind(self) -> str:
+        """'write/write', 'write/read' or 'read/write' (first access / second)."""
+        return f"{self.first.kind}/{self.second.kind}"
+
+
+BufferSource = Callable[[], dict[str, torch.Tensor]]
+
+
+class BufferWatch(TorchDispatchMode):
+    """Reports each aten op's row accesses on watched buffers to the device's CSAN handler.
+
+    Buffers are looked up at every op, so buffers that the code under test
+    allocates lazily are watched from the op that first touches them.
+    """
+
+    def __init__(
+        self,
+        device: SimDevice,
+        code_roots: Sequence[Path] = (),
+        driver_roots: Sequence[Path] = (),
+    ) -> None:
+        super().__init__()
+        self.device = device
+        self.races: list[Race] = []
+        self._sources: list[BufferSource] = []
+        self._keys: dict[tuple[str, int], int] = {}
+        self._rows: dict[int, tuple[str, int]] = {}
+        self._code_roots = [os.path.realpath(r) for r in code_roots]
+        self._driver_roots = [os.path.realpath(r) for r in driver_roots]
+        self._file_root: dict[str, tuple[str, str] | None] = {}
+
+    def watch(self, name: str, tensor: torch.Tensor) -> None:
+        self._sources.append(lambda: {name: tensor})
+
+    def watch_attributes(self, obj: object, suffix: str = "_buf") -> None:
+        """Watch every tensor attribute of obj whose name ends with suffix, now and later."""
+
+        def buffers() -> dict[str, torch.Tensor]:
+            return {
+                name: value
+                for name, value in vars(obj).items()
+                if name.endswith(suffix) and isinstance(value, torch.Tensor)
+            }
+
+        self._sources.append(buffers)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func is aten.record_stream.default:
+            return func(*args, **kwargs)
+        watched = self._watched()
+        reads: dict[int, list[str]] = {}
+        writes: dict[int, list[str]] = {}
+        if watched:
+            bound = _bind(func._schema, args, kwargs)
+            row_index = _row_index(func, bound)
+            for argument, value in bound:
+                alias = argument.alias_info
+                if alias is not None and not alias.is_write:
+                    continue  # a view: no data moves
+                target = writes if alias is not None and alias.is_write else reads
+                for tensor in _tensors(value):
+                    hit = watched.get(_storage_key(tensor))
+                    if hit is None:
+                        continue
+                    name, base = hit
+                    index = row_index if argument.name == "self" else None
+                    for row in _rows(tensor, base, index):
+                        target.setdefault(self._key(name, row), []).append(argument.name)
+        result = func(*args, **kwargs)
+        if reads or writes:
+            self._launch(func, reads, writes)
+        return result
+
+    def _watched(self) -> dict[int, tuple[str, torch.Tensor]]:
+        found: dict[int, tuple[str, torch.Tensor]] = {}
+        for source in self._sources:
+            for name, tensor in source().items():
+                key = _storage_key(tensor)
+                if key:
+                    found[key] = (name, tensor)
+        return found
+
+    def _key(self, name: str, row: int) -> int:
+        key = self._keys.get((name, row))
+        if key is None:
+            key = _FIRST_KEY + len(self._keys)
+            self._keys[(name, row)] = key
+            self._rows[key] = (name, row)
+            self.device.handler._handle_memory_allocation(key)
+        return key
+
+    def _launch(self, func, reads: dict[int, list[str]], writes: dict[int, list[str]]) -> None:
+        aliases = {key: names for key, names in (reads | writes).items()}
+        errors = self.device.handler._handle_kernel_launch(
+            self.device.current_stream().stream_id,
+            set(reads) - set(writes),
+            set(writes),
+            set(),
+            func._schema,
+            aliases,
+        )
+        for error in errors:
+            name, row = self._rows[error.data_ptr]
+            self.races.append(
+                Race(
+                    name,
+                    row,
+                    self._access(error.previous_access),
+                    self._access(error.current_access),
+                )
+            )
+
+    def _access(self, access: Any) -> Access:
+        code: list[Site] = []
+        driver: list[Site] = []
+        for frame in reversed(list(access.stack_trace)):
+            if os.path.realpath(frame.filename) in _MACHINERY:
+                continue
+            where = self._where(frame.filename)
+            if where is None:
+                continue
+            kind, shown = where
+            (code if kind == "code" else driver).append(Site(shown, frame.lineno, frame.name))
+        return Access(
+            kind="write" if access.type.name == "WRITE" else "read",
+            stream=self.device.stream_name(access.stream),
+            operator=str(access.operator.name),
+            code=tuple(code),
+            driver=tuple(driver),
+        )
+
+    def _where(self, filename: str) -> tuple[str, str] | None:
+        if filename not in self._file_root:
+            real = os.path.realpath(filename)
+            self._file_root[filename] = None
+            for kind, roots in (("code", self._code_roots), ("driver", self._driver_roots)):
+                root = next((r for r in roots if real.startswith(r + os.sep)), None)
+                if root is not None:
+                    self._file_root[filename] = (kind, os.path.relpath(real, os.path.dirname(root)))
+                    break
+        return self._file_root[filename]
+
+
+@contextlib.contextmanager
+def simulated_gpu(
+    code_roots: Sequence[Path] = (), driver_roots: Sequence[Path] = ()
+) -> Iterator[tuple[SimDevice, BufferWatch]]:
+    """A simulated device behind torch.get_device_module() and a BufferWatch on it."""
+    device = SimDevice()
+    watch = BufferWatch(device, code_roots, driver_roots)
+    with mock.patch.object(torch, "get_device_module", lambda device_=None: device), watch:
+        yield device, watch
+
+
+def _bind(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
+    bound = list(zip(schema.arguments, args, strict=False))
+    by_name = {argument.name: argument for argument in schema.arguments[len(args) :]}
+    bound += [(by_name[name], value) for name, value in kwargs.items() if name in by_name]
+    return bound
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def _row_index(func: Any, bound: list[tuple[Any, Any]]) -> torch.Tensor | None:
+    """The index an op applies to dim 0 of its self argument, if it has one."""
+    values = {argument.name: value for argument, value in bound}
+    if "indices" in values:
+        indices = values["indices"]
+        first = indices[0] if isinstance(indices, list | tuple) and indices else None
+        return first if isinstance(first, torch.Tensor) else None
+    name = func._schema.name
+    if name.startswith("aten::index_") and isinstance(values.get("index"), torch.Tensor):
+        dim = values.get("dim")
+        self_value = values.get("self")
+        if isinstance(self_value, torch.Tensor) and isinstance(dim, int):
+            if dim in (0, -self_value.dim()):
+                return values["index"]
+    return None
+
+
+def _rows(view: torch.Tensor, base: torch.Tensor, index: torch.Tensor | None) -> list[int]:
+    """Rows of base that an access through view touches (all rows the view spans
+    unless index picks some of its dim-0 entries)."""
+    if view.numel() == 0:
+        return []
+    if base.dim() == 0:
+        return [0]
+    row_bytes = max(1, base.stride(0) * base.element_size())
+    base_start = base.storage_offset() * base.element_size()
+    size = view.element_size()
+    offset = view.storage_offset() * size
+    sizes = list(view.shape)
+    strides = [s * size for s in view.stride()]
+    if index is None or view.dim() == 0:
+        starts = [offset]
+    else:
+        if index.dtype == torch.bool:
+            picked = index.reshape(index.shape[0], -1).any(dim=1).nonzero().flatten()
+        else:
+            picked = index.flatten()
+        starts = [offset + (int(i) % sizes[0]) * strides[0] for i in picked.tolist()]
+        sizes, strides = sizes[1:], strides[1:]
+    low = sum((n - 1) * s for n, s in zip(sizes, strides, strict=True) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(sizes, strides, strict=True) if s > 0) + size - 1
+    rows: set[int] = set()
+    for start in starts:
+        first = (start + low - base_start) // row_bytes
+        last = (start + high - base_start) // row_bytes
+        rows.update(range(max(first, 0), min(last, base.shape[0] - 1) + 1))
+    return sorted(rows)
