@@ -1,0 +1,556 @@
+"""A reviewer's view of the series: each patch, the net diff, and ours beside upstream's fix.
+
+The differences between our patched functions and upstream's fixed release are
+found mechanically; the reasons come from review_notes. What no note covers
+is reported as unexplained, and a note that covers nothing as stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import wheel as wheels
+from .apply import build_tree_path, default_branch, pristine_tag
+from .errors import Exit, PatchSetError
+from .git import Git
+from .manifest import BASE_STEP, Series, step_of
+from .patchfile import HUNK_HEADER, Patch, parse_patch
+from .review_notes import FUNCTION_NOTES, FunctionNotes, Note
+
+MODULE_LEVEL = "(module level)"
+
+
+# --- the tree at each step ---------------------------------------------------
+
+
+@dataclass
+class StepFiles:
+    """The touched files at every step of the series, and where they came from."""
+
+    source: str
+    files: dict[str, dict[str, str]]  # step -> path -> text
+
+    @property
+    def base(self) -> dict[str, str]:
+        return self.files[BASE_STEP]
+
+    @property
+    def final(self) -> dict[str, str]:
+        return self.files[list(self.files)[-1]]
+
+
+def _blob_id(text: str) -> str:
+    import hashlib
+
+    data = text.encode("utf-8")
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _matches_manifest(series: Series, files: dict[str, dict[str, str]]) -> bool:
+    manifest = series.manifest
+    return list(files) == manifest.steps and all(
+        {path: _blob_id(text) for path, text in files[step].items()} == manifest.blobs_at(step)
+        for step in manifest.steps
+    )
+
+
+def _from_build_tree(series: Series, build: Path) -> StepFiles | None:
+    repo = build_tree_path(series, build)
+    if not (repo / ".git").exists():
+        return None
+    git = Git(repo, owned=True)
+    manifest = series.manifest
+    tag, branch = pristine_tag(manifest), default_branch(manifest)
+    if git.rev(tag) is None or git.rev(f"refs/heads/{branch}") is None:
+        return None
+    revs = [tag, *git.out("rev-list", "--reverse", f"{tag}..{branch}").split()]
+    if len(revs) != len(manifest.steps):
+        return None
+    files: dict[str, dict[str, str]] = {}
+    for step, rev in zip(manifest.steps, revs, strict=True):
+        files[step] = {}
+        for path in manifest.files:
+            result = git.run("show", f"{rev}:{path}", check=False)
+            if result.returncode != 0:
+                return None
+            files[step][path] = result.stdout
+    if not _matches_manifest(series, files):
+        return None
+    return StepFiles(f"build tree {repo} ({tag}..{branch})", files)
+
+
+def _from_wheel(series: Series, cache: Path) -> StepFiles:
+    manifest = series.manifest
+    wheel = wheels.fetch_wheel(manifest.base, cache)
+    base = {p: data.decode("utf-8") for p, data in wheels.read_files(wheel, manifest.files).items()}
+    files = {BASE_STEP: base}
+    with tempfile.TemporaryDirectory(prefix="sglang-backports-review-") as tmp:
+        scratch = Path(tmp)
+        for path, text in base.items():
+            (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / path).write_text(text, encoding="utf-8")
+        git = Git(scratch, owned=True)
+        for patch in series.patch_paths:
+            result = git.run("apply", str(patch), check=False)
+            if result.returncode != 0:
+                raise PatchSetError(
+                    Exit.APPLY_FAILED,
+                    f"patch {patch.name} does not apply to the files of {manifest.base.wheel}:"
+                    f"\n{result.stderr.strip()}",
+                    "run scripts/lint-patches and scripts/apply-patches --check to see why",
+                )
+            files[step_of(patch.name)] = {
+                path: (scratch / path).read_text(encoding="utf-8") for path in manifest.files
+            }
+    if not _matches_manifest(series, files):
+        raise PatchSetError(
+            Exit.PATCHSET_INVALID,
+            "the series applied to the pinned wheel gives other files than the "
+            "manifest's [blobs] pin",
+            "regenerate the manifest with scripts/export-patches",
+        )
+    return StepFiles(f"pinned wheel {manifest.base.wheel} with the series applied", files)
+
+
+def step_files(series: Series, build: Path, cache: Path) -> StepFiles:
+    """From the build tree when it holds this series, else from the pinned wheel."""
+    return _from_build_tree(series, build) or _from_wheel(series, cache)
+
+
+# --- functions in a source file ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scope:
+    qualname: str
+    start: int  # first line, decorators included
+    end: int
+
+
+def scopes_of(source: str) -> list[Scope]:
+    """Every def and class with its qualified name, outermost first."""
+    found: list[Scope] = []
+
+    def walk(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{node.name}"
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                found.append(Scope(name, start, node.end_lineno or node.lineno))
+                walk(node.body, f"{name}.")
+
+    walk(ast.parse(source).body, "")
+    return found
+
+
+def enclosing(scopes: list[Scope], line: int) -> str:
+    inner = [s for s in scopes if s.start <= line <= s.end]
+    return max(inner, key=lambda s: s.start).qualname if inner else MODULE_LEVEL
+
+
+@dataclass
+class FunctionSource:
+    qualname: str
+    path: str
+    first_line: int
+    lines: list[str]  # dedented, without line ends
+    header_lines: int  # how many of lines are decorators and the def signature
+    params: dict[str, str]  # name -> "annotation = default", as ast prints them
+    returns: str
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults))
+    defaults += list(args.defaults)
+    pairs = list(zip(positional, defaults, strict=True))
+    pairs += list(zip(args.kwonlyargs, args.kw_defaults, strict=True))
+    if args.vararg:
+        pairs.append((args.vararg, None))
+    if args.kwarg:
+        pairs.append((args.kwarg, None))
+    out: dict[str, str] = {}
+    for arg, default in pairs:
+        shown = ast.unparse(arg.annotation) if arg.annotation else ""
+        if default is not None:
+            shown += f" = {ast.unparse(default)}"
+        out[arg.arg] = shown
+    return out
+
+
+def function_source(source: str, path: str, qualname: str) -> FunctionSource | None:
+    body: list[ast.stmt] = ast.parse(source).body
+    node: ast.stmt | None = None
+    for part in qualname.split("."):
+        node = next(
+            (
+                n
+                for n in body
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            return None
+        body = node.body  # type: ignore[attr-defined]
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    end = node.end_lineno or node.lineno
+    raw = source.splitlines()[start - 1 : end]
+    indent = node.col_offset
+    lines = [line[indent:].rstrip() if line[:indent].strip() == "" else line for line in raw]
+    return FunctionSource(
+        qualname=qualname,
+        path=path,
+        first_line=start,
+        lines=lines,
+        header_lines=node.body[0].lineno - start,
+        params=_params(node),
+        returns=ast.unparse(node.returns) if node.returns else "",
+    )
+
+
+# --- per patch ---------------------------------------------------------------
+
+
+@dataclass
+class FileChange:
+    path: str
+    added: int
+    removed: int
+    functions: list[str]
+
+
+@dataclass
+class PatchReview:
+    name: str
+    subject: str
+    why: str
+    status: str
+    pr: str
+    release: str
+    files: list[FileChange]
+
+    @property
+    def functions(self) -> list[str]:
+        return [f for change in self.files for f in change.functions]
+
+
+def _trailer(patch: Patch, key: str) -> str:
+    found = patch.trailer(key)
+    return found[0].value if found else "(missing)"
+
+
+def review_patch(patch: Patch, before: dict[str, str], after: dict[str, str]) -> PatchReview:
+    """A patch's message, and the functions its changed lines fall in."""
+    changes: list[FileChange] = []
+    for diff in patch.files:
+        old_scopes = scopes_of(before[diff.path]) if diff.path in before else []
+        new_scopes = scopes_of(after[diff.path]) if diff.path in after else []
+        touched: list[str] = []
+        for hunk in diff.hunks:
+            for line in hunk.lines:
+                if line.kind == "+" and line.new_line is not None:
+                    name = enclosing(new_scopes, line.new_line)
+                elif line.kind == "-" and line.old_line is not None:
+                    name = enclosing(old_scopes, line.old_line)
+                else:
+                    continue
+                if name not in touched:
+                    touched.append(name)
+        changes.append(FileChange(diff.path, diff.added, diff.removed, touched))
+    return PatchReview(
+        name=patch.path.name,
+        subject=patch.subject or "(no subject)",
+        why=patch.description,
+        status=_trailer(patch, "Upstream-Status"),
+        pr=_trailer(patch, "Upstream-PR"),
+        release=_trailer(patch, "Upstream-Release"),
+        files=changes,
+    )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def diffstat(files: list[FileChange], width: int = 40) -> list[str]:
+    name_width = max((len(f.path) for f in files), default=0)
+    most = max((f.added + f.removed for f in files), default=0)
+    scale = min(1.0, width / most) if most else 1.0
+    lines = []
+    for f in files:
+        plus = "+" * max(round(f.added * scale), 1 if f.added else 0)
+        minus = "-" * max(round(f.removed * scale), 1 if f.removed else 0)
+        lines.append(f"{f.path:<{name_width}} | {f.added + f.removed:3} {plus}{minus}")
+    added, removed = sum(f.added for f in files), sum(f.removed for f in files)
+    lines.append(
+        f"{_count(len(files), 'file')} changed, {_count(added, 'insertion')}(+), "
+        f"{_count(removed, 'deletion')}(-)"
+    )
+    return lines
+
+
+# --- the net diff ------------------------------------------------------------
+
+
+def cumulative_diff(steps: StepFiles) -> dict[str, list[str]]:
+    """path -> unified diff lines of the pinned base against the fully patched file."""
+    out: dict[str, list[str]] = {}
+    for path, before in steps.base.items():
+        after = steps.final[path]
+        scopes = scopes_of(after)
+        lines = []
+        for line in difflib.unified_diff(
+            before.splitlines(), after.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
+        ):
+            header = HUNK_HEADER.match(line)
+            if header:
+                # name the function the hunk starts in, as git diff does
+                line = f"{line} {enclosing(scopes, int(header[3]) + 3)}"
+            lines.append(line)
+        out[path] = lines
+    return out
+
+
+# --- ours beside upstream ----------------------------------------------------
+
+SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
+
+
+@dataclass
+class Uncovered:
+    side: str  # "ours" or "upstream"
+    line: int  # line number in that side's file
+    text: str
+
+
+@dataclass
+class Difference:
+    """One difflib opcode that is not 'equal', with what explains it."""
+
+    tag: str
+    ours: tuple[int, int]  # [start, end) into FunctionSource.lines
+    upstream: tuple[int, int]
+    notes: list[Note] = field(default_factory=list)
+    uncovered: list[Uncovered] = field(default_factory=list)
+
+    @property
+    def explained(self) -> bool:
+        return not self.uncovered
+
+
+@dataclass
+class SignatureChange:
+    param: str
+    ours: str | None  # None: not a parameter on that side
+    upstream: str | None
+    note: Note | None
+
+
+@dataclass
+class FunctionComparison:
+    qualname: str
+    path: str
+    ours: FunctionSource
+    upstream: FunctionSource
+    base: FunctionSource | None
+    upstream_version: str
+    touched_by: list[str]
+    signature: list[SignatureChange]
+    differences: list[Difference]
+    stale_notes: list[Note]
+
+    @property
+    def changed_by_series(self) -> bool:
+        return self.base is None or self.base.lines != self.ours.lines
+
+    @property
+    def unexplained(self) -> int:
+        return sum(1 for d in self.differences if not d.explained) + sum(
+            1 for s in self.signature if s.note is None
+        )
+
+
+def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
+    """Indices of changed lines (of one side) that this note covers."""
+    covered: set[int] = set()
+    members = list(changed)
+    for i in members:
+        text = lines[i]
+        if any(re.search(p, text) for p in note.lines):
+            covered.add(i)
+        if any(re.search(p, text) for p in note.blocks):
+            covered.add(i)
+            depth = len(text) - len(text.lstrip())
+            for j in range(i + 1, changed.stop):
+                follower = lines[j]
+                if follower.strip() and len(follower) - len(follower.lstrip()) <= depth:
+                    break
+                covered.add(j)
+        if text.lstrip().startswith("#") and any(re.search(p, text) for p in note.comments):
+            for step in (-1, 1):
+                j = i
+                while j in changed and lines[j].lstrip().startswith("#"):
+                    covered.add(j)
+                    j += step
+    return covered
+
+
+def _signature_changes(
+    ours: FunctionSource, upstream: FunctionSource, notes: tuple[Note, ...]
+) -> list[SignatureChange]:
+    changes: list[SignatureChange] = []
+    for name in [*ours.params, *(p for p in upstream.params if p not in ours.params)]:
+        mine, theirs = ours.params.get(name), upstream.params.get(name)
+        if mine != theirs:
+            note = next((n for n in notes if name in n.params), None)
+            changes.append(SignatureChange(name, mine, theirs, note))
+    return changes
+
+
+def compare_function(
+    qualname: str,
+    ours: FunctionSource,
+    upstream: FunctionSource,
+    notes: FunctionNotes,
+    upstream_version: str,
+    base: FunctionSource | None = None,
+    touched_by: list[str] | None = None,
+) -> FunctionComparison:
+    signature = _signature_changes(ours, upstream, notes.notes)
+    signature_ok = all(s.note is not None for s in signature)
+    signature_notes = [s.note for s in signature if s.note is not None]
+    used: set[Note] = set(signature_notes)
+    matcher = difflib.SequenceMatcher(None, ours.lines, upstream.lines, autojunk=False)
+    differences: list[Difference] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        diff = Difference(tag, (i1, i2), (j1, j2))
+        for side, source, span in (
+            ("ours", ours, range(i1, i2)),
+            ("upstream", upstream, range(j1, j2)),
+        ):
+            covered: set[int] = set()
+            for note in notes.notes:
+                hit = _covered_lines(source.lines, span, note)
+                if hit:
+                    covered |= hit
+                    used.add(note)
+                    if note not in diff.notes:
+                        diff.notes.append(note)
+            for i in span:
+                text = source.lines[i]
+                if i in covered or not SIGNIFICANT.search(text):
+                    continue
+                if i < source.header_lines and signature_ok:
+                    # a signature line: ast compared the parameters above
+                    for note in signature_notes:
+                        if note not in diff.notes:
+                            diff.notes.append(note)
+                    continue
+                diff.uncovered.append(Uncovered(side, source.first_line + i, text))
+        differences.append(diff)
+    stale = [n for n in notes.notes if n not in used]
+    return FunctionComparison(
+        qualname=qualname,
+        path=notes.path,
+        ours=ours,
+        upstream=upstream,
+        base=base,
+        upstream_version=upstream_version,
+        touched_by=touched_by or [],
+        signature=signature,
+        differences=differences,
+        stale_notes=stale,
+    )
+
+
+# --- the whole review --------------------------------------------------------
+
+
+@dataclass
+class Review:
+    base_version: str
+    upstream_version: str
+    source: str
+    patches: list[PatchReview]
+    cumulative: dict[str, list[str]]
+    functions: list[FunctionComparison]
+
+    @property
+    def unexplained(self) -> int:
+        return sum(f.unexplained for f in self.functions)
+
+    @property
+    def stale(self) -> int:
+        return sum(len(f.stale_notes) for f in self.functions)
+
+
+def build_review(
+    series: Series,
+    build: Path,
+    cache: Path,
+    notes: dict[str, FunctionNotes] | None = None,
+) -> Review:
+    series.verify()
+    notes = FUNCTION_NOTES if notes is None else notes
+    manifest = series.manifest
+    steps = step_files(series, build, cache)
+    step_names = list(steps.files)
+    patches = [
+        review_patch(parse_patch(path), steps.files[step_names[i]], steps.files[step_names[i + 1]])
+        for i, path in enumerate(series.patch_paths)
+    ]
+    upstream_wheel = wheels.fetch_wheel(manifest.upstream_fixed, cache)
+    paths = sorted({n.path for n in notes.values()})
+    upstream_files = {
+        p: data.decode("utf-8") for p, data in wheels.read_files(upstream_wheel, paths).items()
+    }
+    functions: list[FunctionComparison] = []
+    for qualname, function_notes in notes.items():
+        path = function_notes.path
+        ours = function_source(steps.final[path], path, qualname)
+        theirs = function_source(upstream_files[path], path, qualname)
+        if ours is None or theirs is None:
+            where = (
+                "our patched tree" if ours is None else f"sglang {manifest.upstream_fixed.version}"
+            )
+            raise PatchSetError(
+                Exit.INTERNAL,
+                f"{qualname} is not in {path} of {where}",
+                "update scripts/patchset/review_notes.py to the functions the series changes",
+            )
+        touched_by = [p.name for p in patches if qualname in p.functions]
+        functions.append(
+            compare_function(
+                qualname,
+                ours,
+                theirs,
+                function_notes,
+                manifest.upstream_fixed.version,
+                base=function_source(steps.base[path], path, qualname),
+                touched_by=touched_by,
+            )
+        )
+    return Review(
+        base_version=manifest.base.version,
+        upstream_version=manifest.upstream_fixed.version,
+        source=steps.source,
+        patches=patches,
+        cumulative=cumulative_diff(steps),
+        functions=functions,
+    )
