@@ -46,7 +46,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
             Note(
                 "confidence relay is a later upstream feature",
                 "0.5.19 can also relay a per-row confidence tensor (for its ragged "
-                "verify mode): the extra `confidence` parameter, the scatter into "
+                "verify mode): the extra confidence parameter, the scatter into "
                 "confidence_relay and the ring copy after the record. 0.5.15.post1 "
                 "has no confidence relay, and the race fix does not need one.",
                 params=("confidence",),

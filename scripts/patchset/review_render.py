@@ -134,12 +134,19 @@ def _summary(review: Review) -> str:
 
 # --- HTML ----------------------------------------------------------------------
 
+# identical lines kept around each difference; longer identical runs are folded
+FOLD_CONTEXT = 3
+
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328;
   margin: 0 auto; max-width: 1500px; padding: 16px 24px 48px; background: #fff; }
 h1 { font-size: 22px; margin: 8px 0 4px; }
 h2 { font-size: 18px; margin: 32px 0 8px; padding-bottom: 4px; border-bottom: 2px solid #d0d7de; }
 h3 { font-size: 15px; margin: 0 0 6px; }
+h3.fn { font-size: 16px; margin: 28px 0 4px; padding: 6px 10px; background: #f6f8fa;
+  border-left: 4px solid #0969da; }
+h2 code, h3 code { font-size: inherit; }
+.lead { color: #57606a; max-width: 1000px; }
 code, pre, td.code { font: 12px/1.45 ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
 .meta { color: #57606a; margin: 2px 0; }
 .summary { border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 14px; margin: 12px 0;
@@ -175,6 +182,8 @@ tr.note td { background: #fff8c5; font: 12px/1.4 system-ui, sans-serif; padding:
   border-top: 1px solid #d4a72c; }
 tr.note.ok td { background: #ddf4ff; border-top-color: #54aeff; }
 tr.note.bad td { background: #ffebe9; border-top-color: #cf222e; font-weight: 600; }
+tr.fold td { background: #f6f8fa; color: #57606a; text-align: center; font-size: 12px;
+  padding: 2px; border-top: 1px dashed #d0d7de; border-bottom: 1px dashed #d0d7de; }
 ol.notes li { margin: 4px 0 8px; max-width: 1000px; }
 table.sig { border-collapse: collapse; margin: 6px 0; }
 table.sig td, table.sig th { border: 1px solid #d0d7de; padding: 2px 8px; text-align: left; }
@@ -263,13 +272,30 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
     matcher = difflib.SequenceMatcher(None, ours.lines, theirs.lines, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
-            for i, j in zip(range(i1, i2), range(j1, j2), strict=True):
-                rows.append(
+            shown = list(zip(range(i1, i2), range(j1, j2), strict=True))
+            if len(shown) > 2 * FOLD_CONTEXT + 2:
+                head, tail = shown[:FOLD_CONTEXT], shown[-FOLD_CONTEXT:]
+                hidden = len(shown) - 2 * FOLD_CONTEXT
+                fold = (
+                    f'<tr class="fold"><td colspan="4">\u22ef {hidden} identical lines '
+                    f"(ours {ours.first_line + head[-1][0] + 1}\u2013"
+                    f"{ours.first_line + tail[0][0] - 1}, {_e(function.upstream_version)} "
+                    f"{theirs.first_line + head[-1][1] + 1}\u2013"
+                    f"{theirs.first_line + tail[0][1] - 1}) \u22ef</td></tr>"
+                )
+            else:
+                head, tail, fold = shown, [], ""
+            for part in (head, fold, tail):
+                if isinstance(part, str):
+                    rows.append(part)
+                    continue
+                rows += [
                     "<tr>"
                     + _code_cells(ours, i, "left", set(), False)
                     + _code_cells(theirs, j, "right", set(), False)
                     + "</tr>"
-                )
+                    for i, j in part
+                ]
             continue
         diff = by_start[(i1, j1, tag)]
         flagged_ours = {u.line for u in diff.uncovered if u.side == "ours"}
@@ -340,7 +366,7 @@ def _function_html(function: FunctionComparison, base_version: str) -> str:
         for note in function.stale_notes
     )
     return (
-        f'<h2 id="{_e(function.qualname)}"><code>{_e(function.qualname)}</code></h2>'
+        f'<h3 id="{_e(function.qualname)}" class="fn"><code>{_e(function.qualname)}</code></h3>'
         f'<div class="meta"><code>{_e(function.path)}</code> · ours is '
         f"{_e(_net_change(function, base_version))} · {badge}</div>"
         f"{sig}"
@@ -371,6 +397,11 @@ def render_html(review: Review) -> str:
         + "".join(_patch_html(p) for p in review.patches)
         + f"<h2>Cumulative diff against sglang {_e(review.base_version)}</h2>"
         + _cumulative_html(review)
+        + f"<h2>Ours beside upstream's fix in sglang {_e(review.upstream_version)}</h2>"
+        + '<p class="lead">Each function the series changes, as our patched tree has it '
+        "(left) and as upstream's first fixed release has it (right). Every difference "
+        "is found by diffing the two; the note above it says why it is there. Outlined "
+        "lines are differences no note explains.</p>"
         + "".join(_function_html(f, review.base_version) for f in review.functions)
         + "</body></html>\n"
     )

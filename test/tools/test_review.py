@@ -227,6 +227,8 @@ def test_html_page_is_self_contained_and_complete(run_script: RunScript, tmp_pat
     text = "".join(parsed.text)
     assert OUR_COMMENT in text and STALE_UPSTREAM_COMMENT in text
     assert "0 unexplained differences, 0 stale notes" in text
+    # long identical runs are folded, differences never are
+    assert re.search(r"\d+ identical lines \(ours \d+", text)
     # code is escaped, not interpreted as markup
     assert "-&gt; Optional[ScheduleBatch]:" in source
 
