@@ -208,8 +208,9 @@ def read_junit(junit: Path, tests: Path) -> dict[str, str]:
 
 def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
     """test | one column per step run, with each test's outcome on that step."""
+    # The last step usually holds every test; its order is pytest's collection order.
     names: list[str] = []
-    for run in runs:
+    for run in reversed(runs):
         names += [n for n in run.outcomes if n not in names]
     rows = [["test", *headers]]
     rows += [[name, *(run.outcomes.get(name, "-") for run in runs)] for name in names]

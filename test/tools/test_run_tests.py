@@ -1,0 +1,89 @@
+"""scripts/run-tests --tree: the step suite judges an arbitrary sglang tree as the final step.
+
+A copy of the patched tree passes; the same copy without fix B's wait_stream
+line fails, on exactly the test that guards it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import RunScript
+from patchset import apply, paths, steps
+from patchset.manifest import Series
+
+DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
+WAIT_LINE = "self.schedule_stream.wait_stream(self.forward_stream)"
+GUARD = "test_prebuilt_batch::test_overlap_waits_for_forward_stream_between_prepare_and_process"
+SELECT = "test_prebuilt_batch"
+
+
+@pytest.fixture(scope="module")
+def patched_tree(series: Series, wheel_cache: Path) -> Path:
+    """build/steps/0002, made through the library if this run has not made it yet."""
+    build = paths.build_dir()
+    apply.apply_to_build_tree(series, build, wheel_cache)
+    return steps.step_trees(series, build)["0002"]
+
+
+def copy_tree(source: Path, dest: Path) -> Path:
+    shutil.copytree(
+        source / "python", dest / "python", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return dest
+
+
+def remove_wait_line(tree: Path) -> None:
+    """Replace the wait with `pass`, so the if-block stays valid Python."""
+    decode = tree / DECODE_PY
+    text = decode.read_text()
+    lines = [line for line in text.splitlines() if line.strip() == WAIT_LINE]
+    assert len(lines) == 1, f"expected one wait_stream line in {decode}, found {len(lines)}"
+    decode.write_text(text.replace(WAIT_LINE, "pass"))
+
+
+def row(output: str, test: str) -> list[str]:
+    """The outcome cells of one test's row in the printed step table."""
+    for line in output.splitlines():
+        if line.startswith(test + " "):
+            return re.split(r"\s{2,}", line[len(test) :].strip())
+    raise AssertionError(f"no row for {test} in:\n{output}")
+
+
+def run_tree(run_script: RunScript, tree: Path):
+    return run_script("run-tests", "--tree", str(tree), "--python", sys.executable, "-k", SELECT)
+
+
+def test_the_patched_tree_passes(run_script: RunScript, patched_tree: Path, tmp_path: Path):
+    tree = copy_tree(patched_tree, tmp_path / "intact")
+
+    result = run_tree(run_script, tree)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert row(result.stdout, GUARD) == ["pass"]
+
+
+def test_removing_the_wait_stream_line_fails_the_suite(
+    run_script: RunScript, patched_tree: Path, tmp_path: Path
+):
+    tree = copy_tree(patched_tree, tmp_path / "broken")
+    remove_wait_line(tree)
+
+    result = run_tree(run_script, tree)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert row(result.stdout, GUARD) == ["FAIL"]
+    # Only the guard fails: the module still imports and the other cases pass.
+    assert row(result.stdout, "test_prebuilt_batch::test_without_overlap_nothing_waits") == ["pass"]
+    assert "FAILED: tree" in result.stdout
+
+
+def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Path):
+    result = run_script("run-tests", "--tree", str(tmp_path), "--python", sys.executable)
+
+    assert result.returncode == 14
+    assert "holds no python/sglang/__init__.py" in result.stderr
