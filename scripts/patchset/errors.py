@@ -39,7 +39,8 @@ exit codes:
   10  a patch failed to apply; everything this run changed was rolled back
   11  (--check) at least one patch would not apply cleanly
   12  the target branch already exists and holds something else
-  13  (export-patches --check) the committed patch set differs from a fresh export
+  13  stale: (export-patches --check) the committed patch set differs from a fresh
+      export; (review --strict) a difference from upstream has no explanation
 """
 
 
