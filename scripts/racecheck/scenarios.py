@@ -26,23 +26,16 @@ from unittest import mock
 
 import torch
 
-from .sim import SimDevice, SimStream
-from .watch import BufferWatch, Race, simulated_gpu
+from .races import Race
+from .report import SCENARIOS
+from .sim import SimDevice
+from .watch import BufferWatch, simulated_gpu
 
 POOL_SIZE = 8
 CONTEXT_LEN = 64
 PROMPT_LEN = 5
 EAGLE_TOPK = 1
 HIDDEN_SIZE = 4
-SCENARIOS = ("S1", "S2", "S3")
-DESCRIPTIONS = {
-    "S1": "row reuse (EAGLE): an in-flight forward publishes and stashes row r; "
-    "a prebuilt request seeds the same row r on the schedule stream",
-    "S2": "consumer (EAGLE): the forward publishes row r1, a prebuilt request seeds "
-    "row r2, a consumer stream waits on publish_ready and reads both rows",
-    "S3": "non-speculative prebuilt: the forward publishes and stashes row r; the "
-    "prebuilt path stashes its last token into row r on the schedule stream",
-}
 
 
 @dataclass
@@ -224,18 +217,23 @@ def sglang_root() -> Path:
 
 def run(name: str) -> ScenarioRun:
     """Play one scenario on fresh simulated streams and return the races CSAN saw."""
-    from sglang.srt.runtime_context import reset_context
+    from sglang.srt.runtime_context import get_context, reset_context
 
     spec, play = _PLAYS[name]
     driver = Path(__file__).resolve()
-    with simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver.parent]) as (
-        device,
-        watch,
-    ):
-        try:
+    context = get_context()
+    # The scenario publishes its own server args; whatever the process had
+    # published before (a test session, say) comes back afterwards.
+    saved = (context._server_args, context.flags, context._runtime_overrides)
+    reset_context()
+    try:
+        with simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver.parent]) as (
+            device,
+            watch,
+        ):
             play(_World(device, watch, spec))
-        finally:
-            reset_context()
+    finally:
+        context._server_args, context.flags, context._runtime_overrides = saved
     return ScenarioRun(name, watch.races)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -21,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import sim
+from .races import Access, Race, Site
 from .sim import SimDevice
 
 aten = torch.ops.aten
@@ -30,50 +30,6 @@ _MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
 
 # Far above real stream/event ids and small enough to stay an int key.
 _FIRST_KEY = 1 << 40
-
-
-@dataclass(frozen=True)
-class Site:
-    """One frame of a call stack: file (relative to its root's parent), line, function."""
-
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
-
-
-@dataclass(frozen=True)
-class Access:
-    """One side of a race."""
-
-    kind: str  # "read" or "write"
-    stream: str
-    operator: str
-    code: tuple[Site, ...]  # frames in the code under test, innermost first
-    driver: tuple[Site, ...]  # frames in the scenario that drove it, innermost first
-
-    @property
-    def site(self) -> str:
-        if self.code:
-            return str(self.code[0])
-        return str(self.driver[0]) if self.driver else "(unknown)"
-
-
-@dataclass(frozen=True)
-class Race:
-    """Two accesses to one row, on two streams, that nothing orders."""
-
-    buffer: str
-    row: int
-    first: Access
-    second: Access
-
-    @property
-    def kind(self) -> str:
-        """'write/write', 'write/read' or 'read/write' (first access / second)."""
-        return f"{self.first.kind}/{self.second.kind}"
 
 
 BufferSource = Callable[[], dict[str, torch.Tensor]]

@@ -1,0 +1,49 @@
+"""What a race is, as plain data: no torch needed to read or print one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Site:
+    """One frame of a call stack: file (relative to its root's parent), line, function."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One side of a race."""
+
+    kind: str  # "read" or "write"
+    stream: str
+    operator: str
+    code: tuple[Site, ...]  # frames in the code under test, innermost first
+    driver: tuple[Site, ...]  # frames in the scenario that drove it, innermost first
+
+    @property
+    def site(self) -> str:
+        if self.code:
+            return str(self.code[0])
+        return str(self.driver[0]) if self.driver else "(unknown)"
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two accesses to one row, on two streams, that nothing orders."""
+
+    buffer: str
+    row: int
+    first: Access
+    second: Access
+
+    @property
+    def kind(self) -> str:
+        """'write/write', 'write/read' or 'read/write' (first access / second)."""
+        return f"{self.first.kind}/{self.second.kind}"

@@ -1,0 +1,148 @@
+"""Run every scenario on sglang trees, one forked process per tree, results as JSON.
+
+    python -m racecheck.worker OUT_DIR TREE [TREE ...]
+
+A process can import only one sglang, so each tree gets its own process. To
+keep the whole check within seconds, this process first imports the heavy
+third-party packages sglang needs (torch, transformers, ...) and then forks
+one child per tree; each child puts TREE/python first on sys.path and imports
+that tree's sglang afresh. OUT_DIR/<n>.json (n: the tree's position) holds
+either {"sglang": ..., "import_s": ..., "run_s": ..., "races": {scenario:
+[race, ...]}} or {"kind": "environment" | "scenario" | "internal", "error": ...}.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from . import csan, report
+
+# Imported once before forking; only a speed-up: a missing one is skipped and
+# the child then meets (and reports) whatever sglang itself cannot import.
+PRELOAD = (
+    "torch",
+    "torch._inductor.lowering",
+    "torch._inductor.compile_fx",
+    "torch._functorch.aot_autograd",
+    "torchvision",
+    "torchvision.transforms.v2",
+    "triton",
+    "numpy",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.generation",
+    "transformers.processing_utils",
+    "transformers.models.auto.processing_auto",
+    "transformers.models.auto.tokenization_auto",
+    "openai",
+    "networkx",
+    "compressed_tensors",
+    "aiohttp.web",
+    "starlette",
+    "IPython",
+    "pydantic",
+    "requests",
+    "xgrammar",
+    "zmq",
+    "gguf",
+    "msgspec",
+    "orjson",
+    "einops",
+)
+
+
+def run(tree: Path) -> dict[str, Any]:
+    """Import the tree's sglang in this process and play every scenario on it."""
+    started = time.perf_counter()
+    sys.path.insert(0, str(tree / "python"))
+    try:
+        import sglang.srt.disaggregation.decode  # noqa: F401
+    except Exception as err:  # any import failure of the tree is reported, not raised
+        return {"kind": "scenario", "error": f"importing sglang failed: {_short(err)}"}
+    from . import scenarios
+
+    root = scenarios.sglang_root()
+    expected = (tree / "python" / "sglang").resolve()
+    if root != expected:
+        return {
+            "kind": "environment",
+            "error": f"sglang was imported from {root}, not from {expected}; another "
+            "sglang (an installed package?) shadows the tree",
+        }
+    imported = time.perf_counter()
+    races: dict[str, list[dict[str, Any]]] = {}
+    for name in report.SCENARIOS:
+        try:
+            result = scenarios.run(name)
+        except Exception as err:  # the tree's API differs from what the scenario drives
+            return {"kind": "scenario", "error": f"scenario {name} could not run: {_short(err)}"}
+        races[name] = [report.race_to_json(race) for race in result.races]
+    return {
+        "sglang": str(root),
+        "import_s": round(imported - started, 2),
+        "run_s": round(time.perf_counter() - imported, 3),
+        "races": races,
+    }
+
+
+def _short(err: BaseException) -> str:
+    """The exception and the innermost frame that raised it, without the whole trace."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m racecheck.worker OUT_DIR TREE [TREE ...]", file=sys.stderr)
+        return 2
+    out_dir, trees = Path(argv[0]), [Path(t) for t in argv[1:]]
+    try:
+        csan.load()
+    except csan.CsanUnavailable as err:
+        for n in range(len(trees)):
+            _write(out_dir / f"{n}.json", {"kind": "environment", "error": str(err)})
+        return 0
+    started = time.perf_counter()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: S112 - a missing package only costs speed here
+            continue
+    _write(out_dir / "preload.json", {"preload_s": round(time.perf_counter() - started, 2)})
+    children = []
+    for n, tree in enumerate(trees):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_child(tree, out_dir / f"{n}.json"))
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    return 0
+
+
+def _child(tree: Path, out: Path) -> int:
+    try:
+        _write(out, run(tree))
+        return 0
+    except BaseException:
+        _write(out, {"kind": "internal", "error": traceback.format_exc()})
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _write(path: Path, result: dict[str, Any]) -> None:
+    path.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
