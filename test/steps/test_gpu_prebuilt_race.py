@@ -1,0 +1,455 @@
+"""S1 on real CUDA streams: a finished request's in-flight forward against prebuilt seeding.
+
+The forward stream is held back with ``torch.cuda._sleep`` and then publishes
+and stashes stale values into request-pool row REUSED_ROW through the real
+``FutureMap``. Meanwhile the schedule stream hands the same row to a new
+prebuilt request through the real ``get_new_prebuilt_batch`` ->
+``process_prebuilt`` -> ``build_eagle_disagg_draft_input`` path, which seeds it.
+Only the scheduler's surroundings are stand-ins (queue, grammar manager, the
+request objects, ``ScheduleBatch.init_new`` and ``prepare_for_prebuilt``).
+
+Without the fix nothing orders the two writers, so the late forward wins. With
+0002 the schedule stream waits for the forward stream first, so the seed wins.
+The same scenario also runs in a child process under PyTorch's CUDA sanitizer
+(CSAN), which must report the race without the fix and stay silent with it.
+
+CUDA_LAUNCH_BLOCKING must stay unset: it serialises every launch and hides
+the race. Without a CUDA device every test here is skipped, unless
+SGLANG_BACKPORTS_REQUIRE_CUDA=1 (ci/run-gpu sets it): then they fail, so a GPU
+run cannot pass by skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from unittest.mock import MagicMock, patch
+
+import pytest
+import torch
+from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
+from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.runtime_context import get_context, reset_context
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
+CSAN_CHILD_FLAG = "--csan-child"
+
+POOL_ROWS = 16
+HIDDEN = 64
+TOPK = 4
+REUSED_ROW = 5  # the finished request's row, handed to the new prebuilt request
+RUNNING_ROW = 9  # a request that keeps running; only the forward writes it
+ITERATIONS = 200
+SLEEP_MS = 20.0  # how long the forward stream is held back per iteration
+# Without the fix the late forward must win in at least this share of the
+# iterations; a host stall longer than SLEEP_MS can let a seed win now and then.
+MIN_RACE_SHARE = 0.9
+CSAN_ITERATIONS = 4
+
+FIELDS = ("seq_len", "token", "topk_p", "topk_index", "hidden")
+
+
+def _cuda_or_skip() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    reason = (
+        "no CUDA device (torch.cuda.is_available() is False): the race needs two real "
+        "CUDA streams; ci/run-gpu runs these tests on a GPU runner"
+    )
+    if os.environ.get(REQUIRE_CUDA_ENV) == "1":
+        pytest.fail(f"{REQUIRE_CUDA_ENV}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class RowValues:
+    """What one request-pool row of the relay holds, field by field."""
+
+    seq_len: int
+    token: int
+    topk_p: tuple[float, ...]
+    topk_index: tuple[int, ...]
+    hidden: float  # every element of the row carries this value
+
+    def differing(self, other: RowValues) -> list[str]:
+        return [name for name in FIELDS if getattr(self, name) != getattr(other, name)]
+
+
+def seeded_values(i: int) -> RowValues:
+    """What the new prebuilt request of iteration i brings from its prefill."""
+    return RowValues(
+        seq_len=40 + i % 50,
+        token=7000 + i,
+        topk_p=tuple(0.5**k for k in range(1, TOPK + 1)),  # exact in float32
+        topk_index=tuple(100 + i + k for k in range(TOPK)),
+        hidden=float(i) + 0.25,
+    )
+
+
+def stale_values(i: int, row: int) -> RowValues:
+    """What the in-flight forward of iteration i publishes and stashes for a row."""
+    return RowValues(
+        seq_len=50_000 + 100 * row + i,
+        token=90_000 + 100 * row + i,
+        topk_p=tuple(row + 0.125 * (k + 1) for k in range(TOPK)),
+        topk_index=tuple(30_000 + row + k for k in range(TOPK)),
+        hidden=-float(i) - row,
+    )
+
+
+def _prebuilt_request(i: int) -> SimpleNamespace:
+    """A decode request whose prefill ran elsewhere, with the fields the path reads."""
+    seed = seeded_values(i)
+    return SimpleNamespace(
+        rid=f"prebuilt-{i}",
+        req_pool_idx=REUSED_ROW,
+        # prepare_for_prebuilt counts seq_len as len(origin) + len(output) - 1
+        origin_input_ids=list(range(seed.seq_len)),
+        output_ids=[seed.token],
+        output_topk_p=list(seed.topk_p),
+        output_topk_index=list(seed.topk_index),
+        hidden_states_tensor=torch.full((HIDDEN,), seed.hidden, dtype=torch.float32),
+        output_dsa_topk_indices=None,
+        grammar=None,
+        last_node=None,
+        kv_committed_len=None,
+        init_next_round_input=lambda tree_cache: None,
+        time_stats=SimpleNamespace(set_forward_entry_time=lambda ts: None),
+    )
+
+
+def _init_new_batch(
+    reqs: list[Any],
+    req_to_token_pool: ReqToTokenPool,
+    token_to_kv_pool_allocator: Any,
+    tree_cache: Any,
+    model_config: Any,
+    enable_overlap: bool,
+    spec_algorithm: SpeculativeAlgorithm,
+) -> ScheduleBatch:
+    """A real ScheduleBatch holding what process_prebuilt reads; no KV pool behind it."""
+    batch = ScheduleBatch.__new__(ScheduleBatch)
+    batch.reqs = reqs
+    batch.req_to_token_pool = req_to_token_pool
+    batch.tree_cache = tree_cache
+    batch.model_config = model_config
+    batch.enable_overlap = enable_overlap
+    batch.spec_algorithm = spec_algorithm
+    batch.device = req_to_token_pool.device
+    batch.spec_info = None
+    batch.return_logprob = False
+    return batch
+
+
+def _prepare_rows(batch: ScheduleBatch) -> None:
+    """The part of prepare_for_prebuilt that process_prebuilt depends on.
+
+    The real method also fills KV locations and sampling info from a live
+    model config; the seeding only reads req_pool_indices and seq_lens, which
+    are computed here the same way.
+    """
+    rows = [req.req_pool_idx for req in batch.reqs]
+    seq_lens = [len(r.origin_input_ids) + max(0, len(r.output_ids) - 1) for r in batch.reqs]
+    batch.req_pool_indices = torch.tensor(rows, dtype=torch.int64, device=batch.device)
+    batch.seq_lens = torch.tensor(seq_lens, dtype=torch.int64, device=batch.device)
+
+
+class Rig:
+    """A FutureMap, two streams and a decode scheduler wired like sglang's overlap loop."""
+
+    def __init__(self, device: torch.device, sleep_cycles: int) -> None:
+        self.device = device
+        self.sleep_cycles = sleep_cycles
+        self.module = torch.get_device_module(device)
+        self.server_args = SimpleNamespace(
+            speculative_algorithm="EAGLE",
+            enable_multi_layer_eagle=False,
+            speculative_eagle_topk=TOPK,
+            speculative_num_steps=1,
+            disaggregation_decode_enable_radix_cache=False,
+        )
+        # FutureMap sizes its hidden-state relay from the process-wide args.
+        get_context().set_server_args(self.server_args)
+        self.forward_stream = self.module.Stream()
+        self.schedule_stream = self.module.Stream()
+        self.pool = ReqToTokenPool(
+            size=POOL_ROWS, max_context_len=8, device=str(device), enable_memory_saver=False
+        )
+        spec = SpeculativeAlgorithm.from_string("EAGLE")
+        self.future_map = FutureMap(device, spec, self.pool)
+        self._prime()
+        self.scheduler = SimpleNamespace(
+            grammar_manager=SimpleNamespace(has_waiting_grammars=lambda: False),
+            waiting_queue=[],
+            enable_priority_scheduling=False,
+            running_batch=SimpleNamespace(batch_size=lambda: 0),
+            req_to_token_pool=self.pool,
+            max_running_requests=POOL_ROWS,
+            server_args=self.server_args,
+            tree_cache=MagicMock(name="tree_cache"),
+            token_to_kv_pool_allocator=None,
+            model_config=None,
+            enable_overlap=True,
+            spec_algorithm=spec,
+            future_map=self.future_map,
+            forward_stream=self.forward_stream,
+            schedule_stream=self.schedule_stream,
+        )
+
+    def _prime(self) -> None:
+        """Let the first stash size the relay buffers, outside the race."""
+        rows = torch.arange(POOL_ROWS, dtype=torch.int64, device=self.device)
+        self.future_map.publish(rows, torch.zeros(POOL_ROWS, dtype=torch.int64, device=self.device))
+        self.future_map.stash(rows, self._payload([stale_values(-1, r) for r in range(POOL_ROWS)]))
+        self.module.synchronize()
+
+    def _payload(self, values: list[RowValues]) -> RelayPayload:
+        dev = self.device
+        return RelayPayload(
+            bonus_tokens=torch.tensor([v.token for v in values], dtype=torch.int64, device=dev),
+            topk_p=torch.tensor([v.topk_p for v in values], dtype=torch.float32, device=dev),
+            topk_index=torch.tensor([v.topk_index for v in values], dtype=torch.int64, device=dev),
+            hidden_states=torch.stack(
+                [torch.full((HIDDEN,), v.hidden, dtype=torch.float32) for v in values]
+            ).to(dev),
+        )
+
+    @contextmanager
+    def scheduler_surroundings(self) -> Iterator[None]:
+        with ExitStack() as stack:
+            stack.enter_context(
+                patch(
+                    "sglang.srt.disaggregation.decode.ScheduleBatch.init_new",
+                    side_effect=_init_new_batch,
+                )
+            )
+            stack.enter_context(patch.object(ScheduleBatch, "prepare_for_prebuilt", _prepare_rows))
+            yield
+
+    def read_row(self, row: int) -> RowValues:
+        fm = self.future_map
+        hidden = fm.hidden_states_buf[row]
+        if not bool((hidden == hidden[0]).all()):
+            raise AssertionError(f"row {row} of hidden_states_buf is torn: {hidden.tolist()}")
+        return RowValues(
+            seq_len=int(fm.new_seq_lens_buf[row]),
+            token=int(fm.output_tokens_buf[row]),
+            topk_p=tuple(float(x) for x in fm.topk_p_buf[row].tolist()),
+            topk_index=tuple(int(x) for x in fm.topk_index_buf[row].tolist()),
+            hidden=float(hidden[0]),
+        )
+
+    def run_once(self, i: int) -> tuple[RowValues, RowValues]:
+        """One round of S1; returns what REUSED_ROW and RUNNING_ROW hold afterwards."""
+        forward_rows = [REUSED_ROW, RUNNING_ROW]
+        stale_rows = torch.tensor(forward_rows, dtype=torch.int64, device=self.device)
+        stale = [stale_values(i, row) for row in forward_rows]
+        stale_payload = self._payload(stale)
+        stale_seq_lens = torch.tensor([v.seq_len for v in stale], device=self.device)
+
+        # The forward of the last iteration, still running: it only starts
+        # writing after the sleep, long after the host has moved on.
+        self.forward_stream.wait_stream(self.module.current_stream())
+        with self.module.stream(self.forward_stream):
+            if self.sleep_cycles:
+                torch.cuda._sleep(self.sleep_cycles)
+            self.future_map.publish(stale_rows, stale_seq_lens)
+            self.future_map.stash(stale_rows, stale_payload)
+
+        # The scheduler admits a prebuilt request into the row just freed.
+        self.scheduler.waiting_queue = [_prebuilt_request(i)]
+        with self.module.stream(self.schedule_stream):
+            batch = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch(self.scheduler)
+        if batch is None or [r.rid for r in batch.reqs] != [f"prebuilt-{i}"]:
+            raise AssertionError(f"get_new_prebuilt_batch did not admit the request: {batch}")
+
+        self.module.synchronize()
+        return self.read_row(REUSED_ROW), self.read_row(RUNNING_ROW)
+
+    def close(self) -> None:
+        reset_context()
+
+
+def calibrate_sleep_cycles(ms: float) -> int:
+    """GPU clock cycles that keep torch.cuda._sleep busy for about ms milliseconds."""
+    probe = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(probe)  # warm the kernel up
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return max(1, int(probe * ms / max(start.elapsed_time(end), 1e-3)))
+
+
+@dataclass
+class RaceTally:
+    iterations: int
+    seed_won: int
+    stale_fields: dict[str, int]  # field -> iterations in which the forward's value won
+    running_row_wrong: int  # iterations in which the forward's own row was not written
+
+    def summary(self) -> str:
+        return (
+            f"{self.seed_won}/{self.iterations} iterations kept the seed; the late forward "
+            f"won per field: {self.stale_fields}; forward row unwritten in "
+            f"{self.running_row_wrong}"
+        )
+
+
+def run_s1(device: torch.device, iterations: int, sleep_ms: float) -> RaceTally:
+    rig = Rig(device, calibrate_sleep_cycles(sleep_ms))
+    try:
+        with rig.scheduler_surroundings():
+            rig.run_once(-1)  # first call pays for lazy imports; not counted
+            tally = RaceTally(iterations, 0, dict.fromkeys(FIELDS, 0), 0)
+            for i in range(iterations):
+                reused, running = rig.run_once(i)
+                wrong = reused.differing(seeded_values(i))
+                if not wrong:
+                    tally.seed_won += 1
+                for name in wrong:
+                    if getattr(reused, name) == getattr(stale_values(i, REUSED_ROW), name):
+                        tally.stale_fields[name] += 1
+                    else:
+                        raise AssertionError(
+                            f"iteration {i}: row {REUSED_ROW} field {name} holds "
+                            f"{getattr(reused, name)!r}, neither the seed nor the forward's"
+                        )
+                if running != stale_values(i, RUNNING_ROW):
+                    tally.running_row_wrong += 1
+            return tally
+    finally:
+        rig.close()
+
+
+@pytest.fixture(scope="module")
+def s1_tally() -> RaceTally:
+    device = _cuda_or_skip()
+    if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
+        pytest.fail("CUDA_LAUNCH_BLOCKING is set: it serialises the streams and hides the race")
+    return run_s1(device, ITERATIONS, SLEEP_MS)
+
+
+@pytest.mark.pass_on("0002")
+def test_seed_survives_the_in_flight_forward(s1_tally: RaceTally) -> None:
+    assert s1_tally.running_row_wrong == 0, s1_tally.summary()
+    assert s1_tally.seed_won == s1_tally.iterations, s1_tally.summary()
+
+
+@pytest.mark.pass_on("base", "0001")
+def test_in_flight_forward_overwrites_the_seed_without_the_fix(
+    s1_tally: RaceTally, step: str
+) -> None:
+    """The known failure: the rig really races, so the 0002 pass means something.
+
+    0001 chains publish_ready but does not order the writers: the seq_len
+    write comes before its wait, so the forward's seq_len still wins there.
+    """
+    assert s1_tally.running_row_wrong == 0, s1_tally.summary()
+    need = int(MIN_RACE_SHARE * s1_tally.iterations)
+    assert s1_tally.stale_fields["seq_len"] >= need, s1_tally.summary()
+    if step == "base":
+        for name in FIELDS:
+            assert s1_tally.stale_fields[name] >= need, s1_tally.summary()
+
+
+def csan_child(iterations: int) -> dict[str, Any]:
+    """Run S1 under CSAN (TORCH_CUDA_SANITIZER=1 set before torch was imported)."""
+    from torch.cuda._sanitizer import CUDASanitizerErrors, cuda_sanitizer
+
+    if not cuda_sanitizer.enabled:
+        return {"error": "CSAN is not enabled; set TORCH_CUDA_SANITIZER=1 before importing torch"}
+    if not torch.cuda.is_available():
+        return {"error": "no CUDA device"}
+    rig = Rig(torch.device("cuda", torch.cuda.current_device()), sleep_cycles=0)
+    relay_buffers = {
+        name: getattr(rig.future_map, name).data_ptr()
+        for name in ("new_seq_lens_buf", "output_tokens_buf", "topk_p_buf", "topk_index_buf")
+    }
+    by_pointer = {ptr: name for name, ptr in relay_buffers.items()}
+    try:
+        with rig.scheduler_surroundings():
+            for i in range(iterations):
+                try:
+                    reused, _ = rig.run_once(i)
+                except CUDASanitizerErrors as errors:
+                    return {
+                        "race": True,
+                        "iteration": i,
+                        "buffers": sorted(
+                            by_pointer.get(e.data_ptr, f"other tensor {e.data_ptr}")
+                            for e in errors.errors
+                        ),
+                        "streams": sorted(
+                            {e.current_access.stream for e in errors.errors}
+                            | {e.previous_access.stream for e in errors.errors}
+                        ),
+                        "schedule_stream": rig.schedule_stream.cuda_stream,
+                        "forward_stream": rig.forward_stream.cuda_stream,
+                    }
+                if reused.differing(seeded_values(i)):
+                    return {"error": f"iteration {i}: the seed was lost: {reused}"}
+        return {"race": False, "iterations": iterations}
+    finally:
+        rig.close()
+
+
+@pytest.fixture(scope="module")
+def csan_report() -> dict[str, Any]:
+    _cuda_or_skip()
+    env = {**os.environ, "TORCH_CUDA_SANITIZER": "1"}
+    env.pop("CUDA_LAUNCH_BLOCKING", None)
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), CSAN_CHILD_FLAG, str(CSAN_ITERATIONS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        pytest.fail(
+            f"the CSAN child exited {result.returncode}\nstdout:\n{result.stdout[-4000:]}"
+            f"\nstderr:\n{result.stderr[-4000:]}",
+            pytrace=False,
+        )
+    report = json.loads(lines[-1])
+    report["stderr_tail"] = result.stderr[-2000:]
+    return report
+
+
+@pytest.mark.pass_on("0002")
+def test_csan_is_silent_with_the_fix(csan_report: dict[str, Any]) -> None:
+    assert "error" not in csan_report, csan_report
+    assert csan_report["race"] is False, csan_report
+    assert csan_report["iterations"] == CSAN_ITERATIONS, csan_report
+
+
+@pytest.mark.pass_on("base", "0001")
+def test_csan_reports_the_race_without_the_fix(csan_report: dict[str, Any]) -> None:
+    assert "error" not in csan_report, csan_report
+    assert csan_report["race"] is True, csan_report
+    # The first unordered write is publish()'s seq_len row, between the two streams.
+    assert "new_seq_lens_buf" in csan_report["buffers"], csan_report
+    assert {csan_report["schedule_stream"], csan_report["forward_stream"]} <= set(
+        csan_report["streams"]
+    ), csan_report
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == CSAN_CHILD_FLAG:
+        print(json.dumps(csan_child(int(sys.argv[2]))))
+        sys.exit(0)
+    sys.exit(f"usage: {sys.argv[0]} {CSAN_CHILD_FLAG} ITERATIONS (run by the tests)")
