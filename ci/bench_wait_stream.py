@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop.
+
+Two CUDA streams run the overlap scheduler's rhythm: the forward stream runs a
+memory-bound "decode step" (one matmul per layer on a weight larger than L2)
+and then publishes and stashes its rows through the real FutureMap; the
+schedule stream seeds a prebuilt request each iteration through the real
+build_eagle_disagg_draft_input and hands the batch to the next forward. The
+host keeps one iteration in flight, as the overlap loop does.
+
+The two variants differ only in the line 0002 adds to get_new_prebuilt_batch:
+"patched" makes the schedule stream wait for the forward stream before it
+seeds, "unpatched" does not. Runs alternate between the two variants; the
+result is the ratio of time per iteration, patched / unpatched, with the
+spread over the runs. This is a measurement, not a test: it never fails on a
+slow ratio.
+
+Run it with an sglang tree on PYTHONPATH (ci/run-gpu uses build/steps/0002).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+POOL_ROWS = 512
+TOPK = 4
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="bench_wait_stream.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--runs", type=int, default=5, help="runs per variant (default 5)")
+    p.add_argument("--iters", type=int, default=300, help="iterations per run (default 300)")
+    p.add_argument("--warmup", type=int, default=50, help="untimed iterations per run")
+    p.add_argument("--batch", type=int, default=64, help="running requests (default 64)")
+    p.add_argument("--hidden", type=int, default=8192, help="hidden size (default 8192)")
+    p.add_argument("--layers", type=int, default=32, help="matmuls per forward (default 32)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
+    args = p.parse_args()
+    for name in ("runs", "iters", "batch", "hidden", "layers"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.runs < 2:
+        p.error("--runs must be at least 2 to give a spread")
+    if args.batch + 1 > POOL_ROWS - 1:
+        p.error(f"--batch must be below {POOL_ROWS - 2}")
+    return args
+
+
+class Loop:
+    """Everything one decode-like loop needs, built once and reused by both variants."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+        from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.runtime_context import get_context
+        from sglang.srt.speculative.eagle_disaggregation import build_eagle_disagg_draft_input
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self.build_draft_input = build_eagle_disagg_draft_input
+        self.args = args
+        dev = self.device = device
+        self.server_args = SimpleNamespace(
+            speculative_algorithm="EAGLE",
+            enable_multi_layer_eagle=False,
+            speculative_eagle_topk=TOPK,
+            speculative_num_steps=1,
+        )
+        get_context().set_server_args(self.server_args)
+        pool = ReqToTokenPool(
+            size=POOL_ROWS, max_context_len=8, device=str(dev), enable_memory_saver=False
+        )
+        self.future_map = FutureMap(dev, SpeculativeAlgorithm.from_string("EAGLE"), pool)
+        self.forward_stream = torch.cuda.Stream()
+        self.schedule_stream = torch.cuda.Stream()
+
+        b, h = args.batch, args.hidden
+        self.weight = torch.randn(h, h, device=dev, dtype=torch.bfloat16) / h**0.5
+        self.x = torch.randn(b, h, device=dev, dtype=torch.bfloat16)
+        self.running_rows = torch.arange(1, b + 1, dtype=torch.int64, device=dev)
+        self.prebuilt_row = b + 1
+        self.seq_lens = torch.full((b,), 100, dtype=torch.int64, device=dev)
+        self.payload = RelayPayload(
+            bonus_tokens=torch.zeros(b, dtype=torch.int64, device=dev),
+            topk_p=torch.rand(b, TOPK, device=dev),
+            topk_index=torch.zeros(b, TOPK, dtype=torch.int64, device=dev),
+            hidden_states=torch.zeros(b, h, device=dev, dtype=torch.bfloat16),
+        )
+        self.future_map.publish(self.running_rows, self.seq_lens)
+        self.future_map.stash(self.running_rows, self.payload)
+        torch.cuda.synchronize()
+
+    def _prebuilt_batch(self, i: int) -> SimpleNamespace:
+        req = SimpleNamespace(
+            output_topk_p=[0.5] * TOPK,
+            output_topk_index=list(range(TOPK)),
+            hidden_states_tensor=torch.zeros(self.args.hidden, dtype=torch.bfloat16),
+            output_dsa_topk_indices=None,
+        )
+        row = [self.prebuilt_row]
+        return SimpleNamespace(
+            reqs=[req],
+            device=self.device,
+            enable_overlap=True,
+            # process_prebuilt's inputs, built before its wait as in get_new_prebuilt_batch
+            req_pool_indices=torch.tensor(row, dtype=torch.int64, device=self.device),
+            seq_lens=torch.tensor([100 + i % 7], dtype=torch.int64, device=self.device),
+        )
+
+    def _seed(self, i: int, patched: bool) -> None:
+        batch = self._prebuilt_batch(i)
+        if patched:
+            self.schedule_stream.wait_stream(self.forward_stream)
+        last_tokens = torch.tensor([i % 1000], dtype=torch.int64, device=self.device)
+        self.build_draft_input(batch, self.server_args, last_tokens, self.future_map)
+
+    def _forward(self) -> None:
+        y = self.x
+        for _ in range(self.args.layers):
+            y = y @ self.weight
+        self.future_map.publish(self.running_rows, self.seq_lens)
+        self.future_map.stash(self.running_rows, self.payload)
+
+    def run(self, iterations: int, patched: bool) -> float:
+        """Seconds per iteration over `iterations` steady iterations."""
+        in_flight: torch.cuda.Event | None = None
+        start = time.perf_counter()
+        for i in range(iterations):
+            with torch.cuda.stream(self.schedule_stream):
+                self._seed(i, patched)
+                ready = self.schedule_stream.record_event()
+            self.forward_stream.wait_event(ready)
+            with torch.cuda.stream(self.forward_stream):
+                self._forward()
+                done = self.forward_stream.record_event()
+            # One iteration in flight: wait for the previous forward, not this one.
+            if in_flight is not None:
+                in_flight.synchronize()
+            in_flight = done
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / iterations
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
+    times: dict[str, list[float]] = {"unpatched": [], "patched": []}
+    ratios: list[float] = []
+    for _ in range(args.runs):
+        pair: dict[str, float] = {}
+        for variant in ("unpatched", "patched"):
+            loop.run(args.warmup, variant == "patched")
+            pair[variant] = loop.run(args.iters, variant == "patched")
+            times[variant].append(pair[variant])
+        ratios.append(pair["patched"] / pair["unpatched"])
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "config": {
+            k: getattr(args, k) for k in ("runs", "iters", "warmup", "batch", "hidden", "layers")
+        },
+        "ms_per_iteration": {
+            v: {k: x * 1e3 for k, x in spread(ts).items()} for v, ts in times.items()
+        },
+        "ratio": spread(ratios),
+        "ratios": ratios,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    ms = result["ms_per_iteration"]
+    ratio = result["ratio"]
+    rows = [("variant", "median ms/iter", "min", "max")]
+    for variant in ("unpatched", "patched"):
+        s = ms[variant]
+        rows.append((variant, f"{s['median']:.4f}", f"{s['min']:.4f}", f"{s['max']:.4f}"))
+    rows.append(
+        (
+            "patched/unpatched",
+            f"{ratio['median']:.4f}",
+            f"{ratio['min']:.4f}",
+            f"{ratio['max']:.4f}",
+        )
+    )
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    cfg = result["config"]
+    head = (
+        f"wait_stream cost per prebuilt batch on {result['device']} (torch {result['torch']}): "
+        f"{cfg['runs']} runs x {cfg['iters']} iterations, batch {cfg['batch']}, "
+        f"hidden {cfg['hidden']}, {cfg['layers']} layers; ratio spread is over run pairs"
+    )
+    return "\n".join([head, *lines])
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available():
+        print(
+            "error: bench_wait_stream.py needs a CUDA device (torch.cuda.is_available() is "
+            "False): it times two real CUDA streams. Run it on a GPU machine, e.g. via ci/run-gpu.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        print(
+            "error: sglang is not importable; put a step tree first on PYTHONPATH "
+            "(e.g. PYTHONPATH=build/steps/0002/python)",
+            file=sys.stderr,
+        )
+        return 2
+    result = measure(args)
+    print(table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
