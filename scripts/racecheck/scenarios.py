@@ -42,6 +42,7 @@ HIDDEN_SIZE = 4
 class ScenarioRun:
     name: str
     races: list[Race]
+    seen: set[tuple[str, str, str]]  # (stream, "read"/"write", buffer)
 
 
 class _World:
@@ -208,6 +209,28 @@ _PLAYS: dict[str, tuple[str | None, Callable[[_World], None]]] = {
     "S3": (None, s3_non_spec),
 }
 
+_EAGLE_ROW = (
+    "new_seq_lens_buf",
+    "output_tokens_buf",
+    "topk_p_buf",
+    "topk_index_buf",
+    "hidden_states_buf",
+)
+# Accesses a scenario must see, race or not: without them a clean result would
+# only mean that the tree no longer takes the path the scenario drives.
+REQUIRED: dict[str, set[tuple[str, str, str]]] = {
+    "S1": {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in _EAGLE_ROW},
+    "S2": {
+        ("forward_stream", "write", "new_seq_lens_buf"),
+        ("schedule_stream", "write", "new_seq_lens_buf"),
+        ("consumer_stream", "read", "new_seq_lens_buf"),
+    },
+    "S3": {
+        ("forward_stream", "write", "output_tokens_buf"),
+        ("schedule_stream", "write", "output_tokens_buf"),
+    },
+}
+
 
 def sglang_root() -> Path:
     import sglang
@@ -234,7 +257,14 @@ def run(name: str) -> ScenarioRun:
             play(_World(device, watch, spec))
     finally:
         context._server_args, context.flags, context._runtime_overrides = saved
-    return ScenarioRun(name, watch.races)
+    missing = REQUIRED[name] - watch.seen
+    if missing:
+        raise ScenarioError(
+            f"{name} never saw "
+            + ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in sorted(missing))
+            + "; the tree's relay path differs from the one the scenario drives"
+        )
+    return ScenarioRun(name, watch.races, watch.seen)
 
 
 def run_all() -> list[ScenarioRun]:

@@ -51,6 +51,8 @@ class BufferWatch(TorchDispatchMode):
         super().__init__()
         self.device = device
         self.races: list[Race] = []
+        # (stream, "read"/"write", buffer) of every access seen, races or not
+        self.seen: set[tuple[str, str, str]] = set()
         self._sources: list[BufferSource] = []
         self._keys: dict[tuple[str, int], int] = {}
         self._rows: dict[int, tuple[str, int]] = {}
@@ -93,6 +95,8 @@ class BufferWatch(TorchDispatchMode):
                     if hit is None:
                         continue
                     name, base = hit
+                    stream = self.device.current_stream().name
+                    self.seen.add((stream, "write" if target is writes else "read", name))
                     index = row_index if argument.name == "self" else None
                     for row in _rows(tensor, base, index):
                         target.setdefault(self._key(name, row), []).append(argument.name)
