@@ -257,7 +257,10 @@ def _tree_run(label: str, tree: Path, result: dict[str, Any]) -> TreeRun:
     return TreeRun(
         label,
         tree,
-        {name: [report.race_from_json(r) for r in races] for name, races in result["races"].items()},
+        {
+            name: [report.race_from_json(r) for r in races]
+            for name, races in result["races"].items()
+        },
         result["import_s"],
         result["run_s"],
     )

@@ -91,14 +91,14 @@ class SimDevice:
         self._current = self._default
         self.streams: dict[int, SimStream] = {DEFAULT_STREAM_ID: self._default}
 
-    def Stream(self, name: str | None = None, **_options: Any) -> SimStream:  # noqa: N802
+    def Stream(self, name: str | None = None, **_options: Any) -> SimStream:
         stream_id = next(self._ids)
         stream = SimStream(self, name or f"stream {stream_id}", stream_id)
         self.handler._handle_stream_creation(stream_id)
         self.streams[stream_id] = stream
         return stream
 
-    def Event(self, **options: Any) -> SimEvent:  # noqa: N802
+    def Event(self, **options: Any) -> SimEvent:
         return SimEvent(self, **options)
 
     def current_stream(self, device: Any = None) -> SimStream:

@@ -219,9 +219,12 @@ def _row_index(func: Any, bound: list[tuple[Any, Any]]) -> torch.Tensor | None:
     if name.startswith("aten::index_") and isinstance(values.get("index"), torch.Tensor):
         dim = values.get("dim")
         self_value = values.get("self")
-        if isinstance(self_value, torch.Tensor) and isinstance(dim, int):
-            if dim in (0, -self_value.dim()):
-                return values["index"]
+        if (
+            isinstance(self_value, torch.Tensor)
+            and isinstance(dim, int)
+            and dim in (0, -self_value.dim())
+        ):
+            return values["index"]
     return None
 
 

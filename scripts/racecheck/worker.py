@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
     for name in PRELOAD:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: S112 - a missing package only costs speed here
+        except Exception:  # a missing package only costs speed here
             continue
     _write(out_dir / "preload.json", {"preload_s": round(time.perf_counter() - started, 2)})
     children = []

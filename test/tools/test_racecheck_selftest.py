@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from racecheck import csan, report
 from racecheck.races import Race
 from racecheck.sim import SimDevice, SimStream

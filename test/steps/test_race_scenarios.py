@@ -1,0 +1,74 @@
+"""The race table of issue 4, measured from this step's real sglang code.
+
+Each scenario runs through the step's FutureMap, build_eagle_disagg_draft_input
+and get_new_prebuilt_batch on simulated streams whose ordering feeds PyTorch's
+CUDA sanitizer (scripts/racecheck). The row of the table for this step must be
+exactly the expected one, and a scenario's race must be closed on the steps
+that carry its fix and open on the others.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+from racecheck import report, scenarios  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, scenarios.ScenarioRun]:
+    return {run.name: run for run in scenarios.run_all()}
+
+
+def _races_text(run: scenarios.ScenarioRun) -> str:
+    return "\n".join(report.race_text(race) for race in run.races) or "(no race)"
+
+
+@pytest.mark.parametrize("name", report.SCENARIOS)
+def test_table_row(name: str, step: str, measured: dict[str, scenarios.ScenarioRun]) -> None:
+    cell = report.cell_of(measured[name].races)
+    expected = report.EXPECTED[name][step]
+    assert cell == expected, (
+        f"{name} on {report.step_label(step)}: measured '{report.describe(cell)}', "
+        f"expected '{report.describe(expected)}'\n{_races_text(measured[name])}"
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("S1", marks=pytest.mark.pass_on("0002")),
+        pytest.param("S2", marks=pytest.mark.pass_on("0001", "0002")),
+        pytest.param("S3", marks=pytest.mark.pass_on("0002")),
+    ],
+)
+def test_race_closed(name: str, measured: dict[str, scenarios.ScenarioRun]) -> None:
+    assert measured[name].races == [], _races_text(measured[name])
+
+
+@pytest.mark.parametrize("name", report.SCENARIOS)
+def test_races_name_real_sites(
+    name: str, step: str, measured: dict[str, scenarios.ScenarioRun]
+) -> None:
+    """Every reported site is a line of this step's sglang that indexes a relay buffer."""
+    races = measured[name].races
+    if not report.EXPECTED[name][step]:
+        pytest.skip(f"no race to locate in {name} on {report.step_label(step)}")
+    assert races
+    python = scenarios.sglang_root().parent
+    for race in races:
+        for access in (race.first, race.second):
+            site = access.code[0]
+            line = (python / site.file).read_text().splitlines()[site.line - 1]
+            assert f"{race.buffer}[" in line, f"{site}: {line.strip()}"
+        assert race.second.stream == ("consumer_stream" if name == "S2" else "schedule_stream")
+        assert race.first.stream == "forward_stream"
+    if name != "S2":
+        callers = {(s.file, s.function) for race in races for s in race.second.code}
+        assert ("sglang/srt/disaggregation/decode.py", "get_new_prebuilt_batch") in callers
