@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -40,9 +41,7 @@ Simulated CUDA streams and events feed the vector clocks of PyTorch's CUDA
 sanitizer; every aten read and write of a FutureMap relay buffer is checked
 row by row. Three scenarios run through the tree's own FutureMap,
 build_eagle_disagg_draft_input and get_new_prebuilt_batch:
-  S1  {S1}
-  S2  {S2}
-  S3  {S3}
+{scenarios}
 
 Default: step 0002 (the patched tree) of the build tree. Each tree runs in its
 own process (one sglang per process), forked after the heavy third-party
@@ -84,7 +83,12 @@ class TreeRun:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="race-check",
-        description=DESCRIPTION.format(**report.SCENARIO_TEXT),
+        description=DESCRIPTION.format(
+            scenarios="\n".join(
+                textwrap.fill(text, 78, initial_indent=f"  {name}  ", subsequent_indent=" " * 6)
+                for name, text in report.SCENARIO_TEXT.items()
+            )
+        ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

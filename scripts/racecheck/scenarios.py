@@ -247,7 +247,11 @@ def run(name: str) -> ScenarioRun:
     context = get_context()
     # The scenario publishes its own server args; whatever the process had
     # published before (a test session, say) comes back afterwards.
-    saved = (context._server_args, context.flags, context._runtime_overrides)
+    saved = {
+        slot: getattr(context, slot)
+        for slot in getattr(type(context), "__slots__", ())
+        if hasattr(context, slot)
+    }
     reset_context()
     try:
         with simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver.parent]) as (
@@ -256,7 +260,8 @@ def run(name: str) -> ScenarioRun:
         ):
             play(_World(device, watch, spec))
     finally:
-        context._server_args, context.flags, context._runtime_overrides = saved
+        for slot, value in saved.items():
+            setattr(context, slot, value)
     missing = REQUIRED[name] - watch.seen
     if missing:
         raise ScenarioError(
