@@ -124,14 +124,13 @@ class BufferWatch(TorchDispatchMode):
         return key
 
     def _launch(self, func, reads: dict[int, list[str]], writes: dict[int, list[str]]) -> None:
-        aliases = {key: names for key, names in (reads | writes).items()}
         errors = self.device.handler._handle_kernel_launch(
             self.device.current_stream().stream_id,
             set(reads) - set(writes),
             set(writes),
             set(),
             func._schema,
-            aliases,
+            reads | writes,
         )
         for error in errors:
             name, row = self._rows[error.data_ptr]
