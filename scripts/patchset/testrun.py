@@ -11,6 +11,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class SuiteRun:
     env: dict[str, str]
     returncode: int | None = None
     outcomes: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -127,10 +129,11 @@ class SuiteRun:
         for outcome in self.outcomes.values():
             counts[outcome] = counts.get(outcome, 0) + 1
         summary = ", ".join(f"{n} {o}" for o in reversed(_SEVERITY) if (n := counts.get(o)))
+        took = f"in {self.seconds:.0f}s"
         if self.returncode == NO_TESTS:
-            return "FAILED: pytest exit 5, no test ran"
+            return f"FAILED: pytest exit 5, no test ran, {took}"
         status = "ok" if self.returncode == 0 else f"FAILED: pytest exit {self.returncode}"
-        return f"{status} ({summary or 'no tests'})"
+        return f"{status} ({summary or 'no tests'}) {took}"
 
 
 def step_env(step: str, tree: Path) -> dict[str, str]:
@@ -175,7 +178,9 @@ def run_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> SuiteRun:
         "-rfEX", *extra,
     ]  # fmt: skip
     print(f"\n=== {run.label}: {run.tests.relative_to(PROJECT_ROOT)} ===", flush=True)
+    start = time.monotonic()
     run.returncode = subprocess.run(command, env=run.env, cwd=PROJECT_ROOT).returncode
+    run.seconds = time.monotonic() - start
     run.outcomes = read_junit(run.junit, run.tests) if run.junit.is_file() else {}
     return run
 
@@ -212,6 +217,8 @@ def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
     names: list[str] = []
     for run in reversed(runs):
         names += [n for n in run.outcomes if n not in names]
+    if not names:
+        return "(no step test ran)"
     rows = [["test", *headers]]
     rows += [[name, *(run.outcomes.get(name, "-") for run in runs)] for name in names]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
