@@ -17,6 +17,7 @@ from sglang.srt.managers import overlap_utils
 from sglang.srt.managers.overlap_utils import FutureMap
 from sglang.srt.speculative import spec_utils
 from sglang.srt.speculative.eagle_disaggregation import build_eagle_disagg_draft_input
+from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 POOL_SIZE = 8
@@ -109,7 +110,7 @@ def log_relay_calls(relay: FutureMap) -> list[tuple[str, list[int]]]:
     return calls
 
 
-def build(enable_overlap: bool, relay: FutureMap):
+def build(enable_overlap: bool, relay: FutureMap) -> EagleDraftInput:
     last_tokens = torch.tensor(LAST_TOKENS, dtype=torch.int64)
     batch = new_batch(enable_overlap)
     return build_eagle_disagg_draft_input(batch, SERVER_ARGS, last_tokens, relay)

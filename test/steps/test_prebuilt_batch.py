@@ -58,7 +58,10 @@ def _recording_batch(scheduler: SchedulerDisaggregationDecodeMixin, order: list[
     return batch
 
 
-def _build(scheduler: SchedulerDisaggregationDecodeMixin, batch: MagicMock | None):
+def _build(
+    scheduler: SchedulerDisaggregationDecodeMixin, batch: MagicMock | None
+) -> tuple[object, MagicMock]:
+    """Call the real method with ScheduleBatch.init_new returning batch."""
     with patch(INIT_NEW, return_value=batch) as init_new:
         returned = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch(scheduler)
     return returned, init_new

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,11 +55,11 @@ def row(output: str, test: str) -> list[str]:
     raise AssertionError(f"no row for {test} in:\n{output}")
 
 
-def run_tree(run_script: RunScript, tree: Path):
+def run_tree(run_script: RunScript, tree: Path) -> subprocess.CompletedProcess[str]:
     return run_script("run-tests", "--tree", str(tree), "--python", sys.executable, "-k", SELECT)
 
 
-def test_the_patched_tree_passes(run_script: RunScript, patched_tree: Path, tmp_path: Path):
+def test_the_patched_tree_passes(run_script: RunScript, patched_tree: Path, tmp_path: Path) -> None:
     tree = copy_tree(patched_tree, tmp_path / "intact")
 
     result = run_tree(run_script, tree)
@@ -69,7 +70,7 @@ def test_the_patched_tree_passes(run_script: RunScript, patched_tree: Path, tmp_
 
 def test_removing_the_wait_stream_line_fails_the_suite(
     run_script: RunScript, patched_tree: Path, tmp_path: Path
-):
+) -> None:
     tree = copy_tree(patched_tree, tmp_path / "broken")
     remove_wait_line(tree)
 
@@ -82,7 +83,7 @@ def test_removing_the_wait_stream_line_fails_the_suite(
     assert "FAILED: tree" in result.stdout
 
 
-def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Path):
+def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Path) -> None:
     result = run_script("run-tests", "--tree", str(tmp_path), "--python", sys.executable)
 
     assert result.returncode == 14
