@@ -211,6 +211,34 @@ def read_junit(junit: Path, tests: Path) -> dict[str, str]:
     return outcomes
 
 
+def read_properties(junit: Path, prefix: str) -> dict[str, str]:
+    """Properties a test recorded with record_property whose name starts with prefix."""
+    found: dict[str, str] = {}
+    for prop in ET.parse(junit).iter("property"):
+        name = prop.get("name", "")
+        if name.startswith(prefix):
+            found[name.removeprefix(prefix)] = prop.get("value", "")
+    return found
+
+
+def property_table(
+    runs: Sequence[SuiteRun], headers: Sequence[str], prefix: str, title: str
+) -> str:
+    """title | one column per step run, from the properties named prefix + row."""
+    cells = [read_properties(r.junit, prefix) if r.junit.is_file() else {} for r in runs]
+    rows = sorted({row for per_run in cells for row in per_run})
+    if not rows:
+        return ""
+    return _grid([[title, *headers], *([row, *(c.get(row, "-") for c in cells)] for row in rows)])
+
+
+def _grid(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
     """test | one column per step run, with each test's outcome on that step."""
     # The last step usually holds every test; its order is pytest's collection order.
@@ -221,7 +249,4 @@ def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
         return "(no step test ran)"
     rows = [["test", *headers]]
     rows += [[name, *(run.outcomes.get(name, "-") for run in runs)] for name in names]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(line.rstrip() for line in lines)
+    return _grid(rows)
