@@ -13,8 +13,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import Exit, PatchSetError
-from .manifest import MANIFEST_NAME, SERIES_NAME, PinManifest, sha256_of, step_of
+from .errors import PatchSetError
+from .manifest import (
+    MANIFEST_NAME,
+    SERIES_NAME,
+    PinManifest,
+    require_folder,
+    sha256_of,
+    step_of,
+)
 from .patchfile import Patch, parse_patch
 
 # Yocto's list; the patch set uses the word only, or the word and "[detail]".
@@ -373,12 +380,7 @@ def _check_patched_newline(report: LintReport, patch: Patch) -> None:
 
 def lint_patch_set(folder: Path) -> LintReport:
     """Run every rule on one patch set folder."""
-    if not folder.is_dir():
-        raise PatchSetError(
-            Exit.PATCHSET_INVALID,
-            f"patch set folder {folder} does not exist",
-            "pass --patch-set with a folder under patches/",
-        )
+    require_folder(folder)
     report = LintReport(folder)
     entries = _read_series(report, folder / SERIES_NAME)
     paths = _check_series(report, folder, entries)

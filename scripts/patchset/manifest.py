@@ -129,9 +129,7 @@ class PinManifest:
             "# before the series, then after each patch.",
             "[blobs]",
         ]
-        for path, by_step in self.blobs.items():
-            pairs = ", ".join(f'"{step}" = "{blob}"' for step, blob in by_step.items())
-            lines.append(f'"{path}" = {{ {pairs} }}')
+        lines += [f'"{path}" = {_inline_table(by_step)}' for path, by_step in self.blobs.items()]
         if self.known_releases:
             lines += [
                 "",
@@ -139,10 +137,26 @@ class PinManifest:
                 "# not match can be named.",
                 "[known-releases]",
             ]
-            for release, files in self.known_releases.items():
-                pairs = ", ".join(f'"{p}" = "{b}"' for p, b in files.items())
-                lines.append(f'"{release}" = {{ {pairs} }}')
+            lines += [
+                f'"{release}" = {_inline_table(files)}'
+                for release, files in self.known_releases.items()
+            ]
         return "\n".join(lines) + "\n"
+
+
+def _inline_table(mapping: dict[str, str]) -> str:
+    pairs = ", ".join(f'"{key}" = "{value}"' for key, value in mapping.items())
+    return f"{{ {pairs} }}"
+
+
+def require_folder(folder: Path) -> None:
+    """Refuse a patch set folder that does not exist."""
+    if not folder.is_dir():
+        raise PatchSetError(
+            Exit.PATCHSET_INVALID,
+            f"patch set folder {folder} does not exist",
+            "pass --patch-set with a folder under patches/",
+        )
 
 
 @dataclass(frozen=True)
@@ -160,12 +174,7 @@ class Series:
     @classmethod
     def load(cls, folder: Path) -> Series:
         """Read the series and its manifest without checking patch hashes."""
-        if not folder.is_dir():
-            raise PatchSetError(
-                Exit.PATCHSET_INVALID,
-                f"patch set folder {folder} does not exist",
-                "pass --patch-set with a folder under patches/",
-            )
+        require_folder(folder)
         manifest = PinManifest.load(folder / MANIFEST_NAME)
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
