@@ -30,6 +30,8 @@ def step_trees(series: Series, build: Path) -> dict[str, Path]:
     repo = build_tree_path(series, build)
     git = Git(repo, owned=True)
     root = build / "steps"
+    # Forget step worktrees whose folders someone deleted, so they can be made again.
+    git.run("worktree", "prune")
     trees: dict[str, Path] = {}
     for step, rev in step_revisions(series, repo).items():
         tree = root / step
