@@ -199,10 +199,20 @@ def apply_to_checkout(git: Git, series: Series, branch: str, where: Path) -> App
         if _blobs_at(git, tip, manifest) == manifest.blobs_at(manifest.steps[-1]):
             report.already = list(series.patch_names)
             return report
+        if git.owned:
+            next_step = (
+                "the build tree holds another version of the series; if you have no "
+                f"unexported work there, delete {where} (it is generated) and run again"
+            )
+        else:
+            next_step = (
+                f"delete it (`git -C {where} branch -D {branch}`) or pass --branch "
+                "with another name"
+            )
         raise PatchSetError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} already exists in {where} and does not hold the patched files",
-            f"delete it (`git -C {where} branch -D {branch}`) or pass --branch with another name",
+            next_step,
         )
     state = locate_step(manifest, _blobs_at(git, "HEAD", manifest), _show(git, "HEAD"), str(where))
     patches = _patches_after(series, state.step)

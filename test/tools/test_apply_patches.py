@@ -381,3 +381,17 @@ def test_help_documents_every_exit_code(run_script: RunScript):
     assert result.returncode == 0
     documented = {int(m) for m in re.findall(r"^\s+(\d+)\s{2}", result.stdout, re.MULTILINE)}
     assert documented == {int(code) for code in Exit}
+
+
+def test_build_tree_with_an_older_series_says_to_rebuild_it(run_script: RunScript, tmp_path: Path):
+    assert run_script("apply-patches").returncode == 0
+    repo = tmp_path / "build" / "sglang-0.5.15.post1"
+    owned = Git(repo, owned=True)
+    owned.run("commit", "-q", "--allow-empty", "-m", "an older series' extra commit")
+    (repo / DECODE).write_text("# not the patched file\n")
+    owned.run("commit", "-q", "--all", "-m", "older content")
+    before = repo_state(repo)
+    result = run_script("apply-patches")
+    assert result.returncode == Exit.BRANCH_EXISTS
+    assert f"delete {repo} (it is generated)" in result.stderr
+    assert repo_state(repo) == before
