@@ -8,6 +8,8 @@ the shared cache, once per run, and every test reuses them.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,7 +21,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from patchset import paths, wheel  # noqa: E402
-from patchset.manifest import Series  # noqa: E402
+from patchset.manifest import Series, sha256_of  # noqa: E402
 
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -62,3 +64,25 @@ def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
         )
 
     return run
+
+
+@pytest.fixture
+def patch_set(tmp_path: Path, series: Series) -> Path:
+    """A copy of the real patch set folder, for a test to break."""
+    folder = tmp_path / series.folder.name
+    shutil.copytree(series.folder, folder)
+    return folder
+
+
+def repin(folder: Path) -> None:
+    """Write the current sha256 of every patch in folder into its pin.toml."""
+    pin = folder / "pin.toml"
+    text = pin.read_text(encoding="utf-8")
+    for patch in folder.glob("*.patch"):
+        text = re.sub(
+            rf'^"{re.escape(patch.name)}" = "[0-9a-f]+"$',
+            f'"{patch.name}" = "{sha256_of(patch)}"',
+            text,
+            flags=re.M,
+        )
+    pin.write_text(text, encoding="utf-8")

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import RunScript
+from conftest import RunScript, repin
 from patchset import wheel
 from patchset.errors import Exit
 from patchset.git import Git
-from patchset.manifest import Series, sha256_of
+from patchset.manifest import Series
 
 BRANCH = "sglang-backports/0.5.15.post1"
 DECODE = "python/sglang/srt/disaggregation/decode.py"
@@ -65,22 +64,6 @@ def checkout(tmp_path: Path, sglang_template: Path) -> Path:
     git(repo, "config", "user.email", "user@example.com")
     (repo / "notes.txt").write_text("my notes\n")
     return repo
-
-
-def copy_patch_set(series: Series, dest: Path) -> Path:
-    folder = dest / "patch-set"
-    shutil.copytree(series.folder, folder)
-    return folder
-
-
-def repin(folder: Path, name: str) -> None:
-    """Record a changed patch's new hash in the copy's manifest."""
-    manifest = folder / "pin.toml"
-    text = manifest.read_text()
-    text = re.sub(
-        rf'("{re.escape(name)}" = ")[0-9a-f]+"', rf'\g<1>{sha256_of(folder / name)}"', text
-    )
-    manifest.write_text(text)
 
 
 # --- the default: the pinned wheel laid out under build/ -------------------
@@ -184,18 +167,12 @@ def test_check_on_a_checkout_reports_each_patch_and_changes_nothing(
 
 
 def test_check_reports_a_patch_that_would_not_apply(
-    run_script: RunScript, tmp_path: Path, series: Series
+    run_script: RunScript, broken_second_patch: Path, series: Series
 ):
-    folder = copy_patch_set(series, tmp_path)
-    second = folder / series.patch_names[1]
-    second.write_text(
-        second.read_text().replace(" # construct fake completed prefill", " # built elsewhere")
-    )
-    repin(folder, second.name)
-    result = run_script("apply-patches", "--check", "--patch-set", str(folder))
+    result = run_script("apply-patches", "--check", "--patch-set", str(broken_second_patch))
     assert result.returncode == Exit.WOULD_NOT_APPLY
     assert f"{series.patch_names[0]}: applies cleanly" in result.stdout
-    assert f"{second.name}: does not apply" in result.stdout
+    assert f"{series.patch_names[1]}: does not apply" in result.stdout
 
 
 # --- refusals: a message, a non-zero exit, nothing touched ------------------
@@ -255,8 +232,10 @@ def test_unknown_release_with_fix_b_is_refused_as_already_upstream(
     assert "0.5.19 or later" in result.stderr
 
 
-def test_changed_patch_file_is_refused(run_script: RunScript, tmp_path: Path, series: Series):
-    folder = copy_patch_set(series, tmp_path)
+def test_changed_patch_file_is_refused(
+    run_script: RunScript, tmp_path: Path, patch_set: Path, series: Series
+):
+    folder = patch_set
     patch = folder / series.patch_names[0]
     patch.write_text(patch.read_text().replace("cumulative", "accumulating", 1))
     result = run_script("apply-patches", "--patch-set", str(folder))
@@ -317,14 +296,14 @@ def test_existing_branch_with_other_content_is_refused(run_script: RunScript, ch
 
 
 @pytest.fixture
-def broken_second_patch(tmp_path: Path, series: Series) -> Path:
+def broken_second_patch(patch_set: Path, series: Series) -> Path:
     """A patch set whose 0002 no longer applies (its context was edited), re-pinned."""
-    folder = copy_patch_set(series, tmp_path)
+    folder = patch_set
     second = folder / series.patch_names[1]
     second.write_text(
         second.read_text().replace(" # construct fake completed prefill", " # built elsewhere")
     )
-    repin(folder, second.name)
+    repin(folder)
     return folder
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from conftest import RunScript
+import pytest
+from conftest import RunScript, repin
 from patchset.errors import Exit
 from patchset.git import Git
 from patchset.manifest import PinManifest, Series, sha256_of
@@ -18,11 +18,11 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def applied_copy(run_script: RunScript, tmp_path: Path, series: Series) -> Path:
+@pytest.fixture
+def applied_copy(run_script: RunScript, patch_set: Path) -> Path:
+    """A copy of the patch set, with the real series applied in the build tree."""
     assert run_script("apply-patches").returncode == 0
-    folder = tmp_path / "patch-set"
-    shutil.copytree(series.folder, folder)
-    return folder
+    return patch_set
 
 
 def test_committed_patch_set_is_up_to_date(run_script: RunScript):
@@ -32,22 +32,19 @@ def test_committed_patch_set_is_up_to_date(run_script: RunScript):
     assert "up to date" in result.stdout
 
 
-def test_exporting_again_changes_no_byte(run_script: RunScript, tmp_path: Path, series: Series):
-    folder = applied_copy(run_script, tmp_path, series)
+def test_exporting_again_changes_no_byte(run_script: RunScript, applied_copy: Path, series: Series):
+    folder = applied_copy
     for _ in range(2):
         result = run_script("export-patches", "--patch-set", str(folder))
         assert result.returncode == 0, result.stderr
         assert folder_bytes(folder) == folder_bytes(series.folder)
 
 
-def test_check_shows_a_stale_patch(run_script: RunScript, tmp_path: Path, series: Series):
-    folder = applied_copy(run_script, tmp_path, series)
+def test_check_shows_a_stale_patch(run_script: RunScript, applied_copy: Path, series: Series):
+    folder = applied_copy
     patch = folder / series.patch_names[0]
     patch.write_text(patch.read_text().replace("cumulative", "accumulating", 1))
-    manifest = folder / "pin.toml"
-    manifest.write_text(
-        manifest.read_text().replace(series.manifest.patch_hashes[patch.name], sha256_of(patch))
-    )
+    repin(folder)
     before = folder_bytes(folder)
     result = run_script("export-patches", "--check", "--patch-set", str(folder))
     assert result.returncode == Exit.STALE
@@ -58,9 +55,11 @@ def test_check_shows_a_stale_patch(run_script: RunScript, tmp_path: Path, series
     assert folder_bytes(folder) == before
 
 
-def test_export_follows_an_edited_commit(run_script: RunScript, tmp_path: Path, series: Series):
+def test_export_follows_an_edited_commit(
+    run_script: RunScript, applied_copy: Path, tmp_path: Path, series: Series
+):
     """A maintainer amends 0002 on the branch; export rewrites patch and manifest."""
-    folder = applied_copy(run_script, tmp_path, series)
+    folder = applied_copy
     repo = tmp_path / "build" / "sglang-0.5.15.post1"
     owned = Git(repo, owned=True)
     decode = repo / DECODE

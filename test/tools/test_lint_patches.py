@@ -8,7 +8,6 @@ the FILE:LINE of the report.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import repin
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT = ROOT / "scripts" / "lint-patches"
@@ -36,28 +36,6 @@ def lint(folder: Path) -> subprocess.CompletedProcess[str]:
 
 def rules_of(result: subprocess.CompletedProcess[str]) -> set[str]:
     return set(re.findall(r"^\S+: \[([a-z-]+)\]", result.stdout, re.M))
-
-
-@pytest.fixture
-def patch_set(tmp_path: Path) -> Path:
-    folder = tmp_path / REAL.name
-    shutil.copytree(REAL, folder)
-    return folder
-
-
-def repin(folder: Path) -> None:
-    """Write the current sha256 of every patch into pin.toml."""
-    pin = folder / "pin.toml"
-    text = pin.read_text(encoding="utf-8")
-    for patch in folder.glob("*.patch"):
-        digest = hashlib.sha256(patch.read_bytes()).hexdigest()
-        text = re.sub(
-            rf'^"{re.escape(patch.name)}" = "[0-9a-f]+"$',
-            f'"{patch.name}" = "{digest}"',
-            text,
-            flags=re.M,
-        )
-    pin.write_text(text, encoding="utf-8")
 
 
 def edit(path: Path, old: str, new: str, count: int = 1) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -243,10 +242,9 @@ def test_review_reads_the_build_tree_when_there_is_one(run_script: RunScript) ->
 
 
 def test_damaged_patch_set_is_refused(
-    run_script: RunScript, tmp_path: Path, series: Series
+    run_script: RunScript, patch_set: Path, series: Series
 ) -> None:
-    folder = tmp_path / series.folder.name
-    shutil.copytree(series.folder, folder)
+    folder = patch_set
     patch = folder / series.patch_names[0]
     patch.write_text(patch.read_text(encoding="utf-8").replace("CUDA event", "CUDA  event"))
     result = run_script("review", "--patch-set", str(folder))
