@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 from . import wheel as wheels
 from .errors import Exit, PatchSetError
 from .git import Git, open_checkout
-from .manifest import BASE_STEP, PinManifest, Series, step_of
+from .manifest import BASE_STEP, PinManifest, Series, git_blob_id, step_of
 
 # Fix B's line; a base that already has it needs no patch, whatever its version.
 FIX_B_MARKER = "self.schedule_stream.wait_stream(self.forward_stream)"
@@ -243,6 +242,12 @@ def pristine_tag(manifest: PinManifest) -> str:
     return f"pristine/{manifest.base.version}"
 
 
+def series_commits(git: Git, manifest: PinManifest) -> list[str]:
+    """The commits pristine..patched-branch of a build tree, oldest first."""
+    range_ = f"{pristine_tag(manifest)}..{default_branch(manifest)}"
+    return git.out("rev-list", "--reverse", range_).split()
+
+
 def _lay_out_wheel(series: Series, repo: Path, cache: Path) -> None:
     manifest = series.manifest
     wheel = wheels.fetch_wheel(manifest.base, cache)
@@ -300,7 +305,7 @@ class CheckResult:
 def check_series(series: Series, files: dict[str, bytes | None], where: str) -> list[CheckResult]:
     """Per patch, whether it would apply to these files; touches nothing of theirs."""
     manifest = series.manifest
-    blobs = {path: _hash_blob(data) for path, data in files.items()}
+    blobs = {path: git_blob_id(data) if data is not None else None for path, data in files.items()}
 
     def read(path: str) -> str | None:
         data = files.get(path)
@@ -335,13 +340,6 @@ def check_series(series: Series, files: dict[str, bytes | None], where: str) -> 
 
 def _git_apply(cwd: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return Git(cwd, owned=True).run("apply", *flags, str(patch), check=False)
-
-
-def _hash_blob(data: bytes | None) -> str | None:
-    """The git blob id of data, as `git hash-object` gives it."""
-    if data is None:
-        return None
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def files_of_checkout(series: Series, path: Path) -> dict[str, bytes | None]:

@@ -7,7 +7,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from .apply import build_tree_path, default_branch, pristine_tag
+from .apply import build_tree_path, default_branch, pristine_tag, series_commits
 from .errors import Exit, PatchSetError
 from .git import Git
 from .manifest import MANIFEST_NAME, SERIES_NAME, Series, sha256_of, step_of
@@ -52,7 +52,7 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
         f"{pristine_tag(manifest)}..{branch}",
     )  # fmt: skip
     names = [Path(line).name for line in listing.splitlines() if line.strip()]
-    revs = git.out("rev-list", "--reverse", f"{pristine_tag(manifest)}..{branch}").split()
+    revs = series_commits(git, manifest)
     blobs = {path: {"base": by_step["base"]} for path, by_step in manifest.blobs.items()}
     for name, rev in zip(names, revs, strict=True):
         for path in blobs:

@@ -22,6 +22,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def git_blob_id(data: bytes) -> str:
+    """The id `git hash-object` gives data."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 def step_of(patch_name: str) -> str:
     """The step a patch brings the tree to: its number, e.g. '0001'."""
     return patch_name.split("-", 1)[0]

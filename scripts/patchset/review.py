@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import wheel as wheels
-from .apply import build_tree_path, default_branch, pristine_tag
+from .apply import build_tree_path, default_branch, pristine_tag, series_commits
 from .errors import Exit, PatchSetError
 from .git import Git
-from .manifest import BASE_STEP, Series, step_of
+from .manifest import BASE_STEP, Series, git_blob_id, step_of
 from .patchfile import HUNK_HEADER, Patch, parse_patch
 from .review_notes import FUNCTION_NOTES, FunctionNotes, Note
 
@@ -44,18 +44,14 @@ class StepFiles:
         return self.files[list(self.files)[-1]]
 
 
-def _blob_id(text: str) -> str:
-    import hashlib
-
-    data = text.encode("utf-8")
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def _matches_manifest(series: Series, files: dict[str, dict[str, str]]) -> bool:
     manifest = series.manifest
+
+    def blobs(step: str) -> dict[str, str]:
+        return {path: git_blob_id(text.encode()) for path, text in files[step].items()}
+
     return list(files) == manifest.steps and all(
-        {path: _blob_id(text) for path, text in files[step].items()} == manifest.blobs_at(step)
-        for step in manifest.steps
+        blobs(step) == manifest.blobs_at(step) for step in manifest.steps
     )
 
 
@@ -68,7 +64,7 @@ def _from_build_tree(series: Series, build: Path) -> StepFiles | None:
     tag, branch = pristine_tag(manifest), default_branch(manifest)
     if git.rev(tag) is None or git.rev(f"refs/heads/{branch}") is None:
         return None
-    revs = [tag, *git.out("rev-list", "--reverse", f"{tag}..{branch}").split()]
+    revs = [tag, *series_commits(git, manifest)]
     if len(revs) != len(manifest.steps):
         return None
     files: dict[str, dict[str, str]] = {}

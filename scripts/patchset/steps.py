@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .apply import build_tree_path, default_branch, pristine_tag
+from .apply import build_tree_path, pristine_tag, series_commits
 from .git import Git
 from .manifest import Series
 
@@ -14,9 +14,7 @@ def step_revisions(series: Series, repo: Path) -> dict[str, str]:
     """step name -> commit in the build tree: 'base', then one per patch."""
     git = Git(repo, owned=True)
     manifest = series.manifest
-    revs = git.out(
-        "rev-list", "--reverse", f"{pristine_tag(manifest)}..{default_branch(manifest)}"
-    ).split()
+    revs = series_commits(git, manifest)
     return dict(zip(manifest.steps, [git.rev(pristine_tag(manifest)) or "", *revs], strict=True))
 
 
