@@ -2,37 +2,24 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import wheel as wheels
-from .errors import Exit, PatchSetError
+from .buildtree import (
+    build_tree_path,
+    default_branch,
+    files_at,
+    pristine_tag,
+)
+from .errors import BackportError, Exit
 from .git import Git, open_checkout
-from .manifest import BASE_STEP, PinManifest, Series, git_blob_id, step_of
-
-# Fix B's line; a base that already has it needs no patch, whatever its version.
-FIX_B_MARKER = "self.schedule_stream.wait_stream(self.forward_stream)"
-DECODE_PY = "python/sglang/srt/disaggregation/decode.py"
-
-
-def default_branch(manifest: PinManifest) -> str:
-    return f"sglang-backports/{manifest.base.version}"
-
-
-def _version_key(release: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", release))
-
-
-@dataclass
-class BaseState:
-    """Where a tree stands relative to the series."""
-
-    step: str  # "base", or the number of the last patch already in the tree
+from .manifest import BASE_STEP, PinManifest, Series, git_blob_id, release_key, step_of
 
 
 def locate_step(
@@ -40,11 +27,11 @@ def locate_step(
     blobs: dict[str, str | None],
     read_file: Callable[[str], str | None],
     where: str,
-) -> BaseState:
+) -> str:
     """Which step of the series the tree is at; refuse a tree that is at none."""
     for step in reversed(manifest.steps):
         if blobs == manifest.blobs_at(step):
-            return BaseState(step)
+            return step
     raise _mismatch(manifest, blobs, read_file, where)
 
 
@@ -53,7 +40,7 @@ def _mismatch(
     blobs: dict[str, str | None],
     read_file: Callable[[str], str | None],
     where: str,
-) -> PatchSetError:
+) -> BackportError:
     version = manifest.base.version
     expected = manifest.blobs_at(BASE_STEP)
     lines = [f"{where} is not sglang {version}, the base this series is pinned to:"]
@@ -68,15 +55,17 @@ def _mismatch(
         lines.append(f"  {path}: blob {blob}, expected {expected[path]}{known}")
 
     looks_like = [r for r, files in manifest.known_releases.items() if files == blobs]
-    decode = read_file(DECODE_PY) or ""
-    fixed = manifest.first_fixed_release
-    if any(_version_key(r) >= _version_key(fixed) for r in looks_like) or (FIX_B_MARKER in decode):
+    fixed = manifest.upstream_fixed.version
+    marker = manifest.fix_marker
+    has_marker = bool(marker) and any(marker in (read_file(path) or "") for path in blobs)
+    if any(release_key(r) >= release_key(fixed) for r in looks_like) or has_marker:
         named = f"sglang {looks_like[-1]}" if looks_like else f"sglang {fixed} or later"
+        prs = " and ".join(f"#{pr}" for pr in manifest.upstream_prs.values())
         lines.append(
-            f"It looks like {named}, which already contains both fixes "
-            f"(upstream PRs #30435 and #35748)."
+            f"It looks like {named}, which already contains the fixes"
+            + (f" (upstream PRs {prs})." if prs else ".")
         )
-        return PatchSetError(
+        return BackportError(
             Exit.ALREADY_UPSTREAM,
             "\n".join(lines),
             "no patch is needed: the fixes are already upstream",
@@ -85,7 +74,7 @@ def _mismatch(
         lines.append(f"It looks like sglang {looks_like[-1]}.")
     else:
         lines.append("It matches no sglang release this series knows.")
-    return PatchSetError(
+    return BackportError(
         Exit.BASE_MISMATCH,
         "\n".join(lines),
         f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
@@ -109,29 +98,33 @@ def _blobs_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, str | None
     return {path: git.blob_at(rev, path) for path in manifest.files}
 
 
-def _show(git: Git, rev: str) -> Callable[[str], str | None]:
-    def read(path: str) -> str | None:
-        result = git.run("show", f"{rev}:{path}", check=False)
-        return result.stdout if result.returncode == 0 else None
-
-    return read
-
-
 def _refuse_unclean(git: Git, where: Path) -> None:
     operation = git.operation_in_progress()
     if operation:
-        raise PatchSetError(
+        raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} is in the middle of a {operation}",
             "finish or abort it there first; nothing was changed",
         )
     dirty = git.dirty_files()
     if dirty:
-        raise PatchSetError(
+        raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} has uncommitted changes to tracked files: {', '.join(dirty)}",
             "commit them (or move them aside yourself) and run again; nothing was changed",
         )
+
+
+def _blobs_of(files: dict[str, bytes | None]) -> dict[str, str | None]:
+    return {path: git_blob_id(data) if data is not None else None for path, data in files.items()}
+
+
+def _reader(files: dict[str, bytes | None]) -> Callable[[str], str | None]:
+    def read(path: str) -> str | None:
+        data = files.get(path)
+        return data.decode("utf-8", "replace") if data is not None else None
+
+    return read
 
 
 def _patches_after(series: Series, step: str) -> list[Path]:
@@ -159,7 +152,7 @@ def _apply_on_new_branch(
             if result.returncode != 0:
                 work.run("am", "--abort", check=False)
                 detail = (result.stdout + result.stderr).strip()
-                raise PatchSetError(
+                raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} did not apply:\n{detail}",
                     "everything this run changed was rolled back; the base or the "
@@ -171,7 +164,7 @@ def _apply_on_new_branch(
             produced = _blobs_at(work, "HEAD", series.manifest)
             if produced != expected:
                 wrong = [p for p in expected if produced[p] != expected[p]]
-                raise PatchSetError(
+                raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} applied, but produced other content than "
                     f"the manifest pins for: {', '.join(wrong)}",
@@ -208,13 +201,18 @@ def apply_to_checkout(git: Git, series: Series, branch: str, where: Path) -> App
                 f"delete it (`git -C {where} branch -D {branch}`) or pass --branch "
                 "with another name"
             )
-        raise PatchSetError(
+        raise BackportError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} already exists in {where} and does not hold the patched files",
             next_step,
         )
-    state = locate_step(manifest, _blobs_at(git, "HEAD", manifest), _show(git, "HEAD"), str(where))
-    patches = _patches_after(series, state.step)
+    state = locate_step(
+        manifest,
+        _blobs_at(git, "HEAD", manifest),
+        _reader(files_at(git, "HEAD", manifest)),
+        str(where),
+    )
+    patches = _patches_after(series, state)
     report.already = [p for p in series.patch_names if p not in {x.name for x in patches}]
     if not patches:
         return report
@@ -232,20 +230,6 @@ def apply_to_user_checkout(series: Series, path: Path, branch: str | None) -> Ap
     git = open_checkout(path)
     _refuse_unclean(git, path)
     return apply_to_checkout(git, series, branch or default_branch(series.manifest), path)
-
-
-def build_tree_path(series: Series, build: Path) -> Path:
-    return build / f"sglang-{series.manifest.base.version}"
-
-
-def pristine_tag(manifest: PinManifest) -> str:
-    return f"pristine/{manifest.base.version}"
-
-
-def series_commits(git: Git, manifest: PinManifest) -> list[str]:
-    """The commits pristine..patched-branch of a build tree, oldest first."""
-    range_ = f"{pristine_tag(manifest)}..{default_branch(manifest)}"
-    return git.out("rev-list", "--reverse", range_).split()
 
 
 def _lay_out_wheel(series: Series, repo: Path, cache: Path) -> None:
@@ -274,7 +258,7 @@ def apply_to_build_tree(series: Series, build: Path, cache: Path) -> ApplyReport
             _lay_out_wheel(series, repo, cache)
         git = Git(repo, owned=True)
         if git.rev("HEAD") is None or git.rev(pristine_tag(series.manifest)) is None:
-            raise PatchSetError(
+            raise BackportError(
                 Exit.NOT_A_CHECKOUT,
                 f"{repo} exists but is not a tree this command made",
                 "move it aside or delete it (it is generated) and run again",
@@ -291,6 +275,22 @@ def apply_to_build_tree(series: Series, build: Path, cache: Path) -> ApplyReport
         raise
 
 
+@contextmanager
+def scratch_copy(files: dict[str, bytes | None]) -> Iterator[Path]:
+    """A temporary folder holding copies of the files, for `git apply` to work on."""
+    with tempfile.TemporaryDirectory(prefix="sglang-backports-scratch-") as tmp:
+        scratch = Path(tmp)
+        for path, data in files.items():
+            if data is not None:
+                (scratch / path).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / path).write_bytes(data)
+        yield scratch
+
+
+def git_apply(cwd: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return Git(cwd, owned=True).run("apply", *flags, str(patch), check=False)
+
+
 @dataclass
 class CheckResult:
     patch: str
@@ -305,21 +305,10 @@ class CheckResult:
 def check_series(series: Series, files: dict[str, bytes | None], where: str) -> list[CheckResult]:
     """Per patch, whether it would apply to these files; touches nothing of theirs."""
     manifest = series.manifest
-    blobs = {path: git_blob_id(data) if data is not None else None for path, data in files.items()}
-
-    def read(path: str) -> str | None:
-        data = files.get(path)
-        return data.decode("utf-8", "replace") if data is not None else None
-
-    state = locate_step(manifest, blobs, read, where)
-    pending = {p.name for p in _patches_after(series, state.step)}
+    state = locate_step(manifest, _blobs_of(files), _reader(files), where)
+    pending = {p.name for p in _patches_after(series, state)}
     results: list[CheckResult] = []
-    with tempfile.TemporaryDirectory(prefix="sglang-backports-check-") as tmp:
-        scratch = Path(tmp)
-        for path, data in files.items():
-            if data is not None:
-                (scratch / path).parent.mkdir(parents=True, exist_ok=True)
-                (scratch / path).write_bytes(data)
+    with scratch_copy(files) as scratch:
         blocked = False
         for patch in series.patch_paths:
             if patch.name not in pending:
@@ -328,37 +317,11 @@ def check_series(series: Series, files: dict[str, bytes | None], where: str) -> 
             if blocked:
                 results.append(CheckResult(patch.name, "does not apply", "an earlier patch failed"))
                 continue
-            check = _git_apply(scratch, patch, "--check")
+            check = git_apply(scratch, patch, "--check")
             if check.returncode == 0:
-                _git_apply(scratch, patch)
+                git_apply(scratch, patch)
                 results.append(CheckResult(patch.name, "applies cleanly"))
             else:
                 blocked = True
                 results.append(CheckResult(patch.name, "does not apply", check.stderr.strip()))
     return results
-
-
-def _git_apply(cwd: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return Git(cwd, owned=True).run("apply", *flags, str(patch), check=False)
-
-
-def files_of_checkout(series: Series, path: Path) -> dict[str, bytes | None]:
-    git = open_checkout(path)
-    out: dict[str, bytes | None] = {}
-    for file in series.manifest.files:
-        result = subprocess.run(
-            ["git", "show", f"HEAD:{file}"], cwd=path, env=git.env(), capture_output=True
-        )
-        out[file] = result.stdout if result.returncode == 0 else None
-    return out
-
-
-def files_of_build_tree(
-    series: Series, build: Path, cache: Path
-) -> tuple[dict[str, bytes | None], str]:
-    """The touched files of the build tree if it exists, else of the pinned wheel."""
-    repo = build_tree_path(series, build)
-    if repo.is_dir():
-        return files_of_checkout(series, repo), str(repo)
-    wheel = wheels.fetch_wheel(series.manifest.base, cache)
-    return dict(wheels.read_files(wheel, series.manifest.files)), str(wheel)

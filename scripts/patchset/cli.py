@@ -1,51 +1,114 @@
-"""What every command shares: argument parsing helpers and error reporting."""
+"""What every command shares: its parser, its exit codes, and the one error wrapper."""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .errors import EXIT_HELP, Exit, PatchSetError
-from .manifest import Series
+from .errors import BackportError, Exit, exit_help
+from .git import GitError
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
 
 
-def parser(prog: str, description: str) -> argparse.ArgumentParser:
+def parser(
+    prog: str,
+    description: str,
+    codes: Iterable[Exit],
+    wording: dict[Exit, str] | None = None,
+    epilog: str = "",
+) -> argparse.ArgumentParser:
+    """A parser whose --help ends with the exit codes this command can return."""
     return argparse.ArgumentParser(
         prog=prog,
         description=description,
-        epilog=EXIT_HELP.format(version=DEFAULT_BASE),
+        epilog=(epilog + "\n" if epilog else "") + exit_help(codes, wording),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def absolute_path(text: str) -> Path:
+    """argparse type: a path made absolute at once, so a later chdir cannot change it."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    return Path(text).expanduser().absolute()
 
 
 def add_patch_set(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--patch-set",
-        type=Path,
+        type=absolute_path,
         default=DEFAULT_PATCH_DIR,
         metavar="DIR",
         help=f"patch set folder (default: patches/sglang-{DEFAULT_BASE})",
     )
 
 
-def load_series(folder: Path) -> Series:
-    return Series.load(folder)
+_OS_NEXT_STEP = {
+    errno.ENOSPC: "free some disk space there and run again",
+    errno.EDQUOT: "free some disk space there and run again",
+    errno.EROFS: "make that folder writable, or point SGLANG_BACKPORTS_BUILD or "
+    "SGLANG_BACKPORTS_CACHE at a writable folder, and run again",
+    errno.EACCES: "make that path readable and writable for this user, or point "
+    "SGLANG_BACKPORTS_BUILD or SGLANG_BACKPORTS_CACHE elsewhere, and run again",
+    errno.EPERM: "make that path writable for this user, or point SGLANG_BACKPORTS_BUILD "
+    "or SGLANG_BACKPORTS_CACHE elsewhere, and run again",
+    errno.ENOTDIR: "a file stands where a folder belongs: move it aside and run again",
+    errno.EEXIST: "move that path aside and run again",
+}
+
+
+def describe_os_error(err: OSError) -> BackportError:
+    """An OSError as a refusal that names the path and the next step."""
+    where = " ".join(f"'{name}'" for name in (err.filename, err.filename2) if name)
+    reason = err.strerror or str(err)
+    problem = f"cannot use {where}: {reason}" if where else f"a system call failed: {reason}"
+    return BackportError(
+        Exit.ENVIRONMENT,
+        problem,
+        _OS_NEXT_STEP.get(err.errno or 0, "fix what the message names and run again"),
+    )
+
+
+def describe_git_error(err: GitError) -> BackportError:
+    return BackportError(
+        Exit.ENVIRONMENT,
+        str(err),
+        "check that git works in that folder (`git status` there) and run again; "
+        "what this run made was removed",
+    )
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so every cleanup on the way runs."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def report(err: BackportError) -> int:
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    return int(err.code)
 
 
 def run(main: Callable[[], int]) -> None:
-    """Call main; turn refusals into their message and exit code."""
+    """Call main and exit: refusals, OS and git failures become a message and their code."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
     try:
-        code = main()
-    except PatchSetError as err:
-        print(f"error: {err}", file=sys.stderr)
-        code = err.code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        code = 130
+        code = int(main())
+    except BackportError as err:
+        code = report(err)
+    except GitError as err:
+        code = report(describe_git_error(err))
+    except OSError as err:
+        code = report(describe_os_error(err))
+    except KeyboardInterrupt as err:
+        what = str(err) or "SIGINT"
+        print(f"interrupted ({what}); what this run made was removed", file=sys.stderr)
+        code = Exit.INTERRUPTED
     except Exception:
         traceback.print_exc()
         print(
@@ -53,4 +116,5 @@ def run(main: Callable[[], int]) -> None:
             file=sys.stderr,
         )
         code = Exit.INTERNAL
+    sys.stdout.flush()
     sys.exit(int(code))

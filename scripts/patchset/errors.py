@@ -1,12 +1,14 @@
-"""Refusals with an exit code, a message that names the problem, and a next step."""
+"""The one error system: exit codes, a refusal with a next step, and their help text."""
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Iterable
 from enum import IntEnum
 
 
 class Exit(IntEnum):
-    """Exit codes shared by every command in scripts/."""
+    """Exit codes shared by every command in scripts/ and ci/."""
 
     OK = 0
     INTERNAL = 1
@@ -22,29 +24,78 @@ class Exit(IntEnum):
     WOULD_NOT_APPLY = 11
     BRANCH_EXISTS = 12
     STALE = 13
+    SETUP = 14
+    RACE = 15
+    ENVIRONMENT = 16
+    SCENARIO = 17
+    TESTS_FAILED = 18
+    LOCKED = 19
+    # check-install's verdicts: what an environment runs
+    AFFECTED = 20
+    PARTIAL_FIX = 21
+    UNKNOWN_CONTENT = 22
+    NOT_INSTALLED = 23
+    MODIFIED = 24
+    INTERRUPTED = 130
 
 
-EXIT_HELP = """\
-exit codes:
-   0  done: the series was applied, was already applied, or (--check) applies cleanly
-   1  internal error (a bug in this tool; please report it with the output)
-   2  bad command-line usage
-   3  the sglang work tree has uncommitted changes to tracked files
-   4  the base's files do not match the pin manifest (not sglang {version})
-   5  the base already contains the fixes (sglang 0.5.19 or later): no patch is needed
-   6  the patch set is damaged: a patch file or the series does not match the manifest
-   7  the given path is not a git checkout
-   8  the downloaded or cached wheel's sha256 does not match the manifest
-   9  the wheel could not be downloaded and is not in the cache
-  10  a patch failed to apply; everything this run changed was rolled back
-  11  (--check) at least one patch would not apply cleanly
-  12  the target branch already exists and holds something else
-  13  stale: (export-patches --check) the committed patch set differs from a fresh
-      export; (review --strict) a difference from upstream has no explanation
-"""
+# The general meaning of each code; a command may word its own codes more closely.
+EXIT_TEXT: dict[Exit, str] = {
+    Exit.OK: "done",
+    Exit.INTERNAL: "internal error (a bug in this tool; please report it with the output)",
+    Exit.USAGE: "bad command-line usage",
+    Exit.DIRTY_TREE: "the sglang work tree has uncommitted changes to tracked files, "
+    "or a merge, rebase or am is in progress there",
+    Exit.BASE_MISMATCH: "the base's files match no release this project serves",
+    Exit.ALREADY_UPSTREAM: "the base already contains the fixes (sglang 0.5.19 or later): "
+    "no patch is needed",
+    Exit.PATCHSET_INVALID: "the patch set is damaged: a patch file or the series does not "
+    "match the manifest",
+    Exit.NOT_A_CHECKOUT: "the given path is not a git checkout (or not its top folder), or "
+    "a build tree this command did not make",
+    Exit.WHEEL_HASH: "the downloaded or cached wheel's sha256 does not match the manifest",
+    Exit.WHEEL_UNAVAILABLE: "the wheel could not be downloaded and is not in the cache",
+    Exit.APPLY_FAILED: "a patch failed to apply; everything this run changed was rolled back",
+    Exit.WOULD_NOT_APPLY: "(--check) at least one patch would not apply cleanly",
+    Exit.BRANCH_EXISTS: "the target branch already exists and holds something else",
+    Exit.STALE: "stale: the committed output differs from a fresh one",
+    Exit.SETUP: "a test environment could not be set up (venv, pip, wheelhouse)",
+    Exit.RACE: "a race in the patched or given tree, or the race table differs from "
+    "the expected one",
+    Exit.ENVIRONMENT: "the environment: a file or folder cannot be read or written (read-only, "
+    "disk full, a file where a folder belongs), git failed, Python is older than 3.11, "
+    "or a tool this command needs is missing or not as pinned",
+    Exit.SCENARIO: "a race scenario could not run on the tree (import failed or the sglang "
+    "API differs)",
+    Exit.TESTS_FAILED: "a test run failed or ran no test",
+    Exit.LOCKED: "another run holds the lock on the same target; it is named",
+    Exit.AFFECTED: "the environment runs an unpatched sglang with the race open",
+    Exit.PARTIAL_FIX: "the environment runs fix A only: a race is still open",
+    Exit.UNKNOWN_CONTENT: "the files match no release and no series this project knows",
+    Exit.NOT_INSTALLED: "that interpreter finds no sglang",
+    Exit.MODIFIED: "the files differ from the installed distribution's RECORD",
+    Exit.INTERRUPTED: "interrupted (Ctrl-C or a signal); what this run made was removed",
+}
+
+# Every command can end with these.
+COMMON = (Exit.OK, Exit.INTERNAL, Exit.USAGE, Exit.ENVIRONMENT, Exit.INTERRUPTED)
 
 
-class PatchSetError(Exception):
+def exit_help(
+    codes: Iterable[Exit], wording: dict[Exit, str] | None = None, title: str = "exit codes"
+) -> str:
+    """The `exit codes:` section of a command's --help: only the codes it can return."""
+    wording = wording or {}
+    lines = [f"{title}:"]
+    for code in sorted(set(codes) | set(COMMON)):
+        text = wording.get(code, EXIT_TEXT[code])
+        lines.append(
+            textwrap.fill(text, 79, initial_indent=f"  {int(code):>3}  ", subsequent_indent=" " * 7)
+        )
+    return "\n".join(lines) + "\n"
+
+
+class BackportError(Exception):
     """A refusal: what is wrong and what to do next, with its exit code."""
 
     def __init__(self, code: Exit, problem: str, next_step: str = "") -> None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import difflib
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-from .apply import build_tree_path, default_branch, pristine_tag, series_commits
-from .errors import Exit, PatchSetError
+from .buildtree import build_tree_path, default_branch, pristine_tag, series_commits
+from .errors import BackportError, Exit
 from .git import Git
-from .manifest import MANIFEST_NAME, SERIES_NAME, Series, sha256_of, step_of
+from .manifest import MANIFEST_NAME, SERIES_NAME, Series, rewrite_tables, sha256_of, step_of
 
 # Flags that make `git format-patch` output a function of the commits alone
 # (electron's export uses the same idea): no commit ids, full blob ids, no
@@ -41,7 +40,7 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
     branch = default_branch(manifest)
     git = Git(repo, owned=True)
     if not repo.is_dir() or git.rev(f"refs/heads/{branch}") is None:
-        raise PatchSetError(
+        raise BackportError(
             Exit.NOT_A_CHECKOUT,
             f"{repo} has no branch {branch} to export from",
             "run scripts/apply-patches first",
@@ -58,19 +57,16 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
         for path in blobs:
             blob = git.blob_at(rev, path)
             if blob is None:
-                raise PatchSetError(
+                raise BackportError(
                     Exit.PATCHSET_INVALID,
                     f"{path} does not exist after {name}",
                     "the series must keep the three patched files",
                 )
             blobs[path][step_of(name)] = blob
     (out / SERIES_NAME).write_text(SERIES_HEADER + "".join(f"{n}\n" for n in names))
-    updated = replace(
-        manifest,
-        patch_hashes={name: sha256_of(out / name) for name in names},
-        blobs=blobs,
-    )
-    (out / MANIFEST_NAME).write_text(updated.dumps())
+    committed = (series.folder / MANIFEST_NAME).read_text(encoding="utf-8")
+    tables = {"patches": {name: sha256_of(out / name) for name in names}, "blobs": blobs}
+    (out / MANIFEST_NAME).write_text(rewrite_tables(committed, tables), encoding="utf-8")
     return names
 
 

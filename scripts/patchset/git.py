@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import Exit, PatchSetError
+from .errors import BackportError, Exit
 
 # Identity for commits in repositories this project owns (the build tree).
 PROJECT_IDENTITY = {
@@ -19,12 +19,11 @@ PROJECT_IDENTITY = {
 
 
 class GitError(RuntimeError):
+    """A git command that had to succeed did not; cli.run maps it to an exit code."""
+
     def __init__(self, args: list[str], result: subprocess.CompletedProcess[str]):
-        self.args_ = args
-        self.stdout = result.stdout
-        self.stderr = result.stderr
-        self.returncode = result.returncode
-        super().__init__(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+        detail = (result.stderr or result.stdout or "").strip() or f"exit {result.returncode}"
+        super().__init__(f"git {' '.join(args)} failed: {detail}")
 
 
 @dataclass
@@ -64,9 +63,6 @@ class Git:
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
-
-    def ok(self, *args: str) -> bool:
-        return self.run(*args, check=False).returncode == 0
 
     def rev(self, spec: str) -> str | None:
         result = self.run("rev-parse", "--verify", "--quiet", spec, check=False)
@@ -112,7 +108,7 @@ class Git:
 def open_checkout(path: Path) -> Git:
     """A Git for a user's checkout, refusing a path that is not one."""
     if not path.is_dir():
-        raise PatchSetError(
+        raise BackportError(
             Exit.NOT_A_CHECKOUT,
             f"{path} is not a directory",
             "pass --sglang with the top folder of a git checkout of sglang",
@@ -120,7 +116,7 @@ def open_checkout(path: Path) -> Git:
     git = Git(path)
     result = git.run("rev-parse", "--show-toplevel", check=False)
     if result.returncode != 0:
-        raise PatchSetError(
+        raise BackportError(
             Exit.NOT_A_CHECKOUT,
             f"{path} is not a git checkout",
             "clone sglang and check out the pinned tag first, e.g. "
@@ -129,13 +125,13 @@ def open_checkout(path: Path) -> Git:
         )
     top = Path(result.stdout.strip())
     if top.resolve() != path.resolve():
-        raise PatchSetError(
+        raise BackportError(
             Exit.NOT_A_CHECKOUT,
             f"{path} is inside the git checkout {top}, not its top folder",
             f"pass --sglang {top}",
         )
     if git.rev("HEAD") is None:
-        raise PatchSetError(
+        raise BackportError(
             Exit.NOT_A_CHECKOUT,
             f"the git repository at {path} has no commits",
             "check out sglang's pinned tag there first",

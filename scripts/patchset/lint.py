@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import PatchSetError
+from .errors import BackportError
 from .manifest import (
     MANIFEST_NAME,
     SERIES_NAME,
@@ -146,7 +146,7 @@ def _check_series(report: LintReport, folder: Path, entries: list[tuple[str, int
 def _load_manifest(report: LintReport, folder: Path) -> PinManifest | None:
     try:
         manifest = PinManifest.load(folder / MANIFEST_NAME)
-    except PatchSetError as err:
+    except BackportError as err:
         report.add(folder / MANIFEST_NAME, None, "manifest", err.problem)
         return None
     report.checked["manifest"] += 1

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from .errors import Exit, PatchSetError
+from .errors import BackportError, Exit
 
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
@@ -15,11 +18,8 @@ BASE_STEP = "base"
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def git_blob_id(data: bytes) -> str:
@@ -32,6 +32,11 @@ def step_of(patch_name: str) -> str:
     return patch_name.split("-", 1)[0]
 
 
+def release_key(release: str) -> tuple[int, ...]:
+    """Sort key for sglang release names: 0.5.13 < 0.5.13.post1 < 0.5.14."""
+    return tuple(int(part) for part in re.findall(r"\d+", release))
+
+
 @dataclass(frozen=True)
 class WheelPin:
     """One released sglang wheel, named and hashed."""
@@ -41,19 +46,65 @@ class WheelPin:
     sha256: str
 
 
+@dataclass(frozen=True)
+class ReleasePin:
+    """A release a patch set serves: its wheel, its git tag and what it pins."""
+
+    wheel: WheelPin
+    tag: str
+    torch: str = ""
+    transformers: str = ""
+
+    @classmethod
+    def from_table(cls, version: str, table: dict[str, str]) -> ReleasePin:
+        return cls(
+            WheelPin(version, table["wheel"], table["sha256"]),
+            table["tag"],
+            table.get("torch", ""),
+            table.get("transformers", ""),
+        )
+
+
 @dataclass
 class PinManifest:
     """What the series was made against and what each step must produce."""
 
-    base: WheelPin
-    tag: str
+    release: ReleasePin
     upstream_fixed: WheelPin
     patch_hashes: dict[str, str]
     # path -> {step -> git blob id}, steps in series order starting with "base"
     blobs: dict[str, dict[str, str]]
     # release -> {path -> git blob id}, to name a base that does not match
     known_releases: dict[str, dict[str, str]] = field(default_factory=dict)
-    first_fixed_release: str = "0.5.19"
+    # other releases whose touched files are byte-identical: the series serves them too
+    same_files: dict[str, ReleasePin] = field(default_factory=dict)
+    # the line that fix B adds; a tree holding it needs no patch
+    fix_marker: str = ""
+    # upstream pull requests of the fixes, by the step that brings each
+    upstream_prs: dict[str, int] = field(default_factory=dict)
+    # PEP 440 local version label of the patched wheel (scripts/build-wheel)
+    local_version: str = ""
+    # the unparsed manifest, for facts that only one tool reads
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base(self) -> WheelPin:
+        return self.release.wheel
+
+    @property
+    def tag(self) -> str:
+        return self.release.tag
+
+    @property
+    def releases(self) -> list[str]:
+        """Every release this series serves, the primary one first."""
+        return [self.base.version, *self.same_files]
+
+    def for_release(self, version: str) -> PinManifest:
+        """The same series, laid out from another release with the same files."""
+        if version == self.base.version:
+            return self
+        return replace(self, release=self.same_files[version])
 
     @property
     def files(self) -> list[str]:
@@ -63,6 +114,10 @@ class PinManifest:
     def steps(self) -> list[str]:
         return [BASE_STEP] + [step_of(name) for name in self.patch_hashes]
 
+    @property
+    def final_step(self) -> str:
+        return self.steps[-1]
+
     def blobs_at(self, step: str) -> dict[str, str]:
         return {path: by_step[step] for path, by_step in self.blobs.items()}
 
@@ -71,13 +126,13 @@ class PinManifest:
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise PatchSetError(
+            raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"pin manifest {path} does not exist",
                 "pass --patch-set with a folder under patches/ that holds pin.toml",
             ) from None
         except tomllib.TOMLDecodeError as err:
-            raise PatchSetError(
+            raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"pin manifest {path} is not valid TOML: {err}",
                 "restore it with `git checkout -- patches/`, or regenerate it "
@@ -87,77 +142,64 @@ class PinManifest:
             sglang = data["sglang"]
             upstream = data["upstream-fixed"]
             return cls(
-                base=WheelPin(sglang["version"], sglang["wheel"], sglang["sha256"]),
-                tag=sglang["tag"],
+                release=ReleasePin.from_table(sglang["version"], sglang),
                 upstream_fixed=WheelPin(upstream["version"], upstream["wheel"], upstream["sha256"]),
-                first_fixed_release=upstream["version"],
                 patch_hashes=dict(data["patches"]),
                 blobs={path: dict(steps) for path, steps in data["blobs"].items()},
                 known_releases={
                     release: dict(files)
                     for release, files in data.get("known-releases", {}).items()
                 },
+                same_files={
+                    version: ReleasePin.from_table(version, table)
+                    for version, table in data.get("same-files", {}).items()
+                },
+                fix_marker=upstream.get("marker", ""),
+                upstream_prs={step: int(pr) for step, pr in upstream.get("prs", {}).items()},
+                local_version=data.get("build-wheel", {}).get("local", ""),
+                raw=data,
             )
-        except KeyError as err:
-            raise PatchSetError(
+        except (KeyError, TypeError, ValueError) as err:
+            raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"pin manifest {path} lacks the key {err}",
-                "regenerate it with scripts/export-patches",
+                f"pin manifest {path} lacks the key {err} or holds a wrong value there",
+                "restore it with `git checkout -- patches/`, or regenerate it "
+                "with scripts/export-patches",
             ) from None
 
-    def dumps(self) -> str:
-        """The manifest as TOML, in a fixed order so rewriting it is stable."""
-        lines = [
-            "# Pin manifest of this patch series. scripts/export-patches rewrites",
-            "# [patches] and [blobs]; the rest is edited by hand.",
-            "",
-            "[sglang]",
-            f'version = "{self.base.version}"',
-            f'tag = "{self.tag}"',
-            f'wheel = "{self.base.wheel}"',
-            f'sha256 = "{self.base.sha256}"',
-            "",
-            "# The first release that carries both fixes; scripts/review compares",
-            "# our patched functions with it.",
-            "[upstream-fixed]",
-            f'version = "{self.upstream_fixed.version}"',
-            f'wheel = "{self.upstream_fixed.wheel}"',
-            f'sha256 = "{self.upstream_fixed.sha256}"',
-            "",
-            "# sha256 of each patch file, in series order.",
-            "[patches]",
-        ]
-        lines += [f'"{name}" = "{digest}"' for name, digest in self.patch_hashes.items()]
-        lines += [
-            "",
-            "# git blob ids (git hash-object) of the files the series touches:",
-            "# before the series, then after each patch.",
-            "[blobs]",
-        ]
-        lines += [f'"{path}" = {_inline_table(by_step)}' for path, by_step in self.blobs.items()]
-        if self.known_releases:
-            lines += [
-                "",
-                "# The same files in other sglang releases, so that a base that does",
-                "# not match can be named.",
-                "[known-releases]",
-            ]
-            lines += [
-                f'"{release}" = {_inline_table(files)}'
-                for release, files in self.known_releases.items()
-            ]
-        return "\n".join(lines) + "\n"
+
+def _toml_value(value: str | dict[str, str]) -> str:
+    if isinstance(value, dict):
+        pairs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+        return f"{{ {pairs} }}"
+    return json.dumps(value)
 
 
-def _inline_table(mapping: dict[str, str]) -> str:
-    pairs = ", ".join(f'"{key}" = "{value}"' for key, value in mapping.items())
-    return f"{{ {pairs} }}"
+def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
+    """text with the key lines of each named table replaced, the rest kept as written.
+
+    Comments, other tables and hand-written keys stay byte for byte; a table
+    that is missing is added at the end.
+    """
+    lines = text.splitlines()
+    for name, entries in tables.items():
+        body = [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in entries.items()]
+        header = f"[{name}]"
+        if header not in lines:
+            lines += ["", header, *body]
+            continue
+        start = lines.index(header) + 1
+        end = start
+        while end < len(lines) and lines[end].strip() and lines[end][0] not in "#[":
+            end += 1
+        lines[start:end] = body
+    return "\n".join(lines) + "\n"
 
 
 def require_folder(folder: Path) -> None:
     """Refuse a patch set folder that does not exist."""
     if not folder.is_dir():
-        raise PatchSetError(
+        raise BackportError(
             Exit.PATCHSET_INVALID,
             f"patch set folder {folder} does not exist",
             "pass --patch-set with a folder under patches/",
@@ -183,7 +225,7 @@ class Series:
         manifest = PinManifest.load(folder / MANIFEST_NAME)
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
-            raise PatchSetError(
+            raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"{series_file} does not exist",
                 "regenerate it with scripts/export-patches",
@@ -199,7 +241,7 @@ class Series:
         """Refuse a series whose patch files differ from the manifest's hashes."""
         expected = list(self.manifest.patch_hashes)
         if self.patch_names != expected:
-            raise PatchSetError(
+            raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"{self.folder / SERIES_NAME} lists {self.patch_names}, but the "
                 f"manifest pins {expected}",
@@ -208,7 +250,7 @@ class Series:
             )
         for path in self.patch_paths:
             if not path.is_file():
-                raise PatchSetError(
+                raise BackportError(
                     Exit.PATCHSET_INVALID,
                     f"patch {path} is named in the series but does not exist",
                     "restore it with `git checkout -- patches/`",
@@ -216,7 +258,7 @@ class Series:
             actual = sha256_of(path)
             pinned = self.manifest.patch_hashes[path.name]
             if actual != pinned:
-                raise PatchSetError(
+                raise BackportError(
                     Exit.PATCHSET_INVALID,
                     f"patch {path.name} has sha256 {actual}, but the manifest "
                     f"pins {pinned}: the file was changed after it was exported",
@@ -224,3 +266,39 @@ class Series:
                     "is wanted, make it on the patched branch and run "
                     "scripts/export-patches",
                 )
+
+    def for_release(self, version: str) -> Series:
+        """This series, laid out from version (the primary release or a same-files one)."""
+        return replace(self, manifest=self.manifest.for_release(version))
+
+
+def patch_set_folders(root: Path) -> list[Path]:
+    """Every patch set folder under patches/, oldest release first."""
+    folders = [p for p in root.glob("sglang-*") if (p / MANIFEST_NAME).is_file()]
+    return sorted(folders, key=lambda p: release_key(p.name.removeprefix("sglang-")))
+
+
+def series_for_release(root: Path, version: str) -> Series:
+    """The series that serves an sglang release; refuse one no patch set serves."""
+    served: dict[str, Series] = {}
+    for folder in patch_set_folders(root):
+        series = Series.load(folder)
+        for release in series.manifest.releases:
+            served[release] = series.for_release(release)
+    if version in served:
+        return served[version]
+    known = sorted(served, key=release_key)
+    nearest = min(known, key=lambda r: _distance(r, version)) if known else "none"
+    raise BackportError(
+        Exit.BASE_MISMATCH,
+        f"no patch set here serves sglang {version!r}; the nearest release served is "
+        f"{nearest} (served: {', '.join(known)})",
+        "pass --base with one of the releases served, or --patch-set DIR",
+    )
+
+
+def _distance(a: str, b: str) -> tuple[int, ...]:
+    ka, kb = release_key(a), release_key(b)
+    width = max(len(ka), len(kb))
+    ka, kb = ka + (0,) * (width - len(ka)), kb + (0,) * (width - len(kb))
+    return tuple(abs(x - y) for x, y in zip(ka, kb, strict=True))

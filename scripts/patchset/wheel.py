@@ -9,7 +9,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import Exit, PatchSetError
+from .errors import BackportError, Exit
 from .manifest import WheelPin, sha256_of
 
 PACKAGE_PREFIX = "sglang/"
@@ -20,7 +20,7 @@ REPO_PREFIX = "python/"
 def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
     actual = sha256_of(path)
     if actual != pin.sha256:
-        raise PatchSetError(
+        raise BackportError(
             Exit.WHEEL_HASH,
             f"the {where} wheel {path} has sha256 {actual}, but the manifest pins "
             f"{pin.sha256} for {pin.wheel}",
@@ -54,7 +54,7 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
         downloaded = Path(tmp) / pin.wheel
         if result.returncode != 0 or not downloaded.is_file():
             detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise PatchSetError(
+            raise BackportError(
                 Exit.WHEEL_UNAVAILABLE,
                 f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
                 f"and it is not in the cache {cache}. pip said: {detail}",

@@ -193,21 +193,21 @@ def check_tree(tree: Path) -> Path:
 def step_trees() -> dict[str, Path]:
     """The build tree's step trees, laid out (as git worktrees) if needed."""
     sys.path.insert(0, str(SCRIPTS))
-    from patchset import apply, paths, steps
-    from patchset.errors import PatchSetError
+    from patchset import buildtree, paths
+    from patchset.errors import BackportError
     from patchset.manifest import Series
 
     try:
         series = Series.load(paths.DEFAULT_PATCH_DIR)
         build = paths.build_dir()
-        if not apply.build_tree_path(series, build).is_dir():
+        if not buildtree.build_tree_path(series, build).is_dir():
             raise Refusal(
                 Exit.ENVIRONMENT,
                 f"there is no build tree in {build}.\nnext step: run scripts/apply-patches "
                 "(or scripts/run-tests), or pass --tree DIR",
             )
-        trees = steps.step_trees(series, build)
-    except PatchSetError as err:
+        trees = buildtree.step_trees(series, build)
+    except BackportError as err:
         raise Refusal(Exit.ENVIRONMENT, f"the step trees cannot be laid out: {err}") from None
     missing = [s for s in report.STEPS if s not in trees]
     if missing:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from patchset import apply, paths
+from patchset import buildtree, paths
 from patchset.manifest import Series
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
@@ -22,7 +22,7 @@ WAIT = "            self.schedule_stream.wait_stream(self.forward_stream)\n"
 @pytest.fixture(scope="module")
 def patched_tree(series: Series) -> Path:
     tree = paths.build_dir() / "steps" / "0002"
-    if not apply.build_tree_path(series, paths.build_dir()).is_dir() or not tree.is_dir():
+    if not buildtree.build_tree_path(series, paths.build_dir()).is_dir() or not tree.is_dir():
         pytest.skip("no applied build tree with step trees (scripts/run-tests lays them out)")
     return tree
 

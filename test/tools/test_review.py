@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from conftest import RunScript
+from patchreview.notes import FUNCTION_NOTES, FunctionNotes, Note
+from patchreview.render import render_html, render_text
+from patchreview.review import Review, build_review, compare_function, function_source
 from patchset.manifest import Series
-from patchset.review import Review, build_review, compare_function, function_source
-from patchset.review_notes import FUNCTION_NOTES, FunctionNotes, Note
-from patchset.review_render import render_html, render_text
 
 FUNCTIONS = (
     "FutureMap.publish",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import RunScript
-from patchset import apply, paths, steps
+from patchset import apply, buildtree, paths
 from patchset.manifest import Series
 
 DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
@@ -28,7 +28,7 @@ def patched_tree(series: Series, wheel_cache: Path) -> Path:
     """build/steps/0002, made through the library if this run has not made it yet."""
     build = paths.build_dir()
     apply.apply_to_build_tree(series, build, wheel_cache)
-    return steps.step_trees(series, build)["0002"]
+    return buildtree.step_trees(series, build)["0002"]
 
 
 def copy_tree(source: Path, dest: Path) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 import textwrap
 
+from .notes import Note
 from .review import Difference, FunctionComparison, FunctionSource, PatchReview, Review
-from .review_notes import Note
 
 # --- terminal ------------------------------------------------------------------
 
@@ -307,7 +307,7 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
             partly = "; ".join(f"[{numbers[n]}] {n.title}" for n in diff.notes)
             rows.append(
                 '<tr class="note bad"><td colspan="4">UNEXPLAINED: no note in '
-                "review_notes.py covers the outlined lines"
+                "notes.py covers the outlined lines"
                 + (f" (partly: {_e(partly)})" if partly else "")
                 + "</td></tr>"
             )

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import PROJECT_ROOT
+from patchset.errors import BackportError, Exit
+from patchset.paths import PROJECT_ROOT
 
 REQUIREMENTS = (
     PROJECT_ROOT / "requirements" / "cpu.txt",
@@ -43,17 +44,11 @@ ERROR = "ERROR"
 _SEVERITY = (ERROR, UNEXPECTED_PASS, FAIL, SKIP, EXPECTED_FAIL, PASS)
 
 
-class SetupError(Exception):
-    """The test environment could not be made; says what to do next."""
-
-    def __init__(self, problem: str, next_step: str) -> None:
-        super().__init__(f"{problem}\nnext step: {next_step}")
-
-
 def check_interpreter() -> None:
     if sys.version_info[:2] != PYTHON_VERSION:
         wanted = ".".join(map(str, PYTHON_VERSION))
-        raise SetupError(
+        raise BackportError(
+            Exit.SETUP,
             f"this is Python {sys.version.split()[0]}; the pinned sglang wheel and "
             f"the requirements are for Python {wanted}",
             f"run it as python{wanted} scripts/run-tests",
@@ -78,7 +73,8 @@ def ensure_venv(venv: Path, requirements: Sequence[Path] = REQUIREMENTS) -> bool
     """Make venv hold exactly the requirements; False when its stamp says it already does."""
     missing = [str(p) for p in requirements if not p.is_file()]
     if missing:
-        raise SetupError(
+        raise BackportError(
+            Exit.SETUP,
             f"requirement files missing: {', '.join(missing)}",
             "restore them from git (they are part of the project)",
         )
@@ -101,7 +97,8 @@ def _run_setup(command: list[str], what: str) -> None:
     print(f"$ {' '.join(command)}", flush=True)
     result = subprocess.run(command)
     if result.returncode != 0:
-        raise SetupError(
+        raise BackportError(
+            Exit.SETUP,
             f"{what} failed with exit code {result.returncode} (its output is above)",
             "fix what it names (often the network or the package index) and run "
             "again; the venv is rebuilt until one install succeeds",
@@ -157,7 +154,8 @@ def check_tree(tree: Path) -> Path:
     """A tree given with --tree must hold python/sglang, as a checkout or the build tree does."""
     tree = tree.resolve()
     if not (tree / "python" / "sglang" / "__init__.py").is_file():
-        raise SetupError(
+        raise BackportError(
+            Exit.SETUP,
             f"{tree} holds no python/sglang/__init__.py",
             "pass the folder that contains python/sglang (an sglang checkout, "
             "or build/steps/<step>)",

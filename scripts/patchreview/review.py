@@ -1,7 +1,7 @@
 """A reviewer's view of the series: each patch, the net diff, and ours beside upstream's fix.
 
 The differences between our patched functions and upstream's fixed release are
-found mechanically; the reasons come from review_notes. What no note covers
+found mechanically; the reasons come from notes. What no note covers
 is reported as unexplained, and a note that covers nothing as stale.
 """
 
@@ -10,17 +10,18 @@ from __future__ import annotations
 import ast
 import difflib
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import wheel as wheels
-from .apply import build_tree_path, default_branch, pristine_tag, series_commits
-from .errors import Exit, PatchSetError
-from .git import Git
-from .manifest import BASE_STEP, Series, git_blob_id, step_of
-from .patchfile import HUNK_HEADER, Patch, parse_patch
-from .review_notes import FUNCTION_NOTES, FunctionNotes, Note
+from patchset import wheel as wheels
+from patchset.apply import git_apply, scratch_copy
+from patchset.buildtree import build_tree_path, default_branch, pristine_tag, series_commits
+from patchset.errors import BackportError, Exit
+from patchset.git import Git
+from patchset.manifest import BASE_STEP, Series, git_blob_id, step_of
+from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
+
+from .notes import FUNCTION_NOTES, FunctionNotes, Note
 
 MODULE_LEVEL = "(module level)"
 
@@ -85,16 +86,11 @@ def _from_wheel(series: Series, cache: Path) -> StepFiles:
     wheel = wheels.fetch_wheel(manifest.base, cache)
     base = {p: data.decode("utf-8") for p, data in wheels.read_files(wheel, manifest.files).items()}
     files = {BASE_STEP: base}
-    with tempfile.TemporaryDirectory(prefix="sglang-backports-review-") as tmp:
-        scratch = Path(tmp)
-        for path, text in base.items():
-            (scratch / path).parent.mkdir(parents=True, exist_ok=True)
-            (scratch / path).write_text(text, encoding="utf-8")
-        git = Git(scratch, owned=True)
+    with scratch_copy({p: text.encode("utf-8") for p, text in base.items()}) as scratch:
         for patch in series.patch_paths:
-            result = git.run("apply", str(patch), check=False)
+            result = git_apply(scratch, patch)
             if result.returncode != 0:
-                raise PatchSetError(
+                raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} does not apply to the files of {manifest.base.wheel}:"
                     f"\n{result.stderr.strip()}",
@@ -104,7 +100,7 @@ def _from_wheel(series: Series, cache: Path) -> StepFiles:
                 path: (scratch / path).read_text(encoding="utf-8") for path in manifest.files
             }
     if not _matches_manifest(series, files):
-        raise PatchSetError(
+        raise BackportError(
             Exit.PATCHSET_INVALID,
             "the series applied to the pinned wheel gives other files than the "
             "manifest's [blobs] pin",
@@ -525,10 +521,10 @@ def build_review(
             where = (
                 "our patched tree" if ours is None else f"sglang {manifest.upstream_fixed.version}"
             )
-            raise PatchSetError(
+            raise BackportError(
                 Exit.INTERNAL,
                 f"{qualname} is not in {path} of {where}",
-                "update scripts/patchset/review_notes.py to the functions the series changes",
+                "update scripts/patchreview/notes.py to the functions the series changes",
             )
         touched_by = [p.name for p in patches if qualname in p.functions]
         functions.append(

@@ -1,0 +1,1 @@
+"""The reviewer's tools: each patch, the net diff, ours beside upstream's fix (text, HTML)."""

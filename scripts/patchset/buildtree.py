@@ -1,0 +1,95 @@
+"""The build tree's conventions: where it lives, its tag and branch, its step trees.
+
+Also the one way to read the series' files out of a tree, a checkout or a wheel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import wheel as wheels
+from .git import Git, open_checkout
+from .manifest import PinManifest, Series
+
+
+def build_tree_path(series: Series, build: Path) -> Path:
+    return build / f"sglang-{series.manifest.base.version}"
+
+
+def pristine_tag(manifest: PinManifest) -> str:
+    return f"pristine/{manifest.base.version}"
+
+
+def default_branch(manifest: PinManifest) -> str:
+    return f"sglang-backports/{manifest.base.version}"
+
+
+def series_commits(git: Git, manifest: PinManifest) -> list[str]:
+    """The commits pristine..patched-branch of a build tree, oldest first."""
+    range_ = f"{pristine_tag(manifest)}..{default_branch(manifest)}"
+    return git.out("rev-list", "--reverse", range_).split()
+
+
+def read_blob(git: Git, rev: str, path: str) -> bytes | None:
+    """The bytes of path at rev, or None where rev has no such file."""
+    result = subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=git.cwd, env=git.env(), capture_output=True
+    )
+    return result.stdout if result.returncode == 0 else None
+
+
+def files_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, bytes | None]:
+    return {path: read_blob(git, rev, path) for path in manifest.files}
+
+
+def files_of_checkout(series: Series, path: Path) -> dict[str, bytes | None]:
+    return files_at(open_checkout(path), "HEAD", series.manifest)
+
+
+def files_of_build_tree(
+    series: Series, build: Path, cache: Path
+) -> tuple[dict[str, bytes | None], str]:
+    """The touched files of the build tree if it exists, else of the pinned wheel."""
+    repo = build_tree_path(series, build)
+    if repo.is_dir():
+        return files_of_checkout(series, repo), str(repo)
+    wheel = wheels.fetch_wheel(series.manifest.base, cache)
+    return dict(wheels.read_files(wheel, series.manifest.files)), str(wheel)
+
+
+def step_revisions(series: Series, repo: Path) -> dict[str, str]:
+    """step name -> commit in the build tree: 'base', then one per patch."""
+    git = Git(repo, owned=True)
+    manifest = series.manifest
+    revs = series_commits(git, manifest)
+    return dict(zip(manifest.steps, [git.rev(pristine_tag(manifest)) or "", *revs], strict=True))
+
+
+def step_trees(series: Series, build: Path) -> dict[str, Path]:
+    """step -> folder whose python/ holds that step's sglang package.
+
+    The build tree must already be patched (scripts/apply-patches). Each step is
+    a detached git worktree of it under build/steps/<version>/, reused while its
+    commit is unchanged. The build tree is ours, so pruning its worktree records
+    touches nothing of a user's.
+    """
+    repo = build_tree_path(series, build)
+    git = Git(repo, owned=True)
+    root = build / "steps" / series.manifest.base.version
+    # Forget step worktrees whose folders someone deleted, so they can be made again.
+    git.run("worktree", "prune")
+    trees: dict[str, Path] = {}
+    for step, rev in step_revisions(series, repo).items():
+        tree = root / step
+        if tree.is_dir() and Git(tree, owned=True).rev("HEAD") == rev:
+            trees[step] = tree
+            continue
+        if tree.exists():
+            git.run("worktree", "remove", "--force", str(tree), check=False)
+            shutil.rmtree(tree, ignore_errors=True)
+            git.run("worktree", "prune")
+        git.run("worktree", "add", "--quiet", "--detach", str(tree), rev)
+        trees[step] = tree
+    return trees

@@ -1,0 +1,1 @@
+"""The test command's library: environments, one pytest run per tree, the tables."""
