@@ -9,17 +9,11 @@ that carry its fix and open on the others.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
-
-from racecheck import report, scenarios  # noqa: E402
+from racecheck import report, scenarios
+from testrun.steps import StepUnderTest
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +28,16 @@ def _races_text(run: scenarios.ScenarioRun) -> str:
 @pytest.mark.parametrize("name", report.SCENARIOS)
 def test_table_row(
     name: str,
-    step: str,
+    step: StepUnderTest,
     measured: dict[str, scenarios.ScenarioRun],
     record_property: Callable[[str, object], None],
 ) -> None:
     cell = report.cell_of(measured[name].races)
     # scripts/run-tests gathers these from the junit xml into the race table.
     record_property(f"race:{name}", report.describe(cell))
-    expected = report.EXPECTED[name][step]
+    expected = report.EXPECTED[name][step.name]
     assert cell == expected, (
-        f"{name} on {report.step_label(step)}: measured '{report.describe(cell)}', "
+        f"{name} on {report.step_label(step.name)}: measured '{report.describe(cell)}', "
         f"expected '{report.describe(expected)}'\n{_races_text(measured[name])}"
     )
 
@@ -51,9 +45,9 @@ def test_table_row(
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("S1", marks=pytest.mark.pass_on("0002")),
-        pytest.param("S2", marks=pytest.mark.pass_on("0001", "0002")),
-        pytest.param("S3", marks=pytest.mark.pass_on("0002")),
+        pytest.param("S1", marks=pytest.mark.pass_on("fix-b")),
+        pytest.param("S2", marks=pytest.mark.pass_on("fix-a", "fix-b")),
+        pytest.param("S3", marks=pytest.mark.pass_on("fix-b")),
     ],
 )
 def test_race_closed(name: str, measured: dict[str, scenarios.ScenarioRun]) -> None:
@@ -62,12 +56,12 @@ def test_race_closed(name: str, measured: dict[str, scenarios.ScenarioRun]) -> N
 
 @pytest.mark.parametrize("name", report.SCENARIOS)
 def test_races_name_real_sites(
-    name: str, step: str, measured: dict[str, scenarios.ScenarioRun]
+    name: str, step: StepUnderTest, measured: dict[str, scenarios.ScenarioRun]
 ) -> None:
     """Every reported site is a line of this step's sglang that indexes a relay buffer."""
     races = measured[name].races
-    if not report.EXPECTED[name][step]:
-        pytest.skip(f"no race to locate in {name} on {report.step_label(step)}")
+    if not report.EXPECTED[name][step.name]:
+        pytest.skip(f"no race to locate in {name} on {report.step_label(step.name)}")
     assert races
     python = scenarios.sglang_root().parent
     for race in races:
