@@ -2,7 +2,10 @@
 
 These tests run once (not per step), with the project's venv python. The
 pinned wheels are fetched through the project's own hash-checked path into
-the shared cache, once per run, and every test reuses them.
+the shared cache, once per run, and every test reuses them; a test that
+needs a wheel which is not cached is marked `network` and, offline, skips
+saying so. Nothing here writes into the project's build/: the whole session
+gets a build folder of its own.
 """
 
 from __future__ import annotations
@@ -12,16 +15,40 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from patchset import paths, wheel
+from patchset.errors import BackportError, Exit
+from patchset.manifest import Series, WheelPin, sha256_of
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+SCRIPTS = paths.PROJECT_ROOT / "scripts"
+NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script"}
 
-from patchset import paths, wheel  # noqa: E402
-from patchset.manifest import Series, sha256_of  # noqa: E402
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's own build folder, so no test writes into the project's build/."""
+    if "SGLANG_BACKPORTS_BUILD" not in os.environ:
+        os.environ["SGLANG_BACKPORTS_BUILD"] = tempfile.mkdtemp(prefix="sglang-backports-tests-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("SGLANG_BACKPORTS_BUILD"), True))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if NETWORK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.network)
+
+
+def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:
+    """The pinned wheel; offline and not cached, the test skips and says why."""
+    try:
+        return wheel.fetch_wheel(pin, cache)
+    except BackportError as err:
+        if err.code != Exit.WHEEL_UNAVAILABLE:
+            raise
+        pytest.skip(f"needs the package index (network): {err.problem}")
 
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -36,14 +63,14 @@ def series() -> Series:
 def wheel_cache(series: Series) -> Path:
     """The shared wheel cache, holding the pinned base wheel (downloaded once)."""
     cache = paths.cache_dir()
-    wheel.fetch_wheel(series.manifest.base, cache)
+    fetch_or_skip(series.manifest.base, cache)
     return cache
 
 
 @pytest.fixture(scope="session")
 def upstream_fixed_wheel(series: Series, wheel_cache: Path) -> Path:
     """The first release with both fixes (0.5.19), through the same pinned path."""
-    return wheel.fetch_wheel(series.manifest.upstream_fixed, wheel_cache)
+    return fetch_or_skip(series.manifest.upstream_fixed, wheel_cache)
 
 
 @pytest.fixture
