@@ -12,6 +12,8 @@ from .errors import Exit, PatchSetError
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
 BASE_STEP = "base"
+# Keys of [sglang] that record what the base wheel's metadata pins.
+REQUIRES_KEYS = ("torch", "transformers")
 
 
 def sha256_of(path: Path) -> str:
@@ -54,6 +56,10 @@ class PinManifest:
     # release -> {path -> git blob id}, to name a base that does not match
     known_releases: dict[str, dict[str, str]] = field(default_factory=dict)
     first_fixed_release: str = "0.5.19"
+    # package -> version the base wheel's metadata pins (torch, transformers)
+    base_requires: dict[str, str] = field(default_factory=dict)
+    # release -> its [same-files] table: other wheels with the base's three files
+    same_files: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def files(self) -> list[str]:
@@ -97,6 +103,10 @@ class PinManifest:
                     release: dict(files)
                     for release, files in data.get("known-releases", {}).items()
                 },
+                base_requires={name: sglang[name] for name in REQUIRES_KEYS if name in sglang},
+                same_files={
+                    release: dict(table) for release, table in data.get("same-files", {}).items()
+                },
             )
         except KeyError as err:
             raise PatchSetError(
@@ -116,6 +126,18 @@ class PinManifest:
             f'tag = "{self.tag}"',
             f'wheel = "{self.base.wheel}"',
             f'sha256 = "{self.base.sha256}"',
+        ]
+        lines += [f'{name} = "{version}"' for name, version in self.base_requires.items()]
+        if self.same_files:
+            lines += [
+                "",
+                "# Other releases whose three files are byte-identical to this base's;",
+                "# the same series serves them.",
+            ]
+            for number, (release, table) in enumerate(self.same_files.items()):
+                lines += [""] * (number > 0) + [f'[same-files."{release}"]']
+                lines += [f'{key} = "{value}"' for key, value in table.items()]
+        lines += [
             "",
             "# The first release that carries both fixes; scripts/review compares",
             "# our patched functions with it.",
