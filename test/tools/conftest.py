@@ -21,7 +21,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from patchset import paths, wheel  # noqa: E402
-from patchset.manifest import Series, sha256_of  # noqa: E402
+from patchset.deploy import series_sha256  # noqa: E402
+from patchset.manifest import PinManifest, Series, sha256_of  # noqa: E402
 
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -75,7 +76,11 @@ def patch_set(tmp_path: Path, series: Series) -> Path:
 
 
 def repin(folder: Path) -> None:
-    """Write the current sha256 of every patch in folder into its pin.toml."""
+    """Write the current sha256 of every patch in folder into its pin.toml.
+
+    The [build-wheel] series hash follows, so that a test sees only the
+    problem it made.
+    """
     pin = folder / "pin.toml"
     text = pin.read_text(encoding="utf-8")
     for patch in folder.glob("*.patch"):
@@ -85,4 +90,7 @@ def repin(folder: Path) -> None:
             text,
             flags=re.M,
         )
+    pin.write_text(text, encoding="utf-8")
+    digest = series_sha256(PinManifest.load(pin))
+    text = re.sub(r'^series-sha256 = "[0-9a-f]*"$', f'series-sha256 = "{digest}"', text, flags=re.M)
     pin.write_text(text, encoding="utf-8")
