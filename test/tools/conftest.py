@@ -27,6 +27,37 @@ from patchset.manifest import PinManifest, Series, sha256_of  # noqa: E402
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: runs a whole tool on an installed tree (deselect with -m 'not slow')"
+    )
+
+
+def pinned(requirement: str) -> str:
+    """The exact pin of a package in requirements/test.txt."""
+    text = (SCRIPTS.parent / "requirements" / "test.txt").read_text(encoding="utf-8")
+    found = re.search(rf"^{re.escape(requirement)}==\S+$", text, re.M)
+    assert found, f"{requirement} is not pinned in requirements/test.txt"
+    return found[0]
+
+
+def make_venv(folder: Path) -> Path:
+    """A scratch virtual environment with pip; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, capture_output=True)
+    return folder / "bin" / "python"
+
+
+def pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pip of a scratch venv; fails the test with pip's output when pip fails."""
+    result = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
 @pytest.fixture(scope="session")
 def series() -> Series:
     """The real patch set, pinned to sglang 0.5.15.post1."""
