@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .deploy import label_problems
 from .errors import BackportError
 from .manifest import (
     MANIFEST_NAME,
@@ -49,6 +50,7 @@ RULES = {
     "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values",
     "whitespace": "no trailing whitespace on added lines",
     "final-newline": "every file of the patch set, and every patched file, ends with a newline",
+    "build-wheel": "[build-wheel] local is a PEP 440 local label; series-sha256 is the series'",
     "nothing-checked": "the run checked at least one patch with a diff",
 }
 
@@ -404,6 +406,9 @@ def lint_patch_set(folder: Path) -> LintReport:
             report.add(path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:
         _check_manifest(report, folder, manifest, entries, patches)
+        report.checked["build-wheel"] += 1
+        for problem in label_problems(manifest):
+            report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)
 
     if not patches or not report.checked["whitespace"]:
         report.add(

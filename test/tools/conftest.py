@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 from patchset import paths, wheel
+from patchset.deploy import series_sha256
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Series, WheelPin, sha256_of
+from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
 
 SCRIPTS = paths.PROJECT_ROOT / "scripts"
 NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script"}
@@ -50,7 +51,39 @@ def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:
             raise
         pytest.skip(f"needs the package index (network): {err.problem}")
 
+
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: runs a whole tool on an installed tree (deselect with -m 'not slow')"
+    )
+
+
+def pinned(requirement: str) -> str:
+    """The exact pin of a package in requirements/test.txt."""
+    text = (SCRIPTS.parent / "requirements" / "test.txt").read_text(encoding="utf-8")
+    found = re.search(rf"^{re.escape(requirement)}==\S+$", text, re.M)
+    assert found, f"{requirement} is not pinned in requirements/test.txt"
+    return found[0]
+
+
+def make_venv(folder: Path) -> Path:
+    """A scratch virtual environment with pip; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, capture_output=True)
+    return folder / "bin" / "python"
+
+
+def pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pip of a scratch venv; fails the test with pip's output when pip fails."""
+    result = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +135,11 @@ def patch_set(tmp_path: Path, series: Series) -> Path:
 
 
 def repin(folder: Path) -> None:
-    """Write the current sha256 of every patch in folder into its pin.toml."""
+    """Write the current sha256 of every patch in folder into its pin.toml.
+
+    The [build-wheel] series hash follows, so that a test sees only the
+    problem it made.
+    """
     pin = folder / "pin.toml"
     text = pin.read_text(encoding="utf-8")
     for patch in folder.glob("*.patch"):
@@ -112,4 +149,7 @@ def repin(folder: Path) -> None:
             text,
             flags=re.M,
         )
+    pin.write_text(text, encoding="utf-8")
+    digest = series_sha256(PinManifest.load(pin))
+    text = re.sub(r'^series-sha256 = "[0-9a-f]*"$', f'series-sha256 = "{digest}"', text, flags=re.M)
     pin.write_text(text, encoding="utf-8")
