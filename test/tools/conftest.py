@@ -55,12 +55,6 @@ def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slow: runs a whole tool on an installed tree (deselect with -m 'not slow')"
-    )
-
-
 def pinned(requirement: str) -> str:
     """The exact pin of a package in requirements/test.txt."""
     text = (SCRIPTS.parent / "requirements" / "test.txt").read_text(encoding="utf-8")
