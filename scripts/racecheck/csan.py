@@ -18,7 +18,7 @@ from types import ModuleType
 from patchset.errors import BackportError, Exit
 
 # torch releases on which `race-check --step all` gave the expected table.
-VERIFIED_TORCH = ("2.14.1",)
+VERIFIED_TORCH = ("2.11.0", "2.14.1")
 
 # method -> parameter names (without self) that the checker calls it with
 _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
