@@ -2,7 +2,8 @@
 
 Each sglang release is tested on the torch and transformers it pins. Releases
 with the same pins share an environment: requirements/<name>.txt, exact and
-hashed, named by the pins (torch2.11-tf5.12, ...). The environments live in
+hashed, with the test tools (pytest, ruff) in the same file, named by the
+pins (torch2.11-tf5.12, ...). The environments live in
 the cache folder (beside the wheels), under a name that carries the digest
 of their requirement files, so every clone on the machine reuses them and a
 changed file gets a fresh one.
@@ -23,7 +24,6 @@ from patchset.paths import PROJECT_ROOT, cache_dir
 from patchset.textout import progress
 
 REQUIREMENTS_DIR = PROJECT_ROOT / "requirements"
-TEST_TOOLS = REQUIREMENTS_DIR / "test.txt"
 STAMP_NAME = "requirements.sha256"
 PYTHON_VERSION = (3, 11)
 
@@ -77,7 +77,7 @@ def env_for(manifest: PinManifest) -> TestEnv:
             f"{pins.relative_to(PROJECT_ROOT)} does not exist",
             "restore requirements/ from git, or add that file (see requirements/README.md)",
         )
-    return TestEnv(name, (pins, TEST_TOOLS))
+    return TestEnv(name, (pins,))
 
 
 def check_interpreter() -> None:

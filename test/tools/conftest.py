@@ -58,7 +58,7 @@ RunScript = Callable[..., subprocess.CompletedProcess[str]]
 def pinned(requirement: str) -> str:
     """The exact pin of a package in requirements/test.txt."""
     text = (SCRIPTS.parent / "requirements" / "test.txt").read_text(encoding="utf-8")
-    found = re.search(rf"^{re.escape(requirement)}==\S+$", text, re.M)
+    found = re.search(rf"^{re.escape(requirement)}==[^\s\\]+", text, re.M)
     assert found, f"{requirement} is not pinned in requirements/test.txt"
     return found[0]
 
