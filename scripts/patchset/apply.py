@@ -366,6 +366,9 @@ def apply_to_build_tree(
     """The default: a git tree from the pinned wheel in the build folder, patched."""
     series.verify()
     repo = build_tree_path(series, build)
+    if not repo.exists():
+        # Fetched before anything is made: a wheel that cannot be had leaves no trace.
+        wheels.fetch_wheel(series.manifest.base, cache)
     build.mkdir(parents=True, exist_ok=True)
     with held(build / f".{repo.name}.lock", f"the build tree {repo}", wait_s):
         for folder in build.glob(TEMP_PREFIX + "*"):
