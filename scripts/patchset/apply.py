@@ -212,7 +212,7 @@ def _apply_on_new_branch(
     then the repository gains nothing but the worktree, which is removed again
     whatever happens (and by the next run if this one is killed).
     """
-    owner = git.common_dir()
+    owner = git.common_dir
     tmp = _temp_folder(temp_parent, owner)
     tree = tmp / WORKTREE_NAME
     try:
@@ -235,7 +235,7 @@ def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
     path; a worktree whose folder is gone loses just its record, and only when
     that record points into a folder named as ours. Nothing is pruned.
     """
-    owner = git.common_dir()
+    owner = git.common_dir
     parent = temp_parent or Path(tempfile.gettempdir())
     removed: list[Path] = []
     listing = git.run("worktree", "list", "--porcelain", "-z").stdout
@@ -320,7 +320,7 @@ def apply_to_user_checkout(
 ) -> ApplyReport:
     series.verify()
     git = open_checkout(path)
-    with held(git.common_dir() / LOCK_NAME, f"the repository {path}", wait_s):
+    with held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
         remove_leftovers(git, None)
         _refuse_unclean(git, path)
         return apply_to_checkout(git, series, branch or default_branch(series.manifest), path)

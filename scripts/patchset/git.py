@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .errors import BackportError, Exit
-from .lock import deferred_signals
+from .lock import deferred_signals, held_fds
 
 # Identity for commits in repositories this project owns (the build tree).
 PROJECT_IDENTITY = {
@@ -76,6 +77,7 @@ class Git:
                     env=self.env(),
                     capture_output=True,
                     text=True,
+                    pass_fds=held_fds(),
                 )
         except FileNotFoundError as err:
             if not Path(self.cwd).is_dir():
@@ -107,6 +109,7 @@ class Git:
                 found[path] = meta.split()[2]
         return {path: found.get(path) for path in paths}
 
+    @cached_property
     def common_dir(self) -> Path:
         """The repository's own git folder, shared by all its worktrees."""
         return Path(self.out("rev-parse", "--path-format=absolute", "--git-common-dir"))

@@ -23,6 +23,13 @@ from .errors import BackportError, Exit
 # How long a second run waits for the first by default (--wait changes it).
 DEFAULT_WAIT_S = 30.0
 _INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+# The fds of the locks this process holds. Every git we start inherits them, so
+# a git that outlives a killed run still holds the lock until it ends.
+_held: list[int] = []
+
+
+def held_fds() -> tuple[int, ...]:
+    return tuple(_held)
 
 
 @contextmanager
@@ -92,12 +99,14 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             print(f"waiting for {_holder(path)} to finish with {target}", file=sys.stderr)
             told = True
         time.sleep(0.2)
+    _held.append(fd)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} ({' '.join(sys.argv)})\n".encode())
         yield
     finally:
         with deferred_signals():
+            _held.remove(fd)
             with suppress(FileNotFoundError):
                 path.unlink()
             os.close(fd)
