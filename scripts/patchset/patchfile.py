@@ -236,8 +236,12 @@ def touched_paths(path: Path) -> tuple[list[str], str]:
     --numstat`, run in an empty folder (it only reads the patch).
     """
     with tempfile.TemporaryDirectory(prefix="sglang-backports-numstat-") as scratch:
+        # A missing final newline has a lint rule of its own; git would call it corrupt.
+        copy = Path(scratch) / "patch"
+        data = path.read_bytes()
+        copy.write_bytes(data if data.endswith(b"\n") else data + b"\n")
         result = Git(Path(scratch), owned=True).run(
-            "apply", "--numstat", "-z", str(path), check=False
+            "apply", "--numstat", "-z", str(copy), check=False
         )
     if result.returncode != 0:
         return [], result.stderr.strip()
