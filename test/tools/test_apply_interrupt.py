@@ -142,3 +142,22 @@ def test_build_tree_survives_a_signal_at_each_git_call(
     assert blobs(repo, "HEAD", series) == series.manifest.blobs_at(series.manifest.final_step)
     assert git(repo, "status", "--porcelain") == ""
     assert sorted(p.name for p in build.iterdir()) == [repo.name]
+
+
+def test_only_our_stale_worktree_records_are_removed(
+    run_script: RunScript, checkout: Path, tmp_path: Path, series: Series
+):
+    # The user's own worktree, its folder on a disk that is not mounted now.
+    theirs = tmp_path / "usb" / "wt"
+    git(checkout, "worktree", "add", "-q", "--detach", str(theirs))
+    shutil.rmtree(theirs.parent)
+    # One a killed run of ours left, its temporary folder since deleted.
+    ours = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX)) / "tree"
+    git(checkout, "worktree", "add", "-q", "--detach", str(ours))
+    shutil.rmtree(ours.parent)
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.OK, result.stderr
+    listed = git(checkout, "worktree", "list", "--porcelain")
+    assert str(theirs) in listed
+    assert str(ours) not in listed
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at(series.manifest.final_step)
