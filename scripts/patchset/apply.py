@@ -152,8 +152,10 @@ WORKTREE_NAME = "tree"
 
 
 def _temp_folder(parent: Path | None, owner: Path) -> Path:
-    tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent))
-    (tmp / MARKER).write_text(f"{owner}\n", encoding="utf-8")
+    # Made and marked in one go, so no folder of ours is ever without its marker.
+    with deferred_signals():
+        tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent))
+        (tmp / MARKER).write_text(f"{owner}\n", encoding="utf-8")
     return tmp
 
 
