@@ -23,7 +23,7 @@ from .manifest import (
     sha256_of,
     step_of,
 )
-from .patchfile import Patch, parse_patch
+from .patchfile import Patch, line_naming, parse_patch, touched_paths
 
 # Yocto's list; the patch set uses the word only, or the word and "[detail]".
 UPSTREAM_STATUSES = (
@@ -238,18 +238,20 @@ def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> 
 
 def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
     allowed = set(manifest.files)
-    for diff in patch.files:
-        report.checked["allow-list"] += 1
-        for path in {diff.old_path, diff.new_path} - {"/dev/null"}:
-            if path not in allowed:
-                report.add(
-                    patch.path,
-                    diff.diff_line,
-                    "allow-list",
-                    f"touches {path}, which is not one of the files this series "
-                    f"may change ({', '.join(sorted(allowed))}); add it to the "
-                    "manifest's [blobs] only if the fix really needs it",
-                )
+    touched, problem = touched_paths(patch.path)
+    report.checked["allow-list"] += 1
+    if problem:
+        report.add(patch.path, None, "allow-list", f"git cannot read this patch: {problem}")
+    for path in dict.fromkeys(touched):
+        if path not in allowed:
+            report.add(
+                patch.path,
+                line_naming(patch, path),
+                "allow-list",
+                f"touches {path}, which is not one of the files this series "
+                f"may change ({', '.join(sorted(allowed))}); add it to the "
+                "manifest's [blobs] only if the fix really needs it",
+            )
 
 
 def _check_description(report: LintReport, patch: Patch) -> None:

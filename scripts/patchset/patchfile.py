@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import email.policy
 import re
+import tempfile
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
+
+from .git import Git
 
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -227,3 +230,42 @@ def parse_patch(path: Path) -> Patch:
         trailers=trailers,
         files=files,
     )
+
+
+def touched_paths(path: Path) -> tuple[list[str], str]:
+    """The files a patch changes as git itself reads it, or ([], why git could not).
+
+    Our parser above follows `diff --git` sections; git also applies a plain
+    ---/+++ diff, so the set of touched files is taken from `git apply
+    --numstat`, run in an empty folder (it only reads the patch).
+    """
+    with tempfile.TemporaryDirectory(prefix="sglang-backports-numstat-") as scratch:
+        # A missing final newline has a lint rule of its own; git would call it corrupt.
+        copy = Path(scratch) / "patch"
+        data = path.read_bytes()
+        copy.write_bytes(data if data.endswith(b"\n") else data + b"\n")
+        result = Git(Path(scratch), owned=True).run(
+            "apply", "--numstat", "-z", str(copy), check=False
+        )
+    if result.returncode != 0:
+        return [], result.stderr.strip()
+    # Records are "added<TAB>deleted<TAB>path" or, for a rename, the same with an
+    # empty path followed by the old and the new path as fields of their own.
+    fields = iter(result.stdout.split("\0"))
+    paths: list[str] = []
+    for record in fields:
+        if not record:
+            continue
+        name = record.split("\t", 2)[2]
+        paths += [name] if name else [next(fields, ""), next(fields, "")]
+    return [p for p in paths if p], ""
+
+
+def line_naming(patch: Patch, file: str) -> int | None:
+    """The first diff header line of the patch that names file."""
+    for number, line in enumerate(patch.text.split("\n"), 1):
+        if line.startswith(("diff --git ", "--- ", "+++ ")) and (
+            line.endswith("/" + file) or line.endswith(" " + file)
+        ):
+            return number
+    return None

@@ -53,6 +53,13 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         result = _pip_download(pin, Path(tmp))
         downloaded = Path(tmp) / pin.wheel
+        if "No module named pip" in result.stderr:
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                f"{sys.executable} has no pip, which downloads {pin.wheel}",
+                f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
+                f"into {cache} by hand, and run again",
+            )
         if result.returncode != 0 or not downloaded.is_file():
             detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise BackportError(

@@ -147,3 +147,54 @@ def repin(folder: Path) -> None:
     digest = series_sha256(PinManifest.load(pin))
     text = re.sub(r'^series-sha256 = "[0-9a-f]*"$', f'series-sha256 = "{digest}"', text, flags=re.M)
     pin.write_text(text, encoding="utf-8")
+
+
+# --- a user's sglang checkout, and what a run may change in it -----------------
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", "--all")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+
+
+def repo_state(repo: Path) -> dict[str, str]:
+    """Everything a run could change in a checkout: refs, HEAD, status, worktrees."""
+    return {
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "head": git(repo, "symbolic-ref", "-q", "HEAD") + " " + git(repo, "rev-parse", "HEAD"),
+        "status": git(repo, "status", "--porcelain=v1", "--untracked-files=all"),
+        "worktrees": git(repo, "worktree", "list", "--porcelain"),
+    }
+
+
+def blobs(repo: Path, rev: str, series: Series) -> dict[str, str]:
+    return {path: git(repo, "rev-parse", f"{rev}:{path}") for path in series.manifest.files}
+
+
+@pytest.fixture(scope="session")
+def sglang_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path):
+    """A git checkout of sglang 0.5.15.post1's python/sglang tree, as a user has one."""
+    repo = tmp_path_factory.mktemp("template") / "sglang"
+    wheel.extract_package(wheel_cache / series.manifest.base.wheel, repo)
+    (repo / "README.md").write_text("sglang\n")
+    git(repo, "init", "-q", "--initial-branch=main")
+    commit_all(repo, "v0.5.15.post1")
+    git(repo, "tag", "v0.5.15.post1")
+    return repo
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, sglang_template: Path) -> Path:
+    """A fresh clone of the template, with an untracked file of the user's."""
+    repo = tmp_path / "sglang"
+    subprocess.run(["git", "clone", "-q", str(sglang_template), str(repo)], check=True)
+    git(repo, "config", "user.name", "User")
+    git(repo, "config", "user.email", "user@example.com")
+    (repo / "notes.txt").write_text("my notes\n")
+    return repo
