@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -16,7 +17,16 @@ from .buildtree import build_tree_path, default_branch, pristine_tag, read_blob
 from .errors import BackportError, Exit
 from .git import Git, open_checkout
 from .lock import DEFAULT_WAIT_S, deferred_signals, held
-from .manifest import BASE_STEP, PinManifest, Series, git_blob_id, release_key, step_of
+from .manifest import (
+    BASE_STEP,
+    PinManifest,
+    Series,
+    git_blob_id,
+    patch_set_folders,
+    release_key,
+    step_of,
+)
+from .paths import DEFAULT_BASE
 
 # The lock of a user's repository: a file in its git folder while a run holds it.
 LOCK_NAME = "sglang-backports.lock"
@@ -40,10 +50,13 @@ def _mismatch(
     blobs: dict[str, str | None],
     read_file: Callable[[str], str | None],
     where: str,
+    headline: str = "",
 ) -> BackportError:
     version = manifest.base.version
     expected = manifest.blobs_at(BASE_STEP)
-    lines = [f"{where} is not sglang {version}, the base this series is pinned to:"]
+    lines = [headline or f"{where} is not sglang {version}, the base this series is pinned to:"]
+    lines.append(f"  (compared with sglang {version}:)" if headline else "")
+    lines = [line for line in lines if line]
     for path, blob in blobs.items():
         if blob == expected[path]:
             continue
@@ -56,8 +69,7 @@ def _mismatch(
 
     looks_like = [r for r, files in manifest.known_releases.items() if files == blobs]
     fixed = manifest.upstream_fixed.version
-    marker = manifest.fix_marker
-    has_marker = bool(marker) and any(marker in (read_file(path) or "") for path in blobs)
+    has_marker = any(fix_in_function(read_file(path) or "", manifest) for path in blobs)
     if any(release_key(r) >= release_key(fixed) for r in looks_like) or has_marker:
         named = f"sglang {looks_like[-1]}" if looks_like else f"sglang {fixed} or later"
         prs = " and ".join(f"#{pr}" for pr in manifest.upstream_prs.values())
@@ -73,13 +85,72 @@ def _mismatch(
     if looks_like:
         lines.append(f"It looks like sglang {looks_like[-1]}.")
     else:
-        lines.append("It matches no sglang release this series knows.")
+        near = nearest_release(manifest, blobs)
+        lines.append(
+            "It matches no sglang release this series knows"
+            + (f"; the nearest is sglang {near}." if near else ".")
+        )
     return BackportError(
         Exit.BASE_MISMATCH,
         "\n".join(lines),
-        f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
+        "check out the tag of one of those releases; for another release a patch set "
+        "of its own is needed under patches/"
+        if headline
+        else f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
         "for other releases a patch set of their own is needed under patches/",
     )
+
+
+def fix_in_function(source: str, manifest: PinManifest) -> bool:
+    """Whether fix B's line sits in the function it belongs to (not elsewhere in the file).
+
+    0.5.13's decode event loop has the same wait_stream line for another reason,
+    so a plain text search would call an unpatched 0.5.13 fixed.
+    """
+    marker, name = manifest.fix_marker, manifest.fix_function
+    if not marker or not name or name not in source:
+        return False
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name == name
+        and marker in (ast.get_source_segment(source, node) or "")
+        for node in ast.walk(tree)
+    )
+
+
+def nearest_release(manifest: PinManifest, blobs: dict[str, str | None]) -> str | None:
+    """The known release that shares most of these files (the newest on a tie)."""
+    scored = [
+        (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(r), r)
+        for r, files in manifest.known_releases.items()
+    ]
+    best = max(scored, default=None)
+    return best[2] if best and best[0] else None
+
+
+def identify_series(root: Path, files: dict[str, bytes | None], where: str) -> Series:
+    """The series (of every patch set under root) whose steps hold these files.
+
+    A tree at any step of a series is recognised by its blob ids, so a checkout
+    of any served release (patched or not) gets that release's series; other
+    trees are refused as the default series refuses them, naming the nearest
+    release or saying the fixes are already upstream.
+    """
+    blobs = _blobs_of(files)
+    for folder in patch_set_folders(root):
+        series = Series.load(folder)
+        if series.manifest.files != list(files):
+            continue
+        if any(blobs == series.manifest.blobs_at(step) for step in series.manifest.steps):
+            return series
+    served = [r for f in patch_set_folders(root) for r in Series.load(f).manifest.releases]
+    default = Series.load(root / f"sglang-{DEFAULT_BASE}")
+    headline = f"{where} holds none of the sglang releases served here ({', '.join(served)}):"
+    raise _mismatch(default.manifest, blobs, _reader(files), where, headline)
 
 
 @dataclass

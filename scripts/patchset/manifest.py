@@ -78,8 +78,9 @@ class PinManifest:
     known_releases: dict[str, dict[str, str]] = field(default_factory=dict)
     # other releases whose touched files are byte-identical: the series serves them too
     same_files: dict[str, ReleasePin] = field(default_factory=dict)
-    # the line that fix B adds; a tree holding it needs no patch
+    # the line that fix B adds, and the function it goes in; a tree holding it needs no patch
     fix_marker: str = ""
+    fix_function: str = ""
     # upstream pull requests of the fixes, by the step that brings each
     upstream_prs: dict[str, int] = field(default_factory=dict)
     # PEP 440 local version label of the patched wheel (scripts/build-wheel)
@@ -155,6 +156,7 @@ class PinManifest:
                     for version, table in data.get("same-files", {}).items()
                 },
                 fix_marker=upstream.get("marker", ""),
+                fix_function=upstream.get("marker-function", ""),
                 upstream_prs={step: int(pr) for step, pr in upstream.get("prs", {}).items()},
                 local_version=data.get("build-wheel", {}).get("local", ""),
                 raw=data,
