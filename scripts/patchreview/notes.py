@@ -126,7 +126,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "upstream calls req.set_extend_range(prefix length, "
                 "kv_committed_len) instead. The same range of tokens is extended; "
                 "unrelated to the race.",
-                lines=(r"\bfill_len\b", r"\bset_extend_input_len\(", r"\bset_extend_range\("),
+                lines=(r"\bfill_len\b", r"\bset_extend_input_len\("),
                 last="0.5.14",
             ),
             Note(
