@@ -5,6 +5,11 @@ sources, ast over the signatures) and then looks here for the reason. A
 difference that no note covers is shown as unexplained, and a note that
 covers nothing is shown as stale, so this file has to follow the code.
 
+Which bases a note is about: first and last name the oldest and newest
+base release it applies to (both included, compared with release_key; empty
+means no bound). On any other base the note is left out: it explains nothing
+there and cannot be stale there.
+
 How a note covers a difference:
 - params: parameter names whose presence or type differs in the signature;
 - lines: regexes; every changed line that matches is covered;
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from patchset.manifest import release_key
+
 
 @dataclass(frozen=True)
 class Note:
@@ -27,6 +34,25 @@ class Note:
     lines: tuple[str, ...] = ()
     blocks: tuple[str, ...] = ()
     comments: tuple[str, ...] = ()
+    first: str = ""  # oldest base release this note is about ("" = any)
+    last: str = ""  # newest base release this note is about ("" = any)
+
+    def applies_to(self, release: str) -> bool:
+        key = release_key(release)
+        return (not self.first or release_key(self.first) <= key) and (
+            not self.last or key <= release_key(self.last)
+        )
+
+    @property
+    def bases(self) -> str:
+        """The releases this note is about, for a reader."""
+        if self.first and self.last:
+            return self.first if self.first == self.last else f"{self.first} to {self.last}"
+        if self.first:
+            return f"{self.first} and later"
+        if self.last:
+            return f"up to {self.last}"
+        return "every base"
 
 
 @dataclass(frozen=True)
@@ -44,22 +70,24 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
         OVERLAP_UTILS,
         (
             Note(
-                "confidence relay is a later upstream feature",
-                "0.5.19 can also relay a per-row confidence tensor (for its ragged "
-                "verify mode): the extra confidence parameter, the scatter into "
-                "confidence_relay and the ring copy after the record. 0.5.15.post1 "
-                "has no confidence relay, and the race fix does not need one.",
+                "confidence relay arrived upstream in 0.5.16",
+                "0.5.19 can also relay a per-row confidence tensor for its ragged "
+                "verify mode: the confidence parameter, the scatter into "
+                "confidence_relay before the record and the ring copy after it. "
+                "Upstream added it in 0.5.16; these bases have no confidence relay, "
+                "and neither fix needs one.",
                 params=("confidence",),
                 lines=(r"\bconfidence\b",),
                 blocks=(r"^\s*if publish_confidence:",),
+                last="0.5.15.post1",
             ),
             Note(
-                "_publish_fresh is later upstream bookkeeping",
-                "0.5.19 sets _publish_fresh after each record so that a debug "
-                "assertion in its consumer can check that every wait follows a "
-                "fresh publish. 0.5.15.post1 has no such flag; it is not part of "
-                "either fix.",
+                "_publish_fresh arrived upstream in 0.5.16",
+                "0.5.19 sets _publish_fresh after each record, so that an assertion "
+                "in resolve can check that every wait follows a fresh publish. "
+                "Upstream added the flag in 0.5.16; it is not part of either fix.",
                 lines=(r"\b_publish_fresh\b",),
+                last="0.5.15.post1",
             ),
         ),
     ),
@@ -67,33 +95,39 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
         DECODE,
         (
             Note(
-                "0.5.15.post1 signature: no running_batch argument",
-                "In 0.5.15.post1 get_new_prebuilt_batch(self) reads "
-                "self.running_batch; 0.5.19 has the caller pass running_batch in. "
-                "Our patch keeps the pinned base's signature, so its callers stay "
-                "as they are.",
+                "base signature: no running_batch argument before 0.5.16",
+                "Up to 0.5.15.post1, get_new_prebuilt_batch(self) reads "
+                "self.running_batch; from 0.5.16 on the caller passes running_batch "
+                "in. Our patch keeps the base's signature, so its callers stay as "
+                "they are.",
                 params=("running_batch",),
                 lines=(r"\brunning_batch\b",),
+                last="0.5.15.post1",
             ),
             Note(
-                "0.5.15.post1 call: process_prebuilt(server_args, future_map)",
-                "ScheduleBatch.process_prebuilt takes (server_args, future_map) in "
-                "0.5.15.post1 and only (future_map) in 0.5.19, which reads the "
-                "speculative settings through get_spec(). Fix B puts its wait "
-                "before this call in both.",
-                lines=(r"\bprocess_prebuilt\(",),
-            ),
-            Note(
-                "server-args access refactored upstream",
-                "0.5.19 reads disaggregation settings through get_disagg() instead "
-                "of self.server_args. Same flag, unrelated to the race.",
+                "server-args access: get_disagg() arrived in 0.5.17",
+                "From 0.5.17 on, upstream reads the disaggregation settings through "
+                "get_disagg() instead of self.server_args. Same flag, unrelated to "
+                "the race.",
                 lines=(r"disaggregation_decode_enable_radix_cache",),
+                last="0.5.16",
             ),
             Note(
-                "KV fields moved under req.kv upstream",
+                "KV fields moved under req.kv in 0.5.19",
                 "0.5.19 moved kv_committed_len to req.kv.kv_committed_len (and ruff "
-                "wrapped the longer call). Unrelated to the race.",
+                "wrapped the longer set_extend_range call). Every base we serve "
+                "still has req.kv_committed_len. Unrelated to the race.",
                 lines=(r"\bkv_committed_len\b", r"\bset_extend_range\("),
+            ),
+            Note(
+                "extend range: set_extend_range() arrived in 0.5.15",
+                "0.5.13 and 0.5.14 set req.fill_len and then call "
+                "req.set_extend_input_len(fill_len - prefix length); from 0.5.15 on, "
+                "upstream calls req.set_extend_range(prefix length, "
+                "kv_committed_len) instead. The same range of tokens is extended; "
+                "unrelated to the race.",
+                lines=(r"\bfill_len\b", r"\bset_extend_input_len\("),
+                last="0.5.14",
             ),
             Note(
                 "same wait, comment in our words",
@@ -103,27 +137,59 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "comment above the wait is worded differently.",
                 comments=(r"forward in flight",),
             ),
+            Note(
+                "base call: process_prebuilt(server_args, future_map) before 0.5.18",
+                "Up to 0.5.17, ScheduleBatch.process_prebuilt takes (server_args, "
+                "future_map) and hands server_args on to the draft-input builder; "
+                "from 0.5.18 it takes only future_map and the builder reads the "
+                "speculative settings through get_spec(). Fix B puts its wait right "
+                "before this call either way.",
+                lines=(r"\bprocess_prebuilt\(",),
+                last="0.5.17",
+            ),
         ),
     ),
     "build_eagle_disagg_draft_input": FunctionNotes(
         EAGLE_DISAGG,
         (
             Note(
-                "0.5.15.post1 signature: server_args parameter",
-                "In 0.5.15.post1 build_eagle_disagg_draft_input(batch, server_args, "
+                "base signature: server_args parameter before 0.5.18",
+                "Up to 0.5.17, build_eagle_disagg_draft_input(batch, server_args, "
                 "last_tokens_tensor, future_map) reads the EAGLE top-k and step "
-                "count from server_args; 0.5.19 dropped the parameter and reads "
-                "them from get_spec(). Our patch keeps the base's signature.",
+                "count from server_args; 0.5.18 dropped the parameter and reads "
+                "them through get_spec(), with a comment about adaptive spec. Our "
+                "patch keeps the base's signature.",
                 params=("server_args",),
                 lines=(r"\bserver_args\b", r"\bget_spec\(\)", r"\bspec\.\w+"),
                 comments=(r"Adaptive spec",),
+                last="0.5.17",
             ),
             Note(
-                "DSA top-k remap is a later upstream feature",
-                "0.5.19 remaps the DSA top-k seed sent by the prefill side to "
-                "decode-local KV slots. It arrived after 0.5.15.post1 and has "
-                "nothing to do with the race.",
+                "DSA top-k seed arrived upstream in 0.5.15.post1",
+                "0.5.19 stacks the DSA top-k indices the prefill side sent with each "
+                "request and hands them to the draft input (dsa_topk_indices, "
+                "future_dsa_topk_indices_available). Upstream added this in "
+                "0.5.15.post1; these bases have no DSA seed here. Unrelated to the "
+                "race.",
+                lines=(r"\bdsa_topk_indices\b", r"\bdsa_indices_list\b"),
+                last="0.5.15",
+            ),
+            Note(
+                "DSA top-k remap arrived upstream in 0.5.18",
+                "0.5.19 remaps the DSA top-k seed sent by the prefill side from "
+                "request-relative positions to decode-local KV slots. Upstream added "
+                "the remap in 0.5.18; it has nothing to do with the race.",
                 blocks=(r"should_remap_pd_dsa_seed_to_local_slots",),
+                last="0.5.17",
+            ),
+            Note(
+                "stash payload: RelayPayload arrived in 0.5.15",
+                "In 0.5.13 and 0.5.14 FutureMap.stash accepts the EagleDraftInput "
+                "itself; 0.5.15 introduced RelayPayload, so upstream wraps the draft "
+                "input with RelayPayload.from_draft_input(). The same rows are "
+                "stashed; unrelated to the race.",
+                lines=(r"\bstash\(", r"\bRelayPayload\b"),
+                last="0.5.14",
             ),
             Note(
                 "comment corrected: 0.5.19's is stale",

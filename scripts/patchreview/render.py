@@ -97,7 +97,7 @@ def _function_text(function: FunctionComparison, base_version: str) -> list[str]
     if numbers:
         out.append("why:")
         for note, number in numbers.items():
-            out.append(f"  [{number}] {note.title}")
+            out.append(f"  [{number}] {note.title}  (bases: {note.bases})")
             out += textwrap.wrap(note.why, 76, initial_indent="      ", subsequent_indent="      ")
     for note in function.stale_notes:
         out.append(f"  STALE note (covers no difference any more): {note.title}")
@@ -127,9 +127,57 @@ def render_text(review: Review) -> str:
 def _summary(review: Review) -> str:
     return (
         f"summary: {len(review.functions)} functions compared with sglang "
-        f"{review.upstream_version}; {review.unexplained} unexplained differences, "
-        f"{review.stale} stale notes"
+        f"{review.upstream_version}; {review.differences} differences, {review.notes} "
+        f"notes about {review.base_version}; {review.unexplained} unexplained "
+        f"differences, {review.stale} stale notes"
     )
+
+
+def summary_line(review: Review) -> str:
+    """One line per base, for the table at the end of --all."""
+    verdict = "ok" if not (review.unexplained or review.stale) else "NOT OK"
+    return (
+        f"  {review.base_version:<14} {review.differences:>5} differences  "
+        f"{review.notes:>3} notes  {review.unexplained:>3} unexplained  "
+        f"{review.stale:>3} stale  {verdict}"
+    )
+
+
+def problems_text(review: Review) -> list[str]:
+    """Only what --strict fails on: each uncovered line, parameter and stale note."""
+    out: list[str] = []
+    for function in review.functions:
+        where = f"{review.base_version} {function.qualname}"
+        for change in function.signature:
+            if change.note is None:
+                out.append(f"  {where}: no note covers parameter {change.param}")
+        for diff in function.differences:
+            for missing in diff.uncovered:
+                out.append(
+                    f"  {where}: no note covers {missing.side} line {missing.line}: "
+                    f"{missing.text.strip()}"
+                )
+        for note in function.stale_notes:
+            out.append(f"  {where}: STALE note (covers nothing here): {note.title}")
+    return out
+
+
+def render_all_text(reviews: list[Review], brief: bool = False) -> str:
+    """Every base's review (or with brief, only its problems), then one table."""
+    out: list[str] = []
+    for review in reviews:
+        if brief:
+            out += problems_text(review)
+        else:
+            out += [f"{'#' * 78}", f"# sglang {review.base_version}", f"{'#' * 78}"]
+            out.append(render_text(review))
+    if reviews:
+        out.append(
+            f"every base compared with sglang {reviews[0].upstream_version} "
+            "(differences and notes counted over the three functions):"
+        )
+    out += [summary_line(r) for r in reviews]
+    return "\n".join(out) + "\n"
 
 
 # --- HTML ----------------------------------------------------------------------
@@ -330,7 +378,7 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
     )
 
 
-def _function_html(function: FunctionComparison, base_version: str) -> str:
+def _function_html(function: FunctionComparison, base_version: str, anchor: str) -> str:
     numbers = _numbered(function)
     unexplained = function.unexplained
     badge = (
@@ -357,7 +405,8 @@ def _function_html(function: FunctionComparison, base_version: str) -> str:
             f"<th>{_e(function.upstream_version)}</th><th>why</th></tr>{rows}</table>"
         )
     notes = "".join(
-        f'<li value="{n}"><b>{_e(note.title)}</b><br>{_e(note.why)}</li>'
+        f'<li value="{n}"><b>{_e(note.title)}</b> <span class="meta">(bases: '
+        f"{_e(note.bases)})</span><br>{_e(note.why)}</li>"
         for note, n in numbers.items()
     )
     stale = "".join(
@@ -366,7 +415,7 @@ def _function_html(function: FunctionComparison, base_version: str) -> str:
         for note in function.stale_notes
     )
     return (
-        f'<h3 id="{_e(function.qualname)}" class="fn"><code>{_e(function.qualname)}</code></h3>'
+        f'<h3 id="{_e(anchor)}" class="fn"><code>{_e(function.qualname)}</code></h3>'
         f'<div class="meta"><code>{_e(function.path)}</code> · ours is '
         f"{_e(_net_change(function, base_version))} · {badge}</div>"
         f"{sig}"
@@ -376,19 +425,15 @@ def _function_html(function: FunctionComparison, base_version: str) -> str:
     )
 
 
-def render_html(review: Review) -> str:
+def _review_html(review: Review, prefix: str = "") -> str:
+    """The body of one base's review; prefix keeps anchors apart on a page of several."""
     bad = review.unexplained or review.stale
     summary_class = "summary bad" if bad else "summary"
     toc = " · ".join(
-        f'<a href="#{_e(f.qualname)}"><code>{_e(f.qualname.rsplit(".", 1)[-1])}</code></a>'
+        f'<a href="#{_e(prefix + f.qualname)}"><code>{_e(f.qualname.rsplit(".", 1)[-1])}</code></a>'
         for f in review.functions
     )
     return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        f"<title>Review: sglang {_e(review.base_version)} backport series</title>"
-        f"<style>{CSS}</style></head><body>"
-        f"<h1>sglang {_e(review.base_version)} backport series: review</h1>"
         f'<div class="{summary_class}">{_e(_summary(review))}<br>'
         f'<span class="meta">our files: {_e(review.source)}<br>upstream: sglang '
         f"{_e(review.upstream_version)}, from its pinned, sha256-checked wheel</span>"
@@ -402,6 +447,53 @@ def render_html(review: Review) -> str:
         "(left) and as upstream's first fixed release has it (right). Every difference "
         "is found by diffing the two; the note above it says why it is there. Outlined "
         "lines are differences no note explains.</p>"
-        + "".join(_function_html(f, review.base_version) for f in review.functions)
-        + "</body></html>\n"
+        + "".join(
+            _function_html(f, review.base_version, prefix + f.qualname) for f in review.functions
+        )
+    )
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def render_html(review: Review) -> str:
+    return _page(
+        f"Review: sglang {review.base_version} backport series",
+        f"<h1>sglang {_e(review.base_version)} backport series: review</h1>" + _review_html(review),
+    )
+
+
+def render_all_html(reviews: list[Review]) -> str:
+    """Every base's review on one page, a table of the bases first."""
+    rows = "".join(
+        f'<tr><td><a href="#sglang-{_e(r.base_version)}">{_e(r.base_version)}</a></td>'
+        f"<td>{len(r.patches)}</td><td>{r.differences}</td><td>{r.notes}</td>"
+        f"<td>{r.unexplained}</td><td>{r.stale}</td>"
+        + (
+            '<td><span class="badge ok">ok</span></td>'
+            if not (r.unexplained or r.stale)
+            else '<td><span class="badge bad">not ok</span></td>'
+        )
+        + "</tr>"
+        for r in reviews
+    )
+    upstream = reviews[0].upstream_version if reviews else ""
+    table = (
+        '<table class="sig"><tr><th>base</th><th>patches</th><th>differences</th>'
+        "<th>notes</th><th>unexplained</th><th>stale</th><th></th></tr>"
+        f"{rows}</table>"
+    )
+    sections = "".join(
+        f'<h1 id="sglang-{_e(r.base_version)}">sglang {_e(r.base_version)} backport series</h1>'
+        + _review_html(r, prefix=f"{r.base_version}-")
+        for r in reviews
+    )
+    return _page(
+        "Review: every backport series",
+        f"<h1>Every backport series beside sglang {_e(upstream)}</h1>{table}{sections}",
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from patchset.apply import git_apply, scratch_copy
 from patchset.buildtree import build_tree_path, default_branch, pristine_tag, series_commits
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
-from patchset.manifest import BASE_STEP, Series, git_blob_id, step_of
+from patchset.manifest import BASE_STEP, Series, WheelPin, git_blob_id, step_of
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
 from .notes import FUNCTION_NOTES, FunctionNotes, Note
@@ -117,6 +118,12 @@ def step_files(series: Series, build: Path, cache: Path) -> StepFiles:
 # --- functions in a source file ---------------------------------------------
 
 
+@functools.lru_cache(maxsize=128)
+def _parse(source: str) -> ast.Module:
+    """Parse each distinct file text once: steps and bases share many, and parsing is the cost."""
+    return ast.parse(source)
+
+
 @dataclass(frozen=True)
 class Scope:
     qualname: str
@@ -136,7 +143,7 @@ def scopes_of(source: str) -> list[Scope]:
                 found.append(Scope(name, start, node.end_lineno or node.lineno))
                 walk(node.body, f"{name}.")
 
-    walk(ast.parse(source).body, "")
+    walk(_parse(source).body, "")
     return found
 
 
@@ -181,7 +188,7 @@ def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
 
 
 def function_source(source: str, path: str, qualname: str) -> FunctionSource | None:
-    body: list[ast.stmt] = ast.parse(source).body
+    body: list[ast.stmt] = _parse(source).body
     node: ast.stmt | None = None
     for part in qualname.split("."):
         node = next(
@@ -364,6 +371,7 @@ class FunctionComparison:
     signature: list[SignatureChange]
     differences: list[Difference]
     stale_notes: list[Note]
+    notes: list[Note] = field(default_factory=list)  # the notes about this base
 
     @property
     def changed_by_series(self) -> bool:
@@ -421,8 +429,11 @@ def compare_function(
     upstream_version: str,
     base: FunctionSource | None = None,
     touched_by: list[str] | None = None,
+    release: str | None = None,
 ) -> FunctionComparison:
-    signature = _signature_changes(ours, upstream, notes.notes)
+    """Ours beside upstream, explained by the notes about release (None: every note)."""
+    about = [n for n in notes.notes if release is None or n.applies_to(release)]
+    signature = _signature_changes(ours, upstream, tuple(about))
     signature_ok = all(s.note is not None for s in signature)
     signature_notes = [s.note for s in signature if s.note is not None]
     used: set[Note] = set(signature_notes)
@@ -437,7 +448,7 @@ def compare_function(
             ("upstream", upstream, range(j1, j2)),
         ):
             covered: set[int] = set()
-            for note in notes.notes:
+            for note in about:
                 hit = _covered_lines(source.lines, span, note)
                 if hit:
                     covered |= hit
@@ -456,7 +467,7 @@ def compare_function(
                     continue
                 diff.uncovered.append(Uncovered(side, source.first_line + i, text))
         differences.append(diff)
-    stale = [n for n in notes.notes if n not in used]
+    stale = [n for n in about if n not in used]
     return FunctionComparison(
         qualname=qualname,
         path=notes.path,
@@ -468,6 +479,7 @@ def compare_function(
         signature=signature,
         differences=differences,
         stale_notes=stale,
+        notes=about,
     )
 
 
@@ -491,6 +503,23 @@ class Review:
     def stale(self) -> int:
         return sum(len(f.stale_notes) for f in self.functions)
 
+    @property
+    def differences(self) -> int:
+        """Changed stretches of code (difflib opcodes), over every function."""
+        return sum(len(f.differences) for f in self.functions)
+
+    @property
+    def notes(self) -> int:
+        """How many notes are about this base."""
+        return sum(len(f.notes) for f in self.functions)
+
+
+@functools.cache
+def _upstream_sources(pin: WheelPin, cache: Path, paths: tuple[str, ...]) -> dict[str, str]:
+    """The files of upstream's fixed release; read once per process (every base shares it)."""
+    wheel = wheels.fetch_wheel(pin, cache)
+    return {p: data.decode("utf-8") for p, data in wheels.read_files(wheel, list(paths)).items()}
+
 
 def build_review(
     series: Series,
@@ -507,11 +536,8 @@ def build_review(
         review_patch(parse_patch(path), steps.files[step_names[i]], steps.files[step_names[i + 1]])
         for i, path in enumerate(series.patch_paths)
     ]
-    upstream_wheel = wheels.fetch_wheel(manifest.upstream_fixed, cache)
-    paths = sorted({n.path for n in notes.values()})
-    upstream_files = {
-        p: data.decode("utf-8") for p, data in wheels.read_files(upstream_wheel, paths).items()
-    }
+    paths = tuple(sorted({n.path for n in notes.values()}))
+    upstream_files = _upstream_sources(manifest.upstream_fixed, cache, paths)
     functions: list[FunctionComparison] = []
     for qualname, function_notes in notes.items():
         path = function_notes.path
@@ -536,6 +562,7 @@ def build_review(
                 manifest.upstream_fixed.version,
                 base=function_source(steps.base[path], path, qualname),
                 touched_by=touched_by,
+                release=manifest.base.version,
             )
         )
     return Review(
@@ -546,3 +573,13 @@ def build_review(
         cumulative=cumulative_diff(steps),
         functions=functions,
     )
+
+
+def build_reviews(
+    series: list[Series],
+    build: Path,
+    cache: Path,
+    notes: dict[str, FunctionNotes] | None = None,
+) -> list[Review]:
+    """One review per patch set, in the order given (0.5.19's files are read once)."""
+    return [build_review(one, build, cache, notes) for one in series]

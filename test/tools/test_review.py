@@ -1,23 +1,36 @@
 """scripts/review: per-patch facts, the net diff, and ours beside sglang 0.5.19.
 
 The comparison with 0.5.19 uses the real, pinned 0.5.19 wheel (conftest's
-upstream_fixed_wheel). The explanation logic is also checked on small
-synthetic functions, so a difference nobody explained must show up.
+upstream_fixed_wheel), for every base we serve. The explanation logic is also
+checked on small synthetic functions, so a difference nobody explained must
+show up, and a note about other releases must not explain it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
+import importlib.util
 import re
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import RunScript
+from conftest import SCRIPTS, RunScript, fetch_or_skip
+from patchreview import review as review_module
 from patchreview.notes import FUNCTION_NOTES, FunctionNotes, Note
 from patchreview.render import render_html, render_text
-from patchreview.review import Review, build_review, compare_function, function_source
-from patchset.manifest import Series
+from patchreview.review import (
+    Review,
+    build_review,
+    build_reviews,
+    compare_function,
+    function_source,
+)
+from patchset import paths
+from patchset.errors import Exit
+from patchset.manifest import Series, patch_set_folders, release_key
 
 FUNCTIONS = (
     "FutureMap.publish",
@@ -35,12 +48,102 @@ def review(series: Series, upstream_fixed_wheel: Path, tmp_path_factory) -> Revi
     return build_review(series, build, upstream_fixed_wheel.parent)
 
 
+ALL_SERIES = [Series.load(folder) for folder in patch_set_folders(paths.PATCHES_ROOT)]
+BASES = [s.manifest.base.version for s in ALL_SERIES]
+
+
+@pytest.fixture(scope="session")
+def reviews(upstream_fixed_wheel: Path, tmp_path_factory) -> dict[str, Review]:
+    """Every base's review, from its pinned wheel plus its series (fetched once, cached)."""
+    cache = upstream_fixed_wheel.parent
+    for one in ALL_SERIES:
+        fetch_or_skip(one.manifest.base, cache)
+    build = tmp_path_factory.mktemp("build-all")
+    return {r.base_version: r for r in build_reviews(ALL_SERIES, build, cache)}
+
+
 def without(qualname: str, title_start: str) -> dict[str, FunctionNotes]:
+    return rescoped(qualname, title_start, None)
+
+
+def rescoped(
+    qualname: str, title_start: str, bases: tuple[str, str] | None
+) -> dict[str, FunctionNotes]:
+    """The real notes with one note dropped (bases None) or moved to other bases."""
     notes = dict(FUNCTION_NOTES)
-    kept = tuple(n for n in notes[qualname].notes if not n.title.startswith(title_start))
-    assert len(kept) == len(notes[qualname].notes) - 1, "the note to remove is not there"
-    notes[qualname] = dataclasses.replace(notes[qualname], notes=kept)
+    found = [n for n in notes[qualname].notes if n.title.startswith(title_start)]
+    assert len(found) == 1, "the note to change is not there"
+    kept = [n for n in notes[qualname].notes if n is not found[0]]
+    if bases is not None:
+        kept.append(dataclasses.replace(found[0], first=bases[0], last=bases[1]))
+    notes[qualname] = dataclasses.replace(notes[qualname], notes=tuple(kept))
     return notes
+
+
+def test_every_patch_set_is_reviewed() -> None:
+    assert len(BASES) >= 7 and "0.5.15.post1" in BASES
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_every_base_is_fully_explained(reviews: dict[str, Review], base: str) -> None:
+    review = reviews[base]
+    problems = [
+        f"{f.qualname}: {u.side} {u.line}: {u.text.strip()}"
+        for f in review.functions
+        for d in f.differences
+        for u in d.uncovered
+    ] + [f"{f.qualname}: stale {n.title}" for f in review.functions for n in f.stale_notes]
+    assert (review.unexplained, review.stale) == (0, 0), problems
+    assert [f.qualname for f in review.functions] == list(FUNCTIONS)
+    # our series is not upstream's code, so every base has differences to explain
+    assert review.differences > 0 and review.notes > 0
+    for function in review.functions:
+        assert all(n.applies_to(base) for n in function.notes)
+
+
+def test_note_bounds_are_releases_we_serve() -> None:
+    served = {r for s in ALL_SERIES for r in s.manifest.releases}
+    for function in FUNCTION_NOTES.values():
+        for note in function.notes:
+            for bound in (note.first, note.last):
+                assert not bound or bound in served, (note.title, bound)
+            if note.first and note.last:
+                assert release_key(note.first) <= release_key(note.last), note.title
+            # a note about no base we serve would never be checked
+            assert any(note.applies_to(base) for base in BASES), note.title
+
+
+def test_publish_of_later_bases_is_upstreams(reviews: dict[str, Review]) -> None:
+    # 0.5.16 and later carry fix A and the confidence relay, and fix B takes the
+    # chain out again: there our publish is 0.5.19's, line for line
+    for base in BASES:
+        publish = reviews[base].functions[0]
+        expected = release_key(base) >= release_key("0.5.16")
+        assert (publish.ours.lines == publish.upstream.lines) is expected, base
+
+
+def test_note_about_other_releases_explains_nothing(
+    reviews: dict[str, Review], tmp_path: Path
+) -> None:
+    # 0.5.13 still builds the extend range from fill_len; the note saying so is
+    # moved to 0.5.15 only, where there is no such difference
+    oldest = next(s for s in ALL_SERIES if s.manifest.base.version == "0.5.13")
+    newer = next(s for s in ALL_SERIES if s.manifest.base.version == "0.5.15")
+    notes = rescoped(
+        "SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
+        "extend range",
+        ("0.5.15", "0.5.15"),
+    )
+    old, new = build_reviews([oldest, newer], tmp_path / "build", paths.cache_dir(), notes)
+    uncovered = [u.text.strip() for f in old.functions for d in f.differences for u in d.uncovered]
+    assert any("set_extend_input_len" in text for text in uncovered), uncovered
+    assert old.unexplained >= 1 and old.stale == 0
+    # on the base it now names, it covers nothing: stale there
+    assert (new.unexplained, new.stale) == (0, 1)
+    decode = new.functions[1]
+    assert [n.title for n in decode.stale_notes] == [
+        "extend range: set_extend_range() arrived in 0.5.15"
+    ]
 
 
 def test_real_series_is_fully_explained(review: Review) -> None:
@@ -110,7 +213,7 @@ def test_removing_a_note_leaves_an_unexplained_difference(
 def test_removing_a_signature_note_flags_the_parameter(
     series: Series, upstream_fixed_wheel: Path, tmp_path: Path
 ) -> None:
-    notes = without("SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch", "0.5.15.post1 sig")
+    notes = without("SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch", "base signature")
     broken = build_review(series, tmp_path / "build", upstream_fixed_wheel.parent, notes)
     decode = broken.functions[1]
     assert [(c.param, c.note) for c in decode.signature] == [("running_batch", None)]
@@ -127,11 +230,18 @@ class FutureMap:
 """
 
 
-def _compare(upstream: str, notes: tuple[Note, ...] = ()):
+def _compare(upstream: str, notes: tuple[Note, ...] = (), release: str | None = None):
     ours = function_source(OURS, "x.py", "FutureMap.publish")
     theirs = function_source(upstream, "x.py", "FutureMap.publish")
     assert ours and theirs
-    return compare_function("FutureMap.publish", ours, theirs, FunctionNotes("x.py", notes), "9.9")
+    return compare_function(
+        "FutureMap.publish",
+        ours,
+        theirs,
+        FunctionNotes("x.py", notes),
+        "9.9",
+        release=release,
+    )
 
 
 def test_new_upstream_line_without_a_note_is_unexplained() -> None:
@@ -153,6 +263,24 @@ def test_new_upstream_line_without_a_note_is_unexplained() -> None:
         (Note("fresh flag", "upstream bookkeeping", lines=(r"\bfresh\b",)),),
     )
     assert explained.unexplained == 0
+
+
+def test_note_covers_only_the_releases_it_names() -> None:
+    upstream = OURS.replace(
+        "        self.ready.record()\n",
+        "        self.ready.record()\n        self.fresh = True\n",
+    )
+    note = Note("fresh flag", "arrived in 0.5.16", lines=(r"\bfresh\b",), last="0.5.15.post1")
+    assert _compare(upstream, (note,), release="0.5.15.post1").unexplained == 0
+    assert _compare(upstream, (note,), release="0.5.13").unexplained == 0
+    later = _compare(upstream, (note,), release="0.5.16")
+    assert later.unexplained == 1 and later.notes == []
+    # where a note is not about the base, covering nothing does not make it stale
+    assert _compare(OURS, (note,), release="0.5.16").stale_notes == []
+    assert _compare(OURS, (note,), release="0.5.15").stale_notes == [note]
+    bounded = Note("x", "y", first="0.5.13.post1", last="0.5.15")
+    releases = ("0.5.13", "0.5.13.post1", "0.5.15", "0.5.15.post1")
+    assert [bounded.applies_to(r) for r in releases] == [False, True, True, False]
 
 
 def test_block_and_comment_notes_cover_only_their_lines() -> None:
@@ -251,3 +379,64 @@ def test_damaged_patch_set_is_refused(
     assert result.returncode == 6
     assert "sha256" in result.stderr and "next step:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _review_command():
+    """scripts/review as a module, so a test can run its main() with other notes."""
+    loader = importlib.machinery.SourceFileLoader("review_command", str(SCRIPTS / "review"))
+    spec = importlib.util.spec_from_loader("review_command", loader)
+    assert spec
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_new_difference_on_one_base_fails_all_strict(
+    reviews: dict[str, Review],
+    upstream_fixed_wheel: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the corrected-comment note no longer speaks for the newest base: there the
+    # comment is a difference nobody explained, and --all --strict must fail on it
+    newest = BASES[-1]
+    before = BASES[-2]
+    notes = rescoped("build_eagle_disagg_draft_input", "comment corrected", (BASES[0], before))
+    monkeypatch.setattr(review_module, "FUNCTION_NOTES", notes)
+    monkeypatch.setenv("SGLANG_BACKPORTS_BUILD", str(tmp_path / "build"))
+    monkeypatch.setenv("SGLANG_BACKPORTS_CACHE", str(upstream_fixed_wheel.parent))
+    monkeypatch.setattr(sys, "argv", ["review", "--all", "--strict", "--brief"])
+    assert _review_command().main() == Exit.STALE
+    out, err = capsys.readouterr()
+    table = {line.split()[0]: line for line in out.splitlines() if " differences " in line}
+    assert list(table) == BASES
+    assert [b for b, line in table.items() if line.endswith("NOT OK")] == [newest]
+    assert f"{newest} build_eagle_disagg_draft_input: no note covers ours line" in out
+    assert f"base {newest})" in err and "next step:" in err
+
+
+def test_all_bases_in_one_call(run_script: RunScript, reviews: dict, tmp_path: Path) -> None:
+    page = tmp_path / "all.html"
+    result = run_script("review", "--all", "--strict", "--brief", "--html", str(page))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if " differences " in line]
+    assert [row[0] for row in rows] == BASES
+    assert all(row[-1] == "ok" for row in rows)
+    assert "no note covers" not in result.stdout  # --brief: only problems and the table
+    source = page.read_text(encoding="utf-8")
+    parsed = _Collect()
+    parsed.feed(source)
+    assert "script" not in parsed.tags and "link" not in parsed.tags
+    assert all(ref.startswith("#") for ref in parsed.refs), parsed.refs
+    assert len(parsed.ids) == len(set(parsed.ids))  # anchors stay apart per base
+    assert [i for i in parsed.ids if i.startswith("sglang-")] == [f"sglang-{b}" for b in BASES]
+    assert all(ref[1:] in parsed.ids for ref in parsed.refs)
+    assert source.count('<table class="sbs">') == len(FUNCTIONS) * len(BASES)
+
+
+def test_all_and_patch_set_together_are_refused(run_script: RunScript, series: Series) -> None:
+    # even the default folder, named on purpose
+    result = run_script("review", "--all", "--patch-set", str(series.folder))
+    assert result.returncode == 2
+    assert "leave out --patch-set" in result.stderr and "Traceback" not in result.stderr
