@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchset import wheel as wheels
-from patchset.apply import git_apply, scratch_copy
+from patchset.apply import files_per_step
 from patchset.buildtree import build_tree_path, default_branch, pristine_tag, series_commits
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
-from patchset.manifest import BASE_STEP, Series, WheelPin, git_blob_id, step_of
+from patchset.manifest import BASE_STEP, Series, WheelPin, git_blob_id
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
 from .notes import FUNCTION_NOTES, FunctionNotes, Note
@@ -85,28 +85,11 @@ def _from_build_tree(series: Series, build: Path) -> StepFiles | None:
 def _from_wheel(series: Series, cache: Path) -> StepFiles:
     manifest = series.manifest
     wheel = wheels.fetch_wheel(manifest.base, cache)
-    base = {p: data.decode("utf-8") for p, data in wheels.read_files(wheel, manifest.files).items()}
-    files = {BASE_STEP: base}
-    with scratch_copy({p: text.encode("utf-8") for p, text in base.items()}) as scratch:
-        for patch in series.patch_paths:
-            result = git_apply(scratch, patch)
-            if result.returncode != 0:
-                raise BackportError(
-                    Exit.APPLY_FAILED,
-                    f"patch {patch.name} does not apply to the files of {manifest.base.wheel}:"
-                    f"\n{result.stderr.strip()}",
-                    "run scripts/lint-patches and scripts/apply-patches --check to see why",
-                )
-            files[step_of(patch.name)] = {
-                path: (scratch / path).read_text(encoding="utf-8") for path in manifest.files
-            }
-    if not _matches_manifest(series, files):
-        raise BackportError(
-            Exit.PATCHSET_INVALID,
-            "the series applied to the pinned wheel gives other files than the "
-            "manifest's [blobs] pin",
-            "regenerate the manifest with scripts/export-patches",
-        )
+    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
+    files = {
+        step: {path: data.decode("utf-8") for path, data in by_path.items()}
+        for step, by_path in per_step.items()
+    }
     return StepFiles(f"pinned wheel {manifest.base.wheel} with the series applied", files)
 
 

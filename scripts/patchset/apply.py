@@ -515,3 +515,36 @@ def check_series(series: Series, files: dict[str, bytes | None], where: str) -> 
                 blocked = True
                 results.append(CheckResult(patch.name, "does not apply", check.stderr.strip()))
     return results
+
+
+def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
+    """The touched files at every step: the series applied to copies of the base's files.
+
+    Each step's files are checked against the manifest's blob ids, so what a
+    caller gets is exactly what the manifest pins.
+    """
+    manifest = series.manifest
+    where = manifest.base.wheel
+    steps = manifest.steps
+    per_step = {steps[0]: dict(base_files)}
+    with scratch_copy(dict(base_files)) as scratch:
+        for patch in series.patch_paths:
+            result = git_apply(scratch, patch)
+            if result.returncode != 0:
+                raise BackportError(
+                    Exit.APPLY_FAILED,
+                    f"patch {patch.name} does not apply to the files of {where}:\n"
+                    f"{result.stderr.strip()}",
+                    "run scripts/lint-patches and scripts/apply-patches --check to see why",
+                )
+            per_step[step_of(patch.name)] = {p: (scratch / p).read_bytes() for p in base_files}
+    for step, files in per_step.items():
+        if _blobs_of(dict(files)) != manifest.blobs_at(step):
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"the files of {where} at step {step} are not the ones "
+                f"{series.folder.name}'s manifest pins ([blobs])",
+                "restore the patch set with `git checkout -- patches/`, or regenerate "
+                "the manifest with scripts/export-patches",
+            )
+    return per_step

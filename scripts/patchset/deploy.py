@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import wheel as wheels
-from .apply import git_apply, scratch_copy
+from .apply import files_per_step
 from .errors import BackportError, Exit
 from .manifest import PinManifest, Series, git_blob_id, patch_set_folders, release_key
 from .patchfile import parse_patch
@@ -99,38 +99,8 @@ def _record_hash(data: bytes) -> str:
 
 
 def patched_files(series: Series, base_files: dict[str, bytes]) -> dict[str, bytes]:
-    """The series applied to the base's files in a scratch copy, checked against the manifest."""
-    manifest = series.manifest
-    blobs = {path: git_blob_id(data) for path, data in base_files.items()}
-    if blobs != manifest.blobs_at(manifest.steps[0]):
-        raise BackportError(
-            Exit.BASE_MISMATCH,
-            f"the files of {manifest.base.wheel} are not the ones {series.folder.name} "
-            "pins as its base",
-            "restore the patch set with `git checkout -- patches/`",
-        )
-    with scratch_copy(dict(base_files)) as scratch:
-        for patch in series.patch_paths:
-            result = git_apply(scratch, patch)
-            if result.returncode != 0:
-                raise BackportError(
-                    Exit.APPLY_FAILED,
-                    f"patch {patch.name} did not apply to {manifest.base.wheel}:\n"
-                    f"{result.stderr.strip()}",
-                    "refresh the patch on the pristine base and run scripts/export-patches",
-                )
-        out = {path: (scratch / path).read_bytes() for path in base_files}
-    produced = {path: git_blob_id(data) for path, data in out.items()}
-    expected = manifest.blobs_at(manifest.final_step)
-    wrong = [path for path in expected if produced.get(path) != expected[path]]
-    if wrong:
-        raise BackportError(
-            Exit.APPLY_FAILED,
-            f"the series applied, but produced other content than the manifest pins "
-            f"for: {', '.join(wrong)}",
-            "regenerate the manifest with scripts/export-patches",
-        )
-    return out
+    """The touched files after the whole series, checked against the manifest."""
+    return files_per_step(series, base_files)[series.manifest.final_step]
 
 
 def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
