@@ -14,7 +14,7 @@ from patchset import paths
 from patchset.manifest import Series
 
 from . import wheelhouse as wh
-from .stages import CPU, GPU, SETUP, Stage, judge_bench, judge_gpu_step, rel
+from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, rel
 
 ROOT = paths.PROJECT_ROOT
 GPU_TEST = ROOT / "test" / "steps" / "test_gpu_prebuilt_race.py"
@@ -107,7 +107,7 @@ def _layout(opts: Options, env: dict[str, str]) -> Stage:
                 f"s = manifest.series_for_release(paths.PATCHES_ROOT, {version!r}); "
                 "[print(k, v) for k, v in buildtree.step_trees(s, paths.build_dir()).items()]"
             ),
-        ],  # fmt: skip
+        ],
         env=env,
     )
 
@@ -150,7 +150,7 @@ def _gpu_and_bench(
                     "-o",
                     "junit_family=xunit1",
                     f"--junitxml={report}",
-                ],  # fmt: skip
+                ],
                 kind=GPU,
                 env=env,
                 needs=needs,
@@ -214,7 +214,7 @@ def online(opts: Options) -> list[Stage]:
                 str(wheel),
                 "-r",
                 str(TEST_PINS),
-            ],  # fmt: skip
+            ],
             needs=("fetch-wheel", "venv"),
         ),
         Stage(
@@ -226,7 +226,7 @@ def online(opts: Options) -> list[Stage]:
                 'import torch; assert torch.cuda.is_available(), "torch sees no CUDA '
                 'device"; print(torch.__version__, "CUDA", torch.version.cuda, '
                 "torch.cuda.get_device_name())",
-            ],  # fmt: skip
+            ],
             needs=("install",),
         ),
         _layout(opts, {}),
@@ -308,7 +308,7 @@ def offline(opts: Options) -> list[Stage]:
                 str(opts.site),
                 "-r",
                 str(requirements),
-            ],  # fmt: skip
+            ],
             needs=("torch-check",),
         ),
         _layout(opts, {"SGLANG_BACKPORTS_CACHE": str(opts.cache)}),
