@@ -119,9 +119,14 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
             path.replace(out / path.name)
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
+    return write_manifest(manifest, python_version, out)
+
+
+def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Path:
+    """wheelhouse.json for the wheels in out: the sglang wheel and one per wanted pin."""
     entries = [_entry(out / manifest.base.wheel)]
     by_name = {_dist_of(p.name)[0]: p for p in out.glob("*.whl")}
-    for name, version in pins.items():
+    for name, version in wanted_pins().items():
         path = by_name.get(canonical(name))
         if path is None or _dist_of(path.name)[1] != version:
             raise BackportError(

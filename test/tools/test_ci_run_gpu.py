@@ -162,7 +162,8 @@ def junit(tmp_path: Path, cases: str) -> Path:
 
 
 def case(name: str, inner: str = "") -> str:
-    return f'<testcase classname="test.steps.test_gpu_prebuilt_race" name="{name}">{inner}</testcase>'
+    where = 'classname="test.steps.test_gpu_prebuilt_race"'
+    return f'<testcase {where} name="{name}">{inner}</testcase>'
 
 
 PASSED = case("test_a") + case("test_b")
