@@ -30,10 +30,10 @@ LIMIT_BYTES = 60 * 1024 * 1024  # what may travel to the runner, with room to sp
 
 # What a CUDA torch image holds: torch (the base's pin) with the packages torch
 # requires, torchvision built for that torch (sglang.srt.utils.common imports
-# it), and numpy. torch and torchvision must match each other, so they cannot
-# come from the wheelhouse.
+# it) with pillow (torchvision imports it), and numpy. torch and torchvision
+# must match each other, so they cannot come from the wheelhouse.
 IMAGE_HOLDS = (
-    "torch", "torchvision", "triton", "numpy", "filelock", "fsspec", "jinja2",
+    "torch", "torchvision", "pillow", "triton", "numpy", "filelock", "fsspec", "jinja2",
     "markupsafe", "mpmath", "networkx", "sympy", "typing-extensions", "setuptools",
 )  # fmt: skip
 IMAGE_PREFIXES = ("nvidia-", "cuda-")
