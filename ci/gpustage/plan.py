@@ -14,7 +14,7 @@ from patchset import paths
 from patchset.manifest import Series
 
 from . import wheelhouse as wh
-from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, rel
+from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
 
 ROOT = paths.PROJECT_ROOT
 GPU_TEST = ROOT / "test" / "steps" / "test_gpu_prebuilt_race.py"
@@ -157,6 +157,8 @@ def _gpu_and_bench(
                 judge=judge_gpu_step(report, GPU_TEST.parent, final, allow_skips=opts.rehearse),
             )
         )
+    if opts.rehearse:
+        return stages  # no GPU to time: a rehearsal runs no benchmark
     bench_json = opts.reports / "bench.json"
     final_tree = _step_tree(opts, manifest.final_step)
     stages.append(
@@ -168,7 +170,6 @@ def _gpu_and_bench(
             env={"PYTHONPATH": os.pathsep.join([str(final_tree), *extra_path])},
             needs=needs,
             judge=judge_bench(bench_json),
-            missing="a rehearsal has no GPU to time" if opts.rehearse else None,
         )
     )
     return stages
@@ -288,6 +289,7 @@ def offline(opts: Options) -> list[Stage]:
             [opts.python, "-c", TORCH_CHECK, torch_pin, "any" if opts.any_torch else "pinned"]
             + ([] if opts.rehearse else ["&&", opts.python, "-c", CUDA_CHECK]),
             needs=("preflight",),
+            judge=judge_with_warnings,
         ),
         Stage(
             "install",

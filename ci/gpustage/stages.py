@@ -188,10 +188,23 @@ def judge_gpu_step(report: Path, tests: Path, final: bool, allow_skips: bool = F
             return False, f"FAIL: skipped on a GPU run: {text}"
         if good == 0:
             return False, f"FAIL: nothing passed: {text}"
+        if skipped:
+            return True, f"ok (rehearsal, CUDA tests skipped): {text}"
         shown = "fix holds" if final else "known failure shown"
         return True, f"ok ({shown}): {text}"
 
     return judge
+
+
+def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
+    """Exit status 0 passes; WARNING and FAIL lines of the log are carried into the result."""
+    warnings = [
+        line.strip() for line in log.read_text(encoding="utf-8").splitlines()
+        if line.startswith(("WARNING: ", "FAIL: "))
+    ]  # fmt: skip
+    if rc != 0:
+        return False, f"FAIL: exit {rc}" + "".join(f"; {w}" for w in warnings)
+    return True, "; ".join(["ok", *warnings])
 
 
 def judge_bench(json_path: Path) -> Judge:

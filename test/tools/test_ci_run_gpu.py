@@ -200,7 +200,7 @@ def test_gpu_stage_refuses_skips_and_failures(tmp_path: Path, cases: str, rc: in
 
 def test_a_rehearsal_accepts_skips(tmp_path: Path) -> None:
     ok, text = judge(tmp_path, PASSED + SKIPPED, 0, final=True, allow_skips=True)
-    assert ok and text == "ok (fix holds): 2 pass, 1 skip", text
+    assert ok and text == "ok (rehearsal, CUDA tests skipped): 2 pass, 1 skip", text
 
 
 def test_gpu_stage_without_a_report_fails(tmp_path: Path) -> None:

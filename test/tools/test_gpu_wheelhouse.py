@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_GPU = ROOT / "ci" / "run-gpu"
 sys.path.insert(0, str(ROOT / "ci"))
 
-from gpustage import wheelhouse  # noqa: E402
+from gpustage import plan, stages, wheelhouse  # noqa: E402
 from patchset.errors import Exit  # noqa: E402
 from patchset.manifest import Series, sha256_of  # noqa: E402
 
@@ -203,3 +203,28 @@ def test_a_real_wheelhouse_verifies_and_fits(real_wheelhouse: Path, series: Seri
     assert on_disk < wheelhouse.LIMIT_BYTES, f"{on_disk / 2**20:.1f} MiB"
     for entry in house.entries:
         assert sha256_of(real_wheelhouse / entry.file) == entry.sha256
+
+
+@pytest.mark.parametrize("policy", ["pinned", "any"])
+def test_the_runner_torch_is_checked_against_the_pin(
+    tmp_path: Path, series: Series, policy: str
+) -> None:
+    """This venv's torch is not the base's pin: refused, or run with a warning (--any-torch)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    pin = series.manifest.release.torch
+    have = torch.__version__.split("+")[0]
+    if have == pin:
+        pytest.skip(f"this torch is the base's pin {pin}")
+    stage = stages.Stage(
+        "torch-check", "p", [sys.executable, "-c", plan.TORCH_CHECK, pin, policy],
+        judge=stages.judge_with_warnings,
+    )  # fmt: skip
+    outcome = stages.run_stage(stage, {}, tmp_path)
+    said = f"the base pins torch {pin}, the runner has {have}"
+    if policy == "pinned":
+        assert not outcome.ok
+        assert outcome.result == f"FAIL: exit 3; FAIL: {said}"
+    else:
+        assert outcome.ok
+        assert outcome.result == f"ok; WARNING: {said}"
