@@ -74,16 +74,11 @@ def rel(path: Path) -> str:
 
 
 def shell_line(stage: Stage) -> str:
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in stage_env_shown(stage).items())
+    # what the stage sets on top of the caller's environment
+    shown = stage_environment(stage, {})
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
     words = " ".join(w if w == "&&" else shlex.quote(w) for w in stage.command)
     return f"env {env} {words}" if env else words
-
-
-def stage_env_shown(stage: Stage) -> dict[str, str]:
-    shown = dict(stage.env)
-    if stage.kind == CPU:
-        shown["CUDA_VISIBLE_DEVICES"] = ""
-    return shown
 
 
 def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
