@@ -271,13 +271,13 @@ def offline(opts: Options) -> list[Stage]:
     assert opts.wheelhouse_dir is not None and opts.site is not None and opts.cache is not None
     manifest = opts.series.manifest
     house = opts.wheelhouse
-    version = house.python_version if house else "3.X (from the wheelhouse)"
+    version = house.python_version if house else "of the wheelhouse"
     requirements = opts.requirements
     torch_pin = manifest.release.torch or "?"
     stages = [
         Stage(
             "preflight",
-            f"Python {version} (the wheelhouse's) and "
+            f"Python {version} and "
             + ("no GPU (rehearsal)" if opts.rehearse else "a CUDA GPU")
             + " are present",
             [opts.python, "--version"] + ([] if opts.rehearse else ["&&", "nvidia-smi", "-L"]),

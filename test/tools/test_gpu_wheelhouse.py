@@ -162,10 +162,10 @@ def test_a_wheelhouse_for_another_base_is_refused(fake_wheelhouse: Path, series:
     assert err.value.code == Exit.SETUP
 
 
-def _index_reachable() -> bool:
+def _index_reachable(dest: Path) -> bool:
     probe = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-         "--dest", os.devnull + ".d", "--dry-run", "pluggy==1.7.0"],
+         "--dest", str(dest), "pluggy==1.7.0"],
         capture_output=True, timeout=120,
     )  # fmt: skip
     return probe.returncode == 0
@@ -174,7 +174,7 @@ def _index_reachable() -> bool:
 @pytest.fixture(scope="session")
 def real_wheelhouse(tmp_path_factory: pytest.TempPathFactory, series: Series) -> Path:
     """A real wheelhouse for this Python, built with the network (skipped without it)."""
-    if not _index_reachable():
+    if not _index_reachable(tmp_path_factory.mktemp("probe")):
         pytest.skip("the package index is not reachable: the wheelhouse is built where it is")
     out = tmp_path_factory.mktemp("wheelhouse")
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
