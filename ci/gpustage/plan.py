@@ -12,6 +12,7 @@ from pathlib import Path
 
 from patchset import paths
 from patchset.manifest import Series
+from testrun.outcomes import OPTION as OUTCOMES_OPTION
 
 from . import wheelhouse as wh
 from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
@@ -123,7 +124,7 @@ def _gpu_and_bench(
     stages = []
     for step in manifest.steps:
         tree = _step_tree(opts, step)
-        report = opts.reports / f"gpu-{step}.xml"
+        report = opts.reports / f"gpu-{step}.json"
         final = step == manifest.final_step
         env = {
             "PYTHONPATH": os.pathsep.join([str(tree), *extra_path]),
@@ -147,14 +148,14 @@ def _gpu_and_bench(
                     "-rA",
                     "-p",
                     "no:cacheprovider",
-                    "-o",
-                    "junit_family=xunit1",
-                    f"--junitxml={report}",
+                    f"--junitxml={report.with_suffix('.xml')}",
+                    OUTCOMES_OPTION,
+                    str(report),
                 ],
                 kind=GPU,
                 env=env,
                 needs=needs,
-                judge=judge_gpu_step(report, GPU_TEST.parent, final, allow_skips=opts.rehearse),
+                judge=judge_gpu_step(report, final, allow_skips=opts.rehearse),
             )
         )
     if opts.rehearse:

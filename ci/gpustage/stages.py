@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patchset import textout
 from patchset.errors import Exit
 from patchset.paths import PROJECT_ROOT
-from testrun import runner
+from testrun import outcomes as testrun_outcomes
 
 # Setup stages prepare the run; a failure there is Exit.SETUP. Test stages
 # (the CPU gate, the GPU tests, the benchmark) fail with Exit.TESTS_FAILED.
@@ -159,24 +160,23 @@ def run_stage(stage: Stage, done: dict[str, bool], reports: Path) -> Outcome:
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
 
 
-def read_outcomes(report: Path, tests: Path) -> dict[str, str]:
-    """test -> outcome of one pytest run, read the way scripts/testrun reads them."""
-    reader = getattr(runner, "read_outcomes", None) or runner.read_junit
-    return reader(report, tests)
+def read_outcomes(report: Path) -> dict[str, str]:
+    """test -> outcome of one pytest run, from the outcome file of scripts/testrun's plugin."""
+    return testrun_outcomes.read_outcomes(report)[0]
 
 
-def judge_gpu_step(report: Path, tests: Path, final: bool, allow_skips: bool = False) -> Judge:
+def judge_gpu_step(report: Path, final: bool, allow_skips: bool = False) -> Judge:
     """A GPU stage passes when every test passed or failed as expected (strict xfail)."""
 
     def judge(rc: int, _log: Path) -> tuple[bool, str]:
         if not report.is_file():
             return False, f"FAIL: no test report (pytest exit {rc})"
-        outcomes = list(read_outcomes(report, tests).values())
+        outcomes = list(read_outcomes(report).values())
         counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
-        good = counts.get(runner.PASS, 0)
+        good = counts.get(testrun_outcomes.PASS, 0)
         text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
-        bad = len(outcomes) - good - counts.get(runner.EXPECTED_FAIL, 0)
-        skipped = counts.get(runner.SKIP, 0)
+        bad = len(outcomes) - good - counts.get(testrun_outcomes.EXPECTED_FAIL, 0)
+        skipped = counts.get(testrun_outcomes.SKIP, 0)
         if rc != 0 or bad - skipped:
             return False, f"FAIL: {text}"
         if skipped and not allow_skips:
@@ -225,14 +225,9 @@ def exit_code(outcomes: list[Outcome]) -> Exit:
 
 
 def summary_table(outcomes: list[Outcome]) -> str:
-    """stage | result | time, as a markdown table (scripts/patchset has no shared one yet)."""
-    rows = [("stage", "result", "time")]
-    rows += [(o.stage, o.result, f"{o.seconds:.1f} s") for o in outcomes]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-             for r in rows]  # fmt: skip
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    """stage | result | time, as a markdown table."""
+    rows = [(o.stage, o.result, f"{o.seconds:.1f} s") for o in outcomes]
+    return textout.table(("stage", "result", "time"), rows, markdown=True)
 
 
 def run_all(stages: list[Stage], reports: Path) -> Exit:

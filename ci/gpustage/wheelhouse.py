@@ -2,7 +2,7 @@
 
 A CUDA image is assumed to hold its own torch and what torch needs (IMAGE_HOLDS).
 The wheelhouse holds the rest of the import closure of the modules under test
-(requirements/cpu.txt, less IMAGE_HOLDS and less NOT_IMPORTED), the test pins
+(the base's requirements/<env>.txt, less IMAGE_HOLDS and less NOT_IMPORTED), the test pins
 of ci/requirements-gpu-test.txt and the base's pinned sglang wheel, with a
 manifest of names, versions and sha256 (wheelhouse.json).
 """
@@ -22,9 +22,9 @@ from patchset import wheel as wheels
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, sha256_of
 from patchset.paths import PROJECT_ROOT
+from testrun import venv
 
 MANIFEST = "wheelhouse.json"
-CPU_CLOSURE = PROJECT_ROOT / "requirements" / "cpu.txt"
 TEST_PINS = PROJECT_ROOT / "ci" / "requirements-gpu-test.txt"
 LIMIT_BYTES = 60 * 1024 * 1024  # what may travel to the runner, with room to spare
 
@@ -44,7 +44,7 @@ NOT_IMPORTED = (
     "annotated-doc", "asttokens", "executing", "hf-xet", "ipython-pygments-lexers", "jedi",
     "jiter", "markdown-it-py", "matplotlib-inline", "mdurl", "parso", "pexpect",
     "prompt-toolkit", "ptyprocess", "pure-eval", "shellingham", "stack-data", "truststore",
-    "typer", "wcwidth",
+    "typer", "wcwidth", "ruff",
 )  # fmt: skip
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
@@ -54,22 +54,26 @@ def canonical(name: str) -> str:
 
 
 def read_pins(path: Path) -> dict[str, str]:
-    """name -> version of the `name==version` lines of a requirements file."""
+    """name -> version of the `name==version` lines of a requirements file (hashes skipped)."""
     pins: dict[str, str] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            pins[name.strip()] = version.strip()
+        found = re.match(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s\\;]+)", line)
+        if found:
+            pins[found[1]] = found[2]
     return pins
 
 
-def wanted_pins() -> dict[str, str]:
+def closure_file(manifest: PinManifest) -> Path:
+    """The base's test environment: its CPU import closure, exactly pinned (requirements/)."""
+    return venv.env_for(manifest).requirements[0]
+
+
+def wanted_pins(manifest: PinManifest) -> dict[str, str]:
     """The packages the wheelhouse holds besides sglang, with their exact versions."""
     leave_out = {canonical(n) for n in (*IMAGE_HOLDS, *NOT_IMPORTED)}
     pins = {
         name: version
-        for name, version in read_pins(CPU_CLOSURE).items()
+        for name, version in read_pins(closure_file(manifest)).items()
         if canonical(name) not in leave_out and not canonical(name).startswith(IMAGE_PREFIXES)
     }
     pins.update(read_pins(TEST_PINS))
@@ -97,7 +101,7 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
             Exit.USAGE, f"--python-version {python_version!r} is not like 3.12", "pass e.g. 3.12"
         )
     out.mkdir(parents=True, exist_ok=True)
-    pins = wanted_pins()
+    pins = wanted_pins(manifest)
     with tempfile.TemporaryDirectory(dir=out, prefix=".download-") as tmp:
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), "utf-8")
@@ -126,7 +130,7 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Pat
     """wheelhouse.json for the wheels in out: the sglang wheel and one per wanted pin."""
     entries = [_entry(out / manifest.base.wheel)]
     by_name = {_dist_of(p.name)[0]: p for p in out.glob("*.whl")}
-    for name, version in wanted_pins().items():
+    for name, version in wanted_pins(manifest).items():
         path = by_name.get(canonical(name))
         if path is None or _dist_of(path.name)[1] != version:
             raise BackportError(
@@ -191,7 +195,7 @@ def load(folder: Path, manifest: PinManifest, check_hashes: bool = True) -> Whee
             f"pass --base {base}, or {again}",
         )
     have = {_dist_of(e.file)[0] for e in entries}
-    for name, version in wanted_pins().items():
+    for name, version in wanted_pins(manifest).items():
         if canonical(name) not in have:
             raise BackportError(
                 Exit.SETUP, f"the wheelhouse {folder} lacks the package {name}=={version}", again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -11,15 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import wheel as wheels
-from .buildtree import (
-    build_tree_path,
-    default_branch,
-    files_at,
-    pristine_tag,
-)
+from .buildtree import build_tree_path, default_branch, pristine_tag, read_blob
 from .errors import BackportError, Exit
 from .git import Git, open_checkout
+from .lock import DEFAULT_WAIT_S, deferred_signals, held
 from .manifest import BASE_STEP, PinManifest, Series, git_blob_id, release_key, step_of
+
+# The lock of a user's repository: a file in its git folder while a run holds it.
+LOCK_NAME = "sglang-backports.lock"
 
 
 def locate_step(
@@ -85,7 +85,7 @@ def _mismatch(
 @dataclass
 class ApplyReport:
     where: Path
-    branch: str
+    branch: str | None  # None: the checkout's HEAD already holds the series
     applied: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
 
@@ -95,7 +95,7 @@ class ApplyReport:
 
 
 def _blobs_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, str | None]:
-    return {path: git.blob_at(rev, path) for path in manifest.files}
+    return git.blobs_at(rev, manifest.files)
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
@@ -127,68 +127,164 @@ def _reader(files: dict[str, bytes | None]) -> Callable[[str], str | None]:
     return read
 
 
+def _head_reader(git: Git) -> Callable[[str], str | None]:
+    """Reads HEAD's files only when a refusal needs their text."""
+
+    def read(path: str) -> str | None:
+        data = read_blob(git, "HEAD", path)
+        return data.decode("utf-8", "replace") if data is not None else None
+
+    return read
+
+
 def _patches_after(series: Series, step: str) -> list[Path]:
     steps = series.manifest.steps
     done = steps.index(step)
     return series.patch_paths[done:]
 
 
-def _apply_on_new_branch(
-    git: Git, series: Series, start: str, branch: str, patches: list[Path]
-) -> list[str]:
-    """git am the patches on a new branch in a temporary worktree.
+# What this command leaves behind only when it is killed: temporary folders
+# named TEMP_PREFIX..., each holding a MARKER file that names the repository
+# it was made for. The next run on that repository removes them (leftovers).
+TEMP_PREFIX = "sglang-backports-apply-"
+MARKER = "made-by-sglang-backports"
+WORKTREE_NAME = "tree"
 
-    The caller's work tree, index and current branch are never touched. On any
-    failure the worktree and the branch are removed again and the error raised.
-    """
-    tmp = Path(tempfile.mkdtemp(prefix="sglang-backports-"))
-    tree = tmp / "tree"
-    applied: list[str] = []
-    git.run("worktree", "add", "--quiet", "-b", branch, str(tree), start)
-    work = Git(tree, owned=git.owned, extra_env=git.extra_env)
+
+def _temp_folder(parent: Path | None, owner: Path) -> Path:
+    # Made and marked in one go, so no folder of ours is ever without its marker.
+    with deferred_signals():
+        tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent))
+        (tmp / MARKER).write_text(f"{owner}\n", encoding="utf-8")
+    return tmp
+
+
+def _is_ours(folder: Path, owner: Path) -> bool:
+    """A temporary folder this command made for owner (a repository or build tree)."""
+    if not folder.name.startswith(TEMP_PREFIX):
+        return False
     try:
-        for patch in patches:
-            result = work.run("am", "--quiet", "--no-3way", str(patch), check=False)
-            if result.returncode != 0:
-                work.run("am", "--abort", check=False)
-                detail = (result.stdout + result.stderr).strip()
-                raise BackportError(
-                    Exit.APPLY_FAILED,
-                    f"patch {patch.name} did not apply:\n{detail}",
-                    "everything this run changed was rolled back; the base or the "
-                    "patch differs from what the manifest pins, so refresh the "
-                    "patch on the pristine base and run scripts/export-patches",
-                )
-            applied.append(patch.name)
-            expected = series.manifest.blobs_at(step_of(patch.name))
-            produced = _blobs_at(work, "HEAD", series.manifest)
-            if produced != expected:
-                wrong = [p for p in expected if produced[p] != expected[p]]
-                raise BackportError(
-                    Exit.APPLY_FAILED,
-                    f"patch {patch.name} applied, but produced other content than "
-                    f"the manifest pins for: {', '.join(wrong)}",
-                    "everything this run changed was rolled back; regenerate the "
-                    "manifest with scripts/export-patches",
-                )
-    except BaseException:
-        git.run("worktree", "remove", "--force", str(tree), check=False)
-        git.run("branch", "-D", branch, check=False)
-        raise
-    finally:
-        git.run("worktree", "remove", "--force", str(tree), check=False)
-        git.run("worktree", "prune", check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
+        return (folder / MARKER).read_text(encoding="utf-8").strip() == str(owner)
+    except OSError:
+        return False
+
+
+def _remove_folder(folder: Path) -> None:
+    with deferred_signals():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _am_series(work: Git, series: Series, patches: list[Path]) -> list[str]:
+    """git am each patch onto work's HEAD, checking the files after each one."""
+    applied: list[str] = []
+    for patch in patches:
+        result = work.run("am", "--quiet", "--no-3way", str(patch), check=False)
+        if result.returncode != 0:
+            work.run("am", "--abort", check=False)
+            detail = (result.stdout + result.stderr).strip()
+            raise BackportError(
+                Exit.APPLY_FAILED,
+                f"patch {patch.name} did not apply:\n{detail}",
+                "everything this run changed was rolled back; the base or the "
+                "patch differs from what the manifest pins, so refresh the "
+                "patch on the pristine base and run scripts/export-patches",
+            )
+        applied.append(patch.name)
+        expected = series.manifest.blobs_at(step_of(patch.name))
+        produced = _blobs_at(work, "HEAD", series.manifest)
+        if produced != expected:
+            wrong = [p for p in expected if produced[p] != expected[p]]
+            raise BackportError(
+                Exit.APPLY_FAILED,
+                f"patch {patch.name} applied, but produced other content than "
+                f"the manifest pins for: {', '.join(wrong)}",
+                "everything this run changed was rolled back; regenerate the "
+                "manifest with scripts/export-patches",
+            )
     return applied
 
 
-def apply_to_checkout(git: Git, series: Series, branch: str, where: Path) -> ApplyReport:
+def _apply_on_new_branch(
+    git: Git, series: Series, branch: str, patches: list[Path], temp_parent: Path | None
+) -> list[str]:
+    """git am the patches in a temporary detached worktree, then create the branch.
+
+    The caller's work tree, index and current branch are never touched. The
+    branch is created last, in one step, only when every patch applied; until
+    then the repository gains nothing but the worktree, which is removed again
+    whatever happens (and by the next run if this one is killed).
+    """
+    owner = git.common_dir
+    tmp = _temp_folder(temp_parent, owner)
+    tree = tmp / WORKTREE_NAME
+    try:
+        git.run("worktree", "add", "--quiet", "--detach", str(tree), "HEAD")
+        work = Git(tree, owned=git.owned, extra_env=git.extra_env)
+        applied = _am_series(work, series, patches)
+        # An empty old value: refuse to overwrite a branch made meanwhile.
+        git.run("update-ref", f"refs/heads/{branch}", work.out("rev-parse", "HEAD"), "")
+        return applied
+    finally:
+        with deferred_signals():
+            git.run("worktree", "remove", "--force", "--force", str(tree), check=False)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
+    """Remove what a killed run of this command left in git's repository.
+
+    Only worktrees inside our marked temporary folders are touched, each by its
+    path; a worktree whose folder is gone loses just its record, and only when
+    that record points into a folder named as ours. Nothing is pruned.
+    """
+    owner = git.common_dir
+    parent = temp_parent or Path(tempfile.gettempdir())
+    removed: list[Path] = []
+    listing = git.run("worktree", "list", "--porcelain", "-z").stdout
+    for entry in listing.split("\0\0"):
+        line = entry.split("\0", 1)[0]
+        if not line.startswith("worktree "):
+            continue
+        tree = Path(line[len("worktree ") :])
+        folder = tree.parent
+        if tree.name != WORKTREE_NAME or not folder.name.startswith(TEMP_PREFIX):
+            continue
+        if folder.exists():
+            if not _is_ours(folder, owner):
+                continue
+            git.run("worktree", "remove", "--force", "--force", str(tree), check=False)
+        else:
+            _forget_worktree(owner, tree)
+        removed.append(folder)
+    for folder in parent.glob(TEMP_PREFIX + "*"):
+        if _is_ours(folder, owner):
+            removed.append(folder)
+    for folder in removed:
+        _remove_folder(folder)
+    return removed
+
+
+def _forget_worktree(common: Path, tree: Path) -> None:
+    """Drop the record of our worktree whose folder is already gone."""
+    records = common / "worktrees"
+    for record in records.iterdir() if records.is_dir() else []:
+        try:
+            gitdir = (record / "gitdir").read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if Path(gitdir) == tree / ".git":
+            _remove_folder(record)
+
+
+def apply_to_checkout(
+    git: Git, series: Series, branch: str, where: Path, temp_parent: Path | None = None
+) -> ApplyReport:
     """Apply what is missing of the series to HEAD of git, on a new branch."""
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
         tip = f"refs/heads/{branch}"
-        if _blobs_at(git, tip, manifest) == manifest.blobs_at(manifest.steps[-1]):
+        if _blobs_at(git, tip, manifest) == manifest.blobs_at(manifest.final_step):
             report.already = list(series.patch_names)
             return report
         if git.owned:
@@ -206,56 +302,82 @@ def apply_to_checkout(git: Git, series: Series, branch: str, where: Path) -> App
             f"branch {branch} already exists in {where} and does not hold the patched files",
             next_step,
         )
-    state = locate_step(
-        manifest,
-        _blobs_at(git, "HEAD", manifest),
-        _reader(files_at(git, "HEAD", manifest)),
-        str(where),
-    )
+    state = locate_step(manifest, _blobs_at(git, "HEAD", manifest), _head_reader(git), str(where))
     patches = _patches_after(series, state)
     report.already = [p for p in series.patch_names if p not in {x.name for x in patches}]
     if not patches:
+        report.branch = None
         return report
     if not git.owned and not git.run("config", "user.email", check=False).stdout.strip():
         git.extra_env.update(
             GIT_COMMITTER_NAME="sglang-backports",
             GIT_COMMITTER_EMAIL="sglang-backports@localhost",
         )
-    report.applied = _apply_on_new_branch(git, series, "HEAD", branch, patches)
+    report.applied = _apply_on_new_branch(git, series, branch, patches, temp_parent)
     return report
 
 
-def apply_to_user_checkout(series: Series, path: Path, branch: str | None) -> ApplyReport:
+def apply_to_user_checkout(
+    series: Series, path: Path, branch: str | None, wait_s: float = DEFAULT_WAIT_S
+) -> ApplyReport:
     series.verify()
     git = open_checkout(path)
-    _refuse_unclean(git, path)
-    return apply_to_checkout(git, series, branch or default_branch(series.manifest), path)
+    with held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
+        remove_leftovers(git, None)
+        _refuse_unclean(git, path)
+        return apply_to_checkout(git, series, branch or default_branch(series.manifest), path)
 
 
 def _lay_out_wheel(series: Series, repo: Path, cache: Path) -> None:
     manifest = series.manifest
     wheel = wheels.fetch_wheel(manifest.base, cache)
-    repo.mkdir(parents=True)
+    repo.mkdir()
     wheels.extract_package(wheel, repo)
     git = Git(repo, owned=True)
     git.run("init", "--quiet", "--initial-branch=upstream")
     git.run("add", "--all")
     git.run(
-        "commit", "--quiet", "-m",
+        "commit", "--quiet", "--no-verify", "-m",
         f"sglang {manifest.base.version}, laid out from {manifest.base.wheel}\n\n"
         f"sha256 {manifest.base.sha256}; the wheel's sglang/ is python/sglang/.",
     )  # fmt: skip
     git.run("tag", pristine_tag(manifest))
 
 
-def apply_to_build_tree(series: Series, build: Path, cache: Path) -> ApplyReport:
+def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
+    """Make the patched build tree in a marked sibling folder, then rename it into place."""
+    tmp = _temp_folder(repo.parent, repo)
+    try:
+        aside = tmp / repo.name
+        _lay_out_wheel(series, aside, cache)
+        git = Git(aside, owned=True)
+        branch = default_branch(series.manifest)
+        git.run("switch", "--quiet", "--create", branch)
+        report = ApplyReport(where=repo, branch=branch)
+        report.applied = _am_series(git, series, series.patch_paths)
+        # One rename on one file system: a reader sees no tree or the whole one.
+        os.rename(aside, repo)
+        return report
+    finally:
+        _remove_folder(tmp)
+
+
+def apply_to_build_tree(
+    series: Series, build: Path, cache: Path, wait_s: float = DEFAULT_WAIT_S
+) -> ApplyReport:
     """The default: a git tree from the pinned wheel in the build folder, patched."""
     series.verify()
     repo = build_tree_path(series, build)
-    created = not repo.exists()
-    try:
-        if created:
-            _lay_out_wheel(series, repo, cache)
+    if not repo.exists():
+        # Fetched before anything is made: a wheel that cannot be had leaves no trace.
+        wheels.fetch_wheel(series.manifest.base, cache)
+    build.mkdir(parents=True, exist_ok=True)
+    with held(build / f".{repo.name}.lock", f"the build tree {repo}", wait_s):
+        for folder in build.glob(TEMP_PREFIX + "*"):
+            if _is_ours(folder, repo) or (folder.is_dir() and not any(folder.iterdir())):
+                _remove_folder(folder)
+        if not repo.exists():
+            return _build_aside(series, repo, cache)
         git = Git(repo, owned=True)
         if git.rev("HEAD") is None or git.rev(pristine_tag(series.manifest)) is None:
             raise BackportError(
@@ -263,16 +385,13 @@ def apply_to_build_tree(series: Series, build: Path, cache: Path) -> ApplyReport
                 f"{repo} exists but is not a tree this command made",
                 "move it aside or delete it (it is generated) and run again",
             )
+        remove_leftovers(git, build)
         _refuse_unclean(git, repo)
         branch = default_branch(series.manifest)
-        report = apply_to_checkout(git, series, branch, repo)
-        if git.current_branch() != branch:
+        report = apply_to_checkout(git, series, branch, repo, temp_parent=build)
+        if report.branch and git.current_branch() != branch:
             git.run("checkout", "--quiet", branch)
         return report
-    except BaseException:
-        if created:
-            shutil.rmtree(repo, ignore_errors=True)
-        raise
 
 
 @contextmanager

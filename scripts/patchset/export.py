@@ -46,9 +46,12 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
             "run scripts/apply-patches first",
         )
     out.mkdir(parents=True, exist_ok=True)
+    # A base that already carries fix A starts its series at 0002, so that a
+    # step number names the same fix on every base; keep the series' numbers.
+    first = step_of(series.patch_names[0]) if series.patch_names else "0001"
     listing = git.out(
-        "format-patch", *FORMAT_PATCH_FLAGS, "-o", str(out),
-        f"{pristine_tag(manifest)}..{branch}",
+        "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={int(first)}",
+        "-o", str(out), f"{pristine_tag(manifest)}..{branch}",
     )  # fmt: skip
     names = [Path(line).name for line in listing.splitlines() if line.strip()]
     revs = series_commits(git, manifest)

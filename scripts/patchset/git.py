@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .errors import BackportError, Exit
+from .lock import deferred_signals, held_fds
 
 # Identity for commits in repositories this project owns (the build tree).
 PROJECT_IDENTITY = {
@@ -16,6 +18,20 @@ PROJECT_IDENTITY = {
     "GIT_COMMITTER_NAME": "sglang-backports",
     "GIT_COMMITTER_EMAIL": "sglang-backports@localhost",
 }
+
+# Set on every git command: no hook or signing program of the user's runs inside
+# our commands, and no setting of theirs changes what `git am` applies.
+SAFE_CONFIG = [
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "core.autocrlf=false",
+    "commit.gpgsign=false",
+    "tag.gpgsign=false",
+    "am.threeWay=false",
+    "am.keepcr=false",
+    "am.messageId=false",
+    "apply.whitespace=warn",
+]
 
 
 class GitError(RuntimeError):
@@ -50,13 +66,25 @@ class Git:
         return env
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            ["git", *args],
-            cwd=self.cwd,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-        )
+        config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
+        try:
+            # A git cut off half-way can leave a lock file in the repository:
+            # an interruption waits for it to end.
+            with deferred_signals():
+                result = subprocess.run(
+                    ["git", *config, *args],
+                    cwd=self.cwd,
+                    env=self.env(),
+                    capture_output=True,
+                    text=True,
+                    pass_fds=held_fds(),
+                )
+        except FileNotFoundError as err:
+            if not Path(self.cwd).is_dir():
+                raise
+            raise BackportError(
+                Exit.ENVIRONMENT, "git is not installed (not found on PATH)", "install git"
+            ) from err
         if check and result.returncode != 0:
             raise GitError(list(args), result)
         return result
@@ -70,6 +98,21 @@ class Git:
 
     def blob_at(self, rev: str, path: str) -> str | None:
         return self.rev(f"{rev}:{path}")
+
+    def blobs_at(self, rev: str, paths: list[str]) -> dict[str, str | None]:
+        """Blob id of each path at rev (None where rev lacks it), in one git call."""
+        listing = self.run("ls-tree", "-r", "-z", "--full-tree", rev, "--", *paths).stdout
+        found = {}
+        for entry in listing.split("\0"):
+            if entry:
+                meta, path = entry.split("\t", 1)
+                found[path] = meta.split()[2]
+        return {path: found.get(path) for path in paths}
+
+    @cached_property
+    def common_dir(self) -> Path:
+        """The repository's own git folder, shared by all its worktrees."""
+        return Path(self.out("rev-parse", "--path-format=absolute", "--git-common-dir"))
 
     def branch_exists(self, branch: str) -> bool:
         return self.rev(f"refs/heads/{branch}") is not None

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .deploy import label_problems
 from .errors import BackportError
 from .manifest import (
     MANIFEST_NAME,
@@ -22,7 +23,7 @@ from .manifest import (
     sha256_of,
     step_of,
 )
-from .patchfile import Patch, parse_patch
+from .patchfile import Patch, line_naming, parse_patch, touched_paths
 
 # Yocto's list; the patch set uses the word only, or the word and "[detail]".
 UPSTREAM_STATUSES = (
@@ -49,6 +50,7 @@ RULES = {
     "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values",
     "whitespace": "no trailing whitespace on added lines",
     "final-newline": "every file of the patch set, and every patched file, ends with a newline",
+    "build-wheel": "[build-wheel] local is a PEP 440 local label; series-sha256 is the series'",
     "nothing-checked": "the run checked at least one patch with a diff",
 }
 
@@ -236,18 +238,20 @@ def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> 
 
 def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
     allowed = set(manifest.files)
-    for diff in patch.files:
-        report.checked["allow-list"] += 1
-        for path in {diff.old_path, diff.new_path} - {"/dev/null"}:
-            if path not in allowed:
-                report.add(
-                    patch.path,
-                    diff.diff_line,
-                    "allow-list",
-                    f"touches {path}, which is not one of the files this series "
-                    f"may change ({', '.join(sorted(allowed))}); add it to the "
-                    "manifest's [blobs] only if the fix really needs it",
-                )
+    touched, problem = touched_paths(patch.path)
+    report.checked["allow-list"] += 1
+    if problem:
+        report.add(patch.path, None, "allow-list", f"git cannot read this patch: {problem}")
+    for path in dict.fromkeys(touched):
+        if path not in allowed:
+            report.add(
+                patch.path,
+                line_naming(patch, path),
+                "allow-list",
+                f"touches {path}, which is not one of the files this series "
+                f"may change ({', '.join(sorted(allowed))}); add it to the "
+                "manifest's [blobs] only if the fix really needs it",
+            )
 
 
 def _check_description(report: LintReport, patch: Patch) -> None:
@@ -404,6 +408,9 @@ def lint_patch_set(folder: Path) -> LintReport:
             report.add(path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:
         _check_manifest(report, folder, manifest, entries, patches)
+        report.checked["build-wheel"] += 1
+        for problem in label_problems(manifest):
+            report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)
 
     if not patches or not report.checked["whitespace"]:
         report.add(

@@ -6,9 +6,14 @@ each part sits, so that a problem can be reported as file:line.
 
 from __future__ import annotations
 
+import email.policy
 import re
+import tempfile
 from dataclasses import dataclass, field
+from email.parser import HeaderParser
 from pathlib import Path
+
+from .git import Git
 
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -28,7 +33,6 @@ class PatchLine:
 
 @dataclass
 class Hunk:
-    header_line: int
     lines: list[PatchLine] = field(default_factory=list)
 
 
@@ -126,19 +130,22 @@ def parse_patch(path: Path) -> Patch:
     if lines and lines[-1] == "":
         lines.pop()
 
-    subject: str | None = None
-    subject_line: int | None = None
-    i = 0
-    # Mail headers end at the first blank line; a Subject may be folded.
+    # Mail headers end at the first blank line (after the mbox "From " line);
+    # the email package unfolds them and decodes RFC 2047 words (=?UTF-8?q?...?=).
+    i = 1 if lines and lines[0].startswith("From ") else 0
+    header_start = i
     while i < len(lines) and lines[i].strip():
-        if lines[i].startswith("Subject:"):
-            subject = lines[i][len("Subject:") :].strip()
-            subject_line = i + 1
-            while i + 1 < len(lines) and lines[i + 1].startswith((" ", "\t")):
-                i += 1
-                subject += " " + lines[i].strip()
         i += 1
     message_start = i
+    headers = HeaderParser(policy=email.policy.default).parsestr(
+        "\n".join(lines[header_start:message_start]) + "\n\n"
+    )
+    raw_subject = headers.get("Subject")
+    subject = " ".join(str(raw_subject).split()) if raw_subject is not None else None
+    subject_line = next(
+        (n + 1 for n in range(header_start, message_start) if lines[n].startswith("Subject:")),
+        None,
+    )
 
     # The message ends at the '---' before the diffstat, or at the first diff.
     message_end = len(lines)
@@ -210,7 +217,7 @@ def parse_patch(path: Path) -> Patch:
             old_no, new_no = int(header[1]), int(header[3])
             old_left = int(header[2]) if header[2] is not None else 1
             new_left = int(header[4]) if header[4] is not None else 1
-            hunk = Hunk(number)
+            hunk = Hunk()
             current.hunks.append(hunk)
             last_kind = ""
     return Patch(
@@ -223,3 +230,42 @@ def parse_patch(path: Path) -> Patch:
         trailers=trailers,
         files=files,
     )
+
+
+def touched_paths(path: Path) -> tuple[list[str], str]:
+    """The files a patch changes as git itself reads it, or ([], why git could not).
+
+    Our parser above follows `diff --git` sections; git also applies a plain
+    ---/+++ diff, so the set of touched files is taken from `git apply
+    --numstat`, run in an empty folder (it only reads the patch).
+    """
+    with tempfile.TemporaryDirectory(prefix="sglang-backports-numstat-") as scratch:
+        # A missing final newline has a lint rule of its own; git would call it corrupt.
+        copy = Path(scratch) / "patch"
+        data = path.read_bytes()
+        copy.write_bytes(data if data.endswith(b"\n") else data + b"\n")
+        result = Git(Path(scratch), owned=True).run(
+            "apply", "--numstat", "-z", str(copy), check=False
+        )
+    if result.returncode != 0:
+        return [], result.stderr.strip()
+    # Records are "added<TAB>deleted<TAB>path" or, for a rename, the same with an
+    # empty path followed by the old and the new path as fields of their own.
+    fields = iter(result.stdout.split("\0"))
+    paths: list[str] = []
+    for record in fields:
+        if not record:
+            continue
+        name = record.split("\t", 2)[2]
+        paths += [name] if name else [next(fields, ""), next(fields, "")]
+    return [p for p in paths if p], ""
+
+
+def line_naming(patch: Patch, file: str) -> int | None:
+    """The first diff header line of the patch that names file."""
+    for number, line in enumerate(patch.text.split("\n"), 1):
+        if line.startswith(("diff --git ", "--- ", "+++ ")) and (
+            line.endswith("/" + file) or line.endswith(" " + file)
+        ):
+            return number
+    return None

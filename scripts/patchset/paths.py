@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import BackportError, Exit
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PATCHES_ROOT = PROJECT_ROOT / "patches"
 DEFAULT_BASE = "0.5.15.post1"
@@ -21,5 +23,13 @@ def cache_dir() -> Path:
     override = os.environ.get("SGLANG_BACKPORTS_CACHE")
     if override:
         return Path(override)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "sglang-backports"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "sglang-backports"
+    if not os.environ.get("HOME"):
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            "HOME is not set, so there is no cache folder for the sglang wheel",
+            "set HOME, or SGLANG_BACKPORTS_CACHE to a writable folder, and run again",
+        )
+    return Path(os.environ["HOME"]) / ".cache" / "sglang-backports"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,6 +10,7 @@ from pathlib import Path
 
 from .errors import BackportError, Exit
 from .manifest import WheelPin, sha256_of
+from .textout import progress
 
 PACKAGE_PREFIX = "sglang/"
 # The wheel holds the repository's python/sglang/ tree as sglang/.
@@ -49,9 +49,17 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
         _check_hash(cached, pin, "cached")
         return cached
     cache.mkdir(parents=True, exist_ok=True)
+    progress(f"downloading {pin.wheel} with pip into {cache}")
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         result = _pip_download(pin, Path(tmp))
         downloaded = Path(tmp) / pin.wheel
+        if "No module named pip" in result.stderr:
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                f"{sys.executable} has no pip, which downloads {pin.wheel}",
+                f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
+                f"into {cache} by hand, and run again",
+            )
         if result.returncode != 0 or not downloaded.is_file():
             detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise BackportError(
@@ -73,14 +81,17 @@ def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
 
 
 def extract_package(wheel: Path, dest: Path) -> Path:
-    """Lay the wheel's sglang/ tree out as dest/python/sglang/; returns dest/python."""
+    """Lay the wheel's sglang/ tree out as dest/python/sglang/; returns dest/python.
+
+    ZipFile.extractall keeps every member inside the target (it drops `..` and
+    absolute parts of a name), so a hostile wheel cannot write elsewhere.
+    """
     target = dest / REPO_PREFIX
     with zipfile.ZipFile(wheel) as archive:
-        for member in archive.infolist():
-            if not member.filename.startswith(PACKAGE_PREFIX) or member.is_dir():
-                continue
-            out = target / member.filename
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with archive.open(member) as src, out.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
+        members = [
+            m
+            for m in archive.infolist()
+            if m.filename.startswith(PACKAGE_PREFIX) and not m.is_dir()
+        ]
+        archive.extractall(target, members=members)
     return target

@@ -1,4 +1,4 @@
-"""scripts/race-check: run the scenarios on step trees or a given tree, print table and races."""
+"""scripts/race-check: run the scenarios on step trees or given trees, print table and races."""
 
 from __future__ import annotations
 
@@ -11,27 +11,20 @@ import sys
 import tempfile
 import textwrap
 import time
-import traceback
 from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from . import report
+from patchset import buildtree, cli, paths
+from patchset.errors import BackportError, Exit
+from patchset.manifest import Series
+
+from . import report, writers
+from .catalogue import PLAYS, SCENARIOS
+from .csan import torch_text
 from .races import Race
 
 SCRIPTS = Path(__file__).resolve().parents[1]
-TREE_LABEL = "tree"
-
-
-class Exit(IntEnum):
-    OK = 0
-    INTERNAL = 1
-    USAGE = 2
-    RACE = 15
-    ENVIRONMENT = 16
-    SCENARIO = 17
-
 
 DESCRIPTION = """\
 Prove on the CPU, from the real sglang code, which stream races in the
@@ -39,281 +32,283 @@ PD-decode prebuilt path each step of the patch series closes.
 
 Simulated CUDA streams and events feed the vector clocks of PyTorch's CUDA
 sanitizer; every aten read and write of a FutureMap relay buffer is checked
-row by row. Three scenarios run through the tree's own FutureMap,
-build_eagle_disagg_draft_input and get_new_prebuilt_batch:
+row by row. The scenarios run through the tree's own FutureMap,
+build_eagle_disagg_draft_input, get_new_prebuilt_batch and (L*)
+Scheduler._apply_war_barrier:
 {scenarios}
 
-Default: step 0002 (the patched tree) of the build tree. Each tree runs in its
-own process (one sglang per process), forked after the heavy third-party
-imports, all of them at once.
+Default: the final step of the series (the patched tree) in the build tree.
+Each tree runs in its own process (one sglang per process), forked after the
+heavy third-party imports, all of them at once. The expected table is the
+[races] table of the patch set's pin.toml.
+
+--writers lists, from the source (ast), every call that writes FutureMap
+rows, with the stream it runs on and the ordering that covers it, as the
+[writers] table of pin.toml classifies it; a writer the table does not
+classify fails.
 """
 
-EPILOG = f"""\
+EPILOG = """\
 verdict:
-  --tree DIR, --step 0002 (default)  any race fails
-  --step base|0001                   the step's column must equal the expected table
-  --step all                         the whole table must equal the expected table
-
-exit codes:
-   0  no race (patched or given tree), or the measured table is the expected one
-   1  internal error (a bug in this tool)
-   2  bad command-line usage
-  {Exit.RACE}  a race in the patched or given tree, or the table differs from the expected one
-  {Exit.ENVIRONMENT}  no usable environment: no python with torch, torch or its sanitizer
-      not as pinned, no build tree, or a tree without python/sglang
-  {Exit.SCENARIO}  a scenario could not run on the tree (import failed or the sglang API differs)
+  --tree DIR, --step FINAL (default)  the column of the final step (no race)
+  --step STEP                         that step's column of the expected table
+  --step all                          the whole expected table
 """
 
-
-class Refusal(Exception):
-    def __init__(self, code: Exit, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+CODES = (Exit.RACE, Exit.SCENARIO, Exit.PATCHSET_INVALID)
+WORDING = {
+    Exit.OK: "the measured table is the expected one (no race in a patched or given "
+    "tree); --writers: every writer is classified",
+    Exit.RACE: "a race in the patched or given tree, or the table differs from the "
+    "expected one; --writers: a writer the table does not classify",
+    Exit.ENVIRONMENT: "no usable environment: no python with torch, a torch whose "
+    "private sanitizer API changed shape, no build tree, or a tree without python/sglang",
+    Exit.PATCHSET_INVALID: "the patch set's pin.toml lacks the [races] or [writers] table "
+    "or holds a wrong entry there",
+}
 
 
 @dataclass
 class TreeRun:
-    label: str  # a step name or TREE_LABEL
+    label: str  # the column: a step label, or "tree" (numbered when several)
+    step: str  # the step whose expected column judges it
     tree: Path
     races: dict[str, list[Race]] = field(default_factory=dict)
+    torch: str = ""
+    barrier: str = ""
     import_s: float = 0.0
     run_s: float = 0.0
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="race-check",
-        description=DESCRIPTION.format(
-            scenarios="\n".join(
-                textwrap.fill(text, 78, initial_indent=f"  {name}  ", subsequent_indent=" " * 6)
-                for name, text in report.SCENARIO_TEXT.items()
-            )
-        ),
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def _patch_set(argv: list[str] | None) -> Series:
+    """The series named by --patch-set (read before the full parser: its steps are choices)."""
+    early = argparse.ArgumentParser(add_help=False)
+    cli.add_patch_set(early)
+    known, _ = early.parse_known_args(argv)
+    return Series.load(known.patch_set)
+
+
+def parse_args(argv: list[str] | None, series: Series) -> argparse.Namespace:
+    steps = series.manifest.steps
+    scenario_text = "\n".join(
+        textwrap.fill(play.text, 78, initial_indent=f"  {play.name:<4} ", subsequent_indent=" " * 7)
+        for play in PLAYS
+    )
+    p = cli.parser(
+        "race-check",
+        DESCRIPTION.format(scenarios=scenario_text),
+        CODES,
+        WORDING,
+        EPILOG,
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--step",
-        choices=[*report.STEPS, "all"],
-        help="a step of the series in the build tree, or all of them (default: 0002)",
+        choices=[*steps, "all"],
+        help=f"a step of the series in the build tree, or all of them (default: {steps[-1]})",
     )
-    which.add_argument("--tree", type=Path, metavar="DIR", help="a folder holding python/sglang")
+    which.add_argument(
+        "--tree",
+        type=cli.absolute_path,
+        action="append",
+        metavar="DIR",
+        help="a folder holding python/sglang, judged as the final step (repeatable)",
+    )
+    p.add_argument(
+        "--writers",
+        action="store_true",
+        help="list every FutureMap writer of the tree (static scan) instead of racing",
+    )
     p.add_argument(
         "--python",
-        type=Path,
+        type=cli.absolute_path,
         metavar="PATH",
         help="interpreter with torch and sglang's import closure (default: this one if it "
         "has torch, else build/venv/bin/python)",
     )
+    cli.add_patch_set(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except Refusal as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception:
-        traceback.print_exc()
-        print("error: internal error in race-check (the trace above)", file=sys.stderr)
-        return Exit.INTERNAL
-
-
-def run(args: argparse.Namespace) -> int:
+    series = _patch_set(argv)
+    args = parse_args(argv, series)
+    manifest = series.manifest
+    if args.writers:
+        if args.tree and len(args.tree) > 1:
+            raise BackportError(Exit.USAGE, "--writers takes one --tree", "name one tree")
+        tree = check_tree(args.tree[0]) if args.tree else step_trees(series)[manifest.final_step]
+        return writers.main(tree, manifest)
+    expected = report.expected_table(manifest, SCENARIOS)
     python = choose_python(args.python)
-    if args.tree is not None:
-        trees = {TREE_LABEL: check_tree(args.tree)}
+    runs: list[TreeRun]
+    if args.tree:
+        several = len(args.tree) > 1
+        runs = [
+            TreeRun(f"tree {n}" if several else "tree", manifest.final_step, check_tree(tree))
+            for n, tree in enumerate(args.tree, 1)
+        ]
     else:
-        step = args.step or "0002"
-        all_trees = step_trees()
-        trees = all_trees if step == "all" else {step: all_trees[step]}
+        step = args.step or manifest.final_step
+        trees = step_trees(series)
+        chosen = manifest.steps if step == "all" else [step]
+        runs = [TreeRun(report.step_label(s), s, trees[s]) for s in chosen]
     started = time.perf_counter()
-    runs, preload_s = run_trees(python, trees)
+    preload_s = run_trees(python, runs)
     wall = time.perf_counter() - started
 
-    labels = list(trees)
-    print(grid_text(runs, labels))
+    print(grid_text(runs, expected))
     print()
     for tree_run in runs:
         print_races(tree_run)
+    print(f"ran on {torch_text(runs[0].torch)}; WAR barrier {runs[0].barrier}")
     print(
         f"timings: third-party imports {preload_s:.1f} s (once); "
         + "; ".join(
-            f"{report.step_label(r.label) if r.label != TREE_LABEL else r.label} "
-            f"sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s"
-            for r in runs
+            f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
         )
         + f"; wall {wall:.1f} s"
     )
-    return verdict(runs)
+    return verdict(runs, expected, manifest.final_step)
 
 
 def choose_python(explicit: Path | None) -> Path:
     if explicit is not None:
         if not explicit.is_file():
-            raise Refusal(Exit.ENVIRONMENT, f"--python {explicit}: no such file")
-        return explicit.absolute()
+            raise BackportError(
+                Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
+            )
+        return explicit
     if importlib.util.find_spec("torch") is not None:
         return Path(sys.executable)
-    venv = build_dir() / "venv" / "bin" / "python"
+    venv = paths.build_dir() / "venv" / "bin" / "python"
     if venv.is_file():
         return venv
-    raise Refusal(
+    raise BackportError(
         Exit.ENVIRONMENT,
-        f"torch is not importable with {sys.executable} and there is no {venv}.\n"
-        "next step: run scripts/run-tests once (it makes build/venv with the pinned "
-        "requirements), or pass --python PATH",
+        f"torch is not importable with {sys.executable} and there is no {venv}",
+        "run scripts/run-tests once (it makes build/venv with the pinned requirements), "
+        "or pass --python PATH",
     )
-
-
-def build_dir() -> Path:
-    sys.path.insert(0, str(SCRIPTS))
-    from patchset import paths
-
-    return paths.build_dir()
 
 
 def check_tree(tree: Path) -> Path:
     tree = tree.resolve()
     if not (tree / "python" / "sglang" / "__init__.py").is_file():
-        raise Refusal(
+        raise BackportError(
             Exit.ENVIRONMENT,
-            f"--tree {tree} holds no python/sglang/__init__.py; pass the folder that "
-            "contains python/sglang (an sglang checkout, or build/steps/<step>)",
+            f"--tree {tree} holds no python/sglang/__init__.py",
+            "pass the folder that contains python/sglang (an sglang checkout, or "
+            "build/steps/<version>/<step>)",
         )
     return tree
 
 
-def step_trees() -> dict[str, Path]:
+def step_trees(series: Series) -> dict[str, Path]:
     """The build tree's step trees, laid out (as git worktrees) if needed."""
-    sys.path.insert(0, str(SCRIPTS))
-    from patchset import buildtree, paths
-    from patchset.errors import BackportError
-    from patchset.manifest import Series
-
-    try:
-        series = Series.load(paths.DEFAULT_PATCH_DIR)
-        build = paths.build_dir()
-        if not buildtree.build_tree_path(series, build).is_dir():
-            raise Refusal(
-                Exit.ENVIRONMENT,
-                f"there is no build tree in {build}.\nnext step: run scripts/apply-patches "
-                "(or scripts/run-tests), or pass --tree DIR",
-            )
-        trees = buildtree.step_trees(series, build)
-    except BackportError as err:
-        raise Refusal(Exit.ENVIRONMENT, f"the step trees cannot be laid out: {err}") from None
-    missing = [s for s in report.STEPS if s not in trees]
-    if missing:
-        raise Refusal(Exit.ENVIRONMENT, f"the series has no step {', '.join(missing)}")
-    return {step: trees[step] for step in report.STEPS}
+    build = paths.build_dir()
+    if not buildtree.build_tree_path(series, build).is_dir():
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"there is no build tree in {build}",
+            "run scripts/apply-patches (or scripts/run-tests), or pass --tree DIR",
+        )
+    return buildtree.step_trees(series, build)
 
 
-def run_trees(python: Path, trees: dict[str, Path]) -> tuple[list[TreeRun], float]:
-    """Every tree's scenarios (see racecheck.worker), and the time spent preloading."""
+def run_trees(python: Path, runs: list[TreeRun]) -> float:
+    """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading."""
+    for tree_run in runs:
+        print(f"race-check: {len(SCENARIOS)} scenarios on {tree_run.label} ({tree_run.tree})")
+    sys.stdout.flush()
     with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
         proc = subprocess.run(
-            [str(python), "-m", "racecheck.worker", tmp, *map(str, trees.values())],
+            [str(python), "-m", "racecheck.worker", tmp, *(str(r.tree) for r in runs)],
             cwd=SCRIPTS,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        outs = [Path(tmp) / f"{n}.json" for n in range(len(trees))]
+        outs = [Path(tmp) / f"{n}.json" for n in range(len(runs))]
         if proc.returncode != 0 or not all(out.is_file() for out in outs):
             tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
-            raise Refusal(
+            raise BackportError(
                 Exit.ENVIRONMENT,
                 f"the checker process ({python}) failed (exit {proc.returncode}):\n{tail}",
+                "check that this interpreter imports torch, or pass --python PATH",
             )
         preload = Path(tmp) / "preload.json"
         preload_s = json.loads(preload.read_text())["preload_s"] if preload.is_file() else 0.0
-        runs = [
-            _tree_run(label, tree, json.loads(out.read_text()))
-            for (label, tree), out in zip(trees.items(), outs, strict=True)
-        ]
-    return runs, preload_s
+        for tree_run, out in zip(runs, outs, strict=True):
+            _fill(tree_run, json.loads(out.read_text()))
+    return preload_s
 
 
-def _tree_run(label: str, tree: Path, result: dict[str, Any]) -> TreeRun:
-    where = f"{label} ({tree})"
+def _fill(tree_run: TreeRun, result: dict[str, Any]) -> None:
     if "error" in result:
-        code = {
-            "environment": Exit.ENVIRONMENT,
-            "scenario": Exit.SCENARIO,
-        }.get(result["kind"], Exit.INTERNAL)
-        hint = ""
-        if "ModuleNotFoundError" in result["error"]:
-            hint = (
-                "\nnext step: use an interpreter with sglang's import closure "
-                "(build/venv from scripts/run-tests, or --python PATH)"
-            )
-        raise Refusal(code, f"{where}: {result['error']}{hint}")
-    return TreeRun(
-        label,
-        tree,
-        {
-            name: [report.race_from_json(r) for r in races]
-            for name, races in result["races"].items()
-        },
-        result["import_s"],
-        result["run_s"],
-    )
+        code = Exit(result["code"])
+        if code == Exit.INTERNAL:
+            print(result["error"], file=sys.stderr)
+            raise RuntimeError(f"the checker failed on {tree_run.tree} (the trace above)")
+        raise BackportError(
+            code, f"{tree_run.label} ({tree_run.tree}): {result['error']}", result["next_step"]
+        )
+    tree_run.races = {
+        name: [report.race_from_json(r) for r in races] for name, races in result["races"].items()
+    }
+    tree_run.torch = result["torch"]
+    tree_run.barrier = result["barrier"]
+    tree_run.import_s = result["import_s"]
+    tree_run.run_s = result["run_s"]
 
 
-def grid_text(runs: list[TreeRun], labels: list[str]) -> str:
-    columns = [report.step_label(label) if label != TREE_LABEL else label for label in labels]
+def grid_text(runs: list[TreeRun], expected: report.Table) -> str:
     cells: dict[str, dict[str, str]] = {}
-    for name in report.SCENARIOS:
+    for name in SCENARIOS:
         row: dict[str, str] = {}
-        for tree_run, column in zip(runs, columns, strict=True):
+        for tree_run in runs:
             measured = report.cell_of(tree_run.races[name])
             text = report.describe(measured)
-            expected = report.EXPECTED[name].get(tree_run.label)
-            if expected is not None and expected != measured:
-                text = f"{text} [EXPECTED: {report.describe(expected)}]"
-            row[column] = text
+            if expected[name][tree_run.step] != measured:
+                text = f"{text} [EXPECTED: {report.describe(expected[name][tree_run.step])}]"
+            row[tree_run.label] = text
         cells[name] = row
-    return report.grid(columns, cells)
+    return report.grid([r.label for r in runs], cells)
 
 
 def print_races(tree_run: TreeRun) -> None:
     count = sum(len(races) for races in tree_run.races.values())
-    label = report.step_label(tree_run.label) if tree_run.label != TREE_LABEL else TREE_LABEL
     if not count:
-        print(f"{label}: no race\n")
+        print(f"{tree_run.label}: no race\n")
         return
-    print(f"{label}: {count} race{'s' if count != 1 else ''} ({tree_run.tree})")
+    print(f"{tree_run.label}: {count} race{'s' if count != 1 else ''} ({tree_run.tree})")
     for name, races in tree_run.races.items():
         for race in races:
             print(f"[{name}] " + report.race_text(race))
     print()
 
 
-def verdict(runs: list[TreeRun]) -> int:
-    if len(runs) == 1 and runs[0].label in (TREE_LABEL, "0002"):
-        only = runs[0]
-        count = sum(len(r) for r in only.races.values())
-        if count:
-            print(f"FAILED: {count} race(s) in the patched tree {only.tree}")
-            return Exit.RACE
-        print(f"ok: no race in {only.tree}")
-        return Exit.OK
+def verdict(runs: list[TreeRun], expected: report.Table, final: str) -> int:
     differ = [
-        f"{name} {report.step_label(r.label)}"
+        f"{name} {r.label}"
         for r in runs
-        for name in report.SCENARIOS
-        if report.cell_of(r.races[name]) != report.EXPECTED[name][r.label]
+        for name in SCENARIOS
+        if report.cell_of(r.races[name]) != expected[name][r.step]
     ]
+    final_clean = not any(expected[name][final] for name in SCENARIOS)
+    if final_clean and all(r.step == final for r in runs):
+        racy = [r for r in runs if any(r.races.values())]
+        for r in racy:
+            count = sum(len(races) for races in r.races.values())
+            print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
+        if racy:
+            return Exit.RACE
+        for r in runs:
+            print(f"ok: no race in {r.tree}")
+        return Exit.OK
     if differ:
         print(f"FAILED: the measured table differs from the expected one in: {', '.join(differ)}")
         return Exit.RACE

@@ -2,22 +2,23 @@
 
 CSAN is a private torch API. The checker uses its EventHandler (vector
 clocks per stream, last-write/reads per data pointer) and the shape of the
-errors it returns. Both are checked here before use, so that a torch upgrade
+errors it returns. Both are checked here before use, so that a torch release
 that changes them stops the checker with a clear message instead of letting
-it silently see nothing.
+it silently see nothing. Any torch whose sanitizer has that shape is used;
+the releases the whole table was verified on are listed, and the report
+names the one it ran on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 from types import ModuleType
 
-# The torch release the checker was written and tested against.
-TESTED_TORCH = "2.14.1"
-# Set to 1 to try another torch release; the API shape is still checked.
-UNTESTED_TORCH_ENV = "SGLANG_RACECHECK_ALLOW_UNTESTED_TORCH"
+from patchset.errors import BackportError, Exit
+
+# torch releases on which `race-check --step all` gave the expected table.
+VERIFIED_TORCH = ("2.11.0", "2.14.1")
 
 # method -> parameter names (without self) that the checker calls it with
 _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
@@ -42,37 +43,40 @@ _ACCESS_FIELDS = {"type", "seq_num", "stream", "operator", "aliases", "is_output
 _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
 
 
-class CsanUnavailable(RuntimeError):
-    """torch or its CUDA sanitizer is missing or not the shape the checker expects."""
-
-
-def _torch_release(version: str) -> str:
+def torch_release(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def torch_text(version: str) -> str:
+    """The torch a check ran on, and whether the table was verified on that release."""
+    release = torch_release(version)
+    if release in VERIFIED_TORCH:
+        return f"torch {version} (verified)"
+    return f"torch {version} (sanitizer API checked; table not yet verified on it)"
+
+
 def load() -> ModuleType:
-    """Import torch.cuda._sanitizer after checking torch's version and the API shape."""
+    """Import torch.cuda._sanitizer after checking the shape of its API."""
+    next_step = "use an interpreter whose torch is one of " + ", ".join(VERIFIED_TORCH)
     try:
         import torch
     except ImportError as exc:
-        raise CsanUnavailable(f"torch is not importable here ({exc})") from None
-    release = _torch_release(torch.__version__)
-    if release != TESTED_TORCH and os.environ.get(UNTESTED_TORCH_ENV) != "1":
-        raise CsanUnavailable(
-            f"torch {torch.__version__} is not the release the race checker was tested "
-            f"with ({TESTED_TORCH}); it relies on the private torch.cuda._sanitizer API. "
-            f"Use the project venv (requirements pin torch=={TESTED_TORCH}), or set "
-            f"{UNTESTED_TORCH_ENV}=1 to try this release anyway."
-        )
+        raise BackportError(
+            Exit.ENVIRONMENT, f"torch is not importable here ({exc})", next_step
+        ) from None
     try:
         from torch.cuda import _sanitizer as csan
     except ImportError as exc:
-        raise CsanUnavailable(f"torch.cuda._sanitizer cannot be imported ({exc})") from None
+        raise BackportError(
+            Exit.ENVIRONMENT, f"torch.cuda._sanitizer cannot be imported ({exc})", next_step
+        ) from None
     problems = check_shape(csan)
     if problems:
-        raise CsanUnavailable(
+        raise BackportError(
+            Exit.ENVIRONMENT,
             f"torch {torch.__version__}: torch.cuda._sanitizer changed shape; the race "
-            "checker must be adapted before it can be trusted:\n  - " + "\n  - ".join(problems)
+            "checker must be adapted before it can be trusted:\n  - " + "\n  - ".join(problems),
+            next_step,
         )
     return csan
 

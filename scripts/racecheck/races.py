@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# FutureMap's relay buffers, in the order reports list them. An EAGLE row is
+# the first five; a non-speculative row is output_tokens_buf alone.
+RELAY_BUFFERS = (
+    "new_seq_lens_buf",
+    "output_tokens_buf",
+    "topk_p_buf",
+    "topk_index_buf",
+    "hidden_states_buf",
+    "draft_probs_buf",
+    "dsa_topk_indices_buf",
+)
+EAGLE_ROW = RELAY_BUFFERS[:5]
+
 
 @dataclass(frozen=True)
 class Site:

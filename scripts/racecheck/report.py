@@ -6,44 +6,18 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .races import Access, Race, Site
+from patchset.errors import BackportError, Exit
+from patchset.manifest import PinManifest
 
-STEPS = ("base", "0001", "0002")
-SCENARIOS = ("S1", "S2", "S3")
+from .races import RELAY_BUFFERS, Access, Race, Site
+
 CLEAN = "clean"
-SCENARIO_TEXT = {
-    "S1": "row reuse (EAGLE): an in-flight forward publishes and stashes row r; "
-    "a prebuilt request seeds the same row r on the schedule stream",
-    "S2": "consumer (EAGLE): the forward publishes row r1, a prebuilt request seeds "
-    "row r2, a consumer stream waits on publish_ready and reads both rows",
-    "S3": "non-speculative prebuilt: the forward publishes and stashes row r; the "
-    "prebuilt path stashes its last token into row r on the schedule stream",
-}
 
-# A cell is the set of (kind, buffer) pairs of the races a scenario shows on a
+# A cell is the set of (kind, buffer, row) of the races a scenario shows on a
 # step, kind being the first access and the second ("write/write", ...).
-Cell = frozenset[tuple[str, str]]
+Cell = frozenset[tuple[str, str, int]]
+Table = dict[str, dict[str, Cell]]
 
-_S1_BUFFERS = (
-    "new_seq_lens_buf",
-    "output_tokens_buf",
-    "topk_p_buf",
-    "topk_index_buf",
-    "hidden_states_buf",
-)
-_S1_RACES: Cell = frozenset(("write/write", b) for b in _S1_BUFFERS)
-_S2_RACES: Cell = frozenset({("write/read", "new_seq_lens_buf")})
-_S3_RACES: Cell = frozenset({("write/write", "output_tokens_buf")})
-_NONE: Cell = frozenset()
-
-# The table of issue 4: which races each step of the series leaves open.
-EXPECTED: dict[str, dict[str, Cell]] = {
-    "S1": {"base": _S1_RACES, "0001": _S1_RACES, "0002": _NONE},
-    "S2": {"base": _S2_RACES, "0001": _NONE, "0002": _NONE},
-    "S3": {"base": _S3_RACES, "0001": _S3_RACES, "0002": _NONE},
-}
-
-_BUFFER_ORDER = (*_S1_BUFFERS, "draft_probs_buf", "dsa_topk_indices_buf")
 _KIND_TEXT = {
     "write/write": "unordered writes to {}",
     "write/read": "unordered read of {} (after another stream's write)",
@@ -52,22 +26,74 @@ _KIND_TEXT = {
 
 
 def cell_of(races: Iterable[Race]) -> Cell:
-    return frozenset((race.kind, race.buffer) for race in races)
+    return frozenset((race.kind, race.buffer, race.row) for race in races)
 
 
 def describe(cell: Cell) -> str:
+    """A cell in words: per kind, the buffers and the rows they race in."""
     if not cell:
         return CLEAN
     parts = []
     for kind, text in _KIND_TEXT.items():
-        buffers = sorted((b for k, b in cell if k == kind), key=_buffer_rank)
-        if buffers:
-            parts.append(text.format(", ".join(buffers)))
+        rows_of: dict[str, set[int]] = {}
+        for k, buffer, row in cell:
+            if k == kind:
+                rows_of.setdefault(buffer, set()).add(row)
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for buffer in sorted(rows_of, key=_buffer_rank):
+            groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
+        for rows, buffers in groups.items():
+            noun = "row" if len(rows) == 1 else "rows"
+            parts.append(
+                text.format(", ".join(buffers)) + f" in {noun} " + ", ".join(map(str, rows))
+            )
     return "; ".join(parts)
 
 
 def _buffer_rank(name: str) -> tuple[int, str]:
-    return (_BUFFER_ORDER.index(name) if name in _BUFFER_ORDER else len(_BUFFER_ORDER), name)
+    return (RELAY_BUFFERS.index(name) if name in RELAY_BUFFERS else len(RELAY_BUFFERS), name)
+
+
+def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
+    """The manifest's [races] table: per scenario and step, the races left open.
+
+    Each entry is {kind, buffers, rows}: every buffer races in every row with
+    that kind. Every scenario must list every step of the series.
+    """
+    where = "the pin manifest's [races] table"
+    table = manifest.raw.get("races")
+    if not isinstance(table, dict):
+        raise _bad_table(f"{where} is missing")
+    expected: Table = {}
+    for name in scenarios:
+        row = table.get(name)
+        if not isinstance(row, dict):
+            raise _bad_table(f"{where} has no [races.{name}]")
+        missing = [step for step in manifest.steps if step not in row]
+        if missing:
+            raise _bad_table(f"[races.{name}] has no entry for step {', '.join(missing)}")
+        expected[name] = {}
+        for step in manifest.steps:
+            cell: set[tuple[str, str, int]] = set()
+            try:
+                for entry in row[step]:
+                    kind = entry["kind"]
+                    if kind not in _KIND_TEXT:
+                        raise ValueError(f"kind {kind!r}")
+                    cell |= {(kind, b, int(r)) for b in entry["buffers"] for r in entry["rows"]}
+            except (KeyError, TypeError, ValueError) as err:
+                raise _bad_table(f"[races.{name}] step {step}: a wrong entry ({err})") from None
+            expected[name][step] = frozenset(cell)
+    return expected
+
+
+def _bad_table(problem: str) -> BackportError:
+    return BackportError(
+        Exit.PATCHSET_INVALID,
+        problem,
+        "give each scenario a [races.NAME] table with one list per step of the series, "
+        "as patches/sglang-0.5.15.post1/pin.toml does",
+    )
 
 
 def step_label(step: str) -> str:

@@ -1,12 +1,12 @@
-"""The three PD-decode prebuilt scenarios, driven through the real sglang code.
+"""The PD-decode prebuilt scenarios (racecheck.catalogue), driven through the real sglang code.
 
 Imported only in a process whose sys.path has the sglang tree under test
 first: FutureMap, ScheduleBatch (init_new, prepare_for_prebuilt,
 process_prebuilt), build_eagle_disagg_draft_input, ChunkCache, ReqToTokenPool,
-Req and SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch are all the
-tree's own. Stand-ins are used only where the scheduler reads state that has
-nothing to do with the relay: server arguments, the grammar manager, the
-running batch, the model config.
+Req, SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch and
+Scheduler._apply_war_barrier are all the tree's own. Stand-ins are used only
+where the scheduler reads state that has nothing to do with the relay: server
+arguments, the grammar manager, the running batch, the model config.
 
 What the scenarios play out: a request that has just finished still has one
 forward in flight on the forward stream, which publishes and stashes into its
@@ -16,6 +16,7 @@ another one) to a prebuilt request whose prefill ran on another server.
 
 from __future__ import annotations
 
+import ast
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from unittest import mock
 
 import torch
 
-from .races import Race
-from .report import SCENARIOS
+from .catalogue import BY_NAME, EAGLE, SCENARIOS, Play
+from .races import EAGLE_ROW, Race
 from .sim import SimDevice
 from .watch import BufferWatch, simulated_gpu
 
@@ -78,28 +79,48 @@ class _World:
         )
         watch.watch_attributes(self.future_map)
 
-    def inflight_forward(self, row: int, *, stash: bool = True) -> None:
-        """What run_batch does for a just-finished request's redundant forward:
-        order after the schedule stream, then publish (spec: on_publish, mid
-        worker) and stash the relay payload, all on the forward stream."""
+    def inflight_forward(
+        self, rows: tuple[int, ...], *, stash: bool = True, read_done: Any = None
+    ) -> None:
+        """What run_batch does for a batch holding just-finished requests (their
+        redundant forward): order after the schedule stream, read the inputs,
+        then publish (spec: on_publish, mid worker) and stash the relay payload,
+        all on the forward stream. read_done, if given, stands for the forward's
+        WAR read-done holder; the event is recorded where the cuda-graph
+        runners record it: before the decode graph's replay (non-speculative:
+        before publish and stash), or in EAGLE's draft_extend, which runs after
+        on_publish and before the stash."""
         from sglang.srt.managers.overlap_utils import RelayPayload
+
+        n = len(rows)
+        index = torch.tensor(rows, dtype=torch.int64)
+
+        def record_read_done() -> None:
+            event = self.device.Event()
+            event.record()
+            read_done.war_fastpath_read_done_event = event
 
         self.forward_stream.wait_stream(self.schedule_stream)
         with self.device.stream(self.forward_stream):
-            rows = torch.tensor([row], dtype=torch.int64)
-            self.future_map.publish(rows, torch.tensor([PROMPT_LEN + 7], dtype=torch.int64))
+            if self.future_map.output_tokens_buf is not None:
+                self.future_map.output_tokens_buf[index].sum()  # the forward's input
+            if read_done is not None and self.spec_algorithm.is_none():
+                record_read_done()
+            self.future_map.publish(index, torch.full((n,), PROMPT_LEN + 7, dtype=torch.int64))
+            if read_done is not None and not self.spec_algorithm.is_none():
+                record_read_done()
             if not stash:
                 return
             if self.spec_algorithm.is_none():
-                payload = RelayPayload(bonus_tokens=torch.tensor([11], dtype=torch.int64))
+                payload = RelayPayload(bonus_tokens=torch.full((n,), 11, dtype=torch.int64))
             else:
                 payload = RelayPayload(
-                    bonus_tokens=torch.tensor([11], dtype=torch.int64),
-                    topk_p=torch.full((1, EAGLE_TOPK), 0.5),
-                    topk_index=torch.full((1, EAGLE_TOPK), 3, dtype=torch.int64),
-                    hidden_states=torch.full((1, HIDDEN_SIZE), 0.25),
+                    bonus_tokens=torch.full((n,), 11, dtype=torch.int64),
+                    topk_p=torch.full((n, EAGLE_TOPK), 0.5),
+                    topk_index=torch.full((n, EAGLE_TOPK), 3, dtype=torch.int64),
+                    hidden_states=torch.full((n, HIDDEN_SIZE), 0.25),
                 )
-            self.future_map.stash(rows, payload)
+            self.future_map.stash(index, payload)
 
     def prebuilt_request(self, row: int) -> Any:
         """A request whose prefill ran on the prefill server and whose KV (and,
@@ -142,14 +163,16 @@ class _World:
             forward_stream=self.forward_stream,
         )
 
-    def admit_prebuilt(self, row: int) -> Any:
-        """The scheduler thread takes a prebuilt request into pool row `row`."""
+    def admit_prebuilt(self, rows: tuple[int, ...]) -> Any:
+        """The scheduler thread takes prebuilt requests into pool rows `rows`, one batch."""
         from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
 
-        scheduler = self.scheduler([self.prebuilt_request(row)])
+        scheduler = self.scheduler([self.prebuilt_request(row) for row in rows])
         batch = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch(scheduler)
-        if batch is None or batch.req_pool_indices.tolist() != [row]:
-            raise ScenarioError(f"get_new_prebuilt_batch did not admit the request in row {row}")
+        if batch is None or batch.req_pool_indices.tolist() != list(rows):
+            raise ScenarioError(
+                f"get_new_prebuilt_batch did not admit the requests in rows {list(rows)}"
+            )
         return batch
 
 
@@ -169,22 +192,37 @@ def _server_args(spec: str | None) -> SimpleNamespace:
     )
 
 
-def s1_row_reuse(world: _World) -> None:
-    row = 3
+def play(world: _World, scenario: Play) -> None:
+    """One scenario, in the order of the overlap decode loop.
+
+    Iteration N-1 launched a forward for a batch that still held requests
+    whose finish only iteration N-1's result processing found; their rows
+    went back to the pool. Iteration N then runs, on the schedule stream: the
+    WAR barrier (loop scenarios only), batch selection with prebuilt seeding
+    (the real get_new_prebuilt_batch), and the launch of its own forward. The
+    previous result's processing follows and touches no relay row.
+    """
+    runner = SimpleNamespace(war_fastpath_read_done_event=None)
+    fast = scenario.barrier == "fast"
     with world.device.stream(world.schedule_stream):
-        world.inflight_forward(row)
-        world.admit_prebuilt(row)
+        world.inflight_forward(
+            scenario.forward_rows, stash=not scenario.consumer, read_done=runner if fast else None
+        )
+        if scenario.barrier is not None:
+            war_barrier(world, runner, enabled=scenario.barrier != "none")
+        world.admit_prebuilt(scenario.prebuilt)
+        if scenario.barrier is not None:
+            # The launch of iteration N's forward: run_batch orders it after
+            # the schedule stream before the forward reads anything.
+            world.forward_stream.wait_stream(world.schedule_stream)
+    if scenario.consumer:
+        consume(world, scenario.finished + scenario.prebuilt)
 
 
-def s2_consumer(world: _World) -> None:
-    forward_row, prebuilt_row = 2, 5
+def consume(world: _World, rows: tuple[int, ...]) -> None:
+    """A later iteration reads the rows back; resolve_seq_lens_cpu waits on
+    publish_ready before it gathers new_seq_lens_buf."""
     consumer = world.device.Stream(name="consumer_stream")
-    with world.device.stream(world.schedule_stream):
-        world.inflight_forward(forward_row, stash=False)
-        world.admit_prebuilt(prebuilt_row)
-    # A later iteration reads both rows back; resolve_seq_lens_cpu waits on
-    # publish_ready before it gathers new_seq_lens_buf.
-    rows = [forward_row, prebuilt_row]
     merged = SimpleNamespace(
         spec_info=SimpleNamespace(future_indices=torch.tensor(rows, dtype=torch.int64)),
         req_pool_indices_cpu=torch.tensor(rows, dtype=torch.int64),
@@ -196,40 +234,70 @@ def s2_consumer(world: _World) -> None:
         world.future_map.resolve_seq_lens_cpu(merged)
 
 
-def s3_non_spec(world: _World) -> None:
-    row = 4
-    with world.device.stream(world.schedule_stream):
-        world.inflight_forward(row)
-        world.admit_prebuilt(row)
+# How the tree's Scheduler._apply_war_barrier was obtained, for the report.
+BARRIER_SOURCE: dict[str, str] = {}
 
 
-_PLAYS: dict[str, tuple[str | None, Callable[[_World], None]]] = {
-    "S1": ("EAGLE", s1_row_reuse),
-    "S2": ("EAGLE", s2_consumer),
-    "S3": (None, s3_non_spec),
-}
+def _war_barrier_function() -> tuple[Callable[..., None], Any]:
+    """The tree's Scheduler._apply_war_barrier and a bare object to call it on.
 
-_EAGLE_ROW = (
-    "new_seq_lens_buf",
-    "output_tokens_buf",
-    "topk_p_buf",
-    "topk_index_buf",
-    "hidden_states_buf",
-)
-# Accesses a scenario must see, race or not: without them a clean result would
-# only mean that the tree no longer takes the path the scenario drives.
-REQUIRED: dict[str, set[tuple[str, str, str]]] = {
-    "S1": {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in _EAGLE_ROW},
-    "S2": {
-        ("forward_stream", "write", "new_seq_lens_buf"),
-        ("schedule_stream", "write", "new_seq_lens_buf"),
-        ("consumer_stream", "read", "new_seq_lens_buf"),
-    },
-    "S3": {
-        ("forward_stream", "write", "output_tokens_buf"),
-        ("schedule_stream", "write", "output_tokens_buf"),
-    },
-}
+    scheduler.py imports packages that a CPU environment may lack; then the
+    function is compiled from the tree's own source (same file and lines, so
+    reports point at it) and called on a plain namespace.
+    """
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except Exception as err:  # the scheduler module needs more than the relay does
+        source = sglang_root() / "srt" / "managers" / "scheduler.py"
+        tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
+        found = [
+            node
+            for cls in tree.body
+            if isinstance(cls, ast.ClassDef) and cls.name == "Scheduler"
+            for node in cls.body
+            if isinstance(node, ast.FunctionDef) and node.name == "_apply_war_barrier"
+        ]
+        if not found:
+            raise ScenarioError(
+                "scheduler.py has no Scheduler._apply_war_barrier; the loop scenarios "
+                "model the WAR barrier of 0.5.14 and later"
+            ) from None
+        namespace: dict[str, Any] = {}
+        module = ast.Module(body=found, type_ignores=[])
+        exec(compile(module, str(source), "exec"), namespace)
+        BARRIER_SOURCE["how"] = (
+            f"compiled from scheduler.py's source (the module does not import here: "
+            f"{type(err).__name__}: {err})"
+        )
+        return namespace["_apply_war_barrier"], SimpleNamespace()
+    BARRIER_SOURCE["how"] = "imported from sglang.srt.managers.scheduler"
+    return Scheduler._apply_war_barrier, Scheduler.__new__(Scheduler)
+
+
+def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> None:
+    """The real Scheduler._apply_war_barrier on a bare scheduler holding the
+    loop's streams; enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
+    function, scheduler = _war_barrier_function()
+    scheduler._war_barrier_enabled = enabled
+    scheduler.model_worker = SimpleNamespace(war_fastpath_runner=runner)
+    scheduler.schedule_stream = world.schedule_stream
+    scheduler.forward_stream = world.forward_stream
+    function(scheduler)
+    if runner.war_fastpath_read_done_event is not None and enabled:
+        raise ScenarioError("_apply_war_barrier did not consume the read-done event")
+
+
+def required(scenario: Play) -> set[tuple[str, str, str]]:
+    """Accesses a scenario must see, race or not: without them a clean result
+    would only mean that the tree no longer takes the path the scenario drives."""
+    if scenario.consumer:
+        return {
+            ("forward_stream", "write", "new_seq_lens_buf"),
+            ("schedule_stream", "write", "new_seq_lens_buf"),
+            ("consumer_stream", "read", "new_seq_lens_buf"),
+        }
+    buffers = EAGLE_ROW if scenario.spec == EAGLE else ("output_tokens_buf",)
+    return {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in buffers}
 
 
 def sglang_root() -> Path:
@@ -242,7 +310,7 @@ def run(name: str) -> ScenarioRun:
     """Play one scenario on fresh simulated streams and return the races CSAN saw."""
     from sglang.srt.runtime_context import get_context, reset_context
 
-    spec, play = _PLAYS[name]
+    scenario = BY_NAME[name]
     driver = Path(__file__).resolve()
     context = get_context()
     # The scenario publishes its own server args; whatever the process had
@@ -258,11 +326,11 @@ def run(name: str) -> ScenarioRun:
             device,
             watch,
         ):
-            play(_World(device, watch, spec))
+            play(_World(device, watch, scenario.spec), scenario)
     finally:
         for slot, value in saved.items():
             setattr(context, slot, value)
-    missing = REQUIRED[name] - watch.seen
+    missing = required(scenario) - watch.seen
     if missing:
         raise ScenarioError(
             f"{name} never saw "

@@ -7,8 +7,9 @@ keep the whole check within seconds, this process first imports the heavy
 third-party packages sglang needs (torch, transformers, ...) and then forks
 one child per tree; each child puts TREE/python first on sys.path and imports
 that tree's sglang afresh. OUT_DIR/<n>.json (n: the tree's position) holds
-either {"sglang": ..., "import_s": ..., "run_s": ..., "races": {scenario:
-[race, ...]}} or {"kind": "environment" | "scenario" | "internal", "error": ...}.
+either {"sglang": ..., "torch": ..., "barrier": ..., "import_s": ..., "run_s":
+..., "races": {scenario: [race, ...]}} or {"code": EXIT CODE, "error": ...,
+"next_step": ...} (patchset.errors.Exit: ENVIRONMENT, SCENARIO or INTERNAL).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from patchset.errors import BackportError, Exit
+
 from . import csan, report
+from .catalogue import SCENARIOS
 
 # Imported once before forking; only a speed-up: a missing one is skipped and
 # the child then meets (and reports) whatever sglang itself cannot import.
@@ -65,31 +69,49 @@ def run(tree: Path) -> dict[str, Any]:
     try:
         import sglang.srt.disaggregation.decode  # noqa: F401
     except Exception as err:  # any import failure of the tree is reported, not raised
-        return {"kind": "scenario", "error": f"importing sglang failed: {_short(err)}"}
+        return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", _hint(err))
     from . import scenarios
 
     root = scenarios.sglang_root()
     expected = (tree / "python" / "sglang").resolve()
     if root != expected:
-        return {
-            "kind": "environment",
-            "error": f"sglang was imported from {root}, not from {expected}; another "
+        return _error(
+            Exit.ENVIRONMENT,
+            f"sglang was imported from {root}, not from {expected}; another "
             "sglang (an installed package?) shadows the tree",
-        }
+            "use an interpreter without sglang installed (build/venv, or --python PATH)",
+        )
     imported = time.perf_counter()
     races: dict[str, list[dict[str, Any]]] = {}
-    for name in report.SCENARIOS:
+    for name in SCENARIOS:
         try:
             result = scenarios.run(name)
         except Exception as err:  # the tree's API differs from what the scenario drives
-            return {"kind": "scenario", "error": f"scenario {name} could not run: {_short(err)}"}
+            return _error(Exit.SCENARIO, f"scenario {name} could not run: {_short(err)}")
         races[name] = [report.race_to_json(race) for race in result.races]
+    import torch
+
     return {
         "sglang": str(root),
+        "torch": torch.__version__,
+        "barrier": scenarios.BARRIER_SOURCE.get("how", ""),
         "import_s": round(imported - started, 2),
         "run_s": round(time.perf_counter() - imported, 3),
         "races": races,
     }
+
+
+def _error(code: Exit, problem: str, next_step: str = "") -> dict[str, Any]:
+    return {"code": int(code), "error": problem, "next_step": next_step}
+
+
+def _hint(err: BaseException) -> str:
+    if isinstance(err, ModuleNotFoundError):
+        return (
+            "use an interpreter with sglang's import closure (build/venv from "
+            "scripts/run-tests, or --python PATH)"
+        )
+    return ""
 
 
 def _short(err: BaseException) -> str:
@@ -106,9 +128,9 @@ def main(argv: list[str]) -> int:
     out_dir, trees = Path(argv[0]), [Path(t) for t in argv[1:]]
     try:
         csan.load()
-    except csan.CsanUnavailable as err:
+    except BackportError as err:
         for n in range(len(trees)):
-            _write(out_dir / f"{n}.json", {"kind": "environment", "error": str(err)})
+            _write(out_dir / f"{n}.json", _error(err.code, err.problem, err.next_step))
         return 0
     started = time.perf_counter()
     for name in PRELOAD:
@@ -133,7 +155,7 @@ def _child(tree: Path, out: Path) -> int:
         _write(out, run(tree))
         return 0
     except BaseException:
-        _write(out, {"kind": "internal", "error": traceback.format_exc()})
+        _write(out, _error(Exit.INTERNAL, traceback.format_exc()))
         return 1
     finally:
         sys.stdout.flush()

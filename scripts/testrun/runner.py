@@ -1,108 +1,34 @@
-"""The test command's library: the venv, one pytest run per suite and step, the table.
+"""One pytest run per suite and per sglang tree, and the tables of their outcomes.
 
-test/tools runs once. test/steps runs once per step of the series, each in its
-own process with that step's sglang tree first on PYTHONPATH, so a module
-imported in one step can never leak into another.
+test/tools runs once, in a process of its own. test/steps runs once per step
+of every series under test; those runs go to testrun.worker, which imports
+the heavy third-party modules once and forks a child per tree, so a module
+imported for one tree never leaks into another and each tree pays only for
+its own sglang.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import subprocess
-import sys
-import time
-import xml.etree.ElementTree as ET
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchset.errors import BackportError, Exit
+from patchset.manifest import Series
 from patchset.paths import PROJECT_ROOT
+from patchset.textout import table
 
-REQUIREMENTS = (
-    PROJECT_ROOT / "requirements" / "cpu.txt",
-    PROJECT_ROOT / "requirements" / "test.txt",
-)
+from .outcomes import OPTION, SEVERITY, read_outcomes
+from .steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
+
+SCRIPTS = PROJECT_ROOT / "scripts"
 STEP_TESTS = PROJECT_ROOT / "test" / "steps"
 TOOL_TESTS = PROJECT_ROOT / "test" / "tools"
-STAMP_NAME = "requirements.sha256"
-PYTHON_VERSION = (3, 11)
-# The step an arbitrary tree given with --tree is judged as: the whole series.
-FINAL_STEP = "0002"
-STEP_ENV = "SGLANG_BACKPORTS_STEP"
-TREE_ENV = "SGLANG_BACKPORTS_TREE"
 NO_TESTS = 5  # pytest's exit code when it collected nothing
-
-PASS = "pass"
-EXPECTED_FAIL = "FAIL (expected)"
-SKIP = "skip"
-FAIL = "FAIL"
-UNEXPECTED_PASS = "PASS (must fail)"
-ERROR = "ERROR"
-# Worst first: a test with several junit entries (a teardown error) shows the worst.
-_SEVERITY = (ERROR, UNEXPECTED_PASS, FAIL, SKIP, EXPECTED_FAIL, PASS)
-
-
-def check_interpreter() -> None:
-    if sys.version_info[:2] != PYTHON_VERSION:
-        wanted = ".".join(map(str, PYTHON_VERSION))
-        raise BackportError(
-            Exit.SETUP,
-            f"this is Python {sys.version.split()[0]}; the pinned sglang wheel and "
-            f"the requirements are for Python {wanted}",
-            f"run it as python{wanted} scripts/run-tests",
-        )
-
-
-def requirements_digest(files: Sequence[Path]) -> str:
-    """What the venv was made from: the requirement files and the Python version."""
-    digest = hashlib.sha256()
-    digest.update(f"python {sys.version_info.major}.{sys.version_info.minor}\n".encode())
-    for path in files:
-        digest.update(f"{path.name}\n".encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def ensure_venv(venv: Path, requirements: Sequence[Path] = REQUIREMENTS) -> bool:
-    """Make venv hold exactly the requirements; False when its stamp says it already does."""
-    missing = [str(p) for p in requirements if not p.is_file()]
-    if missing:
-        raise BackportError(
-            Exit.SETUP,
-            f"requirement files missing: {', '.join(missing)}",
-            "restore them from git (they are part of the project)",
-        )
-    stamp = venv / STAMP_NAME
-    wanted = requirements_digest(requirements)
-    if venv_python(venv).exists() and stamp.is_file() and stamp.read_text().strip() == wanted:
-        return False
-    # Start empty so that nothing from an older set of requirements stays behind.
-    _run_setup([sys.executable, "-m", "venv", "--clear", str(venv)], "python -m venv")
-    install = [str(venv_python(venv)), "-m", "pip", "install", "--no-input"]
-    install += ["--disable-pip-version-check"]
-    for path in requirements:
-        install += ["-r", str(path)]
-    _run_setup(install, "pip install")
-    stamp.write_text(wanted + "\n")
-    return True
-
-
-def _run_setup(command: list[str], what: str) -> None:
-    print(f"$ {' '.join(command)}", flush=True)
-    result = subprocess.run(command)
-    if result.returncode != 0:
-        raise BackportError(
-            Exit.SETUP,
-            f"{what} failed with exit code {result.returncode} (its output is above)",
-            "fix what it names (often the network or the package index) and run "
-            "again; the venv is rebuilt until one install succeeds",
-        )
 
 
 @dataclass
@@ -111,21 +37,42 @@ class SuiteRun:
 
     label: str
     tests: Path
-    junit: Path
+    results: Path  # the folder for this run's outcomes and log
     env: dict[str, str]
+    tree: Path | None = None
     returncode: int | None = None
     outcomes: dict[str, str] = field(default_factory=dict)
+    properties: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+
+    @property
+    def outcomes_file(self) -> Path:
+        return self.results / f"{self.label}.json"
+
+    @property
+    def log(self) -> Path:
+        return self.results / f"{self.label}.log"
 
     @property
     def failed(self) -> bool:
         return self.returncode != 0
 
+    def pytest_args(self, extra: Sequence[str]) -> list[str]:
+        return [
+            str(self.tests),
+            f"{OPTION}={self.outcomes_file}",
+            f"--junitxml={self.results / f'{self.label}.xml'}",
+            *extra,
+        ]
+
+    def collect(self) -> None:
+        self.outcomes, self.properties = read_outcomes(self.outcomes_file)
+
     def verdict(self) -> str:
         counts: dict[str, int] = {}
         for outcome in self.outcomes.values():
             counts[outcome] = counts.get(outcome, 0) + 1
-        summary = ", ".join(f"{n} {o}" for o in reversed(_SEVERITY) if (n := counts.get(o)))
+        summary = ", ".join(f"{n} {o}" for o in reversed(SEVERITY) if (n := counts.get(o)))
         took = f"in {self.seconds:.0f}s"
         if self.returncode == NO_TESTS:
             return f"FAILED: pytest exit 5, no test ran, {took}"
@@ -133,21 +80,14 @@ class SuiteRun:
         return f"{status} ({summary or 'no tests'}) {took}"
 
 
-def step_env(step: str, tree: Path) -> dict[str, str]:
-    """The environment for one step's run: its tree's python/ first on the import path."""
-    env = dict(os.environ)
-    rest = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), *([rest] if rest else [])])
-    env[STEP_ENV] = step
-    env[TREE_ENV] = str(tree)
-    return env
-
-
-def tools_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop(STEP_ENV, None)
-    env.pop(TREE_ENV, None)
-    return env
+def step_env(series: Series, step: str, tree: Path) -> dict[str, str]:
+    """What a step's run is told: the patch set, the step, and the tree under test."""
+    return {
+        STEP_ENV: step,
+        PATCH_SET_ENV: str(series.folder),
+        TREE_ENV: str(tree),
+        "PYTHONPATH": os.pathsep.join([str(tree / "python"), str(SCRIPTS)]),
+    }
 
 
 def check_tree(tree: Path) -> Path:
@@ -158,83 +98,69 @@ def check_tree(tree: Path) -> Path:
             Exit.SETUP,
             f"{tree} holds no python/sglang/__init__.py",
             "pass the folder that contains python/sglang (an sglang checkout, "
-            "or build/steps/<step>)",
+            "or build/steps/<release>/<step>)",
         )
     return tree
 
 
-def run_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> SuiteRun:
-    """Run pytest on run.tests; fills in the exit code and the outcome of each test."""
-    run.junit.parent.mkdir(parents=True, exist_ok=True)
-    run.junit.unlink(missing_ok=True)
-    command = [
-        str(python), "-m", "pytest", str(run.tests),
-        "--rootdir", str(PROJECT_ROOT),
-        "-p", "no:cacheprovider",
-        "-o", "junit_family=xunit1",
-        f"--junitxml={run.junit}",
-        "-rfEX", *extra,
-    ]  # fmt: skip
-    print(f"\n=== {run.label}: {run.tests.relative_to(PROJECT_ROOT)} ===", flush=True)
-    start = time.monotonic()
-    run.returncode = subprocess.run(command, env=run.env, cwd=PROJECT_ROOT).returncode
-    run.seconds = time.monotonic() - start
-    run.outcomes = read_junit(run.junit, run.tests) if run.junit.is_file() else {}
-    return run
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for name in (STEP_ENV, PATCH_SET_ENV, TREE_ENV, "PYTHONPATH"):
+        env.pop(name, None)
+    return env
 
 
-def _outcome(case: ET.Element) -> str:
-    if case.find("error") is not None:
-        return ERROR
-    failure = case.find("failure")
-    if failure is not None:
-        return UNEXPECTED_PASS if "XPASS(strict)" in failure.get("message", "") else FAIL
-    skipped = case.find("skipped")
-    if skipped is not None:
-        return EXPECTED_FAIL if skipped.get("type") == "pytest.xfail" else SKIP
-    return PASS
+def start_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start pytest on run.tests in a process of its own, its output going to run.log."""
+    run.results.mkdir(parents=True, exist_ok=True)
+    run.outcomes_file.unlink(missing_ok=True)
+    env = _clean_env() | run.env
+    with run.log.open("wb") as log:
+        return subprocess.Popen(
+            [str(python), "-m", "pytest", *run.pytest_args(extra)],
+            env=env,
+            cwd=PROJECT_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
-def read_junit(junit: Path, tests: Path) -> dict[str, str]:
-    """test name (module::[class::]function) -> outcome, from pytest's junit xml."""
-    prefix = ".".join(tests.relative_to(PROJECT_ROOT).parts) + "."
-    outcomes: dict[str, str] = {}
-    for case in ET.parse(junit).iter("testcase"):
-        module = case.get("classname", "").removeprefix(prefix).replace(".", "::")
-        name = f"{module}::{case.get('name', '')}"
-        outcome = _outcome(case)
-        previous = outcomes.get(name)
-        if previous is None or _SEVERITY.index(outcome) < _SEVERITY.index(previous):
-            outcomes[name] = outcome
-    return outcomes
-
-
-def read_properties(junit: Path, prefix: str) -> dict[str, str]:
-    """Properties a test recorded with record_property whose name starts with prefix."""
-    found: dict[str, str] = {}
-    for prop in ET.parse(junit).iter("property"):
-        name = prop.get("name", "")
-        if name.startswith(prefix):
-            found[name.removeprefix(prefix)] = prop.get("value", "")
-    return found
-
-
-def property_table(
-    runs: Sequence[SuiteRun], headers: Sequence[str], prefix: str, title: str
-) -> str:
-    """title | one column per step run, from the properties named prefix + row."""
-    cells = [read_properties(r.junit, prefix) if r.junit.is_file() else {} for r in runs]
-    rows = sorted({row for per_run in cells for row in per_run})
-    if not rows:
-        return ""
-    return _grid([[title, *headers], *([row, *(c.get(row, "-") for c in cells)] for row in rows)])
-
-
-def _grid(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(line.rstrip() for line in lines)
+def run_forked(
+    python: Path, runs: Sequence[SuiteRun], extra: Sequence[str], parallel: int = 1
+) -> None:
+    """Run each step run in a child of one testrun.worker process; fill in the results."""
+    if not runs:
+        return
+    for run in runs:
+        run.results.mkdir(parents=True, exist_ok=True)
+        run.outcomes_file.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="run-tests-") as tmp:
+        jobs = {
+            "parallel": parallel,
+            "runs": [
+                {
+                    "label": run.label,
+                    "args": run.pytest_args(extra),
+                    "env": run.env,
+                    "path_first": str(run.tree / "python") if run.tree else "",
+                    "log": str(run.log),
+                    "result": str(Path(tmp) / f"{n}.json"),
+                }
+                for n, run in enumerate(runs)
+            ],
+        }
+        jobs_file = Path(tmp) / "jobs.json"
+        jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
+        env = _clean_env() | {"PYTHONPATH": str(SCRIPTS)}
+        subprocess.run([str(python), "-m", "testrun.worker", str(jobs_file)], env=env, check=False)
+        for n, run in enumerate(runs):
+            result = Path(tmp) / f"{n}.json"
+            if result.is_file():
+                data = json.loads(result.read_text(encoding="utf-8"))
+                run.returncode, run.seconds = data["returncode"], data["seconds"]
+            else:
+                run.returncode = -1
+            run.collect()
 
 
 def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
@@ -245,6 +171,18 @@ def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
         names += [n for n in run.outcomes if n not in names]
     if not names:
         return "(no step test ran)"
-    rows = [["test", *headers]]
-    rows += [[name, *(run.outcomes.get(name, "-") for run in runs)] for name in names]
-    return _grid(rows)
+    return table(["test", *headers], [[n, *(r.outcomes.get(n, "-") for r in runs)] for n in names])
+
+
+def property_table(
+    runs: Sequence[SuiteRun], headers: Sequence[str], prefix: str, title: str
+) -> str:
+    """title | one column per step run, from the recorded properties named prefix + row."""
+    cells = [
+        {k.removeprefix(prefix): v for k, v in r.properties.items() if k.startswith(prefix)}
+        for r in runs
+    ]
+    rows = sorted({row for per_run in cells for row in per_run})
+    if not rows:
+        return ""
+    return table([title, *headers], [[row, *(c.get(row, "-") for c in cells)] for row in rows])

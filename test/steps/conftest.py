@@ -1,10 +1,14 @@
-"""Tests here run once per step of the series: base, 0001, 0002.
+"""Tests here run once per step of a series (a base release's tree, then one per patch).
 
-scripts/run-tests puts that step's sglang tree first on PYTHONPATH and names
-the step in SGLANG_BACKPORTS_STEP. A test that guards a fix says on which
-steps it passes with @pytest.mark.pass_on(...); on every other step it is
-turned into a strict xfail, so it must fail there, and the run fails if it
-does not. Tests without the marker must pass on every step.
+scripts/run-tests puts that step's sglang tree first on the import path and
+names, in the environment, the patch set (SGLANG_BACKPORTS_PATCH_SET) and the
+step (SGLANG_BACKPORTS_STEP). What each step holds comes from the patch set's
+pin.toml ([step-fixes]), so the same tests judge every base: a test that
+guards a fix says on which steps it passes with @pytest.mark.pass_on(...),
+naming fixes ("fix-b") or their absence ("!fix-a"); on every other step it
+becomes a strict xfail that only an AssertionError satisfies, so a crash is
+never taken for the expected failure. Tests without the marker must pass on
+every step.
 """
 
 from __future__ import annotations
@@ -12,51 +16,41 @@ from __future__ import annotations
 import os
 
 import pytest
-
-STEPS = ("base", "0001", "0002")
-STEP_ENV = "SGLANG_BACKPORTS_STEP"
+from testrun.steps import TREE_ENV, StepError, StepUnderTest, load_step
 
 
-def current_step() -> str:
-    step = os.environ.get(STEP_ENV, "")
-    if step not in STEPS:
-        raise pytest.UsageError(
-            f"{STEP_ENV} is {step!r}; run these tests through scripts/run-tests, "
-            f"which sets it to one of {', '.join(STEPS)}"
-        )
-    return step
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "pass_on(*steps): the steps on which this test passes; it must fail on the others",
-    )
+def _load() -> StepUnderTest:
+    try:
+        return load_step()
+    except StepError as err:
+        raise pytest.UsageError(str(err)) from None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    step = current_step()
+    step = _load()
+    known = {fix for fixes in step.series.manifest.raw["step-fixes"].values() for fix in fixes}
     for item in items:
         marker = item.get_closest_marker("pass_on")
         if marker is None:
             continue
-        unknown = set(marker.args) - set(STEPS)
-        if unknown:
-            raise pytest.UsageError(f"{item.nodeid}: unknown steps {sorted(unknown)}")
-        if step not in marker.args:
+        unknown = {c.lstrip("!") for c in marker.args} - known
+        if unknown or not marker.args:
+            raise pytest.UsageError(f"{item.nodeid}: pass_on names unknown fixes {sorted(unknown)}")
+        if not any(step.holds(c) for c in marker.args):
             item.add_marker(
                 pytest.mark.xfail(
                     strict=True,
-                    reason=f"guards a fix that step {step} does not have "
-                    f"(passes on {', '.join(marker.args)})",
+                    raises=AssertionError,
+                    reason=f"guards a fix: passes where {' or '.join(marker.args)}; "
+                    f"step {step.name} holds {sorted(step.fixes) or 'no fix'}",
                 )
             )
 
 
 @pytest.fixture(scope="session")
-def step() -> str:
+def step() -> StepUnderTest:
     """The step of the series whose sglang tree is under test."""
-    return current_step()
+    return _load()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -64,6 +58,6 @@ def _sglang_is_the_step_tree() -> None:
     """Refuse to test an sglang that is not the step's tree (e.g. site-packages)."""
     import sglang
 
-    tree = os.environ.get("SGLANG_BACKPORTS_TREE")
+    tree = os.environ.get(TREE_ENV)
     if tree and not os.path.realpath(sglang.__file__).startswith(os.path.realpath(tree)):
         raise RuntimeError(f"sglang was imported from {sglang.__file__}, not from {tree}")

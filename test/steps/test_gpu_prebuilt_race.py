@@ -68,6 +68,7 @@ ReqToTokenPool = _sglang["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
 get_context = _sglang["sglang.srt.runtime_context"].get_context
 reset_context = _sglang["sglang.srt.runtime_context"].reset_context
 SpeculativeAlgorithm = _sglang["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+from testrun.steps import StepUnderTest  # noqa: E402
 
 REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
 CSAN_CHILD_FLAG = "--csan-child"
@@ -404,15 +405,15 @@ def s1_tally() -> RaceTally:
     return run_s1(device, ITERATIONS, SLEEP_MS)
 
 
-@pytest.mark.pass_on("0002")
+@pytest.mark.pass_on("fix-b")
 def test_seed_survives_the_in_flight_forward(s1_tally: RaceTally) -> None:
     assert s1_tally.running_row_wrong == 0, s1_tally.summary()
     assert s1_tally.seed_won == s1_tally.iterations, s1_tally.summary()
 
 
-@pytest.mark.pass_on("base", "0001")
+@pytest.mark.pass_on("!fix-b")
 def test_in_flight_forward_overwrites_the_seed_without_the_fix(
-    s1_tally: RaceTally, step: str
+    s1_tally: RaceTally, step: StepUnderTest
 ) -> None:
     """The known failure: the rig really races, so the 0002 pass means something.
 
@@ -422,7 +423,7 @@ def test_in_flight_forward_overwrites_the_seed_without_the_fix(
     assert s1_tally.running_row_wrong == 0, s1_tally.summary()
     need = int(MIN_RACE_SHARE * s1_tally.iterations)
     assert s1_tally.stale_fields["seq_len"] >= need, s1_tally.summary()
-    if step == "base":
+    if step.holds("!fix-a"):
         for name in FIELDS:
             assert s1_tally.stale_fields[name] >= need, s1_tally.summary()
 
@@ -492,14 +493,14 @@ def csan_report() -> dict[str, Any]:
     return report
 
 
-@pytest.mark.pass_on("0002")
+@pytest.mark.pass_on("fix-b")
 def test_csan_is_silent_with_the_fix(csan_report: dict[str, Any]) -> None:
     assert "error" not in csan_report, csan_report
     assert csan_report["race"] is False, csan_report
     assert csan_report["iterations"] == CSAN_ITERATIONS, csan_report
 
 
-@pytest.mark.pass_on("base", "0001")
+@pytest.mark.pass_on("!fix-b")
 def test_csan_reports_the_race_without_the_fix(csan_report: dict[str, Any]) -> None:
     assert "error" not in csan_report, csan_report
     assert csan_report["race"] is True, csan_report

@@ -67,7 +67,7 @@ def _build(
     return returned, init_new
 
 
-@pytest.mark.pass_on("0002")
+@pytest.mark.pass_on("fix-b")
 def test_overlap_waits_for_forward_stream_between_prepare_and_process() -> None:
     req = _new_req("r0")
     scheduler = _new_scheduler(enable_overlap=True, waiting=[req])

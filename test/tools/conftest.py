@@ -2,7 +2,10 @@
 
 These tests run once (not per step), with the project's venv python. The
 pinned wheels are fetched through the project's own hash-checked path into
-the shared cache, once per run, and every test reuses them.
+the shared cache, once per run, and every test reuses them; a test that
+needs a wheel which is not cached is marked `network` and, offline, skips
+saying so. Nothing here writes into the project's build/: the whole session
+gets a build folder of its own.
 """
 
 from __future__ import annotations
@@ -12,18 +15,69 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from patchset import paths, wheel
+from patchset.deploy import series_sha256
+from patchset.errors import BackportError, Exit
+from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+SCRIPTS = paths.PROJECT_ROOT / "scripts"
+NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script"}
 
-from patchset import paths, wheel  # noqa: E402
-from patchset.manifest import Series, sha256_of  # noqa: E402
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session's own build folder, so no test writes into the project's build/."""
+    if "SGLANG_BACKPORTS_BUILD" not in os.environ:
+        os.environ["SGLANG_BACKPORTS_BUILD"] = tempfile.mkdtemp(prefix="sglang-backports-tests-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("SGLANG_BACKPORTS_BUILD"), True))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if NETWORK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.network)
+
+
+def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:
+    """The pinned wheel; offline and not cached, the test skips and says why."""
+    try:
+        return wheel.fetch_wheel(pin, cache)
+    except BackportError as err:
+        if err.code != Exit.WHEEL_UNAVAILABLE:
+            raise
+        pytest.skip(f"needs the package index (network): {err.problem}")
+
 
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def pinned(requirement: str) -> str:
+    """The exact pin of a package in requirements/test.txt."""
+    text = (SCRIPTS.parent / "requirements" / "test.txt").read_text(encoding="utf-8")
+    found = re.search(rf"^{re.escape(requirement)}==[^\s\\]+", text, re.M)
+    assert found, f"{requirement} is not pinned in requirements/test.txt"
+    return found[0]
+
+
+def make_venv(folder: Path) -> Path:
+    """A scratch virtual environment with pip; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, capture_output=True)
+    return folder / "bin" / "python"
+
+
+def pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pip of a scratch venv; fails the test with pip's output when pip fails."""
+    result = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 @pytest.fixture(scope="session")
@@ -36,14 +90,14 @@ def series() -> Series:
 def wheel_cache(series: Series) -> Path:
     """The shared wheel cache, holding the pinned base wheel (downloaded once)."""
     cache = paths.cache_dir()
-    wheel.fetch_wheel(series.manifest.base, cache)
+    fetch_or_skip(series.manifest.base, cache)
     return cache
 
 
 @pytest.fixture(scope="session")
 def upstream_fixed_wheel(series: Series, wheel_cache: Path) -> Path:
     """The first release with both fixes (0.5.19), through the same pinned path."""
-    return wheel.fetch_wheel(series.manifest.upstream_fixed, wheel_cache)
+    return fetch_or_skip(series.manifest.upstream_fixed, wheel_cache)
 
 
 @pytest.fixture
@@ -75,7 +129,11 @@ def patch_set(tmp_path: Path, series: Series) -> Path:
 
 
 def repin(folder: Path) -> None:
-    """Write the current sha256 of every patch in folder into its pin.toml."""
+    """Write the current sha256 of every patch in folder into its pin.toml.
+
+    The [build-wheel] series hash follows, so that a test sees only the
+    problem it made.
+    """
     pin = folder / "pin.toml"
     text = pin.read_text(encoding="utf-8")
     for patch in folder.glob("*.patch"):
@@ -86,3 +144,57 @@ def repin(folder: Path) -> None:
             flags=re.M,
         )
     pin.write_text(text, encoding="utf-8")
+    digest = series_sha256(PinManifest.load(pin))
+    text = re.sub(r'^series-sha256 = "[0-9a-f]*"$', f'series-sha256 = "{digest}"', text, flags=re.M)
+    pin.write_text(text, encoding="utf-8")
+
+
+# --- a user's sglang checkout, and what a run may change in it -----------------
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", "--all")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+
+
+def repo_state(repo: Path) -> dict[str, str]:
+    """Everything a run could change in a checkout: refs, HEAD, status, worktrees."""
+    return {
+        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
+        "head": git(repo, "symbolic-ref", "-q", "HEAD") + " " + git(repo, "rev-parse", "HEAD"),
+        "status": git(repo, "status", "--porcelain=v1", "--untracked-files=all"),
+        "worktrees": git(repo, "worktree", "list", "--porcelain"),
+    }
+
+
+def blobs(repo: Path, rev: str, series: Series) -> dict[str, str]:
+    return {path: git(repo, "rev-parse", f"{rev}:{path}") for path in series.manifest.files}
+
+
+@pytest.fixture(scope="session")
+def sglang_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path):
+    """A git checkout of sglang 0.5.15.post1's python/sglang tree, as a user has one."""
+    repo = tmp_path_factory.mktemp("template") / "sglang"
+    wheel.extract_package(wheel_cache / series.manifest.base.wheel, repo)
+    (repo / "README.md").write_text("sglang\n")
+    git(repo, "init", "-q", "--initial-branch=main")
+    commit_all(repo, "v0.5.15.post1")
+    git(repo, "tag", "v0.5.15.post1")
+    return repo
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, sglang_template: Path) -> Path:
+    """A fresh clone of the template, with an untracked file of the user's."""
+    repo = tmp_path / "sglang"
+    subprocess.run(["git", "clone", "-q", str(sglang_template), str(repo)], check=True)
+    git(repo, "config", "user.name", "User")
+    git(repo, "config", "user.email", "user@example.com")
+    (repo / "notes.txt").write_text("my notes\n")
+    return repo

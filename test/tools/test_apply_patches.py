@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RunScript, repin
+from conftest import SCRIPTS, RunScript, blobs, commit_all, git, repin, repo_state
 from patchset import wheel
 from patchset.errors import Exit
 from patchset.git import Git
@@ -16,54 +21,6 @@ from patchset.manifest import Series
 BRANCH = "sglang-backports/0.5.15.post1"
 DECODE = "python/sglang/srt/disaggregation/decode.py"
 OVERLAP = "python/sglang/srt/managers/overlap_utils.py"
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def commit_all(repo: Path, message: str) -> None:
-    git(repo, "add", "--all")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
-
-
-def repo_state(repo: Path) -> dict[str, str]:
-    """Everything a run could change in a checkout: refs, HEAD, status, worktrees."""
-    return {
-        "refs": git(repo, "for-each-ref", "--format=%(refname) %(objectname)"),
-        "head": git(repo, "symbolic-ref", "-q", "HEAD") + " " + git(repo, "rev-parse", "HEAD"),
-        "status": git(repo, "status", "--porcelain=v1", "--untracked-files=all"),
-        "worktrees": git(repo, "worktree", "list", "--porcelain"),
-    }
-
-
-def blobs(repo: Path, rev: str, series: Series) -> dict[str, str]:
-    return {path: git(repo, "rev-parse", f"{rev}:{path}") for path in series.manifest.files}
-
-
-@pytest.fixture(scope="session")
-def sglang_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path):
-    """A git checkout of sglang 0.5.15.post1's python/sglang tree, as a user has one."""
-    repo = tmp_path_factory.mktemp("template") / "sglang"
-    wheel.extract_package(wheel_cache / series.manifest.base.wheel, repo)
-    (repo / "README.md").write_text("sglang\n")
-    git(repo, "init", "-q", "--initial-branch=main")
-    commit_all(repo, "v0.5.15.post1")
-    git(repo, "tag", "v0.5.15.post1")
-    return repo
-
-
-@pytest.fixture
-def checkout(tmp_path: Path, sglang_template: Path) -> Path:
-    """A fresh clone of the template, with an untracked file of the user's."""
-    repo = tmp_path / "sglang"
-    subprocess.run(["git", "clone", "-q", str(sglang_template), str(repo)], check=True)
-    git(repo, "config", "user.name", "User")
-    git(repo, "config", "user.email", "user@example.com")
-    (repo / "notes.txt").write_text("my notes\n")
-    return repo
 
 
 # --- the default: the pinned wheel laid out under build/ -------------------
@@ -375,3 +332,125 @@ def test_build_tree_with_an_older_series_says_to_rebuild_it(run_script: RunScrip
     assert result.returncode == Exit.BRANCH_EXISTS
     assert f"delete {repo} (it is generated)" in result.stderr
     assert repo_state(repo) == before
+
+
+# --- a hostile environment: hooks, signing, bad names, paths, folders ----------
+
+
+def test_user_hooks_and_signing_do_not_run(
+    run_script: RunScript, checkout: Path, series: Series, tmp_path: Path
+):
+    ran = tmp_path / "hooks-ran"
+    hooks = checkout / ".git" / "hooks"
+    for hook in ("post-checkout", "applypatch-msg", "pre-applypatch", "post-applypatch"):
+        (hooks / hook).write_text(f"#!/bin/sh\necho {hook} >> {ran}\nexit 1\n")
+        (hooks / hook).chmod(0o755)
+    git(checkout, "config", "commit.gpgsign", "true")
+    git(checkout, "config", "gpg.program", str(tmp_path / "no-such-gpg"))
+    git(checkout, "config", "am.threeWay", "true")
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert not ran.exists()
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
+
+
+@pytest.mark.parametrize("name", ["a..b", "../x", "foo.lock", "-x", "", "refs/heads/x", "@{-1}"])
+def test_bad_branch_name_is_refused_as_usage(run_script: RunScript, checkout: Path, name: str):
+    before = repo_state(checkout)
+    result = run_script("apply-patches", "--sglang", str(checkout), f"--branch={name}")
+    assert result.returncode == Exit.USAGE, result.stderr
+    assert "--branch" in result.stderr and "Traceback" not in result.stderr
+    assert repo_state(checkout) == before
+
+
+def test_relative_paths_are_resolved_before_use(
+    run_script: RunScript, checkout: Path, patch_set: Path, tmp_path: Path, series: Series
+):
+    relative = patch_set.relative_to(tmp_path)
+    for extra in (["--check"], []):
+        result = run_script(
+            "apply-patches", "--sglang", "sglang", "--patch-set", str(relative), *extra
+        )
+        assert result.returncode == 0, result.stderr
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
+
+
+def test_base_that_holds_the_series_claims_no_branch(
+    run_script: RunScript, checkout: Path, series: Series
+):
+    for patch in series.patch_paths:
+        git(checkout, "am", "-q", str(patch))
+    before = repo_state(checkout)
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert "already applied" in result.stdout
+    assert BRANCH not in result.stdout and "(branch" not in result.stdout
+    assert repo_state(checkout) == before
+
+
+def test_no_home_is_refused(run_script: RunScript, tmp_path: Path):
+    env = {"HOME": "", "XDG_CACHE_HOME": "", "SGLANG_BACKPORTS_CACHE": ""}
+    result = run_script("apply-patches", env=env)
+    assert result.returncode == Exit.ENVIRONMENT, result.stderr
+    assert "HOME is not set" in result.stderr and "SGLANG_BACKPORTS_CACHE" in result.stderr
+    assert not (tmp_path / "build").exists()
+
+
+def test_cache_path_that_is_a_file_is_refused(run_script: RunScript, tmp_path: Path):
+    cache = tmp_path / "cache-file"
+    cache.write_text("not a folder\n")
+    result = run_script("apply-patches", env={"SGLANG_BACKPORTS_CACHE": str(cache)})
+    assert result.returncode == Exit.ENVIRONMENT, result.stderr
+    assert str(cache) in result.stderr and "next step:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def shared_folder(tmp_path: Path) -> Iterator[Path]:
+    """A folder another user can reach (pytest's own tmp folder is private to root)."""
+    folder = Path(tempfile.mkdtemp(prefix="apply-readonly-"))
+    folder.chmod(0o755)
+    yield folder
+    for path in folder.rglob("*"):
+        if path.is_dir():
+            path.chmod(0o755)
+    shutil.rmtree(folder)
+
+
+def run_as_someone_else(
+    command: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run as nobody when we are root, for whom no folder is read-only."""
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    return subprocess.run(
+        (prefix if os.geteuid() == 0 else []) + command,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+
+
+@pytest.mark.parametrize("read_only", ["build", "cache"])
+def test_read_only_folder_is_refused(
+    shared_folder: Path, wheel_cache: Path, series: Series, read_only: str
+):
+    folders = {name: shared_folder / name for name in ("build", "cache", "home")}
+    for folder in folders.values():
+        folder.mkdir()
+        folder.chmod(0o777)
+    if read_only == "build":
+        shutil.copy(wheel_cache / series.manifest.base.wheel, folders["cache"])
+    folders[read_only].chmod(0o555)
+    result = run_as_someone_else(
+        [sys.executable, str(SCRIPTS / "apply-patches")],
+        {
+            "SGLANG_BACKPORTS_BUILD": str(folders["build"]),
+            "SGLANG_BACKPORTS_CACHE": str(folders["cache"]),
+            "HOME": str(folders["home"]),
+        },
+    )
+    assert result.returncode == Exit.ENVIRONMENT, result.stderr
+    assert str(folders[read_only]) in result.stderr
+    assert "next step:" in result.stderr and "Traceback" not in result.stderr
+    assert list(folders["build"].iterdir()) == []

@@ -18,8 +18,6 @@ from gpustage import stages  # noqa: E402
 from patchset.errors import Exit  # noqa: E402
 from patchset.manifest import Series  # noqa: E402
 
-GPU_TESTS = ROOT / "test" / "steps"
-
 
 def run_gpu(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None):
     return subprocess.run(
@@ -66,7 +64,7 @@ def test_dry_run_gives_the_exact_commands(plan: str, series: Series) -> None:
         tree = f"steps/{manifest.base.version}/{step}/python"
         block = stage_block(plan, f"gpu-{step}")
         assert f"{tree} SGLANG_BACKPORTS_STEP={step} " in block
-        assert f"gpu-{step}.xml" in block
+        assert f"/gpu-{step}.xml --outcomes-json " in block and f"/gpu-{step}.json" in block
         assert "SGLANG_BACKPORTS_REQUIRE_CUDA=1" in block
         assert "unset: CUDA_LAUNCH_BLOCKING, CUDA_DEVICE_MAX_CONNECTIONS" in block
     assert "must pass" in stage_block(plan, f"gpu-{manifest.final_step}")
@@ -151,34 +149,26 @@ def test_help_lists_the_exit_codes() -> None:
     assert " 18  a test stage failed" in result.stdout
 
 
-def junit(tmp_path: Path, cases: str) -> Path:
-    path = tmp_path / "gpu.xml"
-    path.write_text(
-        f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{cases}'
-        "</testsuite></testsuites>",
-        encoding="utf-8",
-    )
+def outcome_file(tmp_path: Path, outcomes: dict[str, str]) -> Path:
+    """An outcome file as scripts/testrun's pytest plugin writes it."""
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"outcomes": outcomes, "properties": {}}), encoding="utf-8")
     return path
 
 
-def case(name: str, inner: str = "") -> str:
-    where = 'classname="test.steps.test_gpu_prebuilt_race"'
-    return f'<testcase {where} name="{name}">{inner}</testcase>'
+PASSED = {"t::test_a": "pass", "t::test_b": "pass"}
+XFAILED = {"t::test_c": "FAIL (expected)"}
+SKIPPED = {"t::test_d": "skip"}
+FAILED = {"t::test_e": "FAIL"}
 
 
-PASSED = case("test_a") + case("test_b")
-XFAILED = case("test_c", '<skipped type="pytest.xfail" message="guards a fix"/>')
-SKIPPED = case("test_d", '<skipped type="pytest.skip" message="no CUDA device"/>')
-FAILED = case("test_e", '<failure message="boom"/>')
-
-
-def judge(tmp_path: Path, cases: str, rc: int, final: bool = False, allow_skips: bool = False):
-    check = stages.judge_gpu_step(junit(tmp_path, cases), GPU_TESTS, final, allow_skips)
+def judge(tmp_path: Path, cases: dict[str, str], rc: int, final=False, allow_skips=False):
+    check = stages.judge_gpu_step(outcome_file(tmp_path, cases), final, allow_skips)
     return check(rc, tmp_path / "log")
 
 
 def test_gpu_stage_accepts_the_known_failure_as_xfail(tmp_path: Path) -> None:
-    ok, text = judge(tmp_path, PASSED + XFAILED, 0)
+    ok, text = judge(tmp_path, PASSED | XFAILED, 0)
     assert ok, text
     assert text == "ok (known failure shown): 2 pass, 1 FAIL (expected)"
 
@@ -186,25 +176,25 @@ def test_gpu_stage_accepts_the_known_failure_as_xfail(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("cases", "rc", "why"),
     [
-        (PASSED + SKIPPED, 0, "skipped on a GPU run"),
-        (PASSED + FAILED, 1, "1 FAIL"),
+        (PASSED | SKIPPED, 0, "skipped on a GPU run"),
+        (PASSED | FAILED, 1, "1 FAIL"),
         (XFAILED, 0, "nothing passed"),
     ],
     ids=["skip", "failure", "nothing-passed"],
 )
-def test_gpu_stage_refuses_skips_and_failures(tmp_path: Path, cases: str, rc: int, why: str):
+def test_gpu_stage_refuses_skips_and_failures(tmp_path: Path, cases: dict, rc: int, why: str):
     ok, text = judge(tmp_path, cases, rc, final=True)
     assert not ok
     assert why in text
 
 
 def test_a_rehearsal_accepts_skips(tmp_path: Path) -> None:
-    ok, text = judge(tmp_path, PASSED + SKIPPED, 0, final=True, allow_skips=True)
+    ok, text = judge(tmp_path, PASSED | SKIPPED, 0, final=True, allow_skips=True)
     assert ok and text == "ok (rehearsal, CUDA tests skipped): 2 pass, 1 skip", text
 
 
 def test_gpu_stage_without_a_report_fails(tmp_path: Path) -> None:
-    check = stages.judge_gpu_step(tmp_path / "missing.xml", GPU_TESTS, True)
+    check = stages.judge_gpu_step(tmp_path / "missing.json", True)
     ok, text = check(4, tmp_path)
     assert not ok
     assert "no test report" in text

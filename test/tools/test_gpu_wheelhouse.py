@@ -39,15 +39,15 @@ def fake_wheelhouse(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
     house = tmp_path / "wheelhouse"
     house.mkdir()
     shutil.copyfile(wheel_cache / series.manifest.base.wheel, house / series.manifest.base.wheel)
-    for name, version in wheelhouse.wanted_pins().items():
+    for name, version in wheelhouse.wanted_pins(series.manifest).items():
         file = f"{wheelhouse.canonical(name).replace('-', '_')}-{version}-py3-none-any.whl"
         (house / file).write_text(f"{name} {version}\n")
     wheelhouse.write_manifest(series.manifest, "3.12", house)
     return house
 
 
-def test_the_wheelhouse_holds_the_closure_less_the_image() -> None:
-    pins = {wheelhouse.canonical(n): v for n, v in wheelhouse.wanted_pins().items()}
+def test_the_wheelhouse_holds_the_closure_less_the_image(series: Series) -> None:
+    pins = {wheelhouse.canonical(n): v for n, v in wheelhouse.wanted_pins(series.manifest).items()}
     for name, version in {
         "transformers": "5.12.1", "orjson": "3.13.0", "pybase64": "1.5.1", "msgspec": "0.23.0",
         "partial-json-parser": "0.2.1.1.post7", "xgrammar": "0.2.9", "pytest": "9.0.1",
@@ -57,7 +57,7 @@ def test_the_wheelhouse_holds_the_closure_less_the_image() -> None:
         assert name not in pins, name
     # Every pin of the CPU closure is accounted for: in the wheelhouse, the image, or unused.
     known = {wheelhouse.canonical(n) for n in (*wheelhouse.IMAGE_HOLDS, *wheelhouse.NOT_IMPORTED)}
-    for name in wheelhouse.read_pins(wheelhouse.CPU_CLOSURE):
+    for name in wheelhouse.read_pins(wheelhouse.closure_file(series.manifest)):
         c = wheelhouse.canonical(name)
         assert c in pins or c in known or c.startswith(wheelhouse.IMAGE_PREFIXES), name
 
@@ -66,7 +66,7 @@ def test_a_complete_wheelhouse_is_accepted(fake_wheelhouse: Path, series: Series
     house = wheelhouse.load(fake_wheelhouse, series.manifest)
     assert house.python_version == "3.12"
     lines = house.requirements().splitlines()
-    assert len(lines) == len(wheelhouse.wanted_pins())
+    assert len(lines) == len(wheelhouse.wanted_pins(series.manifest))
     assert any(line.startswith("transformers==5.12.1 --hash=sha256:") for line in lines)
     assert not any(line.startswith("sglang") for line in lines)  # laid out, not installed
     data = json.loads((fake_wheelhouse / wheelhouse.MANIFEST).read_text())

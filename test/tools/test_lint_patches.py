@@ -235,3 +235,22 @@ def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == PATCHSET_INVALID
     assert "does not exist" in result.stderr and "next step:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_plain_diff_for_a_fourth_file_is_caught(patch_set: Path) -> None:
+    # No `diff --git` header: git am still applies a plain ---/+++ diff.
+    with (patch_set / P2).open("a", encoding="utf-8") as patch:
+        patch.write(
+            "--- a/python/sglang/srt/managers/scheduler.py\n"
+            "+++ b/python/sglang/srt/managers/scheduler.py\n"
+            "@@ -1,1 +1,2 @@\n"
+            " # Copyright\n"
+            "+import os\n"
+        )
+    repin(patch_set)
+    result = lint(patch_set)
+    line = line_of(patch_set / P2, "--- a/python/sglang/srt/managers/scheduler.py")
+    assert f"{P2}:{line}: [allow-list] touches python/sglang/srt/managers/scheduler.py" in (
+        result.stdout
+    )
+    assert result.returncode == PATCHSET_INVALID

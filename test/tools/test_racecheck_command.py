@@ -1,30 +1,41 @@
-"""scripts/race-check end to end, on the build tree's step trees and on a broken copy.
+"""scripts/race-check end to end, on the build tree's step trees and on wrong fixes.
 
 Needs the applied build tree (scripts/run-tests applies it before this suite).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import repin
 from patchset import buildtree, paths
 from patchset.manifest import Series
+from racecheck.catalogue import PLAYS
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # The ordering patch 0002 adds to get_new_prebuilt_batch.
 WAIT = "            self.schedule_stream.wait_stream(self.forward_stream)\n"
+IF_OVERLAP = "        if self.enable_overlap:\n"
+EAGLE = {play.name for play in PLAYS if play.spec}
+DECODE = Path("python", "sglang", "srt", "disaggregation", "decode.py")
 
 
 @pytest.fixture(scope="module")
-def patched_tree(series: Series) -> Path:
-    tree = paths.build_dir() / "steps" / "0002"
-    if not buildtree.build_tree_path(series, paths.build_dir()).is_dir() or not tree.is_dir():
-        pytest.skip("no applied build tree with step trees (scripts/run-tests lays them out)")
-    return tree
+def step_trees(series: Series) -> dict[str, Path]:
+    build = paths.build_dir()
+    if not buildtree.build_tree_path(series, build).is_dir():
+        pytest.skip("no applied build tree (scripts/run-tests lays it out)")
+    return buildtree.step_trees(series, build)
+
+
+@pytest.fixture(scope="module")
+def patched_tree(series: Series, step_trees: dict[str, Path]) -> Path:
+    return step_trees[series.manifest.final_step]
 
 
 def race_check(*args: str) -> subprocess.CompletedProcess[str]:
@@ -33,33 +44,107 @@ def race_check(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_every_step_gives_the_expected_table(patched_tree: Path) -> None:
+def sections(out: str) -> dict[str, str]:
+    """The race reports of each column ('base', 'tree 2', ...), by column."""
+    found: dict[str, str] = {}
+    for block in out.split("\n\n"):
+        match = re.match(r"(\S[^\n]*?): (?:\d+ races?|no race)", block)
+        if match:
+            found[match.group(1)] = block
+    return found
+
+
+def raced(section: str) -> set[str]:
+    """'S5 3' for every '[S5] output_tokens_buf row 3: ...' line of a section."""
+    return {f"{s} {r}" for s, r in re.findall(r"^\[(\w+)\] \w+ row (\d+):", section, re.M)}
+
+
+def test_every_step_gives_the_expected_table(series: Series, patched_tree: Path) -> None:
     result = race_check("--step", "all")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "ok: the measured table is the expected one" in out
-    assert "base: 7 races" in out and "+0001: 6 races" in out and "+0002: no race" in out
+    for step in series.manifest.steps:
+        label = step if step == "base" else f"+{step}"
+        assert f"race-check: 17 scenarios on {label} (" in out
+    reports = sections(out)
+    final = "+" + series.manifest.final_step
+    assert reports[final].startswith(f"{final}: no race")
+    # Each race by row: only rows the in-flight forward wrote and the batch reuses.
+    assert raced(reports["base"]) >= {"S1 3", "S2 2", "S3 4", "S5 3", "S5 5", "S9 2", "S9 6"}
+    assert not {r for r in raced(reports["base"]) if r.startswith(("S10 ", "S11 "))}
     assert "sglang/srt/disaggregation/decode.py:" in out
+    assert "WAR barrier " in out and "ran on torch " in out
     assert "timings:" in out
 
 
-def test_a_tree_without_the_wait_fails_with_race_reports(
+def wrong_fix(patched_tree: Path, folder: Path, condition: str | None) -> Path:
+    """A copy of the patched tree whose wait runs only when condition holds (None: never)."""
+    shutil.copytree(patched_tree / "python", folder / "python")
+    decode = folder / DECODE
+    source = decode.read_text()
+    assert source.count(IF_OVERLAP + "            # A request") == 1, "0002's wait moved"
+    assert source.count(WAIT) == 1, "patch 0002's wait_stream is not where this test expects it"
+    if condition is None:
+        source = source.replace(WAIT, "            pass\n")
+    else:
+        source = source.replace(
+            IF_OVERLAP + "            # A request",
+            f"        if self.enable_overlap and {condition}:\n            # A request",
+        )
+    decode.write_text(source)
+    return folder
+
+
+def test_waits_that_depend_on_the_batch_turn_their_cells_red(
     patched_tree: Path, tmp_path: Path
 ) -> None:
-    broken = tmp_path / "broken"
-    shutil.copytree(patched_tree / "python", broken / "python")
-    decode = broken / "python" / "sglang" / "srt" / "disaggregation" / "decode.py"
-    source = decode.read_text()
-    assert source.count(WAIT) == 1, "patch 0002's wait_stream is not where this test expects it"
-    decode.write_text(source.replace(WAIT, "            pass\n"))
-
-    result = race_check("--tree", str(broken))
+    trees = [
+        wrong_fix(patched_tree, tmp_path / "no-wait", None),
+        wrong_fix(patched_tree, tmp_path / "one-request", "len(can_run_list) == 1"),
+        wrong_fix(patched_tree, tmp_path / "spec-only", "not self.spec_algorithm.is_none()"),
+        patched_tree,
+    ]
+    result = race_check(*(arg for tree in trees for arg in ("--tree", str(tree))))
     assert result.returncode == 15, result.stdout + result.stderr
-    assert "FAILED: 7 race(s) in the patched tree" in result.stdout
-    assert "output_tokens_buf row 4: unordered writes" in result.stdout
-    assert "write on forward_stream" in result.stdout
-    assert "write on schedule_stream" in result.stdout
+    out = result.stdout
+    reports = sections(out)
+    # 0002 restores the base FutureMap, so without its wait S2 reopens too: base's 48.
+    assert f"FAILED: 48 race(s) in the patched tree {trees[0]}" in out
+    assert "output_tokens_buf row 4: unordered writes" in reports["tree 1"]
+    assert "write on forward_stream" in out and "write on schedule_stream" in out
+    # A wait only for one-request batches: every multi-request shape is red, by row.
+    one = raced(reports["tree 2"])
+    assert {"S4 3", "S4 5", "S5 3", "S5 5", "S7 3", "S8 2", "S8 6", "S9 6", "L4 3"} <= one
+    assert not {r for r in one if r.split()[0] in ("S1", "S2", "S3", "S10", "S11")}
+    # A wait only on the EAGLE path: every non-speculative shape is red.
+    spec = raced(reports["tree 3"])
+    assert {"S3 4", "S5 3", "S5 5", "S7 3", "S9 2", "S9 6", "L2 3", "L4 3"} <= spec
+    assert not {r for r in spec if r.split()[0] in EAGLE}
+    assert reports["tree 4"].startswith("tree 4: no race")
+    assert f"ok: no race in {patched_tree}" in out
 
-    result = race_check("--tree", str(patched_tree))
+
+def test_a_tree_is_judged_as_the_manifests_final_step(patch_set: Path, patched_tree: Path) -> None:
+    """With a third patch in the manifest, --tree is judged by the 0003 column."""
+    pin = patch_set / "pin.toml"
+    text = pin.read_text()
+    fake = "0003-a-fake-third-step.patch"
+    text = text.replace("[patches]\n", f'[patches]\n"{fake}" = "{"0" * 64}"\n', 1)
+    text = text.replace(
+        '"0002" = []\n',
+        '"0002" = [{ kind = "write/write", rows = [7], '
+        'buffers = ["output_tokens_buf"] }]\n"0003" = []\n',
+    )
+    # The fake step goes last in series order.
+    lines = text.splitlines()
+    start = lines.index("[patches]") + 1
+    lines[start : start + 3] = [*lines[start + 1 : start + 3], lines[start]]
+    pin.write_text("\n".join(lines) + "\n")
+    (patch_set / "series").write_text((patch_set / "series").read_text() + fake + "\n")
+    repin(patch_set)
+    result = race_check("--patch-set", str(patch_set), "--tree", str(patched_tree))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "ok: no race" in result.stdout
+    assert f"ok: no race in {patched_tree}" in result.stdout
+    helped = race_check("--patch-set", str(patch_set), "--help")
+    assert "{base,0001,0002,0003,all}" in helped.stdout

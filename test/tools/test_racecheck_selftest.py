@@ -7,6 +7,7 @@ private sanitizer API it was not written for.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from racecheck import csan, report
+from patchset.errors import BackportError, Exit
+from patchset.manifest import Series
+from racecheck import catalogue, csan, report
 from racecheck.races import Race
 from racecheck.sim import SimDevice, SimStream
 from racecheck.watch import BufferWatch, simulated_gpu
@@ -283,19 +286,15 @@ def test_a_watch_reports_nothing_without_any_access() -> None:
 # --- the private torch API -------------------------------------------------
 
 
-def test_the_installed_torch_is_the_tested_one_and_csan_has_its_shape() -> None:
-    module = csan.load()
-    assert torch.__version__.split("+")[0] == csan.TESTED_TORCH
-    assert csan.check_shape(module) == []
-
-
-def test_another_torch_release_is_refused_with_a_clear_message(monkeypatch) -> None:
-    monkeypatch.delenv(csan.UNTESTED_TORCH_ENV, raising=False)
+def test_any_torch_with_the_sanitizer_shape_is_used_and_named(monkeypatch) -> None:
+    assert csan.check_shape(csan.load()) == []
     monkeypatch.setattr(torch, "__version__", "2.99.0")
-    with pytest.raises(csan.CsanUnavailable, match=r"2\.99\.0 is not the release .* tested"):
-        csan.load()
-    monkeypatch.setenv(csan.UNTESTED_TORCH_ENV, "1")
-    csan.load()
+    csan.load()  # no version check: the API's shape decides
+    assert csan.torch_text("2.99.0") == (
+        "torch 2.99.0 (sanitizer API checked; table not yet verified on it)"
+    )
+    verified = csan.VERIFIED_TORCH[0]
+    assert csan.torch_text(f"{verified}+cu130") == f"torch {verified}+cu130 (verified)"
 
 
 def test_a_changed_sanitizer_api_is_refused(monkeypatch) -> None:
@@ -310,26 +309,41 @@ def test_a_changed_sanitizer_api_is_refused(monkeypatch) -> None:
     problems = csan.check_shape(_sanitizer)
     assert any("_handle_event_wait is gone" in p for p in problems)
     assert any(p.startswith("EventHandler._handle_kernel_launch(") for p in problems)
-    with pytest.raises(csan.CsanUnavailable, match="changed shape"):
+    with pytest.raises(BackportError, match="changed shape") as raised:
         csan.load()
+    assert raised.value.code == Exit.ENVIRONMENT
 
 
 # --- table and reports -----------------------------------------------------
 
 
-def test_the_expected_table_covers_every_scenario_and_step() -> None:
-    assert set(report.EXPECTED) == set(report.SCENARIOS)
-    for row in report.EXPECTED.values():
-        assert set(row) == set(report.STEPS)
-        assert row["0002"] == frozenset()
+def test_the_expected_table_covers_every_scenario_and_step(series: Series) -> None:
+    table = report.expected_table(series.manifest, catalogue.SCENARIOS)
+    assert set(table) == set(catalogue.SCENARIOS)
+    for row in table.values():
+        assert list(row) == series.manifest.steps
+        assert row[series.manifest.final_step] == frozenset()
+
+
+def test_a_manifest_without_a_column_for_a_step_is_refused(series: Series) -> None:
+    raw = {**series.manifest.raw, "races": {"S1": {"base": []}}}
+    manifest = dataclasses.replace(series.manifest, raw=raw)
+    with pytest.raises(BackportError, match=r"\[races.S1\] has no entry for step") as raised:
+        report.expected_table(manifest, ["S1"])
+    assert raised.value.code == Exit.PATCHSET_INVALID
+    with pytest.raises(BackportError, match=r"has no \[races.S2\]"):
+        report.expected_table(manifest, ["S2"])
 
 
 def test_cells_read_like_the_issue(gpu) -> None:
     device, watch, buf, s = gpu
     on(device, s["A"], write_row(buf, 1))
     on(device, s["B"], write_row(buf, 1))
+    on(device, s["A"], write_row(buf, 4))
+    on(device, s["B"], write_row(buf, 4))
     cell = report.cell_of(watch.races)
-    assert report.describe(cell) == "unordered writes to buf"
+    assert cell == {("write/write", "buf", 1), ("write/write", "buf", 4)}
+    assert report.describe(cell) == "unordered writes to buf in rows 1, 4"
     assert report.describe(frozenset()) == "clean"
     text = report.race_text(watch.races[0])
     assert "buf row 1: unordered writes" in text
@@ -364,7 +378,7 @@ def test_a_missing_interpreter_is_refused(tmp_path: Path) -> None:
 
 
 def test_bad_usage_exits_2() -> None:
-    result = race_check("--step", "0003")
+    result = race_check("--step", "9999")
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
     result = race_check("--step", "base", "--tree", ".")

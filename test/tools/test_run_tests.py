@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import RunScript
 from patchset import apply, buildtree, paths
+from patchset.errors import Exit
 from patchset.manifest import Series
 
 DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
@@ -25,10 +26,10 @@ SELECT = "test_prebuilt_batch"
 
 @pytest.fixture(scope="module")
 def patched_tree(series: Series, wheel_cache: Path) -> Path:
-    """build/steps/0002, made through the library if this run has not made it yet."""
+    """The final step's tree, laid out in this session's build folder."""
     build = paths.build_dir()
     apply.apply_to_build_tree(series, build, wheel_cache)
-    return buildtree.step_trees(series, build)["0002"]
+    return buildtree.step_trees(series, build)[series.manifest.final_step]
 
 
 def copy_tree(source: Path, dest: Path) -> Path:
@@ -76,7 +77,7 @@ def test_removing_the_wait_stream_line_fails_the_suite(
 
     result = run_tree(run_script, tree)
 
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == Exit.TESTS_FAILED, result.stdout + result.stderr
     assert row(result.stdout, GUARD) == ["FAIL"]
     # Only the guard fails: the module still imports and the other cases pass.
     assert row(result.stdout, "test_prebuilt_batch::test_without_overlap_nothing_waits") == ["pass"]
@@ -86,5 +87,5 @@ def test_removing_the_wait_stream_line_fails_the_suite(
 def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Path) -> None:
     result = run_script("run-tests", "--tree", str(tmp_path), "--python", sys.executable)
 
-    assert result.returncode == 14
+    assert result.returncode == Exit.SETUP
     assert "holds no python/sglang/__init__.py" in result.stderr

@@ -1,0 +1,539 @@
+"""Deploy the series: a patched sglang wheel, and what an environment's sglang runs.
+
+build_wheel rewrites the pinned wheel so that only the patched files, the
+.dist-info folder name, METADATA's Version and RECORD change. inspect_install
+and inspect_tree hash the three files an interpreter (or a folder) holds and
+name their content from every manifest under patches/. Standard library only,
+so check-install can be copied into a container and run by its python.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import wheel as wheels
+from .apply import git_apply, scratch_copy
+from .errors import BackportError, Exit
+from .manifest import PinManifest, Series, git_blob_id, patch_set_folders, release_key
+from .patchfile import parse_patch
+
+BUILD_TABLE = "build-wheel"
+# PEP 440 local version label, in its normalized form (lower case, dots), so
+# that the file name, the folder name and METADATA spell it the same way.
+LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:\.[a-z0-9]+)*$")
+
+# The race checker's scenarios (scripts/race-check) and which of them each
+# upstream fix closes, as measured there: fix A (#30435) makes the consumer's
+# fence cumulative, fix B (#35748) orders the seeding after the forward.
+RACES = {
+    "S1": "row reuse: a prebuilt seed and an in-flight forward write the same row",
+    "S2": "consumer: a reader of publish_ready misses the forward's earlier publish",
+    "S3": "non-speculative prebuilt: unordered writes to output_tokens_buf",
+}
+CLOSES = {
+    "sgl-project/sglang#30435": frozenset({"S2"}),
+    "sgl-project/sglang#35748": frozenset(RACES),
+}
+
+
+# --- the version label ---------------------------------------------------------
+
+
+def series_sha256(manifest: PinManifest) -> str:
+    """One hash of the whole series: sha256 over its 'name sha256' lines, in order."""
+    lines = "".join(f"{name} {digest}\n" for name, digest in manifest.patch_hashes.items())
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def label_problems(manifest: PinManifest) -> list[str]:
+    """What is wrong with the manifest's [build-wheel] table; empty when it is right."""
+    table = manifest.raw.get(BUILD_TABLE)
+    if not isinstance(table, dict):
+        return [
+            f'no [{BUILD_TABLE}] table: add one with local = "pdrace.N" and '
+            f'series-sha256 = "{series_sha256(manifest)}"'
+        ]
+    problems = []
+    local = table.get("local", "")
+    if not isinstance(local, str) or not LOCAL_LABEL.match(local):
+        problems.append(
+            f"[{BUILD_TABLE}] local = {local!r} is not a PEP 440 local version label in "
+            "normalized form (lower-case letters and digits, joined by dots, e.g. pdrace.2)"
+        )
+    pinned = table.get("series-sha256", "")
+    actual = series_sha256(manifest)
+    if pinned != actual:
+        problems.append(
+            f"[{BUILD_TABLE}] series-sha256 is {pinned!r}, but the series now hashes to "
+            f"{actual}: the series changed, so give the wheel a new label (change local, "
+            f'e.g. raise its number) and set series-sha256 = "{actual}"'
+        )
+    return problems
+
+
+# --- build-wheel -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    path: Path
+    sha256: str
+    version: str
+    changed: list[str]
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return f"sha256={digest.decode()}"
+
+
+def patched_files(series: Series, base_files: dict[str, bytes]) -> dict[str, bytes]:
+    """The series applied to the base's files in a scratch copy, checked against the manifest."""
+    manifest = series.manifest
+    blobs = {path: git_blob_id(data) for path, data in base_files.items()}
+    if blobs != manifest.blobs_at(manifest.steps[0]):
+        raise BackportError(
+            Exit.BASE_MISMATCH,
+            f"the files of {manifest.base.wheel} are not the ones {series.folder.name} "
+            "pins as its base",
+            "restore the patch set with `git checkout -- patches/`",
+        )
+    with scratch_copy(dict(base_files)) as scratch:
+        for patch in series.patch_paths:
+            result = git_apply(scratch, patch)
+            if result.returncode != 0:
+                raise BackportError(
+                    Exit.APPLY_FAILED,
+                    f"patch {patch.name} did not apply to {manifest.base.wheel}:\n"
+                    f"{result.stderr.strip()}",
+                    "refresh the patch on the pristine base and run scripts/export-patches",
+                )
+        out = {path: (scratch / path).read_bytes() for path in base_files}
+    produced = {path: git_blob_id(data) for path, data in out.items()}
+    expected = manifest.blobs_at(manifest.final_step)
+    wrong = [path for path in expected if produced.get(path) != expected[path]]
+    if wrong:
+        raise BackportError(
+            Exit.APPLY_FAILED,
+            f"the series applied, but produced other content than the manifest pins "
+            f"for: {', '.join(wrong)}",
+            "regenerate the manifest with scripts/export-patches",
+        )
+    return out
+
+
+def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
+    """METADATA with its Version header changed; the rest byte for byte."""
+    header_end = data.find(b"\n\n")
+    header = data if header_end < 0 else data[:header_end]
+    line = f"Version: {old}".encode()
+    lines = header.split(b"\n")
+    if line not in lines:
+        raise BackportError(
+            Exit.WHEEL_HASH,
+            f"the wheel's METADATA has no line {line.decode()!r}",
+            "this is not the wheel the manifest pins; delete it from the cache and run again",
+        )
+    lines[lines.index(line)] = f"Version: {new}".encode()
+    return b"\n".join(lines) + (b"" if header_end < 0 else data[header_end:])
+
+
+def _rewrite_record(
+    data: bytes, rename: dict[str, str], changed: dict[str, bytes], record: str
+) -> bytes:
+    """RECORD with renamed paths and new hash and size for each changed member.
+
+    Lines of members that did not change stay byte for byte.
+    """
+    out = []
+    for line in data.decode("utf-8").splitlines(keepends=True):
+        row = next(csv.reader([line]))
+        path = row[0]
+        if path not in rename and path not in changed:
+            out.append(line)
+            continue
+        new_path = rename.get(path, path)
+        if new_path == record:
+            row = [new_path, "", ""]
+        elif path in changed:
+            content = changed[path]
+            row = [new_path, _record_hash(content), str(len(content))]
+        else:
+            row = [new_path, *row[1:]]
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator=line[len(line.rstrip("\r\n")) :]).writerow(row)
+        out.append(buffer.getvalue())
+    return "".join(out).encode("utf-8")
+
+
+def build_wheel(series: Series, cache: Path, out_dir: Path) -> BuiltWheel:
+    """Write the patched wheel of series' release into out_dir; same inputs, same bytes."""
+    series.verify()
+    manifest = series.manifest
+    problems = label_problems(manifest)
+    if problems:
+        raise BackportError(
+            Exit.PATCHSET_INVALID,
+            f"{series.folder / 'pin.toml'}: " + "; ".join(problems),
+            "fix the [build-wheel] table (scripts/lint-patches checks it) and run again",
+        )
+    base = manifest.base
+    source = wheels.fetch_wheel(base, cache)
+    name, old_version, tags = base.wheel[: -len(".whl")].split("-", 2)
+    version = f"{base.version}+{manifest.local_version}"
+    old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
+    record = f"{new_info}RECORD"
+
+    base_files = dict(wheels.read_files(source, manifest.files))
+    patched = patched_files(series, base_files)
+    changed = {
+        path.removeprefix(wheels.REPO_PREFIX): data
+        for path, data in patched.items()
+        if data != base_files[path]
+    }
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{name}-{version}-{tags}.whl"
+    with zipfile.ZipFile(source) as original:
+        members = original.infolist()
+        names = [m.filename for m in members]
+        if f"{old_info}RECORD" not in names or f"{old_info}METADATA" not in names:
+            raise BackportError(
+                Exit.WHEEL_HASH,
+                f"{source} has no {old_info}RECORD or METADATA",
+                "this is not the wheel the manifest pins; delete it from the cache and run again",
+            )
+        rename = {n: new_info + n[len(old_info) :] for n in names if n.startswith(old_info)}
+        changed[f"{old_info}METADATA"] = _metadata_with_version(
+            original.read(f"{old_info}METADATA"), base.version, version
+        )
+        changed[f"{old_info}RECORD"] = _rewrite_record(
+            original.read(f"{old_info}RECORD"), rename, changed, record
+        )
+        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=".build-wheel-", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            with zipfile.ZipFile(tmp, "w") as rebuilt:
+                for member in members:
+                    data = changed.get(member.filename)
+                    if data is None and not member.is_dir():
+                        data = original.read(member)
+                    rebuilt.writestr(_copy_info(member, rename), data or b"")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return BuiltWheel(
+        target,
+        hashlib.sha256(target.read_bytes()).hexdigest(),
+        version,
+        [rename.get(m, m) for m in changed],
+    )
+
+
+def _copy_info(member: zipfile.ZipInfo, rename: dict[str, str]) -> zipfile.ZipInfo:
+    """A fresh ZipInfo with the member's name (renamed), date, mode and compression.
+
+    Everything zipfile would otherwise take from the clock or the platform is
+    set from the original, so the output depends on the inputs alone.
+    """
+    info = zipfile.ZipInfo(rename.get(member.filename, member.filename), member.date_time)
+    info.compress_type = member.compress_type
+    info.external_attr = member.external_attr
+    info.create_system = member.create_system
+    info.comment = member.comment
+    info.extra = member.extra
+    return info
+
+
+# --- check-install -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KnownContent:
+    """One set of the three files this project can name."""
+
+    name: str
+    fixes: frozenset[str]  # upstream pull requests whose fix the files carry
+    ours: bool  # made by one of our series (a step of it), not a release as shipped
+
+
+@dataclass
+class Catalog:
+    by_blobs: dict[tuple[tuple[str, str], ...], list[KnownContent]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+    def add(self, blobs: dict[str, str], content: KnownContent) -> None:
+        key = tuple(sorted(blobs.items()))
+        entries = self.by_blobs.setdefault(key, [])
+        if content not in entries:
+            entries.append(content)
+
+    def lookup(self, blobs: dict[str, str | None]) -> list[KnownContent]:
+        return self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
+
+
+def open_races(fixes: frozenset[str]) -> list[str]:
+    closed: set[str] = set()
+    for pr in fixes:
+        closed |= CLOSES.get(pr, frozenset())
+    return [race for race in RACES if race not in closed]
+
+
+def _series_fixes(series: Series) -> list[tuple[str, str]]:
+    """(upstream PR, first release with it) of each patch, from its trailers."""
+    out = []
+    for path in series.patch_paths:
+        patch = parse_patch(path)
+        pr, release = patch.trailer("Upstream-PR"), patch.trailer("Upstream-Release")
+        out.append((pr[0].value if pr else "", release[0].value if release else ""))
+    return out
+
+
+def load_catalog(patches_root: Path) -> Catalog:
+    """Every content the manifests under patches_root know: each step of each
+    series, and each known release."""
+    all_series = [Series.load(folder) for folder in patch_set_folders(patches_root)]
+    if not all_series:
+        raise BackportError(
+            Exit.PATCHSET_INVALID,
+            f"no patch set (a folder with pin.toml) under {patches_root}",
+            "run from a copy of the project that has its patches/ folder",
+        )
+    first_release: dict[str, str] = {}
+    for series in all_series:
+        for pr, release in _series_fixes(series):
+            if pr and release and release != "none":
+                first_release.setdefault(pr, release)
+
+    def fixes_of(release: str) -> frozenset[str]:
+        key = release_key(release)
+        return frozenset(pr for pr, first in first_release.items() if key >= release_key(first))
+
+    catalog = Catalog(files=list(all_series[0].manifest.files))
+    for series in all_series:
+        manifest = series.manifest
+        served = ", ".join(manifest.releases)
+        prs = [pr for pr, _ in _series_fixes(series)]
+        for index, step in enumerate(manifest.steps):
+            if index == 0:
+                name = f"unpatched sglang {served}"
+            elif step == manifest.final_step:
+                label = f"+{manifest.local_version}" if manifest.local_version else ""
+                name = f"sglang {served} with the series {series.folder.name} applied {label}"
+            else:
+                name = f"sglang {served} with {series.folder.name} applied up to patch {step}"
+            fixes = fixes_of(manifest.base.version) | frozenset(p for p in prs[:index] if p)
+            catalog.add(manifest.blobs_at(step), KnownContent(name.strip(), fixes, index > 0))
+    releases: dict[str, dict[str, str]] = {}
+    for series in all_series:
+        releases.update(series.manifest.known_releases)
+    for release in sorted(releases, key=release_key):
+        catalog.add(releases[release], KnownContent(f"sglang {release}", fixes_of(release), False))
+    return catalog
+
+
+@dataclass
+class FileState:
+    path: str  # python/sglang/... as in the manifests
+    location: Path
+    blob: str | None = None
+    sha256: str | None = None
+    record: str = "-"  # "matches RECORD", "differs from RECORD", "not in RECORD", "-"
+
+
+@dataclass
+class InstallReport:
+    where: str  # what was inspected, in words
+    files: list[FileState]
+    distribution: str = ""  # "sglang 0.5.15.post1+pdrace.2 (RECORD at ...)" or why none
+    matches: list[KnownContent] = field(default_factory=list)
+
+    @property
+    def modified(self) -> bool:
+        return any(f.record in ("differs from RECORD", "not in RECORD") for f in self.files)
+
+    @property
+    def open(self) -> list[str] | None:
+        """The races still open; None when the content is unknown."""
+        if not self.matches:
+            return None
+        return open_races(self.matches[0].fixes)
+
+    def verdict(self) -> tuple[Exit, str]:
+        """The exit code and the verdict line.
+
+        Precedence: an open race is named first (whether pip knows the files
+        or not), then an edit pip does not know of, then unknown content.
+        """
+        open_ = self.open
+        if open_:
+            named = "; ".join(m.name for m in self.matches)
+            if self.matches[0].fixes:
+                fixes = ", ".join(sorted(self.matches[0].fixes))
+                return Exit.PARTIAL_FIX, (
+                    f"partial fix: {named} (has {fixes} only); races still open: {', '.join(open_)}"
+                )
+            return Exit.AFFECTED, f"affected: {named}; races open: {', '.join(open_)}"
+        if self.modified:
+            return Exit.MODIFIED, (
+                "modified: the files differ from the RECORD of the installed distribution "
+                f"(an edit pip does not know of); content: {self._content()}"
+            )
+        if open_ is None:
+            return Exit.UNKNOWN_CONTENT, (
+                "unknown content: the files match no release and no series this project knows"
+            )
+        match = self.matches[0]
+        what = "patched" if match.ours else "fixed upstream"
+        return Exit.OK, f"{what}: {'; '.join(m.name for m in self.matches)}; races closed"
+
+    def _content(self) -> str:
+        return "; ".join(m.name for m in self.matches) if self.matches else "unknown"
+
+
+def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
+    states = []
+    for path in catalog.files:
+        location = package / path.removeprefix(f"{wheels.REPO_PREFIX}sglang/")
+        state = FileState(path, location)
+        if location.is_file():
+            data = location.read_bytes()
+            state.blob = git_blob_id(data)
+            state.sha256 = hashlib.sha256(data).hexdigest()
+        states.append(state)
+    return states
+
+
+def _judge(report: InstallReport, catalog: Catalog) -> InstallReport:
+    blobs = {f.path: f.blob for f in report.files}
+    report.matches = catalog.lookup(blobs) if all(blobs.values()) else []
+    # a step of our series is named before a release with the same files
+    report.matches.sort(key=lambda m: not m.ours)
+    return report
+
+
+def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
+    """The three files of the sglang package in tree (tree/sglang or tree/python/sglang)."""
+    for package in (tree / "sglang", tree / "python" / "sglang", tree):
+        if (package / "srt").is_dir():
+            break
+    else:
+        raise BackportError(
+            Exit.NOT_INSTALLED,
+            f"{tree} holds no sglang package (looked for sglang/srt and python/sglang/srt)",
+            "pass --tree with the folder that holds sglang/ or python/sglang/",
+        )
+    files = _hash_files(package, catalog)
+    return _judge(InstallReport(f"sglang tree {package}", files, "none (--tree)"), catalog)
+
+
+# Runs in the inspected interpreter: finds sglang without importing it.
+# find_spec of a top-level package does not execute its __init__.
+_PROBE = r"""
+import json, sys
+sys.path[:] = [p for p in sys.path if p != ""]
+import importlib.util
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+spec = importlib.util.find_spec("sglang")
+locations = list(spec.submodule_search_locations or []) if spec else []
+out["package"] = locations[0] if locations else None
+try:
+    import importlib.metadata as md
+    dist = md.distribution("sglang")
+except Exception:
+    dist = None
+if dist is not None:
+    files = dist.files or []
+    out["dist"] = {
+        "version": dist.version,
+        "record": next((str(dist.locate_file(f)) for f in files
+                        if f.name == "RECORD" and f.parent.name.endswith(".dist-info")), None),
+        "files": {str(f.as_posix()): [str(dist.locate_file(f)),
+                  f.hash.mode if f.hash else None, f.hash.value if f.hash else None]
+                  for f in files if f.as_posix().startswith("sglang/srt/")},
+    }
+print(json.dumps(out))
+"""
+
+
+def _probe(python: Path) -> dict[str, object]:
+    if not python.exists():
+        raise BackportError(
+            Exit.ENVIRONMENT, f"--python {python}: no such file", "pass a python interpreter"
+        )
+    try:
+        result = subprocess.run(
+            [str(python), "-c", _PROBE], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"--python {python} could not be run: {err}",
+            "pass a python interpreter that runs (e.g. the one in the environment's bin/)",
+        ) from None
+    try:
+        return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        if len(detail) > 160:
+            detail = detail[:160] + "..."
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"--python {python} is not a python this command can ask (exit status "
+            f"{result.returncode}; it said: {detail})",
+            "pass a Python 3.8 or later interpreter",
+        ) from None
+
+
+def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
+    """The sglang that python would import: its three files, judged, and its RECORD."""
+    probe = _probe(python)
+    where = f"{python} (Python {probe['python']})"
+    package = probe.get("package")
+    if not package:
+        raise BackportError(
+            Exit.NOT_INSTALLED,
+            f"{where} finds no sglang package",
+            "install sglang into that environment, or pass --python with the one that runs it",
+        )
+    files = _hash_files(Path(str(package)), catalog)
+    report = InstallReport(f"sglang imported by {where}: {package}", files)
+    dist = probe.get("dist")
+    if not isinstance(dist, dict):
+        report.distribution = "none: no installed distribution named sglang (no RECORD)"
+        return _judge(report, catalog)
+    record = dist["files"]
+    report.distribution = f"sglang {dist['version']} (RECORD {dist['record']})"
+    owned = 0
+    for state in files:
+        entry = record.get(state.path.removeprefix(wheels.REPO_PREFIX))
+        if entry is None:
+            state.record = "not in RECORD"
+            continue
+        located, mode, value = entry
+        if Path(located).resolve() != state.location.resolve():
+            state.record = "-"
+            continue
+        owned += 1
+        if state.sha256 is None or mode != "sha256":
+            state.record = "differs from RECORD"
+            continue
+        digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256)).rstrip(b"=").decode()
+        state.record = "matches RECORD" if digest == value else "differs from RECORD"
+    if not owned and all(s.record == "-" for s in files):
+        report.distribution += (
+            "; it does not own the files found (another copy on sys.path shadows it)"
+        )
+    return _judge(report, catalog)

@@ -1,0 +1,98 @@
+"""A pytest plugin: each test's outcome and recorded properties, written as JSON.
+
+Loaded by test/conftest.py. With --outcomes-json FILE, the run writes
+{"outcomes": {test: outcome}, "properties": {name: value}}. A test that
+carries a strict xfail and whose body raised nothing is an unexpected pass;
+one whose body raised what its xfail allows is an expected failure. The
+outcome comes from the run itself, not from pytest's report wording.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+PASS = "pass"
+EXPECTED_FAIL = "FAIL (expected)"
+SKIP = "skip"
+FAIL = "FAIL"
+UNEXPECTED_PASS = "PASS (must fail)"
+ERROR = "ERROR"
+# Worst first: a test with several reports (a teardown error) shows the worst.
+SEVERITY = (ERROR, UNEXPECTED_PASS, FAIL, SKIP, EXPECTED_FAIL, PASS)
+OPTION = "--outcomes-json"
+
+
+def test_name(nodeid: str) -> str:
+    """tools/test_x.py::test_y[p] -> test_x::test_y[p]"""
+    path, _, rest = nodeid.partition("::")
+    return f"{Path(path).stem}::{rest}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(OPTION, metavar="FILE", help="write each test's outcome to FILE as JSON")
+
+
+class _Recorder:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.outcomes: dict[str, str] = {}
+        self.properties: dict[str, str] = {}
+
+    def record(self, nodeid: str, outcome: str) -> None:
+        name = test_name(nodeid)
+        previous = self.outcomes.get(name)
+        if previous is None or SEVERITY.index(outcome) < SEVERITY.index(previous):
+            self.outcomes[name] = outcome
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, None]:
+        report = yield
+        rep: pytest.TestReport = report.get_result()  # type: ignore[attr-defined]
+        for name, value in rep.user_properties:
+            self.properties[str(name)] = str(value)
+        if rep.when != "call":
+            if rep.failed:
+                self.record(item.nodeid, ERROR)
+            elif rep.skipped and rep.when == "setup":
+                self.record(item.nodeid, SKIP)
+            return
+        marker = item.get_closest_marker("xfail")
+        if rep.failed and call.excinfo is None and marker is not None:
+            self.record(item.nodeid, UNEXPECTED_PASS)
+        elif rep.failed:
+            self.record(item.nodeid, FAIL)
+        elif rep.skipped and hasattr(rep, "wasxfail"):
+            self.record(item.nodeid, EXPECTED_FAIL)
+        elif rep.skipped:
+            self.record(item.nodeid, SKIP)
+        else:
+            self.record(item.nodeid, PASS)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.record(f"{report.nodeid}::(collection)", ERROR)
+
+    def pytest_sessionfinish(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        data = {"outcomes": self.outcomes, "properties": self.properties}
+        self.out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    out = config.getoption(OPTION)
+    if out:
+        config.pluginmanager.register(_Recorder(Path(out)), "testrun-outcomes")
+
+
+def read_outcomes(path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(test -> outcome, property -> value) from a file the plugin wrote; empty if none."""
+    if not path.is_file():
+        return {}, {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return dict(data["outcomes"]), dict(data["properties"])

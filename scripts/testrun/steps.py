@@ -1,0 +1,56 @@
+"""The step a test/steps run judges: its series, its name and the fixes it holds.
+
+scripts/run-tests names the patch set and the step in the environment; what
+each step holds comes from the patch set's pin.toml ([step-fixes]).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchset.manifest import Series
+
+STEP_ENV = "SGLANG_BACKPORTS_STEP"
+PATCH_SET_ENV = "SGLANG_BACKPORTS_PATCH_SET"
+TREE_ENV = "SGLANG_BACKPORTS_TREE"
+
+
+class StepError(Exception):
+    """The environment names no step, or one the patch set does not have."""
+
+
+@dataclass(frozen=True)
+class StepUnderTest:
+    """The step whose tree is imported: its series, its name and the fixes it holds."""
+
+    series: Series
+    name: str
+    fixes: frozenset[str]
+
+    @property
+    def is_final(self) -> bool:
+        return self.name == self.series.manifest.final_step
+
+    def holds(self, condition: str) -> bool:
+        if condition.startswith("!"):
+            return condition[1:] not in self.fixes
+        return condition in self.fixes
+
+
+def load_step() -> StepUnderTest:
+    folder, name = os.environ.get(PATCH_SET_ENV, ""), os.environ.get(STEP_ENV, "")
+    if not folder or not name:
+        raise StepError(
+            f"{PATCH_SET_ENV} and {STEP_ENV} are not set; run these tests through "
+            "scripts/run-tests, which sets them for each step"
+        )
+    series = Series.load(Path(folder))
+    step_fixes = series.manifest.raw.get("step-fixes", {})
+    if name not in series.manifest.steps or name not in step_fixes:
+        raise StepError(
+            f"{STEP_ENV}={name!r} is not a step of {folder} "
+            f"(steps: {', '.join(series.manifest.steps)}; [step-fixes] names {list(step_fixes)})"
+        )
+    return StepUnderTest(series, name, frozenset(step_fixes[name]))

@@ -1,0 +1,119 @@
+"""scripts/apply-patches run four times at once on one target, and a held lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from conftest import SCRIPTS, RunScript, git
+from patchset.apply import LOCK_NAME
+from patchset.errors import Exit
+from patchset.lock import held
+from patchset.manifest import Series, git_blob_id
+
+BRANCH = "sglang-backports/0.5.15.post1"
+
+
+def start_four(build: Path, cache: Path, *args: str) -> list[subprocess.Popen[str]]:
+    env = dict(os.environ, SGLANG_BACKPORTS_BUILD=str(build), SGLANG_BACKPORTS_CACHE=str(cache))
+    command = [sys.executable, str(SCRIPTS / "apply-patches"), "--wait", "600", *args]
+    return [
+        subprocess.Popen(
+            command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+
+
+def finish(runs: list[subprocess.Popen[str]]) -> list[str]:
+    outputs = []
+    for run in runs:
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == Exit.OK, err
+        outputs.append(out)
+    return outputs
+
+
+def expected_tree(series: Series, wheel: Path) -> dict[str, str]:
+    """python/sglang/... -> blob id after the series: the wheel's files, the patched ones pinned."""
+    final = series.manifest.blobs_at(series.manifest.final_step)
+    with zipfile.ZipFile(wheel) as archive:
+        tree = {
+            "python/" + name: git_blob_id(archive.read(name))
+            for name in archive.namelist()
+            if name.startswith("sglang/") and not name.endswith("/")
+        }
+    assert set(final) <= set(tree)
+    tree.update(final)
+    return tree
+
+
+def tree_at(repo: Path, rev: str) -> dict[str, str]:
+    listing = git(repo, "ls-tree", "-r", "-z", rev, "--", "python/sglang")
+    tree = {}
+    for entry in listing.split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            tree[path] = meta.split()[2]
+    return tree
+
+
+def test_four_runs_at_once_on_one_build_folder(tmp_path: Path, wheel_cache: Path, series: Series):
+    build = tmp_path / "build"
+    outputs = finish(start_four(build, wheel_cache))
+    assert sum("patched tree:" in out for out in outputs) == 1
+    assert sum("already applied" in out for out in outputs) == 3
+    repo = build / "sglang-0.5.15.post1"
+    expected = expected_tree(series, wheel_cache / series.manifest.base.wheel)
+    assert tree_at(repo, "HEAD") == expected
+    # The files on disk, not only the commit: every one of them, and no other.
+    on_disk = {
+        str(path.relative_to(repo)): git_blob_id(path.read_bytes())
+        for path in (repo / "python" / "sglang").rglob("*")
+        if path.is_file()
+    }
+    assert on_disk == expected
+    assert git(repo, "status", "--porcelain") == ""
+    assert sorted(p.name for p in build.iterdir()) == [repo.name]
+
+
+def test_four_runs_at_once_on_one_checkout(
+    tmp_path: Path, wheel_cache: Path, series: Series, checkout: Path
+):
+    outputs = finish(start_four(tmp_path / "build", wheel_cache, "--sglang", str(checkout)))
+    assert sum("patched branch" in out for out in outputs) == 1
+    assert sum("already applied" in out for out in outputs) == 3
+    expected = expected_tree(series, wheel_cache / series.manifest.base.wheel)
+    assert tree_at(checkout, BRANCH) == expected
+    assert len(git(checkout, "worktree", "list").splitlines()) == 1
+    assert not (checkout / ".git" / LOCK_NAME).exists()
+
+
+def test_a_held_lock_is_refused_naming_its_holder(run_script: RunScript, checkout: Path):
+    lock = checkout / ".git" / LOCK_NAME
+    with held(lock, "test", 0):
+        result = run_script("apply-patches", "--sglang", str(checkout), "--wait", "0.5")
+    assert result.returncode == Exit.LOCKED, result.stderr
+    assert f"pid {os.getpid()}" in result.stderr
+    assert "--wait" in result.stderr
+    assert BRANCH not in git(checkout, "branch", "--list")
+    assert not lock.exists()
+    # Once the holder is gone, the next step (run again) works.
+    assert run_script("apply-patches", "--sglang", str(checkout)).returncode == Exit.OK
+
+
+def test_a_held_build_lock_is_refused_and_check_needs_no_lock(
+    run_script: RunScript, tmp_path: Path
+):
+    build = tmp_path / "build"
+    build.mkdir()
+    with held(build / ".sglang-0.5.15.post1.lock", "test", 0):
+        result = run_script("apply-patches", "--wait", "0")
+        check = run_script("apply-patches", "--check")
+    assert result.returncode == Exit.LOCKED, result.stderr
+    assert f"pid {os.getpid()}" in result.stderr
+    assert check.returncode == Exit.OK, check.stderr
+    assert list(build.iterdir()) == []

@@ -1,0 +1,163 @@
+"""scripts/apply-patches killed or interrupted at each git call it makes.
+
+A `git` first on PATH counts the calls and, at the N-th, sends a signal to the
+command (its parent) before running the real git. For every N until a run ends
+on its own: SIGINT must roll back to the state before; after SIGKILL the next
+run must remove what was left and end in the patched tree; and the user's
+repository must hold nothing of ours at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import RunScript, blobs, git, repo_state
+from patchset.apply import LOCK_NAME, MARKER, TEMP_PREFIX
+from patchset.errors import Exit
+from patchset.manifest import Series
+
+BRANCH = "sglang-backports/0.5.15.post1"
+
+WRAPPER = """#!/bin/sh
+n=$(( $(cat "$FAULT_COUNT" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$FAULT_COUNT"
+if [ "$n" = "$FAULT_AT" ]; then kill -"$FAULT_SIGNAL" "$PPID"; fi
+exec {git} "$@"
+"""
+
+
+@pytest.fixture
+def faulty_git(tmp_path: Path) -> Path:
+    """A folder holding the signalling git wrapper."""
+    folder = tmp_path / "faulty-bin"
+    folder.mkdir()
+    real = shutil.which("git")
+    assert real
+    wrapper = folder / "git"
+    wrapper.write_text(WRAPPER.format(git=real))
+    wrapper.chmod(0o755)
+    return folder
+
+
+def run_with_fault(
+    run_script: RunScript, faulty_git: Path, signal: str, at: int, *args: str
+) -> tuple[int, str, int]:
+    """Run apply-patches with the signal sent at git call `at`; (exit, stderr, calls made)."""
+    count = faulty_git / "count"
+    count.write_text("0")
+    env = {
+        "PATH": f"{faulty_git}:{os.environ['PATH']}",
+        "FAULT_COUNT": str(count),
+        "FAULT_AT": str(at),
+        "FAULT_SIGNAL": signal,
+    }
+    result = run_script("apply-patches", *args, env=env)
+    return result.returncode, result.stderr, int(count.read_text())
+
+
+def our_temp_folders(parent: Path, owner: Path) -> list[Path]:
+    found = []
+    for folder in parent.glob(TEMP_PREFIX + "*"):
+        marker = folder / MARKER
+        if marker.is_file() and marker.read_text().strip() == str(owner):
+            found.append(folder)
+    return found
+
+
+def assert_nothing_of_ours(repo: Path) -> None:
+    common = repo / ".git"
+    assert not (common / LOCK_NAME).exists()
+    assert not (common / "worktrees").exists() or not list((common / "worktrees").iterdir())
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+    assert our_temp_folders(Path(tempfile.gettempdir()), common) == []
+
+
+@pytest.mark.parametrize("signal", ["INT", "KILL"])
+def test_user_checkout_survives_a_signal_at_each_git_call(
+    run_script: RunScript, faulty_git: Path, checkout: Path, series: Series, signal: str
+):
+    before = repo_state(checkout)
+    config = git(checkout, "config", "--local", "--list")
+    final = series.manifest.blobs_at(series.manifest.final_step)
+    at = 1
+    while True:
+        code, stderr, calls = run_with_fault(
+            run_script, faulty_git, signal, at, "--sglang", str(checkout)
+        )
+        if calls < at:  # the run made fewer calls than `at`: it ended on its own
+            assert code == Exit.OK, stderr
+            break
+        made_branch = BRANCH in repo_state(checkout)["refs"]
+        if signal == "INT":
+            assert code == Exit.INTERRUPTED, (at, stderr)
+            assert "interrupted" in stderr
+            if not made_branch:  # interrupted before the branch was made: all rolled back
+                assert repo_state(checkout) == before, at
+            assert_nothing_of_ours(checkout)
+        if made_branch:
+            assert blobs(checkout, BRANCH, series) == final, at
+        elif signal == "INT":
+            at += 1  # rolled back to the state before: a rerun is the first run again
+            continue
+        rerun = run_script("apply-patches", "--sglang", str(checkout))
+        assert rerun.returncode == Exit.OK, (at, rerun.stderr)
+        assert blobs(checkout, BRANCH, series) == final, at
+        assert_nothing_of_ours(checkout)
+        assert git(checkout, "config", "--local", "--list") == config
+        git(checkout, "branch", "-D", BRANCH)
+        assert repo_state(checkout) == before, at
+        at += 1
+    assert at > 5  # the loop did go through the run's git calls
+
+
+@pytest.mark.parametrize("signal", ["INT", "KILL"])
+def test_build_tree_survives_a_signal_at_each_git_call(
+    run_script: RunScript, faulty_git: Path, tmp_path: Path, series: Series, signal: str
+):
+    build = tmp_path / "build"
+    repo = build / "sglang-0.5.15.post1"
+    at = 1
+    left: list[Path] = []
+    while True:
+        code, stderr, calls = run_with_fault(run_script, faulty_git, signal, at)
+        # The leftovers of the run before were removed by this one.
+        assert not any(folder.exists() for folder in left), at
+        if calls < at:
+            assert code == Exit.OK, stderr
+            break
+        # Every git call comes before the tree is renamed into place.
+        assert not repo.exists(), at
+        left = our_temp_folders(build, repo)
+        if signal == "INT":
+            assert code == Exit.INTERRUPTED, (at, stderr)
+            assert left == [], at
+            assert sorted(p.name for p in build.iterdir()) == [], at
+        at += 1
+    assert at > 5
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
+    assert blobs(repo, "HEAD", series) == series.manifest.blobs_at(series.manifest.final_step)
+    assert git(repo, "status", "--porcelain") == ""
+    assert sorted(p.name for p in build.iterdir()) == [repo.name]
+
+
+def test_only_our_stale_worktree_records_are_removed(
+    run_script: RunScript, checkout: Path, tmp_path: Path, series: Series
+):
+    # The user's own worktree, its folder on a disk that is not mounted now.
+    theirs = tmp_path / "usb" / "wt"
+    git(checkout, "worktree", "add", "-q", "--detach", str(theirs))
+    shutil.rmtree(theirs.parent)
+    # One a killed run of ours left, its temporary folder since deleted.
+    ours = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX)) / "tree"
+    git(checkout, "worktree", "add", "-q", "--detach", str(ours))
+    shutil.rmtree(ours.parent)
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.OK, result.stderr
+    listed = git(checkout, "worktree", "list", "--porcelain")
+    assert str(theirs) in listed
+    assert str(ours) not in listed
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at(series.manifest.final_step)

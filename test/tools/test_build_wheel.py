@@ -1,0 +1,175 @@
+"""scripts/build-wheel: a reproducible patched wheel, different only where it must be."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, make_venv, pinned, pip
+from patchset.errors import Exit
+from patchset.manifest import Series, git_blob_id, sha256_of
+
+BASE = "0.5.15.post1"
+LOCAL = "pdrace.2"
+OLD_INFO = f"sglang-{BASE}.dist-info/"
+NEW_INFO = f"sglang-{BASE}+{LOCAL}.dist-info/"
+
+
+def build(out: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, SGLANG_BACKPORTS_CACHE=str(cache))
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / "build-wheel"), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path) -> Path:
+    result = build(tmp_path_factory.mktemp("dist"), wheel_cache)
+    assert result.returncode == 0, result.stdout + result.stderr
+    path = Path(re.search(r"^wheel: (.+)$", result.stdout, re.M)[1])
+    assert f"sha256: {sha256_of(path)}" in result.stdout
+    return path
+
+
+@pytest.fixture(scope="module")
+def original(series: Series, wheel_cache: Path) -> Path:
+    return wheel_cache / series.manifest.base.wheel
+
+
+def test_name_carries_the_local_label_and_the_same_tags(built: Path, original: Path):
+    assert built.name == f"sglang-{BASE}+{LOCAL}-cp311-cp311-manylinux_2_34_x86_64.whl"
+    assert built.name.split("-", 2)[2] == original.name.split("-", 2)[2]
+
+
+def test_same_inputs_same_bytes(built: Path, tmp_path: Path, wheel_cache: Path):
+    again = build(tmp_path / "again", wheel_cache)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again" / built.name).read_bytes() == built.read_bytes()
+    # --base of the primary release picks the same patch set: the same wheel
+    by_base = build(tmp_path / "by-base", wheel_cache, "--base", BASE)
+    assert by_base.returncode == 0, by_base.stderr
+    assert (tmp_path / "by-base" / built.name).read_bytes() == built.read_bytes()
+
+
+def test_only_the_patched_files_metadata_and_record_differ(
+    built: Path, original: Path, series: Series
+):
+    with zipfile.ZipFile(original) as old, zipfile.ZipFile(built) as new:
+        old_infos, new_infos = old.infolist(), new.infolist()
+        # same members, same order; only the dist-info folder is renamed
+        assert [i.filename.replace(OLD_INFO, NEW_INFO) for i in old_infos] == [
+            i.filename for i in new_infos
+        ]
+        differ = []
+        for a, b in zip(old_infos, new_infos, strict=True):
+            assert (a.date_time, a.compress_type, a.external_attr) == (
+                b.date_time,
+                b.compress_type,
+                b.external_attr,
+            ), a.filename
+            if old.read(a) != new.read(b):
+                differ.append(b.filename)
+        final = series.manifest.blobs_at(series.manifest.final_step)
+        patched = {p.removeprefix("python/") for p in final}
+        for member in patched:
+            assert git_blob_id(new.read(member)) == final[f"python/{member}"]
+        changed_sources = {m for m in patched if new.read(m) != old.read(m)}
+        assert sorted(differ) == sorted(
+            [*changed_sources, NEW_INFO + "METADATA", NEW_INFO + "RECORD"]
+        )
+        # METADATA: the Version line and nothing else
+        old_meta = old.read(OLD_INFO + "METADATA").decode().splitlines()
+        new_meta = new.read(NEW_INFO + "METADATA").decode().splitlines()
+        assert [(a, b) for a, b in zip(old_meta, new_meta, strict=True) if a != b] == [
+            (f"Version: {BASE}", f"Version: {BASE}+{LOCAL}")
+        ]
+        # sglang's own __version__ stays the base's
+        assert new.read("sglang/version.py") == old.read("sglang/version.py")
+
+
+def test_record_names_every_member_with_its_hash(built: Path):
+    with zipfile.ZipFile(built) as wheel:
+        rows = list(csv.reader(wheel.read(NEW_INFO + "RECORD").decode().splitlines()))
+        files = [i.filename for i in wheel.infolist() if not i.is_dir()]
+    assert [row[0] for row in rows] == files
+    assert [row for row in rows if row[0] == NEW_INFO + "RECORD"] == [[NEW_INFO + "RECORD", "", ""]]
+
+
+def test_record_validates_with_installer(built: Path, tmp_path: Path):
+    python = make_venv(tmp_path / "venv")
+    pip(python, "install", "--quiet", pinned("installer"))
+    check = (
+        "import sys\n"
+        "from installer.sources import WheelFile\n"
+        "with WheelFile.open(sys.argv[1]) as w:\n"
+        "    w.validate_record(validate_contents=True)\n"
+        "    print(w.distribution, w.version)\n"
+    )
+    result = subprocess.run([str(python), "-c", check, str(built)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["sglang", f"{BASE}+{LOCAL}"]
+    # a wheel whose RECORD hash is wrong must fail the same check
+    broken = tmp_path / built.name
+    with zipfile.ZipFile(built) as src, zipfile.ZipFile(broken, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "sglang/srt/disaggregation/decode.py":
+                data += b"# edited\n"
+            dst.writestr(info, data)
+    failed = subprocess.run([str(python), "-c", check, str(broken)], capture_output=True, text=True)
+    assert failed.returncode != 0 and "decode.py" in failed.stderr
+
+
+def _set_build_table(folder: Path, local: str | None = None, digest: str | None = None) -> None:
+    pin = folder / "pin.toml"
+    text = pin.read_text(encoding="utf-8")
+    if local is not None:
+        text = re.sub(r'^local = ".*"$', f'local = "{local}"', text, flags=re.M)
+    if digest is not None:
+        text = re.sub(r'^series-sha256 = ".*"$', f'series-sha256 = "{digest}"', text, flags=re.M)
+    pin.write_text(text, encoding="utf-8")
+
+
+def _lint(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / "lint-patches"), "--patch-set", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_changed_series_without_new_label_is_refused(
+    patch_set: Path, tmp_path: Path, wheel_cache: Path
+):
+    _set_build_table(patch_set, digest="0" * 64)
+    lint = _lint(patch_set)
+    assert lint.returncode == Exit.PATCHSET_INVALID
+    assert "[build-wheel] [build-wheel] series-sha256 is '0000" in lint.stdout
+    assert "give the wheel a new label" in lint.stdout
+    result = build(tmp_path / "out", wheel_cache, "--patch-set", str(patch_set))
+    assert result.returncode == Exit.PATCHSET_INVALID, result.stderr
+    assert "series-sha256" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_label_must_be_a_normalized_pep440_local_label(patch_set: Path):
+    _set_build_table(patch_set, local="PDRace_2")
+    lint = _lint(patch_set)
+    assert lint.returncode == Exit.PATCHSET_INVALID
+    assert "local = 'PDRace_2' is not a PEP 440 local version label" in lint.stdout
+
+
+def test_base_no_patch_set_serves(tmp_path: Path, wheel_cache: Path):
+    result = build(tmp_path / "out", wheel_cache, "--base", "0.5.99")
+    assert result.returncode == Exit.BASE_MISMATCH
+    assert "no patch set here serves sglang '0.5.99'" in result.stderr
+    assert "Traceback" not in result.stderr
