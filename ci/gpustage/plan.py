@@ -13,6 +13,7 @@ from pathlib import Path
 from patchset import paths
 from patchset.manifest import Series
 from testrun.outcomes import OPTION as OUTCOMES_OPTION
+from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
 
 from . import wheelhouse as wh
 from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
@@ -128,8 +129,9 @@ def _gpu_and_bench(
         final = step == manifest.final_step
         env = {
             "PYTHONPATH": os.pathsep.join([str(tree), *extra_path]),
-            "SGLANG_BACKPORTS_STEP": step,
-            "SGLANG_BACKPORTS_TREE": str(tree.parent),
+            STEP_ENV: step,
+            PATCH_SET_ENV: str(opts.series.folder),
+            TREE_ENV: str(tree.parent),
         }
         if not opts.rehearse:
             env["SGLANG_BACKPORTS_REQUIRE_CUDA"] = "1"
