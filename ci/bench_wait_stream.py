@@ -12,30 +12,38 @@ The two variants differ only in the line 0002 adds to get_new_prebuilt_batch:
 "patched" makes the schedule stream wait for the forward stream before it
 seeds, "unpatched" does not. Runs alternate between the two variants; the
 result is the ratio of time per iteration, patched / unpatched, with the
-spread over the runs. This is a measurement, not a test: it never fails on a
-slow ratio.
+spread over the runs, and the absolute difference, patched - unpatched, in
+milliseconds per iteration. This is a measurement, not a test: it never fails
+on a slow ratio.
 
-Run it with an sglang tree on PYTHONPATH (ci/run-gpu uses build/steps/0002).
+Run it with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpustage import sglang_import
+
 POOL_ROWS = 512
+MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch and the prebuilt row batch + 1
 TOPK = 4
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench_wait_stream.py",
         description=__doc__,
@@ -43,19 +51,27 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--runs", type=int, default=5, help="runs per variant (default 5)")
     p.add_argument("--iters", type=int, default=300, help="iterations per run (default 300)")
-    p.add_argument("--warmup", type=int, default=50, help="untimed iterations per run")
+    p.add_argument("--warmup", type=int, default=50, help="untimed iterations per run (0: none)")
     p.add_argument("--batch", type=int, default=64, help="running requests (default 64)")
     p.add_argument("--hidden", type=int, default=8192, help="hidden size (default 8192)")
     p.add_argument("--layers", type=int, default=32, help="matmuls per forward (default 32)")
-    p.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
-    args = p.parse_args()
+    p.add_argument(
+        "--json",
+        type=lambda text: Path(text).expanduser().absolute(),
+        metavar="PATH",
+        help="also write the results here (a relative path is taken from the current folder)",
+    )
+    args = p.parse_args(argv)
     for name in ("runs", "iters", "batch", "hidden", "layers"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.warmup < 0:
+        p.error("--warmup must be 0 or more")
     if args.runs < 2:
         p.error("--runs must be at least 2 to give a spread")
-    if args.batch + 1 > POOL_ROWS - 1:
-        p.error(f"--batch must be below {POOL_ROWS - 2}")
+    # rows 1..batch run, row batch + 1 is the prebuilt one; row 0 is the pool's padding
+    if args.batch > MAX_BATCH:
+        p.error(f"--batch must be at most {MAX_BATCH} (the pool has {POOL_ROWS} rows)")
     return args
 
 
@@ -63,13 +79,15 @@ class Loop:
     """Everything one decode-like loop needs, built once and reused by both variants."""
 
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
-        from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload
-        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-        from sglang.srt.runtime_context import get_context
-        from sglang.srt.speculative.eagle_disaggregation import build_eagle_disagg_draft_input
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        self.build_draft_input = build_eagle_disagg_draft_input
+        # Imported as the GPU test does: no sgl_kernel needed (ci/gpustage/sglang_import.py).
+        mods = sglang_import.import_modules()
+        FutureMap = mods["sglang.srt.managers.overlap_utils"].FutureMap
+        RelayPayload = mods["sglang.srt.managers.overlap_utils"].RelayPayload
+        ReqToTokenPool = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
+        get_context = mods["sglang.srt.runtime_context"].get_context
+        SpeculativeAlgorithm = mods["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+        eagle = mods["sglang.srt.speculative.eagle_disaggregation"]
+        self.build_draft_input = eagle.build_eagle_disagg_draft_input
         self.args = args
         dev = self.device = device
         self.server_args = SimpleNamespace(
@@ -161,20 +179,21 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
+def time_pairs(run: Callable[[int, bool], float], args: argparse.Namespace) -> dict[str, Any]:
+    """Alternate unpatched and patched runs; run(iterations, patched) -> seconds/iteration."""
     times: dict[str, list[float]] = {"unpatched": [], "patched": []}
     ratios: list[float] = []
+    deltas: list[float] = []
     for _ in range(args.runs):
         pair: dict[str, float] = {}
         for variant in ("unpatched", "patched"):
-            loop.run(args.warmup, variant == "patched")
-            pair[variant] = loop.run(args.iters, variant == "patched")
+            if args.warmup:
+                run(args.warmup, variant == "patched")
+            pair[variant] = run(args.iters, variant == "patched")
             times[variant].append(pair[variant])
         ratios.append(pair["patched"] / pair["unpatched"])
+        deltas.append((pair["patched"] - pair["unpatched"]) * 1e3)
     return {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
         "config": {
             k: getattr(args, k) for k in ("runs", "iters", "warmup", "batch", "hidden", "layers")
         },
@@ -183,6 +202,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         },
         "ratio": spread(ratios),
         "ratios": ratios,
+        # patched - unpatched, milliseconds per iteration, per run pair
+        "delta_ms": spread(deltas),
+        "deltas_ms": deltas,
+    }
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        **time_pairs(loop.run, args),
     }
 
 
@@ -193,6 +224,15 @@ def table(result: dict[str, Any]) -> str:
     for variant in ("unpatched", "patched"):
         s = ms[variant]
         rows.append((variant, f"{s['median']:.4f}", f"{s['min']:.4f}", f"{s['max']:.4f}"))
+    delta = result["delta_ms"]
+    rows.append(
+        (
+            "patched - unpatched ms",
+            f"{delta['median']:.4f}",
+            f"{delta['min']:.4f}",
+            f"{delta['max']:.4f}",
+        )
+    )
     rows.append(
         (
             "patched/unpatched",
@@ -221,12 +261,10 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        import sglang  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("sglang") is None:
         print(
             "error: sglang is not importable; put a step tree first on PYTHONPATH "
-            "(e.g. PYTHONPATH=build/steps/0002/python)",
+            "(e.g. PYTHONPATH=build/steps/VERSION/STEP/python)",
             file=sys.stderr,
         )
         return 2

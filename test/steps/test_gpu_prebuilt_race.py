@@ -13,21 +13,37 @@ Without the fix nothing orders the two writers, so the late forward wins. With
 The same scenario also runs in a child process under PyTorch's CUDA sanitizer
 (CSAN), which must report the race without the fix and stay silent with it.
 
-CUDA_LAUNCH_BLOCKING must stay unset: it serialises every launch and hides
-the race. Without a CUDA device every test here is skipped, unless
-SGLANG_BACKPORTS_REQUIRE_CUDA=1 (ci/run-gpu sets it): then they fail, so a GPU
-run cannot pass by skipping.
+CUDA_LAUNCH_BLOCKING=1 serialises every launch and CUDA_DEVICE_MAX_CONNECTIONS=1
+puts every stream into one hardware queue; either hides the race, so the
+fixtures refuse both (ci/run-gpu removes them). Without a CUDA device every
+CUDA test here is skipped, unless SGLANG_BACKPORTS_REQUIRE_CUDA=1 (ci/run-gpu
+sets it): then they fail, so a GPU run cannot pass by skipping.
+
+How sglang is imported on a runner without sgl_kernel: ci/gpustage/sglang_import.py
+imports the modules with torch.cuda.is_available() answering False for the
+import only, so the closure's module-level `if _is_cuda:` branches (they import
+sgl_kernel) take their non-CUDA arm; then the real function is back, sglang's
+cached is_cuda() is cleared and the `_is_cuda` flags of overlap_utils and
+memory_pool are evaluated again. FutureMap.__init__ is the only function on the
+path under test that reads such a flag (for its pinned seq_lens copy and D2H
+stream), and it reads the restored one. publish, stash, get_new_prebuilt_batch,
+process_prebuilt and build_eagle_disagg_draft_input read none: they index the
+relay tensors and take streams and events from torch.get_device_module() at
+call time. test_path_under_test_reads_no_other_cuda_flag checks this per step.
+The CPU tests at the end (no GPU needed) check the import, the refused
+variables, the torn-row judgement and the rig itself on the CPU device.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,13 +51,24 @@ from unittest.mock import MagicMock, patch
 
 import pytest
 import torch
-from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
-from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload
-from sglang.srt.managers.schedule_batch import ScheduleBatch
-from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-from sglang.srt.runtime_context import get_context, reset_context
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from testrun.steps import StepUnderTest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "ci"))
+
+from gpustage import sglang_import  # noqa: E402
+
+_sglang = sglang_import.import_modules()
+SchedulerDisaggregationDecodeMixin = _sglang[
+    "sglang.srt.disaggregation.decode"
+].SchedulerDisaggregationDecodeMixin
+FutureMap = _sglang["sglang.srt.managers.overlap_utils"].FutureMap
+RelayPayload = _sglang["sglang.srt.managers.overlap_utils"].RelayPayload
+ScheduleBatch = _sglang["sglang.srt.managers.schedule_batch"].ScheduleBatch
+ReqToTokenPool = _sglang["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
+get_context = _sglang["sglang.srt.runtime_context"].get_context
+reset_context = _sglang["sglang.srt.runtime_context"].reset_context
+SpeculativeAlgorithm = _sglang["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+from testrun.steps import StepUnderTest  # noqa: E402
 
 REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
 CSAN_CHILD_FLAG = "--csan-child"
@@ -57,6 +84,7 @@ SLEEP_MS = 20.0  # how long the forward stream is held back per iteration
 # iterations; a host stall longer than SLEEP_MS can let a seed win now and then.
 MIN_RACE_SHARE = 0.9
 CSAN_ITERATIONS = 4
+TORN = float("nan")  # RowValues.hidden of a row mixed from two writers
 
 FIELDS = ("seq_len", "token", "topk_p", "topk_index", "hidden")
 
@@ -81,7 +109,7 @@ class RowValues:
     token: int
     topk_p: tuple[float, ...]
     topk_index: tuple[int, ...]
-    hidden: float  # every element of the row carries this value
+    hidden: float  # every element of the row carries this value; TORN when they differ
 
     def differing(self, other: RowValues) -> list[str]:
         return [name for name in FIELDS if getattr(self, name) != getattr(other, name)]
@@ -241,14 +269,14 @@ class Rig:
     def read_row(self, row: int) -> RowValues:
         fm = self.future_map
         hidden = fm.hidden_states_buf[row]
-        if not bool((hidden == hidden[0]).all()):
-            raise AssertionError(f"row {row} of hidden_states_buf is torn: {hidden.tolist()}")
+        # Two unordered stash() writers can leave the row mixed (torn): the seed lost.
+        whole = bool((hidden == hidden[0]).all())
         return RowValues(
             seq_len=int(fm.new_seq_lens_buf[row]),
             token=int(fm.output_tokens_buf[row]),
             topk_p=tuple(float(x) for x in fm.topk_p_buf[row].tolist()),
             topk_index=tuple(int(x) for x in fm.topk_index_buf[row].tolist()),
-            hidden=float(hidden[0]),
+            hidden=float(hidden[0]) if whole else TORN,
         )
 
     def run_once(self, i: int) -> tuple[RowValues, RowValues]:
@@ -297,49 +325,83 @@ def calibrate_sleep_cycles(ms: float) -> int:
 @dataclass
 class RaceTally:
     iterations: int
-    seed_won: int
-    stale_fields: dict[str, int]  # field -> iterations in which the forward's value won
-    running_row_wrong: int  # iterations in which the forward's own row was not written
+    seed_won: int = 0
+    stale_fields: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FIELDS, 0))
+    running_row_wrong: int = 0  # iterations in which the forward's own row was not written
+    torn: int = 0  # iterations whose hidden-state row came back mixed from both writers
+
+    def count(self, i: int, reused: RowValues, running: RowValues) -> None:
+        """Judge one iteration: the seed won only if every field holds the seed's value.
+
+        A field may hold the forward's value instead (it won there), and the
+        hidden-state row may be torn (both stash() writers landed on it at
+        once): both count as a lost seed. Anything else is a broken rig.
+        """
+        wrong = reused.differing(seeded_values(i))
+        if not wrong:
+            self.seed_won += 1
+        for name in wrong:
+            if name == "hidden" and math.isnan(reused.hidden):
+                self.torn += 1
+            elif getattr(reused, name) == getattr(stale_values(i, REUSED_ROW), name):
+                self.stale_fields[name] += 1
+            else:
+                raise AssertionError(
+                    f"iteration {i}: row {REUSED_ROW} field {name} holds "
+                    f"{getattr(reused, name)!r}, neither the seed nor the forward's"
+                )
+        if running != stale_values(i, RUNNING_ROW):
+            self.running_row_wrong += 1
 
     def summary(self) -> str:
         return (
             f"{self.seed_won}/{self.iterations} iterations kept the seed; the late forward "
-            f"won per field: {self.stale_fields}; forward row unwritten in "
-            f"{self.running_row_wrong}"
+            f"won per field: {self.stale_fields}; hidden row torn in {self.torn}; forward "
+            f"row unwritten in {self.running_row_wrong}"
         )
 
 
 def run_s1(device: torch.device, iterations: int, sleep_ms: float) -> RaceTally:
-    rig = Rig(device, calibrate_sleep_cycles(sleep_ms))
+    sleep_cycles = calibrate_sleep_cycles(sleep_ms) if sleep_ms else 0
+    rig = Rig(device, sleep_cycles)
     try:
         with rig.scheduler_surroundings():
             rig.run_once(-1)  # first call pays for lazy imports; not counted
-            tally = RaceTally(iterations, 0, dict.fromkeys(FIELDS, 0), 0)
+            tally = RaceTally(iterations)
             for i in range(iterations):
-                reused, running = rig.run_once(i)
-                wrong = reused.differing(seeded_values(i))
-                if not wrong:
-                    tally.seed_won += 1
-                for name in wrong:
-                    if getattr(reused, name) == getattr(stale_values(i, REUSED_ROW), name):
-                        tally.stale_fields[name] += 1
-                    else:
-                        raise AssertionError(
-                            f"iteration {i}: row {REUSED_ROW} field {name} holds "
-                            f"{getattr(reused, name)!r}, neither the seed nor the forward's"
-                        )
-                if running != stale_values(i, RUNNING_ROW):
-                    tally.running_row_wrong += 1
+                tally.count(i, *rig.run_once(i))
             return tally
     finally:
         rig.close()
 
 
+def refused_environment(environ: Mapping[str, str]) -> list[str]:
+    """Why this environment would hide the race; empty when it would not."""
+    reasons = []
+    if environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
+        reasons.append("CUDA_LAUNCH_BLOCKING is set: it serialises every launch")
+    connections = environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    if connections is not None and not (connections.isdigit() and int(connections) >= 2):
+        reasons.append(
+            f"CUDA_DEVICE_MAX_CONNECTIONS={connections}: fewer than 2 hardware queues put "
+            "both streams into one queue"
+        )
+    return reasons
+
+
+def _refuse_hiding_environment() -> None:
+    reasons = refused_environment(os.environ)
+    if reasons:
+        pytest.fail(
+            "; ".join(reasons) + ". Either hides the race; unset it (ci/run-gpu does).",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="module")
 def s1_tally() -> RaceTally:
     device = _cuda_or_skip()
-    if os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
-        pytest.fail("CUDA_LAUNCH_BLOCKING is set: it serialises the streams and hides the race")
+    _refuse_hiding_environment()
     return run_s1(device, ITERATIONS, SLEEP_MS)
 
 
@@ -410,8 +472,8 @@ def csan_child(iterations: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def csan_report() -> dict[str, Any]:
     _cuda_or_skip()
+    _refuse_hiding_environment()
     env = {**os.environ, "TORCH_CUDA_SANITIZER": "1"}
-    env.pop("CUDA_LAUNCH_BLOCKING", None)
     result = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), CSAN_CHILD_FLAG, str(CSAN_ITERATIONS)],
         env=env,
@@ -449,8 +511,120 @@ def test_csan_reports_the_race_without_the_fix(csan_report: dict[str, Any]) -> N
     ), csan_report
 
 
+# CPU tests: no GPU needed; they run on every step of the CPU gate too.
+
+_PLAY_A_CUDA_MACHINE = """
+import json, sys
+import torch
+# A throwaway process that plays a CUDA machine at sglang's import-time checks.
+torch.cuda.is_available = lambda: True
+torch.cuda.get_device_capability = lambda *a: (9, 0)
+sys.path.insert(0, {ci!r})
+try:
+    if {through_helper!r}:
+        from gpustage import sglang_import
+        mods = sglang_import.import_modules()
+        flags = {{m: mods[m]._is_cuda for m in ("sglang.srt.managers.overlap_utils",
+                                                "sglang.srt.mem_cache.memory_pool")}}
+    else:
+        import sglang.srt.managers.overlap_utils, sglang.srt.disaggregation.decode
+        flags = {{}}
+except ImportError as err:
+    print(json.dumps({{"import_error": err.name}}))
+else:
+    print(json.dumps({{"flags": flags, "available": torch.cuda.is_available(),
+                      "sgl_kernel": "sgl_kernel" in sys.modules}}))
+"""
+
+
+def test_cuda_visible_import_needs_no_sgl_kernel() -> None:
+    """Where CUDA is visible, a plain import needs sgl_kernel; the rig's import does not."""
+    if torch.cuda.is_available():
+        pytest.skip("a real CUDA device is here: the GPU tests above import through the rig")
+    children = {
+        helper: subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _PLAY_A_CUDA_MACHINE.format(ci=str(ROOT / "ci"), through_helper=helper),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for helper in (False, True)
+    }
+    results = {}
+    for helper, child in children.items():
+        out, err = child.communicate(timeout=600)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        assert child.returncode == 0 and lines, err[-3000:]
+        results[helper] = json.loads(lines[-1])
+    assert results[False] == {"import_error": "sgl_kernel"}, results
+    assert results[True] == {
+        "flags": {
+            "sglang.srt.managers.overlap_utils": True,
+            "sglang.srt.mem_cache.memory_pool": True,
+        },
+        "available": True,
+        "sgl_kernel": False,
+    }, results
+
+
+def test_path_under_test_reads_no_other_cuda_flag() -> None:
+    read = sglang_import.cuda_flags_read()
+    unrestored = {f: flags - set(sglang_import.RESTORED) for f, flags in read.items()}
+    assert not any(unrestored.values()), unrestored
+    # The analysis does see flags: FutureMap.__init__ reads _is_cuda, restored after import.
+    assert read["sglang.srt.managers.overlap_utils.FutureMap.__init__"] == {"_is_cuda"}
+    overlap_utils = _sglang["sglang.srt.managers.overlap_utils"]
+    from sglang.srt.utils import common
+
+    assert overlap_utils._is_cuda == common.is_cuda() == torch.cuda.is_available()
+
+
+@pytest.mark.parametrize(
+    ("environ", "refused"),
+    [
+        ({}, []),
+        ({"CUDA_LAUNCH_BLOCKING": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "8"}, []),
+        ({"CUDA_LAUNCH_BLOCKING": "1"}, ["CUDA_LAUNCH_BLOCKING"]),
+        ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, ["CUDA_DEVICE_MAX_CONNECTIONS=1"]),
+        (
+            {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "x"},
+            ["CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS=x"],
+        ),
+    ],
+)
+def test_variables_that_hide_the_race_are_refused(
+    environ: dict[str, str], refused: list[str]
+) -> None:
+    reasons = refused_environment(environ)
+    assert [r.split(" ")[0].rstrip(":") for r in reasons] == refused, reasons
+
+
+def test_torn_hidden_row_counts_as_a_lost_seed() -> None:
+    tally = RaceTally(2)
+    seed = seeded_values(0)
+    torn = RowValues(seed.seq_len, seed.token, seed.topk_p, seed.topk_index, TORN)
+    tally.count(0, torn, stale_values(0, RUNNING_ROW))
+    tally.count(1, seeded_values(1), stale_values(1, RUNNING_ROW))
+    assert (tally.seed_won, tally.torn, tally.stale_fields["hidden"]) == (1, 1, 0)
+    foreign = RowValues(1, seed.token, seed.topk_p, seed.topk_index, seed.hidden)
+    with pytest.raises(AssertionError, match="neither the seed nor the forward's"):
+        tally.count(0, foreign, stale_values(0, RUNNING_ROW))
+
+
+def test_rig_runs_the_real_path_on_the_cpu_device() -> None:
+    """On the CPU device every write runs at once, in program order: the seed comes last."""
+    tally = run_s1(torch.device("cpu"), iterations=3, sleep_ms=0)
+    assert (tally.seed_won, tally.running_row_wrong, tally.torn) == (3, 0, 0), tally.summary()
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == CSAN_CHILD_FLAG:
-        print(json.dumps(csan_child(int(sys.argv[2]))))
-        sys.exit(0)
+        print(json.dumps(csan_child(int(sys.argv[2]))), flush=True)
+        sys.stderr.flush()
+        # Skip interpreter shutdown: CSAN's hooks must not fail a run that reported.
+        os._exit(0)
     sys.exit(f"usage: {sys.argv[0]} {CSAN_CHILD_FLAG} ITERATIONS (run by the tests)")

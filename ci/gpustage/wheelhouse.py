@@ -1,0 +1,229 @@
+"""The wheelhouse an offline GPU runner installs from: what it holds, its manifest, its checks.
+
+A CUDA image is assumed to hold its own torch and what torch needs (IMAGE_HOLDS).
+The wheelhouse holds the rest of the import closure of the modules under test
+(the base's requirements/<env>.txt, less IMAGE_HOLDS and less NOT_IMPORTED), the test pins
+of ci/requirements-gpu-test.txt and the base's pinned sglang wheel, with a
+manifest of names, versions and sha256 (wheelhouse.json).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchset import wheel as wheels
+from patchset.errors import BackportError, Exit
+from patchset.manifest import PinManifest, sha256_of
+from patchset.paths import PROJECT_ROOT
+from testrun import venv
+
+MANIFEST = "wheelhouse.json"
+TEST_PINS = PROJECT_ROOT / "ci" / "requirements-gpu-test.txt"
+LIMIT_BYTES = 60 * 1024 * 1024  # what may travel to the runner, with room to spare
+
+# What a CUDA torch image holds: torch (the base's pin) with the packages torch
+# requires, torchvision built for that torch (sglang.srt.utils.common imports
+# it) with pillow (torchvision imports it), and numpy. torch and torchvision
+# must match each other, so they cannot come from the wheelhouse.
+IMAGE_HOLDS = (
+    "torch", "torchvision", "pillow", "triton", "numpy", "filelock", "fsspec", "jinja2",
+    "markupsafe", "mpmath", "networkx", "sympy", "typing-extensions", "setuptools",
+)  # fmt: skip
+IMAGE_PREFIXES = ("nvidia-", "cuda-")
+# In requirements/cpu.txt but not imported by the modules under test (found by
+# importing them with each blocked): IPython's interactive side, CLI helpers,
+# optional accelerators. Leaving them out keeps the wheelhouse under the limit.
+NOT_IMPORTED = (
+    "annotated-doc", "asttokens", "executing", "hf-xet", "ipython-pygments-lexers", "jedi",
+    "jiter", "markdown-it-py", "matplotlib-inline", "mdurl", "parso", "pexpect",
+    "prompt-toolkit", "ptyprocess", "pure-eval", "shellingham", "stack-data", "truststore",
+    "typer", "wcwidth", "ruff",
+)  # fmt: skip
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    """name -> version of the `name==version` lines of a requirements file (hashes skipped)."""
+    pins: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        found = re.match(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s\\;]+)", line)
+        if found:
+            pins[found[1]] = found[2]
+    return pins
+
+
+def closure_file(manifest: PinManifest) -> Path:
+    """The base's test environment: its CPU import closure, exactly pinned (requirements/)."""
+    return venv.env_for(manifest).requirements[0]
+
+
+def wanted_pins(manifest: PinManifest) -> dict[str, str]:
+    """The packages the wheelhouse holds besides sglang, with their exact versions."""
+    leave_out = {canonical(n) for n in (*IMAGE_HOLDS, *NOT_IMPORTED)}
+    pins = {
+        name: version
+        for name, version in read_pins(closure_file(manifest)).items()
+        if canonical(name) not in leave_out and not canonical(name).startswith(IMAGE_PREFIXES)
+    }
+    pins.update(read_pins(TEST_PINS))
+    return dict(sorted(pins.items(), key=lambda kv: canonical(kv[0])))
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    version: str
+    file: str
+    sha256: str
+    size: int
+
+
+def _dist_of(file: str) -> tuple[str, str]:
+    name, version = file.split("-")[:2]
+    return canonical(name), version
+
+
+def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) -> Path:
+    """Download the wheels into out and write its manifest; returns the manifest's path."""
+    if not re.fullmatch(r"3\.\d+", python_version):
+        raise BackportError(
+            Exit.USAGE, f"--python-version {python_version!r} is not like 3.12", "pass e.g. 3.12"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    pins = wanted_pins(manifest)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".download-") as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), "utf-8")
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--python-version", python_version,
+            *(f"--platform={p}" for p in PLATFORMS), "--dest", tmp, "-r", str(requirements),
+        ]  # fmt: skip
+        print(f"$ {' '.join(command)}", flush=True)
+        result = subprocess.run(command)
+        if result.returncode != 0:
+            raise BackportError(
+                Exit.SETUP,
+                f"pip download failed with exit code {result.returncode} (its output is above)",
+                "run it where the package index is reachable; a pin with no wheel for "
+                f"Python {python_version} on x86_64 Linux needs another base or Python",
+            )
+        for path in Path(tmp).glob("*.whl"):
+            path.replace(out / path.name)
+    sglang = wheels.fetch_wheel(manifest.base, cache)
+    shutil.copyfile(sglang, out / sglang.name)
+    return write_manifest(manifest, python_version, out)
+
+
+def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Path:
+    """wheelhouse.json for the wheels in out: the sglang wheel and one per wanted pin."""
+    entries = [_entry(out / manifest.base.wheel)]
+    by_name = {_dist_of(p.name)[0]: p for p in out.glob("*.whl")}
+    for name, version in wanted_pins(manifest).items():
+        path = by_name.get(canonical(name))
+        if path is None or _dist_of(path.name)[1] != version:
+            raise BackportError(
+                Exit.SETUP,
+                f"pip did not bring {name}=={version}",
+                "run again; report it if it stays",
+            )
+        entries.append(_entry(path))
+    data = {
+        "base": manifest.base.version,
+        "python_version": python_version,
+        "sglang_wheel": manifest.base.wheel,
+        "image_holds": [*IMAGE_HOLDS, *(p + "*" for p in IMAGE_PREFIXES)],
+        "total_bytes": sum(e.size for e in entries),
+        "packages": [e.__dict__ for e in entries],
+    }
+    path = out / MANIFEST
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _entry(path: Path) -> Entry:
+    name, version = _dist_of(path.name)
+    return Entry(name, version, path.name, sha256_of(path), path.stat().st_size)
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    folder: Path
+    base: str
+    python_version: str
+    sglang_wheel: Path
+    entries: list[Entry]
+    total_bytes: int
+
+    @property
+    def packages(self) -> list[Entry]:
+        """Everything pip installs: all but the sglang wheel, which is laid out as a tree."""
+        return [e for e in self.entries if e.file != self.sglang_wheel.name]
+
+    def requirements(self) -> str:
+        """A hash-pinned requirements file for pip --require-hashes."""
+        return "".join(f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n" for e in self.packages)
+
+
+def load(folder: Path, manifest: PinManifest, check_hashes: bool = True) -> Wheelhouse:
+    """The wheelhouse in folder, checked against its manifest and the base; refuse otherwise."""
+    again = f"build it again with `ci/run-gpu wheelhouse --out {folder}` where PyPI is reachable"
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise BackportError(Exit.SETUP, f"{folder} holds no {MANIFEST}: not a wheelhouse", again)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        entries = [Entry(**e) for e in data["packages"]]
+        base, python_version, sglang = data["base"], data["python_version"], data["sglang_wheel"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise BackportError(Exit.SETUP, f"{path} is damaged: {err}", again) from None
+    if base != manifest.base.version or sglang != manifest.base.wheel:
+        raise BackportError(
+            Exit.SETUP,
+            f"the wheelhouse {folder} is for sglang {base}, not {manifest.base.version}",
+            f"pass --base {base}, or {again}",
+        )
+    have = {_dist_of(e.file)[0] for e in entries}
+    for name, version in wanted_pins(manifest).items():
+        if canonical(name) not in have:
+            raise BackportError(
+                Exit.SETUP, f"the wheelhouse {folder} lacks the package {name}=={version}", again
+            )
+    for entry in entries:
+        wheel = folder / entry.file
+        if not wheel.is_file():
+            raise BackportError(
+                Exit.SETUP,
+                f"the wheelhouse {folder} lacks {entry.file} (package {entry.name}), "
+                "which its manifest lists",
+                again,
+            )
+        if check_hashes and sha256_of(wheel) != entry.sha256:
+            raise BackportError(
+                Exit.SETUP,
+                f"{entry.file} (package {entry.name}) in {folder} does not have the sha256 "
+                f"its manifest lists ({entry.sha256}): damaged or replaced",
+                again,
+            )
+    sglang_entry = next((e for e in entries if e.file == sglang), None)
+    if sglang_entry is None or sglang_entry.sha256 != manifest.base.sha256:
+        raise BackportError(
+            Exit.SETUP,
+            f"the wheelhouse's {sglang} is not the wheel the patch set pins "
+            f"({manifest.base.sha256})",
+            again,
+        )
+    return Wheelhouse(
+        folder, base, python_version, folder / sglang, entries, sum(e.size for e in entries)
+    )

@@ -1,0 +1,93 @@
+"""ci/bench_wait_stream.py on a machine without a GPU: its arguments and its arithmetic."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "ci" / "bench_wait_stream.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    pytest.importorskip("torch")
+    loader = importlib.machinery.SourceFileLoader("bench_wait_stream", str(BENCH))
+    spec = importlib.util.spec_from_loader("bench_wait_stream", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "512"], "--batch must be at most 511 (the pool has 512 rows)"),
+        (["--batch", "0"], "--batch must be at least 1"),
+        (["--warmup", "-1"], "--warmup must be 0 or more"),
+        (["--runs", "1"], "--runs must be at least 2"),
+    ],
+)
+def test_bad_arguments_are_refused(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(args)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_largest_batch_fits_the_pool(bench: ModuleType) -> None:
+    args = bench.parse_args(["--batch", "511"])
+    # rows 1..511 run and the prebuilt request takes row 512: the pool's last row
+    assert args.batch + 1 == bench.POOL_ROWS
+
+
+def test_a_relative_json_path_is_taken_from_the_current_folder(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert bench.parse_args(["--json", "out/bench.json"]).json == tmp_path / "out" / "bench.json"
+
+
+def test_no_warmup_and_the_absolute_difference(bench: ModuleType) -> None:
+    calls: list[tuple[int, bool]] = []
+    seconds = {False: 0.010, True: 0.0125}
+
+    def run(iterations: int, patched: bool) -> float:
+        calls.append((iterations, patched))
+        return seconds[patched]
+
+    result = bench.time_pairs(run, bench.parse_args(["--warmup", "0", "--runs", "2"]))
+    assert calls == [(300, False), (300, True)] * 2  # no zero-iteration warm-up run
+    assert result["ratio"]["median"] == pytest.approx(1.25)
+    assert result["delta_ms"] == pytest.approx({"median": 2.5, "min": 2.5, "max": 2.5})
+    assert "patched - unpatched ms" in bench.table({**result, "device": "d", "torch": "t"})
+
+
+def test_warmup_runs_before_each_timed_run(bench: ModuleType) -> None:
+    calls: list[tuple[int, bool]] = []
+    bench.time_pairs(lambda n, p: calls.append((n, p)) or 1.0, bench.parse_args(["--runs", "2"]))
+    assert calls[:4] == [(50, False), (300, False), (50, True), (300, True)]
+
+
+def test_the_benchmark_refuses_without_cuda(bench: ModuleType) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device; the refusal is for machines without one")
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--warmup", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert "needs a CUDA device" in result.stderr
