@@ -68,7 +68,7 @@ ReqToTokenPool = _sglang["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
 get_context = _sglang["sglang.srt.runtime_context"].get_context
 reset_context = _sglang["sglang.srt.runtime_context"].reset_context
 SpeculativeAlgorithm = _sglang["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
-from patchset.paths import DEFAULT_BASE
+from patchset.paths import DEFAULT_BASE  # noqa: E402
 from testrun.steps import StepUnderTest  # noqa: E402
 
 REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
