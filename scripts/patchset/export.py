@@ -9,7 +9,15 @@ from pathlib import Path
 from .buildtree import build_tree_path, default_branch, pristine_tag, series_commits
 from .errors import BackportError, Exit
 from .git import Git
-from .manifest import MANIFEST_NAME, SERIES_NAME, Series, rewrite_tables, sha256_of, step_of
+from .manifest import (
+    BASE_STEP,
+    MANIFEST_NAME,
+    SERIES_NAME,
+    Series,
+    rewrite_tables,
+    sha256_of,
+    step_of,
+)
 
 # Flags that make `git format-patch` output a function of the commits alone
 # (electron's export uses the same idea): no commit ids, full blob ids, no
@@ -48,14 +56,14 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     # A base that already carries fix A starts its series at 0002, so that a
     # step number names the same fix on every base; keep the series' numbers.
-    first = step_of(series.patch_names[0]) if series.patch_names else "0001"
+    first = int(step_of(series.patch_names[0])) if series.patch_names else 1
     listing = git.out(
-        "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={int(first)}",
+        "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={first}",
         "-o", str(out), f"{pristine_tag(manifest)}..{branch}",
     )  # fmt: skip
     names = [Path(line).name for line in listing.splitlines() if line.strip()]
     revs = series_commits(git, manifest)
-    blobs = {path: {"base": by_step["base"]} for path, by_step in manifest.blobs.items()}
+    blobs = {path: {BASE_STEP: by_step[BASE_STEP]} for path, by_step in manifest.blobs.items()}
     for name, rev in zip(names, revs, strict=True):
         for path in blobs:
             blob = git.blob_at(rev, path)
