@@ -53,9 +53,8 @@ def _new_scheduler(
     scheduler.running_batch.batch_size.return_value = 0
     scheduler.req_to_token_pool = MagicMock(size=capacity)
     scheduler.max_running_requests = capacity
-    scheduler.server_args = SimpleNamespace(
-        disaggregation_decode_enable_radix_cache=DISAGG.disaggregation_decode_enable_radix_cache
-    )
+    # Releases before 0.5.17 read the radix-cache switch here, later ones from get_disagg().
+    scheduler.server_args = SimpleNamespace(**vars(DISAGG))
     scheduler.tree_cache = MagicMock()
     scheduler.token_to_kv_pool_allocator = MagicMock()
     scheduler.model_config = MagicMock()
