@@ -2,20 +2,25 @@
 
 The function and the FutureMap are real; the batch, the requests and the server
 arguments are plain namespaces with the fields the function reads. The process
-wide server arguments that FutureMap's first stash consults are patched in.
+wide server arguments that FutureMap's first stash consults (and, from 0.5.18
+on, that the function itself reads) are patched in, through whichever accessor
+the release's code calls. Up to 0.5.17 the function takes server_args as an
+argument; the test passes it where the real signature has it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from types import SimpleNamespace
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from types import ModuleType, SimpleNamespace
 from unittest.mock import patch
 
 import pytest
 import torch
 from sglang.srt.managers import overlap_utils
 from sglang.srt.managers.overlap_utils import FutureMap
-from sglang.srt.speculative import spec_utils
+from sglang.srt.speculative import eagle_disaggregation, spec_utils
 from sglang.srt.speculative.eagle_disaggregation import build_eagle_disagg_draft_input
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -74,6 +79,29 @@ SERVER_ARGS = SimpleNamespace(
 )
 
 
+# The process wide accessors for server arguments that sglang releases use:
+# get_global_server_args up to 0.5.15.post1, get_server_args in 0.5.16 and
+# 0.5.17, get_spec (a bag of the speculative settings) from 0.5.18 on.
+ACCESSORS = ("get_global_server_args", "get_server_args", "get_spec")
+
+
+def accessors_called(function: Callable[..., object]) -> list[str]:
+    """The server-argument accessors that function looks up in its module."""
+    return [name for name in ACCESSORS if name in function.__code__.co_names]
+
+
+def patch_accessors(stack: ExitStack, module: ModuleType, function: Callable[..., object]) -> int:
+    """Make the accessors function calls return SERVER_ARGS; how many there were."""
+    names = accessors_called(function)
+    for name in names:
+        stack.enter_context(patch.object(module, name, return_value=SERVER_ARGS))
+    return len(names)
+
+
+def takes_server_args(function: Callable[..., object]) -> bool:
+    return "server_args" in inspect.signature(function).parameters
+
+
 @pytest.fixture
 def future_map() -> Iterator[FutureMap]:
     pool = SimpleNamespace(req_to_token=torch.zeros((POOL_SIZE, 4), dtype=torch.int32))
@@ -85,10 +113,23 @@ def future_map() -> Iterator[FutureMap]:
     )
     relay.new_seq_lens_buf.fill_(UNSET)
     relay.output_tokens_buf.fill_(UNSET)
-    with (
-        patch.object(overlap_utils.torch, "get_device_module", return_value=FakeDeviceModule()),
-        patch.object(spec_utils, "get_global_server_args", return_value=SERVER_ARGS),
-    ):
+    with ExitStack() as stack:
+        stack.enter_context(
+            patch.object(overlap_utils.torch, "get_device_module", return_value=FakeDeviceModule())
+        )
+        if patch_accessors(stack, spec_utils, spec_utils.spec_need_hidden_states) != 1:
+            raise RuntimeError(
+                "spec_need_hidden_states calls none of the known server-argument "
+                f"accessors {ACCESSORS}; teach this test the release's accessor"
+            )
+        read_by_build = patch_accessors(
+            stack, eagle_disaggregation, build_eagle_disagg_draft_input
+        ) + takes_server_args(build_eagle_disagg_draft_input)
+        if read_by_build != 1:
+            raise RuntimeError(
+                "build_eagle_disagg_draft_input neither takes server_args nor calls one of "
+                f"{ACCESSORS}; teach this test how the release passes the settings"
+            )
         yield relay
 
 
@@ -97,11 +138,12 @@ def log_relay_calls(relay: FutureMap) -> list[tuple[str, list[int]]]:
     calls: list[tuple[str, list[int]]] = []
     publish, stash = relay.publish, relay.stash
 
-    def logged_publish(indices: torch.Tensor, new_seq_lens: torch.Tensor) -> None:
+    def logged_publish(indices: torch.Tensor, *args: object, **kwargs: object) -> None:
         calls.append(("publish", indices.tolist()))
-        publish(indices, new_seq_lens)
+        publish(indices, *args, **kwargs)
 
-    def logged_stash(indices: torch.Tensor, payload: overlap_utils.RelayPayload) -> None:
+    # The payload is the draft input up to 0.5.14, a RelayPayload from 0.5.15 on.
+    def logged_stash(indices: torch.Tensor, payload: object) -> None:
         calls.append(("stash", indices.tolist()))
         stash(indices, payload)
 
@@ -111,9 +153,14 @@ def log_relay_calls(relay: FutureMap) -> list[tuple[str, list[int]]]:
 
 
 def build(enable_overlap: bool, relay: FutureMap) -> EagleDraftInput:
-    last_tokens = torch.tensor(LAST_TOKENS, dtype=torch.int64)
-    batch = new_batch(enable_overlap)
-    return build_eagle_disagg_draft_input(batch, SERVER_ARGS, last_tokens, relay)
+    arguments: dict[str, object] = {
+        "batch": new_batch(enable_overlap),
+        "last_tokens_tensor": torch.tensor(LAST_TOKENS, dtype=torch.int64),
+        "future_map": relay,
+    }
+    if takes_server_args(build_eagle_disagg_draft_input):
+        arguments["server_args"] = SERVER_ARGS
+    return build_eagle_disagg_draft_input(**arguments)
 
 
 def test_overlap_publishes_then_stashes_the_seeded_rows(future_map: FutureMap) -> None:
