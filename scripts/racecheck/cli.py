@@ -220,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
     for tree_run in runs:
         print_races(tree_run)
-    barriers = dict.fromkeys(_label(r.base, r.barrier) for r in runs)
+    bases_of: dict[str, list[str]] = {}
+    for r in runs:
+        bases = bases_of.setdefault(r.barrier, [])
+        if r.base not in bases:
+            bases.append(r.base)
+    barriers = [f"{' '.join(bases)}: {how}" if several else how for how, bases in bases_of.items()]
     print(f"ran on {torch_text(runs[0].torch)}; WAR barrier " + "; ".join(barriers))
     print(
         f"timings: third-party imports {preload_s:.1f} s (once); "
@@ -349,9 +354,14 @@ def grid_text(runs: list[TreeRun]) -> str:
             text = report.describe(measured)
             if expected != measured:
                 text = f"{text} [EXPECTED: {report.describe(expected)}]"
-            row[tree_run.label] = text
+            row[_column(tree_run)] = text
         cells[name] = row
-    return report.grid([r.label.removeprefix(f"{r.base} ") for r in runs], cells)
+    return report.grid([_column(r) for r in runs], cells)
+
+
+def _column(tree_run: TreeRun) -> str:
+    """The run's label without its base (each base has a grid of its own)."""
+    return tree_run.label.removeprefix(f"{tree_run.base} ")
 
 
 def print_races(tree_run: TreeRun) -> None:
