@@ -17,12 +17,13 @@ from typing import Any
 
 from patchset import buildtree, cli, paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Series
+from patchset.manifest import Series, patch_set_folders, series_for_release
 
 from . import report, writers
 from .catalogue import PLAYS, SCENARIOS
 from .csan import torch_text
 from .races import Race
+from .worker import STARTED as worker_started
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 
@@ -39,8 +40,9 @@ Scheduler._apply_war_barrier:
 
 Default: the final step of the series (the patched tree) in the build tree.
 Each tree runs in its own process (one sglang per process), forked after the
-heavy third-party imports, all of them at once. The expected table is the
-[races] table of the patch set's pin.toml.
+heavy third-party imports, one per core at a time. The expected table is the
+[races] table of each base's pin.toml. The scenarios detect each release's
+signatures on its real functions (0.5.13 .. 0.5.18).
 
 --writers lists, from the source (ast), every call that writes FutureMap
 rows, with the stream it runs on and the ordering that covers it, as the
@@ -53,6 +55,8 @@ verdict:
   --tree DIR, --step FINAL (default)  the column of the final step (no race)
   --step STEP                         that step's column of the expected table
   --step all                          the whole expected table
+  --base VERSION                      that release's series (its patch set and build tree)
+  --base all --step all               every base's whole table, one line per tree as it starts
 """
 
 CODES = (Exit.RACE, Exit.SCENARIO, Exit.PATCHSET_INVALID)
@@ -73,6 +77,9 @@ class TreeRun:
     label: str  # the column: a step label, or "tree" (numbered when several)
     step: str  # the step whose expected column judges it
     tree: Path
+    expected: report.Table  # the table of the tree's base
+    expected_final: str  # the final step of the tree's series
+    base: str = ""  # the base's version, in the labels when several bases run
     races: dict[str, list[Race]] = field(default_factory=dict)
     torch: str = ""
     barrier: str = ""
@@ -80,16 +87,28 @@ class TreeRun:
     run_s: float = 0.0
 
 
-def _patch_set(argv: list[str] | None) -> Series:
-    """The series named by --patch-set (read before the full parser: its steps are choices)."""
+ALL = "all"
+
+
+def _series(argv: list[str] | None) -> list[Series]:
+    """The series named by --base or --patch-set (read before the full parser:
+    their steps are choices). --base all: every patch set under patches/."""
     early = argparse.ArgumentParser(add_help=False)
     cli.add_patch_set(early)
+    early.add_argument("--base")
     known, _ = early.parse_known_args(argv)
-    return Series.load(known.patch_set)
+    if known.base is None:
+        return [Series.load(known.patch_set)]
+    if known.patch_set != paths.DEFAULT_PATCH_DIR:
+        raise BackportError(Exit.USAGE, "--base and --patch-set name the series twice", "pass one")
+    if known.base == ALL:
+        return [Series.load(folder) for folder in patch_set_folders(paths.PATCHES_ROOT)]
+    return [series_for_release(paths.PATCHES_ROOT, known.base)]
 
 
-def parse_args(argv: list[str] | None, series: Series) -> argparse.Namespace:
-    steps = series.manifest.steps
+def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespace:
+    steps = list(dict.fromkeys(step for s in series for step in s.manifest.steps))
+    finals = ", ".join(dict.fromkeys(s.manifest.final_step for s in series))
     scenario_text = "\n".join(
         textwrap.fill(play.text, 78, initial_indent=f"  {play.name:<4} ", subsequent_indent=" " * 7)
         for play in PLAYS
@@ -104,8 +123,9 @@ def parse_args(argv: list[str] | None, series: Series) -> argparse.Namespace:
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--step",
-        choices=[*steps, "all"],
-        help=f"a step of the series in the build tree, or all of them (default: {steps[-1]})",
+        choices=[*steps, ALL],
+        help=f"a step of the series in the build tree, or all of them (default: {finals}); "
+        "with several bases, a base without that step is left out",
     )
     which.add_argument(
         "--tree",
@@ -126,42 +146,87 @@ def parse_args(argv: list[str] | None, series: Series) -> argparse.Namespace:
         help="interpreter with torch and sglang's import closure (default: this one if it "
         "has torch, else build/venv/bin/python)",
     )
+    p.add_argument(
+        "--base",
+        metavar="VERSION",
+        help=f"the sglang release whose series and build tree to check, or {ALL!r} for "
+        f"every patch set under patches/ (default: {paths.DEFAULT_BASE}, or --patch-set's)",
+    )
     cli.add_patch_set(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    series = _patch_set(argv)
-    args = parse_args(argv, series)
-    manifest = series.manifest
+    chosen = _series(argv)
+    args = parse_args(argv, chosen)
+    several = len(chosen) > 1
     if args.writers:
-        if args.tree and len(args.tree) > 1:
-            raise BackportError(Exit.USAGE, "--writers takes one --tree", "name one tree")
-        tree = check_tree(args.tree[0]) if args.tree else step_trees(series)[manifest.final_step]
-        return writers.main(tree, manifest)
-    expected = report.expected_table(manifest, SCENARIOS)
-    python = choose_python(args.python)
-    runs: list[TreeRun]
-    if args.tree:
-        several = len(args.tree) > 1
-        runs = [
-            TreeRun(f"tree {n}" if several else "tree", manifest.final_step, check_tree(tree))
-            for n, tree in enumerate(args.tree, 1)
+        if args.tree and (len(args.tree) > 1 or several):
+            raise BackportError(
+                Exit.USAGE, "--writers takes one --tree, with one base", "name one tree"
+            )
+        if args.tree:
+            return writers.main(check_tree(args.tree[0]), chosen[0].manifest)
+        codes = [
+            writers.main(step_trees(series)[series.manifest.final_step], series.manifest)
+            for series in chosen
         ]
-    else:
+        return max(codes)
+    if args.tree and several:
+        raise BackportError(Exit.USAGE, "--tree takes one base", "pass --base VERSION")
+    python = choose_python(args.python)
+    runs: list[TreeRun] = []
+    for series in chosen:
+        manifest = series.manifest
+        expected = report.expected_table(manifest, SCENARIOS)
+        if args.tree:
+            numbered = len(args.tree) > 1
+            runs += [
+                TreeRun(
+                    f"tree {n}" if numbered else "tree",
+                    manifest.final_step,
+                    check_tree(tree),
+                    expected,
+                    manifest.final_step,
+                )
+                for n, tree in enumerate(args.tree, 1)
+            ]
+            continue
         step = args.step or manifest.final_step
+        if step != ALL and step not in manifest.steps:
+            print(f"race-check: sglang {manifest.base.version} has no step {step}; left out")
+            continue
         trees = step_trees(series)
-        chosen = manifest.steps if step == "all" else [step]
-        runs = [TreeRun(report.step_label(s), s, trees[s]) for s in chosen]
+        version = manifest.base.version if several else ""
+        runs += [
+            TreeRun(
+                _label(version, report.step_label(s)),
+                s,
+                trees[s],
+                expected,
+                manifest.final_step,
+                version,
+            )
+            for s in (manifest.steps if step == ALL else [step])
+        ]
     started = time.perf_counter()
     preload_s = run_trees(python, runs)
     wall = time.perf_counter() - started
 
-    print(grid_text(runs, expected))
-    print()
+    for base in dict.fromkeys(r.base for r in runs):
+        if base:
+            print(f"sglang {base}:")
+        print(grid_text([r for r in runs if r.base == base]))
+        print()
     for tree_run in runs:
         print_races(tree_run)
-    print(f"ran on {torch_text(runs[0].torch)}; WAR barrier {runs[0].barrier}")
+    bases_of: dict[str, list[str]] = {}
+    for r in runs:
+        bases = bases_of.setdefault(r.barrier, [])
+        if r.base not in bases:
+            bases.append(r.base)
+    barriers = [f"{' '.join(bases)}: {how}" if several else how for how, bases in bases_of.items()]
+    print(f"ran on {torch_text(runs[0].torch)}; WAR barrier " + "; ".join(barriers))
     print(
         f"timings: third-party imports {preload_s:.1f} s (once); "
         + "; ".join(
@@ -169,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         + f"; wall {wall:.1f} s"
     )
-    return verdict(runs, expected, manifest.final_step)
+    return verdict(runs)
+
+
+def _label(base: str, text: str) -> str:
+    return f"{base} {text}" if base else text
 
 
 def choose_python(explicit: Path | None) -> Path:
@@ -218,13 +287,10 @@ def step_trees(series: Series) -> dict[str, Path]:
 
 def run_trees(python: Path, runs: list[TreeRun]) -> float:
     """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading."""
-    for tree_run in runs:
-        print(f"race-check: {len(SCENARIOS)} scenarios on {tree_run.label} ({tree_run.tree})")
-    sys.stdout.flush()
     with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [str(python), "-m", "racecheck.worker", tmp, *(str(r.tree) for r in runs)],
             cwd=SCRIPTS,
             env=env,
@@ -232,12 +298,25 @@ def run_trees(python: Path, runs: list[TreeRun]) -> float:
             stderr=subprocess.STDOUT,
             text=True,
         )
+        assert proc.stdout is not None
+        output: list[str] = []
+        for line in proc.stdout:
+            started = line.split()
+            if len(started) == 2 and started[0] == worker_started and started[1].isdigit():
+                tree_run = runs[int(started[1])]
+                print(
+                    f"race-check: {len(SCENARIOS)} scenarios on {tree_run.label} ({tree_run.tree})",
+                    flush=True,
+                )
+            else:
+                output.append(line)
+        returncode = proc.wait()
         outs = [Path(tmp) / f"{n}.json" for n in range(len(runs))]
-        if proc.returncode != 0 or not all(out.is_file() for out in outs):
-            tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+        if returncode != 0 or not all(out.is_file() for out in outs):
+            tail = "".join(output[-15:]).strip()
             raise BackportError(
                 Exit.ENVIRONMENT,
-                f"the checker process ({python}) failed (exit {proc.returncode}):\n{tail}",
+                f"the checker process ({python}) failed (exit {returncode}):\n{tail}",
                 "check that this interpreter imports torch, or pass --python PATH",
             )
         preload = Path(tmp) / "preload.json"
@@ -265,18 +344,24 @@ def _fill(tree_run: TreeRun, result: dict[str, Any]) -> None:
     tree_run.run_s = result["run_s"]
 
 
-def grid_text(runs: list[TreeRun], expected: report.Table) -> str:
+def grid_text(runs: list[TreeRun]) -> str:
     cells: dict[str, dict[str, str]] = {}
     for name in SCENARIOS:
         row: dict[str, str] = {}
         for tree_run in runs:
             measured = report.cell_of(tree_run.races[name])
+            expected = tree_run.expected[name][tree_run.step]
             text = report.describe(measured)
-            if expected[name][tree_run.step] != measured:
-                text = f"{text} [EXPECTED: {report.describe(expected[name][tree_run.step])}]"
-            row[tree_run.label] = text
+            if expected != measured:
+                text = f"{text} [EXPECTED: {report.describe(expected)}]"
+            row[_column(tree_run)] = text
         cells[name] = row
-    return report.grid([r.label for r in runs], cells)
+    return report.grid([_column(r) for r in runs], cells)
+
+
+def _column(tree_run: TreeRun) -> str:
+    """The run's label without its base (each base has a grid of its own)."""
+    return tree_run.label.removeprefix(f"{tree_run.base} ")
 
 
 def print_races(tree_run: TreeRun) -> None:
@@ -291,24 +376,25 @@ def print_races(tree_run: TreeRun) -> None:
     print()
 
 
-def verdict(runs: list[TreeRun], expected: report.Table, final: str) -> int:
+def verdict(runs: list[TreeRun]) -> int:
     differ = [
         f"{name} {r.label}"
         for r in runs
         for name in SCENARIOS
-        if report.cell_of(r.races[name]) != expected[name][r.step]
+        if report.cell_of(r.races[name]) != r.expected[name][r.step]
     ]
-    final_clean = not any(expected[name][final] for name in SCENARIOS)
-    if final_clean and all(r.step == final for r in runs):
-        racy = [r for r in runs if any(r.races.values())]
-        for r in racy:
-            count = sum(len(races) for races in r.races.values())
-            print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
-        if racy:
-            return Exit.RACE
+    # Every tree judged as its base's final step, and that column clean: a race
+    # anywhere is a race in a patched tree.
+    if all(not any(r.expected[name][r.step] for name in SCENARIOS) for r in runs) and all(
+        r.step == r.expected_final for r in runs
+    ):
         for r in runs:
-            print(f"ok: no race in {r.tree}")
-        return Exit.OK
+            count = sum(len(races) for races in r.races.values())
+            if count:
+                print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
+            else:
+                print(f"ok: no race in {r.tree}")
+        return Exit.RACE if any(any(r.races.values()) for r in runs) else Exit.OK
     if differ:
         print(f"FAILED: the measured table differs from the expected one in: {', '.join(differ)}")
         return Exit.RACE

@@ -17,6 +17,10 @@ another one) to a prebuilt request whose prefill ran on another server.
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
+import functools
+import inspect
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,13 +57,12 @@ class _World:
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-        from sglang.srt.runtime_context import get_context
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.device = device
         self.server_args = _server_args(spec)
         # SamplingBatchInfo and spec_need_hidden_states read the process-wide args.
-        get_context().set_server_args(self.server_args)
+        _publish_server_args(self.server_args)
         self.spec_algorithm = SpeculativeAlgorithm.from_string(spec)
         self.schedule_stream = device.Stream(name="schedule_stream")
         self.forward_stream = device.Stream(name="forward_stream")
@@ -80,25 +83,29 @@ class _World:
         watch.watch_attributes(self.future_map)
 
     def inflight_forward(
-        self, rows: tuple[int, ...], *, stash: bool = True, read_done: Any = None
+        self,
+        rows: tuple[int, ...],
+        *,
+        stash: bool = True,
+        read_done: Any = None,
+        event_attr: str = "",
     ) -> None:
         """What run_batch does for a batch holding just-finished requests (their
         redundant forward): order after the schedule stream, read the inputs,
         then publish (spec: on_publish, mid worker) and stash the relay payload,
         all on the forward stream. read_done, if given, stands for the forward's
-        WAR read-done holder; the event is recorded where the cuda-graph
+        WAR read-done holder (the event goes into its attribute event_attr,
+        named as the tree's barrier reads it); the event is recorded where the cuda-graph
         runners record it: before the decode graph's replay (non-speculative:
         before publish and stash), or in EAGLE's draft_extend, which runs after
         on_publish and before the stash."""
-        from sglang.srt.managers.overlap_utils import RelayPayload
-
         n = len(rows)
         index = torch.tensor(rows, dtype=torch.int64)
 
         def record_read_done() -> None:
             event = self.device.Event()
             event.record()
-            read_done.war_fastpath_read_done_event = event
+            setattr(read_done, event_attr, event)
 
         self.forward_stream.wait_stream(self.schedule_stream)
         with self.device.stream(self.forward_stream):
@@ -109,18 +116,10 @@ class _World:
             self.future_map.publish(index, torch.full((n,), PROMPT_LEN + 7, dtype=torch.int64))
             if read_done is not None and not self.spec_algorithm.is_none():
                 record_read_done()
-            if not stash:
-                return
-            if self.spec_algorithm.is_none():
-                payload = RelayPayload(bonus_tokens=torch.full((n,), 11, dtype=torch.int64))
-            else:
-                payload = RelayPayload(
-                    bonus_tokens=torch.full((n,), 11, dtype=torch.int64),
-                    topk_p=torch.full((n, EAGLE_TOPK), 0.5),
-                    topk_index=torch.full((n, EAGLE_TOPK), 3, dtype=torch.int64),
-                    hidden_states=torch.full((n, HIDDEN_SIZE), 0.25),
+            if stash:
+                self.future_map.stash(
+                    index, _stash_payload(n, eagle=not self.spec_algorithm.is_none())
                 )
-            self.future_map.stash(index, payload)
 
     def prebuilt_request(self, row: int) -> Any:
         """A request whose prefill ran on the prefill server and whose KV (and,
@@ -168,7 +167,17 @@ class _World:
         from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
 
         scheduler = self.scheduler([self.prebuilt_request(row) for row in rows])
-        batch = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch(scheduler)
+        function = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch
+        # From 0.5.16 on the loop hands in what it used to read from self
+        # (running_batch); each such argument is the scheduler's attribute.
+        extra = list(inspect.signature(function).parameters)[1:]
+        missing = [name for name in extra if not hasattr(scheduler, name)]
+        if missing:
+            raise ScenarioError(
+                f"get_new_prebuilt_batch takes {', '.join(missing)}, which the "
+                "scenario's scheduler does not hold"
+            )
+        batch = function(scheduler, *(getattr(scheduler, name) for name in extra))
         if batch is None or batch.req_pool_indices.tolist() != list(rows):
             raise ScenarioError(
                 f"get_new_prebuilt_batch did not admit the requests in rows {list(rows)}"
@@ -180,16 +189,112 @@ class ScenarioError(RuntimeError):
     """The sglang tree did not behave as a scenario needs (not a race)."""
 
 
-def _server_args(spec: str | None) -> SimpleNamespace:
-    return SimpleNamespace(
-        speculative_algorithm=spec,
-        speculative_eagle_topk=EAGLE_TOPK,
-        speculative_num_steps=1,
-        enable_multi_layer_eagle=False,
-        disaggregation_decode_enable_radix_cache=False,
-        enable_deterministic_inference=False,
-        enable_custom_logit_processor=False,
-    )
+_SERVER_ARGS = {
+    "speculative_algorithm": None,
+    "speculative_eagle_topk": EAGLE_TOPK,
+    "speculative_num_steps": 1,
+    "enable_multi_layer_eagle": False,
+    "disaggregation_decode_enable_radix_cache": False,
+    "enable_deterministic_inference": False,
+    "enable_custom_logit_processor": False,
+}
+
+
+def _server_args(spec: str | None) -> Any:
+    """Stand-in server arguments: the few the relay path reads.
+
+    From 0.5.18 on, publishing the args projects the fields that ServerArgs
+    marks with a config namespace into bags (get_spec(), get_disagg(), ...)
+    and refuses an object without them; there the stand-in is a ServerArgs
+    whose fields hold their declared defaults (its __post_init__, which
+    resolves a model, does not run)."""
+    values = {**_SERVER_ARGS, "speculative_algorithm": spec}
+    try:
+        from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
+    except ImportError:  # releases before the config bags
+        return SimpleNamespace(**values)
+    from sglang.srt.server_args import ServerArgs
+
+    args = object.__new__(ServerArgs)
+    for f in dataclasses.fields(ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        object.__setattr__(args, f.name, value)
+    for name, value in values.items():
+        object.__setattr__(args, name, value)
+    return args
+
+
+def _publish_server_args(args: Any) -> None:
+    """Make args the process-wide server args, where this release keeps them:
+    the runtime context (0.5.15 on) or server_args' module global (before)."""
+    context = _runtime_context()
+    if context is not None and hasattr(context, "set_server_args"):
+        context.set_server_args(args)
+        return
+    from sglang.srt import server_args
+
+    server_args.set_global_server_args_for_scheduler(args)
+
+
+def _runtime_context() -> Any:
+    try:
+        from sglang.srt.runtime_context import get_context
+    except ImportError:  # 0.5.13 has no runtime context
+        return None
+    return get_context()
+
+
+@contextlib.contextmanager
+def _server_args_restored() -> Any:
+    """Whatever server args the process had published before a scenario (a test
+    session, say) come back after it."""
+    context = _runtime_context()
+    if context is not None and hasattr(context, "set_server_args"):
+        from sglang.srt.runtime_context import reset_context
+
+        names = getattr(type(context), "__slots__", None) or list(vars(context))
+        saved = {name: getattr(context, name) for name in names if hasattr(context, name)}
+        reset_context()
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                object.__setattr__(context, name, value)
+        return
+    from sglang.srt import server_args
+
+    saved_global = server_args._global_server_args
+    try:
+        yield
+    finally:
+        server_args._global_server_args = saved_global
+
+
+def _stash_payload(n: int, *, eagle: bool) -> Any:
+    """What the forward stashes for n requests, in this release's form: a
+    RelayPayload (0.5.15 on), else the token tensor (non-speculative) or the
+    EagleDraftInput itself (EAGLE)."""
+    bonus = torch.full((n,), 11, dtype=torch.int64)
+    extras = {
+        "topk_p": torch.full((n, EAGLE_TOPK), 0.5),
+        "topk_index": torch.full((n, EAGLE_TOPK), 3, dtype=torch.int64),
+        "hidden_states": torch.full((n, HIDDEN_SIZE), 0.25),
+    }
+    from sglang.srt.managers import overlap_utils
+
+    relay_payload = getattr(overlap_utils, "RelayPayload", None)
+    if relay_payload is not None:
+        return relay_payload(bonus_tokens=bonus, **(extras if eagle else {}))
+    if not eagle:
+        return bonus
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    return EagleDraftInput(bonus_tokens=bonus, **extras)
 
 
 def play(world: _World, scenario: Play) -> None:
@@ -202,11 +307,18 @@ def play(world: _World, scenario: Play) -> None:
     (the real get_new_prebuilt_batch), and the launch of its own forward. The
     previous result's processing follows and touches no relay row.
     """
-    runner = SimpleNamespace(war_fastpath_read_done_event=None)
-    fast = scenario.barrier == "fast"
+    runner = SimpleNamespace()
+    event_attr = war_barrier_of_tree().event_attr if scenario.barrier else ""
+    if event_attr:
+        setattr(runner, event_attr, None)
+    if scenario.barrier != "fast":
+        event_attr = ""  # only the fast configuration's forward records the event
     with world.device.stream(world.schedule_stream):
         world.inflight_forward(
-            scenario.forward_rows, stash=not scenario.consumer, read_done=runner if fast else None
+            scenario.forward_rows,
+            stash=not scenario.consumer,
+            read_done=runner if event_attr else None,
+            event_attr=event_attr,
         )
         if scenario.barrier is not None:
             war_barrier(world, runner, enabled=scenario.barrier != "none")
@@ -234,16 +346,61 @@ def consume(world: _World, rows: tuple[int, ...]) -> None:
         world.future_map.resolve_seq_lens_cpu(merged)
 
 
-# How the tree's Scheduler._apply_war_barrier was obtained, for the report.
+# How the tree's WAR barrier was obtained, for the report.
 BARRIER_SOURCE: dict[str, str] = {}
 
 
-def _war_barrier_function() -> tuple[Callable[..., None], Any]:
-    """The tree's Scheduler._apply_war_barrier and a bare object to call it on.
+@dataclass(frozen=True)
+class Barrier:
+    """The tree's WAR barrier as the overlap decode loop runs it.
+
+    function(scheduler) is the tree's own code. runner_attr names the
+    model_worker attribute that holds the runner whose read-done event the
+    barrier consumes and event_attr that event's attribute (0.5.14..0.5.17:
+    war_fastpath_runner / war_fastpath_read_done_event; 0.5.18:
+    last_shared_read_runner / shared_read_done_event); both are "" where
+    the release has no fast path (0.5.13: the loop itself waits on the whole
+    forward stream)."""
+
+    function: Callable[..., None]
+    scheduler: Any
+    runner_attr: str
+    event_attr: str
+
+
+def _names(function: Callable[..., None], suffix: str) -> list[str]:
+    return [name for name in function.__code__.co_names if name.endswith(suffix)]
+
+
+@functools.cache
+def war_barrier_of_tree() -> Barrier:
+    """Scheduler._apply_war_barrier where the release has it (0.5.14 on), else
+    the barrier statement inline in the decode loop (0.5.13)."""
+    function, scheduler = _apply_war_barrier()
+    if function is None:
+        function, scheduler = _inline_barrier()
+    runners = _names(function, "_runner")
+    events = _names(function, "read_done_event")
+    if len(runners) > 1 or len(events) > 1 or len(runners) != len(events):
+        raise ScenarioError(
+            f"the WAR barrier reads runners {runners} and events {events}; the loop "
+            "scenarios model one runner with one read-done event, or none"
+        )
+    if not events:
+        BARRIER_SOURCE["how"] += (
+            "; no read-done fast path in this release: the fast configuration "
+            "waits on the whole forward stream, as the fallback does"
+        )
+    return Barrier(function, scheduler, "".join(runners), "".join(events))
+
+
+def _apply_war_barrier() -> tuple[Callable[..., None] | None, Any]:
+    """Scheduler._apply_war_barrier and a bare object to call it on, or None.
 
     scheduler.py imports packages that a CPU environment may lack; then the
     function is compiled from the tree's own source (same file and lines, so
-    reports point at it) and called on a plain namespace.
+    reports point at it), with decode.py's module globals, and called on a
+    plain namespace.
     """
     try:
         from sglang.srt.managers.scheduler import Scheduler
@@ -258,33 +415,93 @@ def _war_barrier_function() -> tuple[Callable[..., None], Any]:
             if isinstance(node, ast.FunctionDef) and node.name == "_apply_war_barrier"
         ]
         if not found:
-            raise ScenarioError(
-                "scheduler.py has no Scheduler._apply_war_barrier; the loop scenarios "
-                "model the WAR barrier of 0.5.14 and later"
-            ) from None
-        namespace: dict[str, Any] = {}
-        module = ast.Module(body=found, type_ignores=[])
-        exec(compile(module, str(source), "exec"), namespace)
+            return None, None
         BARRIER_SOURCE["how"] = (
-            f"compiled from scheduler.py's source (the module does not import here: "
-            f"{type(err).__name__}: {err})"
+            "Scheduler._apply_war_barrier compiled from scheduler.py's source (the "
+            f"module does not import here: {type(err).__name__}: {err})"
         )
-        return namespace["_apply_war_barrier"], SimpleNamespace()
-    BARRIER_SOURCE["how"] = "imported from sglang.srt.managers.scheduler"
-    return Scheduler._apply_war_barrier, Scheduler.__new__(Scheduler)
+        return _compiled(found[0], source), SimpleNamespace()
+    function = getattr(Scheduler, "_apply_war_barrier", None)
+    if function is None:
+        return None, None
+    BARRIER_SOURCE["how"] = (
+        "Scheduler._apply_war_barrier imported from sglang.srt.managers.scheduler"
+    )
+    return function, Scheduler.__new__(Scheduler)
+
+
+def _inline_barrier() -> tuple[Callable[..., None], Any]:
+    """The `if self._war_barrier_enabled:` statement of the decode loop
+    (event_loop_overlap_disagg_decode), compiled as a function of self."""
+    source = sglang_root() / "srt" / "disaggregation" / "decode.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
+    loops = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "event_loop_overlap_disagg_decode"
+    ]
+    found = [
+        node
+        for loop in loops
+        for node in ast.walk(loop)
+        if isinstance(node, ast.If)
+        and any(
+            isinstance(n, ast.Attribute) and n.attr == "_war_barrier_enabled"
+            for n in ast.walk(node.test)
+        )
+    ]
+    if len(found) != 1:
+        raise ScenarioError(
+            "the tree has no Scheduler._apply_war_barrier, and event_loop_overlap_disagg_decode "
+            f"holds {len(found)} `if self._war_barrier_enabled` statements instead of one"
+        )
+    statement = found[0]
+    wrapper = ast.FunctionDef(
+        name="_apply_war_barrier",
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(arg="self")],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        ),
+        body=[statement],
+        decorator_list=[],
+        returns=None,
+        type_params=[],
+    )
+    ast.copy_location(wrapper, statement)
+    ast.fix_missing_locations(wrapper)
+    BARRIER_SOURCE["how"] = (
+        f"inline in event_loop_overlap_disagg_decode (decode.py:{statement.lineno}), "
+        "compiled from the source; the release has no Scheduler._apply_war_barrier"
+    )
+    return _compiled(wrapper, source), SimpleNamespace()
+
+
+def _compiled(function: ast.FunctionDef, source: Path) -> Callable[..., None]:
+    from sglang.srt.disaggregation import decode
+
+    namespace = dict(vars(decode))
+    module = ast.Module(body=[function], type_ignores=[])
+    exec(compile(module, str(source), "exec"), namespace)
+    return namespace[function.name]
 
 
 def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> None:
-    """The real Scheduler._apply_war_barrier on a bare scheduler holding the
-    loop's streams; enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
-    function, scheduler = _war_barrier_function()
+    """The tree's WAR barrier on a bare scheduler holding the loop's streams;
+    enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
+    barrier = war_barrier_of_tree()
+    scheduler = barrier.scheduler
     scheduler._war_barrier_enabled = enabled
-    scheduler.model_worker = SimpleNamespace(war_fastpath_runner=runner)
+    scheduler.model_worker = SimpleNamespace(
+        **{barrier.runner_attr: runner} if barrier.runner_attr else {}
+    )
     scheduler.schedule_stream = world.schedule_stream
     scheduler.forward_stream = world.forward_stream
-    function(scheduler)
-    if runner.war_fastpath_read_done_event is not None and enabled:
-        raise ScenarioError("_apply_war_barrier did not consume the read-done event")
+    barrier.function(scheduler)
+    if barrier.event_attr and getattr(runner, barrier.event_attr, None) is not None and enabled:
+        raise ScenarioError("the WAR barrier did not consume the read-done event")
 
 
 def required(scenario: Play) -> set[tuple[str, str, str]]:
@@ -308,28 +525,16 @@ def sglang_root() -> Path:
 
 def run(name: str) -> ScenarioRun:
     """Play one scenario on fresh simulated streams and return the races CSAN saw."""
-    from sglang.srt.runtime_context import get_context, reset_context
-
     scenario = BY_NAME[name]
     driver = Path(__file__).resolve()
-    context = get_context()
-    # The scenario publishes its own server args; whatever the process had
-    # published before (a test session, say) comes back afterwards.
-    saved = {
-        slot: getattr(context, slot)
-        for slot in getattr(type(context), "__slots__", ())
-        if hasattr(context, slot)
-    }
-    reset_context()
-    try:
-        with simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver.parent]) as (
+    with (
+        _server_args_restored(),
+        simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver.parent]) as (
             device,
             watch,
-        ):
-            play(_World(device, watch, scenario.spec), scenario)
-    finally:
-        for slot, value in saved.items():
-            setattr(context, slot, value)
+        ),
+    ):
+        play(_World(device, watch, scenario.spec), scenario)
     missing = required(scenario) - watch.seen
     if missing:
         raise ScenarioError(

@@ -5,7 +5,8 @@
 A process can import only one sglang, so each tree gets its own process. To
 keep the whole check within seconds, this process first imports the heavy
 third-party packages sglang needs (torch, transformers, ...) and then forks
-one child per tree; each child puts TREE/python first on sys.path and imports
+one child per tree, as many at once as there are cores, printing "started N"
+as it starts the N-th; each child puts TREE/python first on sys.path and imports
 that tree's sglang afresh. OUT_DIR/<n>.json (n: the tree's position) holds
 either {"sglang": ..., "torch": ..., "barrier": ..., "import_s": ..., "run_s":
 ..., "races": {scenario: [race, ...]}} or {"code": EXIT CODE, "error": ...,
@@ -27,6 +28,9 @@ from patchset.errors import BackportError, Exit
 
 from . import csan, report
 from .catalogue import SCENARIOS
+
+# The line this process prints as it starts a tree's child: "started N".
+STARTED = "started"
 
 # Imported once before forking; only a speed-up: a missing one is skipped and
 # the child then meets (and reports) whatever sglang itself cannot import.
@@ -139,13 +143,20 @@ def main(argv: list[str]) -> int:
         except Exception:  # a missing package only costs speed here
             continue
     _write(out_dir / "preload.json", {"preload_s": round(time.perf_counter() - started, 2)})
-    children = []
+    # At most one child per core at a time: more would only share the cores
+    # and hold more memory (each child imports a whole sglang).
+    slots = max(1, os.cpu_count() or 1)
+    running: set[int] = set()
     for n, tree in enumerate(trees):
+        if len(running) >= slots:
+            pid, _ = os.wait()
+            running.discard(pid)
+        print(f"{STARTED} {n}", flush=True)
         pid = os.fork()
         if pid == 0:
             os._exit(_child(tree, out_dir / f"{n}.json"))
-        children.append(pid)
-    for pid in children:
+        running.add(pid)
+    for pid in running:
         os.waitpid(pid, 0)
     return 0
 

@@ -1,10 +1,11 @@
 """The race table, measured from this step's real sglang code.
 
 Each scenario (scripts/racecheck/catalogue.py) runs through the step's
-FutureMap, build_eagle_disagg_draft_input, get_new_prebuilt_batch and
-Scheduler._apply_war_barrier on simulated streams whose ordering feeds
-PyTorch's CUDA sanitizer (scripts/racecheck). The step's column must be
-exactly the expected one (the [races] table of the pin manifest, row by row),
+FutureMap, build_eagle_disagg_draft_input, get_new_prebuilt_batch and WAR
+barrier (each release's own signatures, detected on its functions) on
+simulated streams whose ordering feeds PyTorch's CUDA sanitizer
+(scripts/racecheck). The step's column must be exactly the expected one (the
+[races] table of the step's pin manifest, row by row),
 and a scenario's race must be closed on the steps where that table says so
 and open on the others.
 """
@@ -23,7 +24,7 @@ MANIFEST = STEP.series.manifest
 if "races" not in MANIFEST.raw:
     pytest.skip(
         f"the manifest of sglang {MANIFEST.base.version} holds no expected race table "
-        "([races]): the race scenarios are written for 0.5.15.post1's signatures",
+        "([races]); measure it with scripts/race-check --base VERSION --step all",
         allow_module_level=True,
     )
 EXPECTED = report.expected_table(MANIFEST, SCENARIOS)
