@@ -36,6 +36,7 @@ variables, the torn-row judgement and the rig itself on the CPU device.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -57,18 +58,35 @@ sys.path.insert(0, str(ROOT / "ci"))
 
 from gpustage import sglang_import  # noqa: E402
 
+
+def _rig_fits() -> str:
+    """Why the CUDA rig, written against 0.5.15.post1's code, cannot drive this tree ('' if it can)."""
+    try:
+        modules = sglang_import.import_modules()
+    except ImportError as err:
+        return f"the rig's modules do not import here ({err})"
+    mixin = modules["sglang.srt.disaggregation.decode"].SchedulerDisaggregationDecodeMixin
+    relay = modules["sglang.srt.managers.overlap_utils"]
+    if list(inspect.signature(mixin.get_new_prebuilt_batch).parameters) != ["self"]:
+        return "get_new_prebuilt_batch takes arguments in this release"
+    if not hasattr(relay, "RelayPayload"):
+        return "FutureMap.stash takes the draft input itself (no RelayPayload)"
+    if not hasattr(relay.FutureMap, "_maybe_init_dsa_topk_indices_buf"):
+        return "FutureMap has no DSA top-k relay buffer here"
+    return ""
+
+
+if _why_not := _rig_fits():
+    pytest.skip(
+        f"the CUDA rig drives 0.5.15.post1-shaped code; on this release {_why_not}",
+        allow_module_level=True,
+    )
 _sglang = sglang_import.import_modules()
 SchedulerDisaggregationDecodeMixin = _sglang[
     "sglang.srt.disaggregation.decode"
 ].SchedulerDisaggregationDecodeMixin
 FutureMap = _sglang["sglang.srt.managers.overlap_utils"].FutureMap
-RelayPayload = getattr(_sglang["sglang.srt.managers.overlap_utils"], "RelayPayload", None)
-if RelayPayload is None:
-    pytest.skip(
-        "this release's FutureMap.stash takes the draft input itself (no RelayPayload, "
-        "as in 0.5.13 and 0.5.14); the CUDA rig seeds rows with a RelayPayload",
-        allow_module_level=True,
-    )
+RelayPayload = _sglang["sglang.srt.managers.overlap_utils"].RelayPayload
 ScheduleBatch = _sglang["sglang.srt.managers.schedule_batch"].ScheduleBatch
 ReqToTokenPool = _sglang["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
 get_context = _sglang["sglang.srt.runtime_context"].get_context
