@@ -60,7 +60,7 @@ from gpustage import sglang_import  # noqa: E402
 
 
 def _rig_fits() -> str:
-    """Why the CUDA rig, written against 0.5.15.post1's code, cannot drive this tree ('' if it can)."""
+    """Why the CUDA rig (written for 0.5.15.post1's code) cannot drive this tree, or ''."""
     try:
         modules = sglang_import.import_modules()
     except ImportError as err:
