@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from . import wheel as wheels
+from .errors import BackportError, Exit
 from .git import Git, open_checkout
 from .manifest import PinManifest, Series
 
@@ -93,3 +94,16 @@ def step_trees(series: Series, build: Path) -> dict[str, Path]:
         git.run("worktree", "add", "--quiet", "--detach", str(tree), rev)
         trees[step] = tree
     return trees
+
+
+def check_tree(tree: Path, code: Exit = Exit.SETUP) -> Path:
+    """A tree given with --tree must hold python/sglang, as a checkout or a step tree does."""
+    tree = tree.resolve()
+    if not (tree / "python" / "sglang" / "__init__.py").is_file():
+        raise BackportError(
+            code,
+            f"--tree {tree} holds no python/sglang/__init__.py",
+            "pass the folder that contains python/sglang (an sglang checkout, or "
+            "build/steps/<release>/<step>)",
+        )
+    return tree

@@ -166,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
                 Exit.USAGE, "--writers takes one --tree, with one base", "name one tree"
             )
         if args.tree:
-            return writers.main(check_tree(args.tree[0]), chosen[0].manifest)
+            return writers.main(
+                buildtree.check_tree(args.tree[0], Exit.ENVIRONMENT), chosen[0].manifest
+            )
         codes = [
             writers.main(step_trees(series)[series.manifest.final_step], series.manifest)
             for series in chosen
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 TreeRun(
                     f"tree {n}" if numbered else "tree",
                     manifest.final_step,
-                    check_tree(tree),
+                    buildtree.check_tree(tree, Exit.ENVIRONMENT),
                     expected,
                     manifest.final_step,
                 )
@@ -259,18 +261,6 @@ def choose_python(explicit: Path | None) -> Path:
         "run scripts/run-tests once (it makes build/venv with the pinned requirements), "
         "or pass --python PATH",
     )
-
-
-def check_tree(tree: Path) -> Path:
-    tree = tree.resolve()
-    if not (tree / "python" / "sglang" / "__init__.py").is_file():
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            f"--tree {tree} holds no python/sglang/__init__.py",
-            "pass the folder that contains python/sglang (an sglang checkout, or "
-            "build/steps/<version>/<step>)",
-        )
-    return tree
 
 
 def step_trees(series: Series) -> dict[str, Path]:

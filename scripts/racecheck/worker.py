@@ -15,7 +15,6 @@ either {"sglang": ..., "torch": ..., "barrier": ..., "import_s": ..., "run_s":
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -25,45 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from patchset.errors import BackportError, Exit
+from testrun.preload import preload
 
 from . import csan, report
 from .catalogue import SCENARIOS
 
 # The line this process prints as it starts a tree's child: "started N".
 STARTED = "started"
-
-# Imported once before forking; only a speed-up: a missing one is skipped and
-# the child then meets (and reports) whatever sglang itself cannot import.
-PRELOAD = (
-    "torch",
-    "torch._inductor.lowering",
-    "torch._inductor.compile_fx",
-    "torch._functorch.aot_autograd",
-    "torchvision",
-    "torchvision.transforms.v2",
-    "triton",
-    "numpy",
-    "transformers",
-    "transformers.modeling_utils",
-    "transformers.generation",
-    "transformers.processing_utils",
-    "transformers.models.auto.processing_auto",
-    "transformers.models.auto.tokenization_auto",
-    "openai",
-    "networkx",
-    "compressed_tensors",
-    "aiohttp.web",
-    "starlette",
-    "IPython",
-    "pydantic",
-    "requests",
-    "xgrammar",
-    "zmq",
-    "gguf",
-    "msgspec",
-    "orjson",
-    "einops",
-)
 
 
 def run(tree: Path) -> dict[str, Any]:
@@ -136,13 +103,7 @@ def main(argv: list[str]) -> int:
         for n in range(len(trees)):
             _write(out_dir / f"{n}.json", _error(err.code, err.problem, err.next_step))
         return 0
-    started = time.perf_counter()
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # a missing package only costs speed here
-            continue
-    _write(out_dir / "preload.json", {"preload_s": round(time.perf_counter() - started, 2)})
+    _write(out_dir / "preload.json", {"preload_s": round(preload(), 2)})
     # At most one child per core at a time: more would only share the cores
     # and hold more memory (each child imports a whole sglang).
     slots = max(1, os.cpu_count() or 1)

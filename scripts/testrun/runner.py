@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchset.errors import BackportError, Exit
 from patchset.manifest import Series
 from patchset.paths import PROJECT_ROOT
 from patchset.textout import table
@@ -88,19 +87,6 @@ def step_env(series: Series, step: str, tree: Path) -> dict[str, str]:
         TREE_ENV: str(tree),
         "PYTHONPATH": os.pathsep.join([str(tree / "python"), str(SCRIPTS)]),
     }
-
-
-def check_tree(tree: Path) -> Path:
-    """A tree given with --tree must hold python/sglang, as a checkout or the build tree does."""
-    tree = tree.resolve()
-    if not (tree / "python" / "sglang" / "__init__.py").is_file():
-        raise BackportError(
-            Exit.SETUP,
-            f"{tree} holds no python/sglang/__init__.py",
-            "pass the folder that contains python/sglang (an sglang checkout, "
-            "or build/steps/<release>/<step>)",
-        )
-    return tree
 
 
 def _clean_env() -> dict[str, str]:
