@@ -306,10 +306,12 @@ def load_catalog(patches_root: Path) -> Catalog:
                 name = f"sglang {served} with {series.folder.name} applied up to patch {step}"
             fixes = fixes_of(manifest.base.version) | frozenset(p for p in prs[:index] if p)
             catalog.add(manifest.blobs_at(step), KnownContent(name.strip(), fixes, index > 0))
+    # A served release is already named by its series' base step.
+    served_releases = {r for series in all_series for r in series.manifest.releases}
     releases: dict[str, dict[str, str]] = {}
     for series in all_series:
         releases.update(series.manifest.known_releases)
-    for release in sorted(releases, key=release_key):
+    for release in sorted(set(releases) - served_releases, key=release_key):
         catalog.add(releases[release], KnownContent(f"sglang {release}", fixes_of(release), False))
     return catalog
 
