@@ -35,8 +35,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from gpustage import sglang_import
+from patchset.textout import table as text_table
 
 POOL_ROWS = 512
 MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch and the prebuilt row batch + 1
@@ -241,15 +243,13 @@ def table(result: dict[str, Any]) -> str:
             f"{ratio['max']:.4f}",
         )
     )
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     cfg = result["config"]
     head = (
         f"wait_stream cost per prebuilt batch on {result['device']} (torch {result['torch']}): "
         f"{cfg['runs']} runs x {cfg['iters']} iterations, batch {cfg['batch']}, "
         f"hidden {cfg['hidden']}, {cfg['layers']} layers; ratio spread is over run pairs"
     )
-    return "\n".join([head, *lines])
+    return "\n".join([head, text_table(rows[0], rows[1:])])
 
 
 def main() -> int:

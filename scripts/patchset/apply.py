@@ -15,7 +15,7 @@ from pathlib import Path
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, pristine_tag, read_blob
 from .errors import BackportError, Exit
-from .git import Git, open_checkout
+from .git import PROJECT_IDENTITY, Git, open_checkout
 from .lock import DEFAULT_WAIT_S, deferred_signals, held
 from .manifest import (
     BASE_STEP,
@@ -381,8 +381,7 @@ def apply_to_checkout(
         return report
     if not git.owned and not git.run("config", "user.email", check=False).stdout.strip():
         git.extra_env.update(
-            GIT_COMMITTER_NAME="sglang-backports",
-            GIT_COMMITTER_EMAIL="sglang-backports@localhost",
+            {k: v for k, v in PROJECT_IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
         )
     report.applied = _apply_on_new_branch(git, series, branch, patches, temp_parent)
     return report

@@ -19,6 +19,7 @@ from .manifest import (
     MANIFEST_NAME,
     SERIES_NAME,
     PinManifest,
+    release_key,
     require_folder,
     sha256_of,
     step_of,
@@ -90,10 +91,6 @@ def _display(path: Path, root: Path | None) -> str:
         return str(path.resolve().relative_to(base.resolve()))
     except ValueError:
         return str(path)
-
-
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
 def _read_series(report: LintReport, series_file: Path) -> list[tuple[str, int]]:
@@ -333,7 +330,7 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
     elif (
         word == "Backport"
         and base_version is not None
-        and _version_key(release) <= _version_key(base_version)
+        and release_key(release) <= release_key(base_version)
     ):
         report.add(
             patch.path,

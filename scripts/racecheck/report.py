@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest
+from patchset.textout import table
 
 from .races import RELAY_BUFFERS, Access, Race, Site
 
@@ -102,22 +102,8 @@ def step_label(step: str) -> str:
 
 def grid(columns: Sequence[str], cells: Mapping[str, Mapping[str, str]], width: int = 36) -> str:
     """A text table: one row per scenario, one column per entry of columns, cells wrapped."""
-    header = ["scenario", *columns]
     rows = [[name, *(cells[name].get(col, "-") for col in columns)] for name in cells]
-    wrapped = [[textwrap.wrap(cell, width) or [""] for cell in row] for row in rows]
-    widths = [len(h) for h in header]
-    for row in wrapped:
-        for i, lines in enumerate(row):
-            widths[i] = max(widths[i], *(len(line) for line in lines))
-    out = [_line(header, widths), _line(["-" * w for w in widths], widths)]
-    for row in wrapped:
-        for n in range(max(len(lines) for lines in row)):
-            out.append(_line([lines[n] if n < len(lines) else "" for lines in row], widths))
-    return "\n".join(out)
-
-
-def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+    return table(["scenario", *columns], rows, wrap=width)
 
 
 def race_text(race: Race) -> str:
