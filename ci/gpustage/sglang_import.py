@@ -55,6 +55,7 @@ PATH_UNDER_TEST = (
     ("sglang.srt.managers.overlap_utils", "FutureMap.__init__"),
     ("sglang.srt.managers.overlap_utils", "FutureMap._lazy_init_forward_buf"),
     ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_dsa_topk_indices_buf"),
+    ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_ngram_bufs"),
     ("sglang.srt.managers.overlap_utils", "FutureMap.publish"),
     ("sglang.srt.managers.overlap_utils", "FutureMap.stash"),
     ("sglang.srt.managers.overlap_utils", "RelayPayload.from_draft_input"),
@@ -73,11 +74,12 @@ PATH_UNDER_TEST = (
 
 # Functions of PATH_UNDER_TEST that only some releases have; where one is
 # missing the path does not run it. RelayPayload came with 0.5.15 (before it,
-# stash takes the token tensor or the draft input itself), and the DSA top-k
-# relay buffer is not in every release.
+# stash takes the token tensor or the draft input itself), the DSA top-k relay
+# buffer with 0.5.15.post1 and stash's n-gram buffers with 0.5.18.
 OPTIONAL_FUNCTIONS = frozenset(
     {
         ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_dsa_topk_indices_buf"),
+        ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_ngram_bufs"),
         ("sglang.srt.managers.overlap_utils", "RelayPayload.from_draft_input"),
     }
 )

@@ -30,6 +30,10 @@ stream), and it reads the restored one. publish, stash, get_new_prebuilt_batch,
 process_prebuilt and build_eagle_disagg_draft_input read none: they index the
 relay tensors and take streams and events from torch.get_device_module() at
 call time. test_path_under_test_reads_no_other_cuda_flag checks this per step.
+The rig follows each release's code by feature detection: get_new_prebuilt_batch
+gets the scheduler attributes its signature names (running_batch from 0.5.16),
+stash gets a RelayPayload where the release has one (else the EagleDraftInput),
+and the server args are published as racecheck's scenarios publish them.
 The CPU tests at the end (no GPU needed) check the import, the refused
 variables, the torn-row judgement and the rig itself on the CPU device.
 """
@@ -80,9 +84,10 @@ ScheduleBatch = _sglang["sglang.srt.managers.schedule_batch"].ScheduleBatch
 ReqToTokenPool = _sglang["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
 SpeculativeAlgorithm = _sglang["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
 # What stash() takes: a RelayPayload from 0.5.15 on, the EagleDraftInput itself before.
-StashPayload = getattr(overlap_utils, "RelayPayload", None) or importlib.import_module(
-    "sglang.srt.speculative.eagle_info"
-).EagleDraftInput
+StashPayload = (
+    getattr(overlap_utils, "RelayPayload", None)
+    or importlib.import_module("sglang.srt.speculative.eagle_info").EagleDraftInput
+)
 from patchset.paths import DEFAULT_BASE  # noqa: E402
 
 # The racecheck scenarios' stand-in server args: how each release takes them
@@ -617,6 +622,24 @@ def test_path_under_test_reads_no_other_cuda_flag() -> None:
     from sglang.srt.utils import common
 
     assert overlap_utils._is_cuda == common.is_cuda() == torch.cuda.is_available()
+
+
+def test_path_under_test_holds_the_relay_methods_it_calls() -> None:
+    """Every FutureMap method that the path's FutureMap methods call is on the path
+    (and so checked above): a release that adds one must add it to PATH_UNDER_TEST."""
+    listed = {
+        qualname.removeprefix("FutureMap.")
+        for module, qualname in sglang_import.path_under_test()
+        if module == overlap_utils.__name__ and qualname.startswith("FutureMap.")
+    }
+    called = {
+        name
+        for method in listed
+        for name in getattr(FutureMap, method).__code__.co_names
+        if inspect.isfunction(getattr(FutureMap, name, None))
+    }
+    assert {"publish", "stash", "__init__"} <= listed, listed
+    assert called <= listed, called - listed
 
 
 @pytest.mark.parametrize(
