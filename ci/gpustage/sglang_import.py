@@ -47,11 +47,15 @@ MODULES = (
     "sglang.srt.speculative.spec_info",
 )
 
+# Modules of MODULES that only some releases have: 0.5.13 has no runtime context.
+OPTIONAL_MODULES = frozenset({"sglang.srt.runtime_context"})
+
 # What the S1 rig and the benchmark run: (module, qualified name).
 PATH_UNDER_TEST = (
     ("sglang.srt.managers.overlap_utils", "FutureMap.__init__"),
     ("sglang.srt.managers.overlap_utils", "FutureMap._lazy_init_forward_buf"),
     ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_dsa_topk_indices_buf"),
+    ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_ngram_bufs"),
     ("sglang.srt.managers.overlap_utils", "FutureMap.publish"),
     ("sglang.srt.managers.overlap_utils", "FutureMap.stash"),
     ("sglang.srt.managers.overlap_utils", "RelayPayload.from_draft_input"),
@@ -66,6 +70,18 @@ PATH_UNDER_TEST = (
     ("sglang.srt.speculative.eagle_disaggregation", "build_eagle_disagg_draft_input"),
     ("sglang.srt.speculative.eagle_info", "EagleDraftInput.__post_init__"),
     ("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.__init__"),
+)
+
+# Functions of PATH_UNDER_TEST that only some releases have; where one is
+# missing the path does not run it. RelayPayload came with 0.5.15 (before it,
+# stash takes the token tensor or the draft input itself), the DSA top-k relay
+# buffer with 0.5.15.post1 and stash's n-gram buffers with 0.5.18.
+OPTIONAL_FUNCTIONS = frozenset(
+    {
+        ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_dsa_topk_indices_buf"),
+        ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_ngram_bufs"),
+        ("sglang.srt.managers.overlap_utils", "RelayPayload.from_draft_input"),
+    }
 )
 
 # Module-level flags re-evaluated after the import, by name -> the check that sets them.
@@ -101,10 +117,17 @@ def _clear_device_caches() -> None:
 
 def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
     """The modules, imported with CUDA hidden, their call-time CUDA flags restored."""
+    modules: dict[str, ModuleType] = {}
     with cuda_hidden():
-        modules = {name: importlib.import_module(name) for name in names}
+        for name in names:
+            try:
+                modules[name] = importlib.import_module(name)
+            except ModuleNotFoundError as err:
+                if name not in OPTIONAL_MODULES or err.name != name:
+                    raise
         for module_name, _ in PATH_UNDER_TEST:
-            modules.setdefault(module_name, importlib.import_module(module_name))
+            if module_name not in modules:
+                modules[module_name] = importlib.import_module(module_name)
     from sglang.srt.utils import common
 
     for module in modules.values():
@@ -150,11 +173,34 @@ def _names(code: CodeType) -> set[str]:
 def cuda_flags_read() -> dict[str, set[str]]:
     """function -> the import-time CUDA flags of its module that it reads."""
     found: dict[str, set[str]] = {}
-    for module_name, qualname in PATH_UNDER_TEST:
+    for module_name, qualname in path_under_test():
         module = sys.modules.get(module_name) or importlib.import_module(module_name)
-        obj: object = module
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        func = inspect.unwrap(getattr(obj, "__func__", obj))  # type: ignore[arg-type]
+        func = inspect.unwrap(_function(module, qualname))
         found[f"{module_name}.{qualname}"] = _names(func.__code__) & cuda_flags_of(module)
     return found
+
+
+def _function(module: ModuleType, qualname: str) -> object:
+    obj: object = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return getattr(obj, "__func__", obj)
+
+
+def path_under_test() -> list[tuple[str, str]]:
+    """PATH_UNDER_TEST as this release has it: an optional function it lacks is left out.
+
+    A missing function that is not optional raises AttributeError: the path
+    changed and the rig (and this list) must follow it.
+    """
+    present = []
+    for module_name, qualname in PATH_UNDER_TEST:
+        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+        try:
+            _function(module, qualname)
+        except AttributeError:
+            if (module_name, qualname) in OPTIONAL_FUNCTIONS:
+                continue
+            raise
+        present.append((module_name, qualname))
+    return present

@@ -30,12 +30,17 @@ stream), and it reads the restored one. publish, stash, get_new_prebuilt_batch,
 process_prebuilt and build_eagle_disagg_draft_input read none: they index the
 relay tensors and take streams and events from torch.get_device_module() at
 call time. test_path_under_test_reads_no_other_cuda_flag checks this per step.
+The rig follows each release's code by feature detection: get_new_prebuilt_batch
+gets the scheduler attributes its signature names (running_batch from 0.5.16),
+stash gets a RelayPayload where the release has one (else the EagleDraftInput),
+and the server args are published as racecheck's scenarios publish them.
 The CPU tests at the end (no GPU needed) check the import, the refused
 variables, the torn-row judgement and the rig itself on the CPU device.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import math
@@ -60,39 +65,39 @@ from gpustage import sglang_import  # noqa: E402
 
 
 def _rig_fits() -> str:
-    """Why the CUDA rig (written for 0.5.15.post1's code) cannot drive this tree, or ''."""
+    """Why the CUDA rig cannot drive this tree, or ''."""
     try:
-        modules = sglang_import.import_modules()
+        sglang_import.import_modules()
     except ImportError as err:
         return f"the rig's modules do not import here ({err})"
-    mixin = modules["sglang.srt.disaggregation.decode"].SchedulerDisaggregationDecodeMixin
-    relay = modules["sglang.srt.managers.overlap_utils"]
-    if list(inspect.signature(mixin.get_new_prebuilt_batch).parameters) != ["self"]:
-        return "get_new_prebuilt_batch takes arguments in this release"
-    if not hasattr(relay, "RelayPayload"):
-        return "FutureMap.stash takes the draft input itself (no RelayPayload)"
-    if not hasattr(relay.FutureMap, "_maybe_init_dsa_topk_indices_buf"):
-        return "FutureMap has no DSA top-k relay buffer here"
     return ""
 
 
 if _why_not := _rig_fits():
-    pytest.skip(
-        f"the CUDA rig drives 0.5.15.post1-shaped code; on this release {_why_not}",
-        allow_module_level=True,
-    )
+    pytest.skip(f"the CUDA rig cannot run on this release: {_why_not}", allow_module_level=True)
 _sglang = sglang_import.import_modules()
-SchedulerDisaggregationDecodeMixin = _sglang[
-    "sglang.srt.disaggregation.decode"
-].SchedulerDisaggregationDecodeMixin
-FutureMap = _sglang["sglang.srt.managers.overlap_utils"].FutureMap
-RelayPayload = _sglang["sglang.srt.managers.overlap_utils"].RelayPayload
+decode = _sglang["sglang.srt.disaggregation.decode"]
+SchedulerDisaggregationDecodeMixin = decode.SchedulerDisaggregationDecodeMixin
+overlap_utils = _sglang["sglang.srt.managers.overlap_utils"]
+FutureMap = overlap_utils.FutureMap
 ScheduleBatch = _sglang["sglang.srt.managers.schedule_batch"].ScheduleBatch
 ReqToTokenPool = _sglang["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
-get_context = _sglang["sglang.srt.runtime_context"].get_context
-reset_context = _sglang["sglang.srt.runtime_context"].reset_context
 SpeculativeAlgorithm = _sglang["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+# What stash() takes: a RelayPayload from 0.5.15 on, the EagleDraftInput itself before.
+StashPayload = (
+    getattr(overlap_utils, "RelayPayload", None)
+    or importlib.import_module("sglang.srt.speculative.eagle_info").EagleDraftInput
+)
 from patchset.paths import DEFAULT_BASE  # noqa: E402
+
+# The racecheck scenarios' stand-in server args: how each release takes them
+# (a ServerArgs with config bags from 0.5.18, the runtime context from 0.5.15,
+# a module global before) is said once, there.
+from racecheck.scenarios import (  # noqa: E402
+    _publish_server_args,
+    _server_args,
+    _server_args_restored,
+)
 from testrun.steps import StepUnderTest  # noqa: E402
 
 REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
@@ -226,15 +231,13 @@ class Rig:
         self.device = device
         self.sleep_cycles = sleep_cycles
         self.module = torch.get_device_module(device)
-        self.server_args = SimpleNamespace(
-            speculative_algorithm="EAGLE",
-            enable_multi_layer_eagle=False,
-            speculative_eagle_topk=TOPK,
-            speculative_num_steps=1,
-            disaggregation_decode_enable_radix_cache=False,
-        )
-        # FutureMap sizes its hidden-state relay from the process-wide args.
-        get_context().set_server_args(self.server_args)
+        self.server_args = _server_args("EAGLE")
+        object.__setattr__(self.server_args, "speculative_eagle_topk", TOPK)
+        # FutureMap sizes its hidden-state relay from the process-wide args;
+        # close() brings back what the process had published before.
+        self._restore = ExitStack()
+        self._restore.enter_context(_server_args_restored())
+        _publish_server_args(self.server_args)
         self.forward_stream = self.module.Stream()
         self.schedule_stream = self.module.Stream()
         self.pool = ReqToTokenPool(
@@ -268,9 +271,9 @@ class Rig:
         self.future_map.stash(rows, self._payload([stale_values(-1, r) for r in range(POOL_ROWS)]))
         self.module.synchronize()
 
-    def _payload(self, values: list[RowValues]) -> RelayPayload:
+    def _payload(self, values: list[RowValues]) -> Any:
         dev = self.device
-        return RelayPayload(
+        return StashPayload(
             bonus_tokens=torch.tensor([v.token for v in values], dtype=torch.int64, device=dev),
             topk_p=torch.tensor([v.topk_p for v in values], dtype=torch.float32, device=dev),
             topk_index=torch.tensor([v.topk_index for v in values], dtype=torch.int64, device=dev),
@@ -324,7 +327,7 @@ class Rig:
         # The scheduler admits a prebuilt request into the row just freed.
         self.scheduler.waiting_queue = [_prebuilt_request(i)]
         with self.module.stream(self.schedule_stream):
-            batch = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch(self.scheduler)
+            batch = get_new_prebuilt_batch(self.scheduler)
         if batch is None or [r.rid for r in batch.reqs] != [f"prebuilt-{i}"]:
             raise AssertionError(f"get_new_prebuilt_batch did not admit the request: {batch}")
 
@@ -332,7 +335,15 @@ class Rig:
         return self.read_row(REUSED_ROW), self.read_row(RUNNING_ROW)
 
     def close(self) -> None:
-        reset_context()
+        self._restore.close()
+
+
+def get_new_prebuilt_batch(scheduler: Any) -> Any:
+    """The real method; from 0.5.16 on the loop hands in what it used to read
+    from self (running_batch): each such argument is the scheduler's attribute."""
+    method = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch
+    extra = list(inspect.signature(method).parameters)[1:]
+    return method(scheduler, *(getattr(scheduler, name) for name in extra))
 
 
 def calibrate_sleep_cycles(ms: float) -> int:
@@ -611,6 +622,24 @@ def test_path_under_test_reads_no_other_cuda_flag() -> None:
     from sglang.srt.utils import common
 
     assert overlap_utils._is_cuda == common.is_cuda() == torch.cuda.is_available()
+
+
+def test_path_under_test_holds_the_relay_methods_it_calls() -> None:
+    """Every FutureMap method that the path's FutureMap methods call is on the path
+    (and so checked above): a release that adds one must add it to PATH_UNDER_TEST."""
+    listed = {
+        qualname.removeprefix("FutureMap.")
+        for module, qualname in sglang_import.path_under_test()
+        if module == overlap_utils.__name__ and qualname.startswith("FutureMap.")
+    }
+    called = {
+        name
+        for method in listed
+        for name in getattr(FutureMap, method).__code__.co_names
+        if inspect.isfunction(getattr(FutureMap, name, None))
+    }
+    assert {"publish", "stash", "__init__"} <= listed, listed
+    assert called <= listed, called - listed
 
 
 @pytest.mark.parametrize(
