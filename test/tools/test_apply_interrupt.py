@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import RunScript, blobs, git, repo_state
+from conftest import RunScript, blobs, commit_all, git, repo_state
+from patchset import wheel
 from patchset.apply import LOCK_NAME, MARKER, TEMP_PREFIX
 from patchset.errors import Exit
 from patchset.manifest import Series
@@ -28,6 +29,29 @@ echo "$n" > "$FAULT_COUNT"
 if [ "$n" = "$FAULT_AT" ]; then kill -"$FAULT_SIGNAL" "$PPID"; fi
 exec {git} "$@"
 """
+
+
+@pytest.fixture
+def slim_checkout(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
+    """A user's checkout that holds only the touched files, as the pinned wheel has them.
+
+    The command reads and patches only these files, so a run goes through the
+    same git calls as on a full checkout, while each of the many reruns below
+    checks out three files instead of sglang's whole tree (the full tree is
+    covered by test_apply_patches and test_apply_concurrency).
+    """
+    repo = tmp_path / "slim-sglang"
+    for path, data in wheel.read_files(
+        wheel_cache / series.manifest.base.wheel, series.manifest.files
+    ).items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_bytes(data)
+    git(repo, "init", "-q", "--initial-branch=main")
+    commit_all(repo, "v0.5.15.post1, the touched files")
+    git(repo, "config", "user.name", "User")
+    git(repo, "config", "user.email", "user@example.com")
+    (repo / "notes.txt").write_text("my notes\n")
+    return repo
 
 
 @pytest.fixture
@@ -78,8 +102,9 @@ def assert_nothing_of_ours(repo: Path) -> None:
 
 @pytest.mark.parametrize("signal", ["INT", "KILL"])
 def test_user_checkout_survives_a_signal_at_each_git_call(
-    run_script: RunScript, faulty_git: Path, checkout: Path, series: Series, signal: str
+    run_script: RunScript, faulty_git: Path, slim_checkout: Path, series: Series, signal: str
 ):
+    checkout = slim_checkout
     before = repo_state(checkout)
     config = git(checkout, "config", "--local", "--list")
     final = series.manifest.blobs_at(series.manifest.final_step)
