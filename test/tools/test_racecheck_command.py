@@ -1,6 +1,6 @@
 """scripts/race-check end to end, on the build tree's step trees and on wrong fixes.
 
-Needs the applied build tree (scripts/run-tests applies it before this suite).
+The series is applied to the session's own build folder first.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import repin
-from patchset import buildtree, paths
+from patchset import apply, buildtree, paths
 from patchset.manifest import Series
 from racecheck.catalogue import PLAYS
 
@@ -26,10 +26,9 @@ DECODE = Path("python", "sglang", "srt", "disaggregation", "decode.py")
 
 
 @pytest.fixture(scope="module")
-def step_trees(series: Series) -> dict[str, Path]:
+def step_trees(series: Series, wheel_cache: Path) -> dict[str, Path]:
     build = paths.build_dir()
-    if not buildtree.build_tree_path(series, build).is_dir():
-        pytest.skip("no applied build tree (scripts/run-tests lays it out)")
+    apply.apply_to_build_tree(series, build, wheel_cache)
     return buildtree.step_trees(series, build)
 
 
