@@ -54,9 +54,10 @@ def _mismatch(
 ) -> BackportError:
     version = manifest.base.version
     expected = manifest.blobs_at(BASE_STEP)
-    lines = [headline or f"{where} is not sglang {version}, the base this series is pinned to:"]
-    lines.append(f"  (compared with sglang {version}:)" if headline else "")
-    lines = [line for line in lines if line]
+    if headline:
+        lines = [headline, f"  (compared with sglang {version}:)"]
+    else:
+        lines = [f"{where} is not sglang {version}, the base this series is pinned to:"]
     for path, blob in blobs.items():
         if blob == expected[path]:
             continue
@@ -141,13 +142,13 @@ def identify_series(root: Path, files: dict[str, bytes | None], where: str) -> S
     release or saying the fixes are already upstream.
     """
     blobs = _blobs_of(files)
-    for folder in patch_set_folders(root):
-        series = Series.load(folder)
+    every = [Series.load(folder) for folder in patch_set_folders(root)]
+    for series in every:
         if series.manifest.files != list(files):
             continue
         if any(blobs == series.manifest.blobs_at(step) for step in series.manifest.steps):
             return series
-    served = [r for f in patch_set_folders(root) for r in Series.load(f).manifest.releases]
+    served = [release for series in every for release in series.manifest.releases]
     default = Series.load(root / f"sglang-{DEFAULT_BASE}")
     headline = f"{where} holds none of the sglang releases served here ({', '.join(served)}):"
     raise _mismatch(default.manifest, blobs, _reader(files), where, headline)
