@@ -442,8 +442,15 @@ def test_read_only_folder_is_refused(
     if read_only == "build":
         shutil.copy(wheel_cache / series.manifest.base.wheel, folders["cache"])
     folders[read_only].chmod(0o555)
+    # The other user runs a copy of the commands and patch sets: the clone itself
+    # may sit in a folder only its owner can enter (mktemp -d makes such folders).
+    project = shared_folder / "project"
+    for part in ("scripts", "patches"):
+        shutil.copytree(
+            SCRIPTS.parent / part, project / part, ignore=shutil.ignore_patterns("__pycache__")
+        )
     result = run_as_someone_else(
-        [sys.executable, str(SCRIPTS / "apply-patches")],
+        [sys.executable, str(project / "scripts" / "apply-patches")],
         {
             "SGLANG_BACKPORTS_BUILD": str(folders["build"]),
             "SGLANG_BACKPORTS_CACHE": str(folders["cache"]),
