@@ -57,6 +57,7 @@ verdict:
   --step all                          the whole expected table
   --base VERSION                      that release's series (its patch set and build tree)
   --base all --step all               every base's whole table, one line per tree as it starts
+  --step STEP --tree DIR ...          both: the steps' columns as above, each tree as patched
 """
 
 CODES = (Exit.RACE, Exit.SCENARIO, Exit.PATCHSET_INVALID)
@@ -80,6 +81,7 @@ class TreeRun:
     expected: report.Table  # the table of the tree's base
     expected_final: str  # the final step of the tree's series
     base: str = ""  # the base's version, in the labels when several bases run
+    given: bool = False  # a --tree (judged as the final step), not a step tree
     races: dict[str, list[Race]] = field(default_factory=dict)
     torch: str = ""
     barrier: str = ""
@@ -120,19 +122,19 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         WORDING,
         EPILOG,
     )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument(
+    p.add_argument(
         "--step",
         choices=[*steps, ALL],
         help=f"a step of the series in the build tree, or all of them (default: {finals}); "
         "with several bases, a base without that step is left out",
     )
-    which.add_argument(
+    p.add_argument(
         "--tree",
         type=cli.absolute_path,
         action="append",
         metavar="DIR",
-        help="a folder holding python/sglang, judged as the final step (repeatable)",
+        help="a folder holding python/sglang, judged as the final step (repeatable; "
+        "with --step, the trees are columns beside the steps')",
     )
     p.add_argument(
         "--writers",
@@ -177,40 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tree and several:
         raise BackportError(Exit.USAGE, "--tree takes one base", "pass --base VERSION")
     python = choose_python(args.python)
-    runs: list[TreeRun] = []
-    for series in chosen:
-        manifest = series.manifest
-        expected = report.expected_table(manifest, SCENARIOS)
-        if args.tree:
-            numbered = len(args.tree) > 1
-            runs += [
-                TreeRun(
-                    f"tree {n}" if numbered else "tree",
-                    manifest.final_step,
-                    buildtree.check_tree(tree, Exit.ENVIRONMENT),
-                    expected,
-                    manifest.final_step,
-                )
-                for n, tree in enumerate(args.tree, 1)
-            ]
-            continue
-        step = args.step or manifest.final_step
-        if step != ALL and step not in manifest.steps:
-            print(f"race-check: sglang {manifest.base.version} has no step {step}; left out")
-            continue
-        trees = step_trees(series)
-        version = manifest.base.version if several else ""
-        runs += [
-            TreeRun(
-                _label(version, report.step_label(s)),
-                s,
-                trees[s],
-                expected,
-                manifest.final_step,
-                version,
-            )
-            for s in (manifest.steps if step == ALL else [step])
-        ]
+    runs = plan_runs(chosen, args.step, args.tree or [])
     started = time.perf_counter()
     preload_s = run_trees(python, runs)
     wall = time.perf_counter() - started
@@ -237,6 +206,45 @@ def main(argv: list[str] | None = None) -> int:
         + f"; wall {wall:.1f} s"
     )
     return verdict(runs)
+
+
+def plan_runs(chosen: list[Series], step: str | None, given: list[Path]) -> list[TreeRun]:
+    """The columns to measure: the chosen steps of each series' build tree (none when
+    only trees are given), then each given tree, judged as its series' final step."""
+    several = len(chosen) > 1
+    runs: list[TreeRun] = []
+    for series in chosen:
+        manifest = series.manifest
+        expected = report.expected_table(manifest, SCENARIOS)
+        wanted = step or ("" if given else manifest.final_step)
+        if wanted and wanted != ALL and wanted not in manifest.steps:
+            print(f"race-check: sglang {manifest.base.version} has no step {wanted}; left out")
+        elif wanted:
+            trees = step_trees(series)
+            version = manifest.base.version if several else ""
+            runs += [
+                TreeRun(
+                    _label(version, report.step_label(s)),
+                    s,
+                    trees[s],
+                    expected,
+                    manifest.final_step,
+                    version,
+                )
+                for s in (manifest.steps if wanted == ALL else [wanted])
+            ]
+        runs += [
+            TreeRun(
+                f"tree {n}" if len(given) > 1 else "tree",
+                manifest.final_step,
+                buildtree.check_tree(tree, Exit.ENVIRONMENT),
+                expected,
+                manifest.final_step,
+                given=True,
+            )
+            for n, tree in enumerate(given, 1)
+        ]
+    return runs
 
 
 def _label(base: str, text: str) -> str:
@@ -366,27 +374,38 @@ def print_races(tree_run: TreeRun) -> None:
     print()
 
 
+def _judged_as_patched(tree_run: TreeRun) -> bool:
+    """A given tree, or the final step when its expected column is clean."""
+    clean = not any(tree_run.expected[name][tree_run.step] for name in SCENARIOS)
+    return tree_run.given or (tree_run.step == tree_run.expected_final and clean)
+
+
 def verdict(runs: list[TreeRun]) -> int:
-    differ = [
-        f"{name} {r.label}"
-        for r in runs
-        for name in SCENARIOS
-        if report.cell_of(r.races[name]) != r.expected[name][r.step]
-    ]
-    # Every tree judged as its base's final step, and that column clean: a race
-    # anywhere is a race in a patched tree.
-    if all(not any(r.expected[name][r.step] for name in SCENARIOS) for r in runs) and all(
-        r.step == r.expected_final for r in runs
-    ):
-        for r in runs:
-            count = sum(len(races) for races in r.races.values())
-            if count:
-                print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
-            else:
-                print(f"ok: no race in {r.tree}")
-        return Exit.RACE if any(any(r.races.values()) for r in runs) else Exit.OK
-    if differ:
-        print(f"FAILED: the measured table differs from the expected one in: {', '.join(differ)}")
-        return Exit.RACE
-    print("ok: the measured table is the expected one")
-    return Exit.OK
+    """A table of steps must be the expected one; a patched or given tree must have no race."""
+    code = Exit.OK
+    steps = [r for r in runs if not r.given]
+    if steps and not all(_judged_as_patched(r) for r in steps):
+        differ = [
+            f"{name} {r.label}"
+            for r in steps
+            for name in SCENARIOS
+            if report.cell_of(r.races[name]) != r.expected[name][r.step]
+        ]
+        if differ:
+            print(
+                "FAILED: the measured table differs from the expected one in: " + ", ".join(differ)
+            )
+            code = Exit.RACE
+        else:
+            print("ok: the measured table is the expected one")
+        patched = [r for r in runs if r.given]
+    else:
+        patched = runs
+    for r in patched:
+        count = sum(len(races) for races in r.races.values())
+        if count:
+            print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
+            code = Exit.RACE
+        else:
+            print(f"ok: no race in {r.tree}")
+    return code

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from patchset.errors import BackportError, Exit
-from testrun.preload import preload
+from testrun.preload import preload, use_tree
 
 from . import csan, report
 from .catalogue import SCENARIOS
@@ -36,7 +36,7 @@ STARTED = "started"
 def run(tree: Path) -> dict[str, Any]:
     """Import the tree's sglang in this process and play every scenario on it."""
     started = time.perf_counter()
-    sys.path.insert(0, str(tree / "python"))
+    use_tree(tree)
     try:
         import sglang.srt.disaggregation.decode  # noqa: F401
     except Exception as err:  # any import failure of the tree is reported, not raised

@@ -128,7 +128,7 @@ def run_forked(
                     "label": run.label,
                     "args": run.pytest_args(extra),
                     "env": run.env,
-                    "path_first": str(run.tree / "python") if run.tree else "",
+                    "tree": str(run.tree),
                     "log": str(run.log),
                     "result": str(Path(tmp) / f"{n}.json"),
                 }

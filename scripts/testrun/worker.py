@@ -2,10 +2,10 @@
 
     python -m testrun.worker JOBS.json
 
-JOBS.json: {"parallel": N, "runs": [{"label", "args", "env", "path_first", "log",
+JOBS.json: {"parallel": N, "runs": [{"label", "args", "env", "tree", "log",
 "result"}, ...]}. This process imports torch, transformers and the rest of
 sglang's third-party closure once (testrun.preload), then forks a child per
-run; the child sets the run's environment, puts its tree first on sys.path,
+run; the child sets the run's environment, puts its tree's python/ first on sys.path,
 sends its output to the run's log and calls pytest.main. Each run's exit code
 goes to its "result" file. A process holds only one sglang, and no sglang is
 imported here before forking, so no run sees another run's tree.
@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .preload import preload
+from .preload import preload, use_tree
 
 
 def _child(run: dict[str, Any]) -> int:
     import pytest
 
     os.environ.update(run["env"])
-    sys.path.insert(0, run["path_first"])
+    use_tree(Path(run["tree"]))
     log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)

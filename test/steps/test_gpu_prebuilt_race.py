@@ -549,28 +549,56 @@ def test_csan_reports_the_race_without_the_fix(csan_report: dict[str, Any]) -> N
 
 # CPU tests: no GPU needed; they run on every step of the CPU gate too.
 
-_PLAY_A_CUDA_MACHINE = """
-import json, sys
-import torch
-# A throwaway process that plays a CUDA machine at sglang's import-time checks.
-torch.cuda.is_available = lambda: True
-torch.cuda.get_device_capability = lambda *a: (9, 0)
-sys.path.insert(0, {ci!r})
-try:
-    if {through_helper!r}:
-        from gpustage import sglang_import
-        mods = sglang_import.import_modules()
-        flags = {{m: mods[m]._is_cuda for m in ("sglang.srt.managers.overlap_utils",
-                                                "sglang.srt.mem_cache.memory_pool")}}
-    else:
-        import sglang.srt.managers.overlap_utils, sglang.srt.disaggregation.decode
-        flags = {{}}
-except ImportError as err:
-    print(json.dumps({{"import_error": err.name}}))
-else:
-    print(json.dumps({{"flags": flags, "available": torch.cuda.is_available(),
-                      "sgl_kernel": "sgl_kernel" in sys.modules}}))
-"""
+
+def _import_as_on_a_cuda_machine(through_helper: bool) -> dict[str, Any]:
+    """In a forked child: forget sglang, play a CUDA machine, import sglang again."""
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[name]
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda *a: (9, 0)
+    try:
+        if through_helper:
+            mods = sglang_import.import_modules()
+            flags = {
+                m: mods[m]._is_cuda
+                for m in ("sglang.srt.managers.overlap_utils", "sglang.srt.mem_cache.memory_pool")
+            }
+        else:
+            importlib.import_module("sglang.srt.managers.overlap_utils")
+            importlib.import_module("sglang.srt.disaggregation.decode")
+            flags = {}
+    except ImportError as err:
+        return {"import_error": err.name}
+    return {
+        "flags": flags,
+        "available": torch.cuda.is_available(),
+        "sgl_kernel": "sgl_kernel" in sys.modules,
+    }
+
+
+def _in_a_fork(through_helper: bool) -> dict[str, Any]:
+    """_import_as_on_a_cuda_machine's answer, from a child that leaves this process as it is.
+
+    The child starts from this process, so it pays only for sglang's own
+    modules, not for torch's and transformers' import again.
+    """
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            answer = _import_as_on_a_cuda_machine(through_helper)
+        except BaseException as err:  # reported to the parent, which fails the test
+            answer = {"crash": repr(err)}
+        os.write(write, json.dumps(answer).encode())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 1 << 16):
+        data += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    return json.loads(data)
 
 
 def test_cuda_visible_import_needs_no_sgl_kernel(step: StepUnderTest) -> None:
@@ -578,29 +606,8 @@ def test_cuda_visible_import_needs_no_sgl_kernel(step: StepUnderTest) -> None:
     if torch.cuda.is_available():
         pytest.skip("a real CUDA device is here: the GPU tests above import through the rig")
     if not step.is_final or step.series.folder.name != f"sglang-{DEFAULT_BASE}":
-        pytest.skip(
-            f"imports sglang twice in child processes: runs once, on sglang {DEFAULT_BASE}'s "
-            "final step"
-        )
-    children = {
-        helper: subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _PLAY_A_CUDA_MACHINE.format(ci=str(ROOT / "ci"), through_helper=helper),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for helper in (False, True)
-    }
-    results = {}
-    for helper, child in children.items():
-        out, err = child.communicate(timeout=600)
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        assert child.returncode == 0 and lines, err[-3000:]
-        results[helper] = json.loads(lines[-1])
+        pytest.skip(f"imports sglang twice more: runs once, on sglang {DEFAULT_BASE}'s final step")
+    results = {helper: _in_a_fork(helper) for helper in (False, True)}
     assert results[False] == {"import_error": "sgl_kernel"}, results
     assert results[True] == {
         "flags": {

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
 
 SCRIPTS = paths.PROJECT_ROOT / "scripts"
-NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script"}
+NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script", "ours"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -98,6 +99,35 @@ def wheel_cache(series: Series) -> Path:
 def upstream_fixed_wheel(series: Series, wheel_cache: Path) -> Path:
     """The first release with both fixes (0.5.19), through the same pinned path."""
     return fetch_or_skip(series.manifest.upstream_fixed, wheel_cache)
+
+
+@pytest.fixture(scope="session")
+def ours(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path) -> Path:
+    """Our patched wheel of the default release, as scripts/build-wheel writes it."""
+    out = tmp_path_factory.mktemp("dist")
+    env = dict(os.environ, SGLANG_BACKPORTS_CACHE=str(wheel_cache))
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "build-wheel"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    found = re.search(r"^wheel: (.+)$", result.stdout, re.M)
+    assert found, result.stdout
+    return Path(found[1])
+
+
+@pytest.fixture(scope="session")
+def installed_tree(tmp_path_factory: pytest.TempPathFactory, ours: Path) -> Path:
+    """A folder whose python/ is what pip installs from our wheel (pip --target)."""
+    tree = tmp_path_factory.mktemp("installed")
+    pip(
+        Path(sys.executable),
+        "install", "--no-deps", "--no-index", "--no-compile", "--quiet",
+        "--target", str(tree / "python"), str(ours),
+    )  # fmt: skip
+    return tree
 
 
 @pytest.fixture
@@ -187,6 +217,48 @@ def sglang_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wh
     commit_all(repo, "v0.5.15.post1")
     git(repo, "tag", "v0.5.15.post1")
     return repo
+
+
+def slim_checkout_of(wheel_file: Path, files: list[str], repo: Path, message: str) -> Path:
+    """A user's checkout holding only the given files, as the wheel has them.
+
+    The commands read and patch only the files a series touches, so a run on
+    this goes through the same steps as on sglang's whole tree, at a fraction
+    of the cost (the whole tree is covered by the `checkout` fixture's tests).
+    """
+    for path, data in wheel.read_files(wheel_file, files).items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_bytes(data)
+    git(repo, "init", "-q", "--initial-branch=main")
+    commit_all(repo, message)
+    return repo
+
+
+def slim_patch_set(series: Series, wheel_cache: Path, folder: Path) -> tuple[Path, Path]:
+    """A copy of series' patch set whose pinned wheel holds only the touched files.
+
+    Returns (patch set folder, wheel cache holding the slim wheel). With
+    `--patch-set` and SGLANG_BACKPORTS_CACHE set to these, apply-patches lays
+    out and patches a three-file build tree through the same git calls as the
+    real one (the real layout is covered by test_apply_patches).
+    """
+    manifest = series.manifest
+    cache = folder / "cache"
+    cache.mkdir(parents=True)
+    slim = cache / manifest.base.wheel
+    with zipfile.ZipFile(slim, "w") as archive:
+        for path, data in wheel.read_files(
+            wheel_cache / manifest.base.wheel, manifest.files
+        ).items():
+            archive.writestr(path.removeprefix(wheel.REPO_PREFIX), data)
+    patch_set = folder / series.folder.name
+    shutil.copytree(series.folder, patch_set)
+    pin = patch_set / "pin.toml"
+    pin.write_text(
+        pin.read_text(encoding="utf-8").replace(manifest.base.sha256, sha256_of(slim)),
+        encoding="utf-8",
+    )
+    return patch_set, cache
 
 
 @pytest.fixture

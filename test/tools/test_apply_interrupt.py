@@ -15,8 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import RunScript, blobs, commit_all, git, repo_state
-from patchset import wheel
+from conftest import RunScript, blobs, git, repo_state, slim_checkout_of, slim_patch_set
 from patchset.apply import LOCK_NAME, MARKER, TEMP_PREFIX
 from patchset.errors import Exit
 from patchset.manifest import Series
@@ -33,21 +32,13 @@ exec {git} "$@"
 
 @pytest.fixture
 def slim_checkout(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
-    """A user's checkout that holds only the touched files, as the pinned wheel has them.
-
-    The command reads and patches only these files, so a run goes through the
-    same git calls as on a full checkout, while each of the many reruns below
-    checks out three files instead of sglang's whole tree (the full tree is
-    covered by test_apply_patches and test_apply_concurrency).
-    """
-    repo = tmp_path / "slim-sglang"
-    for path, data in wheel.read_files(
-        wheel_cache / series.manifest.base.wheel, series.manifest.files
-    ).items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_bytes(data)
-    git(repo, "init", "-q", "--initial-branch=main")
-    commit_all(repo, "v0.5.15.post1, the touched files")
+    """A user's checkout of the touched files: each of the many reruns below is cheap."""
+    repo = slim_checkout_of(
+        wheel_cache / series.manifest.base.wheel,
+        series.manifest.files,
+        tmp_path / "slim-sglang",
+        "v0.5.15.post1, the touched files",
+    )
     git(repo, "config", "user.name", "User")
     git(repo, "config", "user.email", "user@example.com")
     (repo / "notes.txt").write_text("my notes\n")
@@ -68,18 +59,23 @@ def faulty_git(tmp_path: Path) -> Path:
 
 
 def run_with_fault(
-    run_script: RunScript, faulty_git: Path, signal: str, at: int, *args: str
+    run_script: RunScript,
+    faulty_git: Path,
+    signal: str,
+    at: int,
+    *args: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, int]:
     """Run apply-patches with the signal sent at git call `at`; (exit, stderr, calls made)."""
     count = faulty_git / "count"
     count.write_text("0")
-    env = {
+    fault = {
         "PATH": f"{faulty_git}:{os.environ['PATH']}",
         "FAULT_COUNT": str(count),
         "FAULT_AT": str(at),
         "FAULT_SIGNAL": signal,
     }
-    result = run_script("apply-patches", *args, env=env)
+    result = run_script("apply-patches", *args, env=(env or {}) | fault)
     return result.returncode, result.stderr, int(count.read_text())
 
 
@@ -141,14 +137,22 @@ def test_user_checkout_survives_a_signal_at_each_git_call(
 
 @pytest.mark.parametrize("signal", ["INT", "KILL"])
 def test_build_tree_survives_a_signal_at_each_git_call(
-    run_script: RunScript, faulty_git: Path, tmp_path: Path, series: Series, signal: str
+    run_script: RunScript,
+    faulty_git: Path,
+    tmp_path: Path,
+    series: Series,
+    wheel_cache: Path,
+    signal: str,
 ):
     build = tmp_path / "build"
     repo = build / "sglang-0.5.15.post1"
+    patch_set, cache = slim_patch_set(series, wheel_cache, tmp_path / "slim")
+    slim = ("--patch-set", str(patch_set))
+    env = {"SGLANG_BACKPORTS_CACHE": str(cache)}
     at = 1
     left: list[Path] = []
     while True:
-        code, stderr, calls = run_with_fault(run_script, faulty_git, signal, at)
+        code, stderr, calls = run_with_fault(run_script, faulty_git, signal, at, *slim, env=env)
         # The leftovers of the run before were removed by this one.
         assert not any(folder.exists() for folder in left), at
         if calls < at:

@@ -1,6 +1,10 @@
-"""scripts/race-check end to end, on the build tree's step trees and on wrong fixes.
+"""scripts/race-check end to end: the step trees, wrong fixes and our installed wheel.
 
-The series is applied to the session's own build folder first.
+The series is applied to the session's own build folder first. One run
+measures every column (each run imports torch and the rest once, about 20 s
+here): the series' steps (--step all) and, as --tree columns judged as the
+final step, three wrong fixes, a copy of the patched tree and what pip
+installs from our wheel.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import pytest
 from conftest import repin
 from patchset import apply, buildtree, paths
 from patchset.manifest import Series
-from racecheck.catalogue import PLAYS
+from racecheck import cli
+from racecheck.catalogue import PLAYS, SCENARIOS
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # The ordering patch 0002 adds to get_new_prebuilt_batch.
@@ -58,25 +63,6 @@ def raced(section: str) -> set[str]:
     return {f"{s} {r}" for s, r in re.findall(r"^\[(\w+)\] \w+ row (\d+):", section, re.M)}
 
 
-def test_every_step_gives_the_expected_table(series: Series, patched_tree: Path) -> None:
-    result = race_check("--step", "all")
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert "ok: the measured table is the expected one" in out
-    for step in series.manifest.steps:
-        label = step if step == "base" else f"+{step}"
-        assert f"race-check: 17 scenarios on {label} (" in out
-    reports = sections(out)
-    final = "+" + series.manifest.final_step
-    assert reports[final].startswith(f"{final}: no race")
-    # Each race by row: only rows the in-flight forward wrote and the batch reuses.
-    assert raced(reports["base"]) >= {"S1 3", "S2 2", "S3 4", "S5 3", "S5 5", "S9 2", "S9 6"}
-    assert not {r for r in raced(reports["base"]) if r.startswith(("S10 ", "S11 "))}
-    assert "sglang/srt/disaggregation/decode.py:" in out
-    assert "WAR barrier " in out and "ran on torch " in out
-    assert "timings:" in out
-
-
 def wrong_fix(patched_tree: Path, folder: Path, condition: str | None) -> Path:
     """A copy of the patched tree whose wait runs only when condition holds (None: never)."""
     shutil.copytree(patched_tree / "python", folder / "python")
@@ -95,16 +81,46 @@ def wrong_fix(patched_tree: Path, folder: Path, condition: str | None) -> Path:
     return folder
 
 
-def test_waits_that_depend_on_the_batch_turn_their_cells_red(
-    patched_tree: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def checked(
+    patched_tree: Path, installed_tree: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[subprocess.CompletedProcess[str], list[Path]]:
+    """One race-check run over every step and five trees; (its result, the trees)."""
+    folder = tmp_path_factory.mktemp("wrong-fixes")
     trees = [
-        wrong_fix(patched_tree, tmp_path / "no-wait", None),
-        wrong_fix(patched_tree, tmp_path / "one-request", "len(can_run_list) == 1"),
-        wrong_fix(patched_tree, tmp_path / "spec-only", "not self.spec_algorithm.is_none()"),
+        wrong_fix(patched_tree, folder / "no-wait", None),
+        wrong_fix(patched_tree, folder / "one-request", "len(can_run_list) == 1"),
+        wrong_fix(patched_tree, folder / "spec-only", "not self.spec_algorithm.is_none()"),
         patched_tree,
+        installed_tree,
     ]
-    result = race_check(*(arg for tree in trees for arg in ("--tree", str(tree))))
+    return race_check("--step", "all", *(a for tree in trees for a in ("--tree", str(tree)))), trees
+
+
+def test_every_step_gives_the_expected_table(
+    series: Series, checked: tuple[subprocess.CompletedProcess[str], list[Path]]
+) -> None:
+    result, _trees = checked
+    out = result.stdout
+    assert "ok: the measured table is the expected one" in out, out + result.stderr
+    for step in series.manifest.steps:
+        label = step if step == "base" else f"+{step}"
+        assert f"race-check: 17 scenarios on {label} (" in out
+    reports = sections(out)
+    final = "+" + series.manifest.final_step
+    assert reports[final].startswith(f"{final}: no race")
+    # Each race by row: only rows the in-flight forward wrote and the batch reuses.
+    assert raced(reports["base"]) >= {"S1 3", "S2 2", "S3 4", "S5 3", "S5 5", "S9 2", "S9 6"}
+    assert not {r for r in raced(reports["base"]) if r.startswith(("S10 ", "S11 "))}
+    assert "sglang/srt/disaggregation/decode.py:" in out
+    assert "WAR barrier " in out and "ran on torch " in out
+    assert "timings:" in out
+
+
+def test_waits_that_depend_on_the_batch_turn_their_cells_red(
+    checked: tuple[subprocess.CompletedProcess[str], list[Path]],
+) -> None:
+    result, trees = checked
     assert result.returncode == 15, result.stdout + result.stderr
     out = result.stdout
     reports = sections(out)
@@ -121,10 +137,20 @@ def test_waits_that_depend_on_the_batch_turn_their_cells_red(
     assert {"S3 4", "S5 3", "S5 5", "S7 3", "S9 2", "S9 6", "L2 3", "L4 3"} <= spec
     assert not {r for r in spec if r.split()[0] in EAGLE}
     assert reports["tree 4"].startswith("tree 4: no race")
-    assert f"ok: no race in {patched_tree}" in out
+    assert f"ok: no race in {trees[3]}" in out
 
 
-def test_a_tree_is_judged_as_the_manifests_final_step(patch_set: Path, patched_tree: Path) -> None:
+def test_what_pip_installs_from_our_wheel_has_no_race(
+    checked: tuple[subprocess.CompletedProcess[str], list[Path]],
+) -> None:
+    result, trees = checked
+    assert sections(result.stdout)["tree 5"].startswith("tree 5: no race"), result.stdout
+    assert f"ok: no race in {trees[4]}" in result.stdout
+
+
+def test_a_tree_is_judged_as_the_manifests_final_step(
+    patch_set: Path, patched_tree: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """With a third patch in the manifest, --tree is judged by the 0003 column."""
     pin = patch_set / "pin.toml"
     text = pin.read_text()
@@ -142,8 +168,16 @@ def test_a_tree_is_judged_as_the_manifests_final_step(patch_set: Path, patched_t
     pin.write_text("\n".join(lines) + "\n")
     (patch_set / "series").write_text((patch_set / "series").read_text() + fake + "\n")
     repin(patch_set)
-    result = race_check("--patch-set", str(patch_set), "--tree", str(patched_tree))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"ok: no race in {patched_tree}" in result.stdout
+    # The columns race-check would measure, and its verdict on a tree without races
+    # (the measuring itself is the run above).
+    runs = cli.plan_runs([Series.load(patch_set)], None, [patched_tree])
+    assert [(r.label, r.step, r.given) for r in runs] == [("tree", "0003", True)]
+    runs[0].races = {name: [] for name in SCENARIOS}
+    assert cli.verdict(runs) == 0
+    assert f"ok: no race in {patched_tree}" in capsys.readouterr().out
+    # Judged by the 0002 column instead, the same tree would be a differing table.
+    runs[0].step, runs[0].given = "0002", False
+    assert cli.verdict(runs) == 15
+    assert "differs from the expected one in: S1 tree" in capsys.readouterr().out
     helped = race_check("--patch-set", str(patch_set), "--help")
     assert "{base,0001,0002,0003,all}" in helped.stdout

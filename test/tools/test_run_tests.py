@@ -1,14 +1,14 @@
 """scripts/run-tests --tree: the step suite judges an arbitrary sglang tree as the final step.
 
 A copy of the patched tree passes; the same copy without fix B's wait_stream
-line fails, on exactly the test that guards it.
+line fails, on exactly the test that guards it. Both go to one run (--tree
+twice), so the worker imports torch once for the two.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -56,32 +56,28 @@ def row(output: str, test: str) -> list[str]:
     raise AssertionError(f"no row for {test} in:\n{output}")
 
 
-def run_tree(run_script: RunScript, tree: Path) -> subprocess.CompletedProcess[str]:
-    return run_script("run-tests", "--tree", str(tree), "--python", sys.executable, "-k", SELECT)
-
-
-def test_the_patched_tree_passes(run_script: RunScript, patched_tree: Path, tmp_path: Path) -> None:
-    tree = copy_tree(patched_tree, tmp_path / "intact")
-
-    result = run_tree(run_script, tree)
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert row(result.stdout, GUARD) == ["pass"]
-
-
 def test_removing_the_wait_stream_line_fails_the_suite(
     run_script: RunScript, patched_tree: Path, tmp_path: Path
 ) -> None:
-    tree = copy_tree(patched_tree, tmp_path / "broken")
-    remove_wait_line(tree)
+    """One run, two trees: the patched copy passes; without the wait line it fails."""
+    intact = copy_tree(patched_tree, tmp_path / "intact")
+    broken = copy_tree(patched_tree, tmp_path / "broken")
+    remove_wait_line(broken)
 
-    result = run_tree(run_script, tree)
+    result = run_script(
+        "run-tests", "--tree", str(intact), "--tree", str(broken),
+        "--python", sys.executable, "-k", SELECT,
+    )  # fmt: skip
 
     assert result.returncode == Exit.TESTS_FAILED, result.stdout + result.stderr
-    assert row(result.stdout, GUARD) == ["FAIL"]
+    assert row(result.stdout, GUARD) == ["pass", "FAIL"]
     # Only the guard fails: the module still imports and the other cases pass.
-    assert row(result.stdout, "test_prebuilt_batch::test_without_overlap_nothing_waits") == ["pass"]
-    assert "FAILED: tree" in result.stdout
+    assert row(result.stdout, "test_prebuilt_batch::test_without_overlap_nothing_waits") == [
+        "pass",
+        "pass",
+    ]
+    assert re.search(r"^ *tree-1: ok ", result.stdout, re.M), result.stdout
+    assert "FAILED: tree-2" in result.stdout
 
 
 def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Path) -> None:
