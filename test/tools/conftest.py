@@ -18,6 +18,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -150,6 +151,20 @@ def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
     return run
 
 
+@dataclass(frozen=True)
+class SlimSet:
+    """A slim copy of the default patch set (slim_patch_set), and the env that finds its wheel."""
+
+    folder: Path
+    env: dict[str, str]
+
+
+@pytest.fixture
+def slim_set(tmp_path: Path, series: Series, wheel_cache: Path) -> SlimSet:
+    folder, cache = slim_patch_set(series, wheel_cache, tmp_path / "slim")
+    return SlimSet(folder, {"SGLANG_BACKPORTS_CACHE": str(cache)})
+
+
 @pytest.fixture
 def patch_set(tmp_path: Path, series: Series) -> Path:
     """A copy of the real patch set folder, for a test to break."""
@@ -207,18 +222,6 @@ def blobs(repo: Path, rev: str, series: Series) -> dict[str, str]:
     return {path: git(repo, "rev-parse", f"{rev}:{path}") for path in series.manifest.files}
 
 
-@pytest.fixture(scope="session")
-def sglang_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path):
-    """A git checkout of sglang 0.5.15.post1's python/sglang tree, as a user has one."""
-    repo = tmp_path_factory.mktemp("template") / "sglang"
-    wheel.extract_package(wheel_cache / series.manifest.base.wheel, repo)
-    (repo / "README.md").write_text("sglang\n")
-    git(repo, "init", "-q", "--initial-branch=main")
-    commit_all(repo, "v0.5.15.post1")
-    git(repo, "tag", "v0.5.15.post1")
-    return repo
-
-
 def slim_checkout_of(wheel_file: Path, files: list[str], repo: Path, message: str) -> Path:
     """A user's checkout holding only the given files, as the wheel has them.
 
@@ -246,11 +249,11 @@ def slim_patch_set(series: Series, wheel_cache: Path, folder: Path) -> tuple[Pat
     cache = folder / "cache"
     cache.mkdir(parents=True)
     slim = cache / manifest.base.wheel
-    with zipfile.ZipFile(slim, "w") as archive:
-        for path, data in wheel.read_files(
-            wheel_cache / manifest.base.wheel, manifest.files
-        ).items():
-            archive.writestr(path.removeprefix(wheel.REPO_PREFIX), data)
+    with zipfile.ZipFile(slim, "w") as archive:  # the same bytes every time
+        files = wheel.read_files(wheel_cache / manifest.base.wheel, manifest.files)
+        for path, data in files.items():
+            member = zipfile.ZipInfo(path.removeprefix(wheel.REPO_PREFIX), (2026, 1, 1, 0, 0, 0))
+            archive.writestr(member, data)
     patch_set = folder / series.folder.name
     shutil.copytree(series.folder, patch_set)
     pin = patch_set / "pin.toml"
@@ -261,12 +264,48 @@ def slim_patch_set(series: Series, wheel_cache: Path, folder: Path) -> tuple[Pat
     return patch_set, cache
 
 
-@pytest.fixture
-def checkout(tmp_path: Path, sglang_template: Path) -> Path:
-    """A fresh clone of the template, with an untracked file of the user's."""
-    repo = tmp_path / "sglang"
-    subprocess.run(["git", "clone", "-q", str(sglang_template), str(repo)], check=True)
+def _template(repo: Path) -> Path:
+    """Make repo look like a user's: a README beside python/, the release tag."""
+    (repo / "README.md").write_text("sglang\n")
+    commit_all(repo, "README")
+    git(repo, "tag", "v0.5.15.post1")
+    return repo
+
+
+@pytest.fixture(scope="session")
+def sglang_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path):
+    """A git checkout of sglang 0.5.15.post1's whole python/sglang tree, as a user has one."""
+    repo = tmp_path_factory.mktemp("template") / "sglang"
+    wheel.extract_package(wheel_cache / series.manifest.base.wheel, repo)
+    git(repo, "init", "-q", "--initial-branch=main")
+    commit_all(repo, "v0.5.15.post1")
+    return _template(repo)
+
+
+@pytest.fixture(scope="session")
+def slim_template(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path):
+    """The same release, holding only the files the series touches (see slim_checkout_of)."""
+    repo = tmp_path_factory.mktemp("slim-template") / "sglang"
+    wheel_file = wheel_cache / series.manifest.base.wheel
+    return _template(slim_checkout_of(wheel_file, series.manifest.files, repo, "v0.5.15.post1"))
+
+
+def _clone(template: Path, repo: Path) -> Path:
+    """A fresh clone of a template, with the user's identity and an untracked file."""
+    subprocess.run(["git", "clone", "-q", str(template), str(repo)], check=True)
     git(repo, "config", "user.name", "User")
     git(repo, "config", "user.email", "user@example.com")
     (repo / "notes.txt").write_text("my notes\n")
     return repo
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, slim_template: Path) -> Path:
+    """A user's checkout of 0.5.15.post1's touched files (most tests: cheap to remake)."""
+    return _clone(slim_template, tmp_path / "sglang")
+
+
+@pytest.fixture
+def full_checkout(tmp_path: Path, sglang_template: Path) -> Path:
+    """A user's checkout of 0.5.15.post1's whole tree."""
+    return _clone(sglang_template, tmp_path / "sglang")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import RunScript, commit_all, fetch_or_skip, git, repo_state
-from patchset import paths, wheel
+from conftest import RunScript, commit_all, fetch_or_skip, git, repo_state, slim_checkout_of
+from patchset import paths
 from patchset.errors import Exit
 from patchset.manifest import Series, series_for_release
 
@@ -22,13 +22,10 @@ def served(version: str) -> Series:
 
 
 def checkout_of(version: str, folder: Path, cache: Path) -> Path:
-    """A git checkout holding the release's python/sglang tree, as a user has one."""
+    """A git checkout of the release's files that the series touches (see slim_checkout_of)."""
     series = served(version)
-    fetch_or_skip(series.manifest.base, cache)
-    wheel.extract_package(cache / series.manifest.base.wheel, folder)
-    git(folder, "init", "-q", "--initial-branch=main")
-    commit_all(folder, f"v{version}")
-    return folder
+    wheel_file = fetch_or_skip(series.manifest.base, cache)
+    return slim_checkout_of(wheel_file, series.manifest.files, folder, f"v{version}")
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -73,10 +70,9 @@ def test_a_checkout_of_a_served_release_gets_that_release_series(
 def test_a_fixed_release_is_refused_as_already_upstream(
     run_script: RunScript, tmp_path: Path, series: Series, upstream_fixed_wheel: Path
 ) -> None:
-    repo = tmp_path / "sglang"
-    wheel.extract_package(upstream_fixed_wheel, repo)
-    git(repo, "init", "-q", "--initial-branch=main")
-    commit_all(repo, "v0.5.19")
+    repo = slim_checkout_of(
+        upstream_fixed_wheel, series.manifest.files, tmp_path / "sglang", "v0.5.19"
+    )
     before = repo_state(repo)
     result = run_script("apply-patches", "--sglang", str(repo))
     assert result.returncode == Exit.ALREADY_UPSTREAM, result.stderr

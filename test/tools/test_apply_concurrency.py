@@ -81,8 +81,9 @@ def test_four_runs_at_once_on_one_build_folder(tmp_path: Path, wheel_cache: Path
 
 
 def test_four_runs_at_once_on_one_checkout(
-    tmp_path: Path, wheel_cache: Path, series: Series, checkout: Path
+    tmp_path: Path, wheel_cache: Path, series: Series, full_checkout: Path
 ):
+    checkout = full_checkout
     outputs = finish(start_four(tmp_path / "build", wheel_cache, "--sglang", str(checkout)))
     assert sum("patched branch" in out for out in outputs) == 1
     assert sum("already applied" in out for out in outputs) == 3

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import RunScript, blobs, git, repo_state, slim_checkout_of, slim_patch_set
+from conftest import RunScript, blobs, git, repo_state, slim_patch_set
 from patchset.apply import LOCK_NAME, MARKER, TEMP_PREFIX
 from patchset.errors import Exit
 from patchset.manifest import Series
@@ -28,21 +28,6 @@ echo "$n" > "$FAULT_COUNT"
 if [ "$n" = "$FAULT_AT" ]; then kill -"$FAULT_SIGNAL" "$PPID"; fi
 exec {git} "$@"
 """
-
-
-@pytest.fixture
-def slim_checkout(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
-    """A user's checkout of the touched files: each of the many reruns below is cheap."""
-    repo = slim_checkout_of(
-        wheel_cache / series.manifest.base.wheel,
-        series.manifest.files,
-        tmp_path / "slim-sglang",
-        "v0.5.15.post1, the touched files",
-    )
-    git(repo, "config", "user.name", "User")
-    git(repo, "config", "user.email", "user@example.com")
-    (repo / "notes.txt").write_text("my notes\n")
-    return repo
 
 
 @pytest.fixture
@@ -98,9 +83,8 @@ def assert_nothing_of_ours(repo: Path) -> None:
 
 @pytest.mark.parametrize("signal", ["INT", "KILL"])
 def test_user_checkout_survives_a_signal_at_each_git_call(
-    run_script: RunScript, faulty_git: Path, slim_checkout: Path, series: Series, signal: str
+    run_script: RunScript, faulty_git: Path, checkout: Path, series: Series, signal: str
 ):
-    checkout = slim_checkout
     before = repo_state(checkout)
     config = git(checkout, "config", "--local", "--list")
     final = series.manifest.blobs_at(series.manifest.final_step)

@@ -12,7 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, RunScript, blobs, commit_all, git, repin, repo_state
+from conftest import (
+    SCRIPTS,
+    RunScript,
+    SlimSet,
+    blobs,
+    commit_all,
+    git,
+    repin,
+    repo_state,
+    slim_patch_set,
+)
 from patchset import wheel
 from patchset.errors import Exit
 from patchset.git import Git
@@ -26,7 +36,9 @@ OVERLAP = "python/sglang/srt/managers/overlap_utils.py"
 # --- the default: the pinned wheel laid out under build/ -------------------
 
 
-def test_default_run_builds_the_patched_tree(run_script: RunScript, tmp_path: Path, series: Series):
+def test_default_run_builds_the_patched_tree_and_a_second_run_changes_nothing(
+    run_script: RunScript, tmp_path: Path, series: Series
+):
     result = run_script("apply-patches")
     assert result.returncode == 0, result.stderr
     repo = tmp_path / "build" / "sglang-0.5.15.post1"
@@ -40,10 +52,6 @@ def test_default_run_builds_the_patched_tree(run_script: RunScript, tmp_path: Pa
     # The files on disk are the patched ones.
     assert "self.schedule_stream.wait_stream(self.forward_stream)" in (repo / DECODE).read_text()
 
-
-def test_second_default_run_is_a_no_op(run_script: RunScript, tmp_path: Path):
-    assert run_script("apply-patches").returncode == 0
-    repo = tmp_path / "build" / "sglang-0.5.15.post1"
     before = repo_state(repo)
     again = run_script("apply-patches")
     assert again.returncode == 0, again.stderr
@@ -65,8 +73,9 @@ def test_check_on_the_default_base_changes_nothing(
 
 
 def test_user_checkout_gets_a_new_branch_and_keeps_its_own(
-    run_script: RunScript, checkout: Path, series: Series
+    run_script: RunScript, full_checkout: Path, series: Series
 ):
+    checkout = full_checkout
     head_before = git(checkout, "rev-parse", "HEAD")
     result = run_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == 0, result.stderr
@@ -124,9 +133,11 @@ def test_check_on_a_checkout_reports_each_patch_and_changes_nothing(
 
 
 def test_check_reports_a_patch_that_would_not_apply(
-    run_script: RunScript, broken_second_patch: Path, series: Series
+    run_script: RunScript, broken_second_patch: Path, slim_set: SlimSet, series: Series
 ):
-    result = run_script("apply-patches", "--check", "--patch-set", str(broken_second_patch))
+    result = run_script(
+        "apply-patches", "--check", "--patch-set", str(broken_second_patch), env=slim_set.env
+    )
     assert result.returncode == Exit.WOULD_NOT_APPLY
     assert f"{series.patch_names[0]}: applies cleanly" in result.stdout
     assert f"{series.patch_names[1]}: does not apply" in result.stdout
@@ -253,9 +264,12 @@ def test_existing_branch_with_other_content_is_refused(run_script: RunScript, ch
 
 
 @pytest.fixture
-def broken_second_patch(patch_set: Path, series: Series) -> Path:
-    """A patch set whose 0002 no longer applies (its context was edited), re-pinned."""
-    folder = patch_set
+def broken_second_patch(slim_set: SlimSet, series: Series) -> Path:
+    """A patch set whose 0002 no longer applies (its context was edited), re-pinned.
+
+    The slim set: its build tree holds only the touched files (run with slim_set.env).
+    """
+    folder = slim_set.folder
     second = folder / series.patch_names[1]
     second.write_text(
         second.read_text().replace(" # construct fake completed prefill", " # built elsewhere")
@@ -278,24 +292,30 @@ def test_failed_patch_rolls_back_a_user_checkout(
 
 
 def test_failed_patch_rolls_back_the_build_tree(
-    run_script: RunScript, tmp_path: Path, broken_second_patch: Path
+    run_script: RunScript, tmp_path: Path, broken_second_patch: Path, slim_set: SlimSet
 ):
-    result = run_script("apply-patches", "--patch-set", str(broken_second_patch))
+    result = run_script("apply-patches", "--patch-set", str(broken_second_patch), env=slim_set.env)
     assert result.returncode == Exit.APPLY_FAILED
     assert not (tmp_path / "build" / "sglang-0.5.15.post1").exists()
 
 
 def test_failed_patch_keeps_an_existing_build_tree_as_it_was(
-    run_script: RunScript, tmp_path: Path, broken_second_patch: Path, series: Series
+    run_script: RunScript,
+    tmp_path: Path,
+    broken_second_patch: Path,
+    slim_set: SlimSet,
+    series: Series,
+    wheel_cache: Path,
 ):
     # A build tree from an earlier run, holding only the pristine base.
     repo = tmp_path / "build" / "sglang-0.5.15.post1"
-    assert run_script("apply-patches").returncode == 0
+    intact, _cache = slim_patch_set(series, wheel_cache, tmp_path / "intact")
+    assert run_script("apply-patches", "--patch-set", str(intact), env=slim_set.env).returncode == 0
     owned = Git(repo, owned=True)
     owned.run("switch", "-q", "--detach", "pristine/0.5.15.post1")
     owned.run("branch", "-D", BRANCH)
     before = repo_state_detached(repo)
-    result = run_script("apply-patches", "--patch-set", str(broken_second_patch))
+    result = run_script("apply-patches", "--patch-set", str(broken_second_patch), env=slim_set.env)
     assert result.returncode == Exit.APPLY_FAILED
     assert repo_state_detached(repo) == before
 
@@ -320,15 +340,18 @@ def test_help_documents_only_its_own_exit_codes(run_script: RunScript):
     assert Exit.RACE not in documented and Exit.STALE not in documented
 
 
-def test_build_tree_with_an_older_series_says_to_rebuild_it(run_script: RunScript, tmp_path: Path):
-    assert run_script("apply-patches").returncode == 0
+def test_build_tree_with_an_older_series_says_to_rebuild_it(
+    run_script: RunScript, tmp_path: Path, slim_set: SlimSet
+):
+    slim = ("--patch-set", str(slim_set.folder))
+    assert run_script("apply-patches", *slim, env=slim_set.env).returncode == 0
     repo = tmp_path / "build" / "sglang-0.5.15.post1"
     owned = Git(repo, owned=True)
     owned.run("commit", "-q", "--allow-empty", "-m", "an older series' extra commit")
     (repo / DECODE).write_text("# not the patched file\n")
     owned.run("commit", "-q", "--all", "-m", "older content")
     before = repo_state(repo)
-    result = run_script("apply-patches")
+    result = run_script("apply-patches", *slim, env=slim_set.env)
     assert result.returncode == Exit.BRANCH_EXISTS
     assert f"delete {repo} (it is generated)" in result.stderr
     assert repo_state(repo) == before

@@ -381,5 +381,6 @@ def test_bad_usage_exits_2() -> None:
     result = race_check("--step", "9999")
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
-    result = race_check("--step", "base", "--tree", ".")
+    result = race_check("--base", "all", "--tree", ".")
     assert result.returncode == 2
+    assert "--tree takes one base" in result.stderr
