@@ -100,6 +100,9 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
         raise BackportError(
             Exit.USAGE, f"--python-version {python_version!r} is not like 3.12", "pass e.g. 3.12"
         )
+    if is_current(out, manifest, python_version):
+        print(f"{out} already holds every wheel, each with its sha256: nothing to download")
+        return out / MANIFEST
     out.mkdir(parents=True, exist_ok=True)
     pins = wanted_pins(manifest)
     with tempfile.TemporaryDirectory(dir=out, prefix=".download-") as tmp:
@@ -124,6 +127,18 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
     return write_manifest(manifest, python_version, out)
+
+
+def is_current(folder: Path, manifest: PinManifest, python_version: str) -> bool:
+    """Whether folder is a wheelhouse of these pins for this Python, every hash intact."""
+    try:
+        house = load(folder, manifest)
+    except BackportError:
+        return False
+    versions = {e.name: e.version for e in house.entries}
+    return house.python_version == python_version and all(
+        versions.get(canonical(name)) == version for name, version in wanted_pins(manifest).items()
+    )
 
 
 def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Path:

@@ -1,6 +1,7 @@
 """One pytest run per suite and per sglang tree, and the tables of their outcomes.
 
-test/tools runs once, in a process of its own. test/steps runs once per step
+test/tools runs in a few processes of its own (its files split so that each
+piece takes about as long, by the times of the last run). test/steps runs once per step
 of every series under test; those runs go to testrun.worker, which imports
 the heavy third-party modules once and forks a child per tree, so a module
 imported for one tree never leaks into another and each tree pays only for
@@ -13,9 +14,10 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from patchset.manifest import Series
 from patchset.paths import PROJECT_ROOT
@@ -30,12 +32,12 @@ TOOL_TESTS = PROJECT_ROOT / "test" / "tools"
 NO_TESTS = 5  # pytest's exit code when it collected nothing
 
 
-@dataclass
+@dataclass(eq=False)
 class SuiteRun:
     """One pytest process: a suite, or the step suite against one step's tree."""
 
     label: str
-    tests: Path
+    tests: Path | list[Path]  # a folder, or the test files of a piece of one
     results: Path  # the folder for this run's outcomes and log
     env: dict[str, str]
     tree: Path | None = None
@@ -57,8 +59,9 @@ class SuiteRun:
         return self.returncode != 0
 
     def pytest_args(self, extra: Sequence[str]) -> list[str]:
+        tests = self.tests if isinstance(self.tests, list) else [self.tests]
         return [
-            str(self.tests),
+            *map(str, tests),
             f"{OPTION}={self.outcomes_file}",
             f"--junitxml={self.results / f'{self.label}.xml'}",
             *extra,
@@ -77,6 +80,48 @@ class SuiteRun:
             return f"FAILED: pytest exit 5, no test ran, {took}"
         status = "ok" if self.returncode == 0 else f"FAILED: pytest exit {self.returncode}"
         return f"{status} ({summary or 'no tests'}) {took}"
+
+
+def tool_pieces(results: Path, count: int) -> list[SuiteRun]:
+    """test/tools as count runs of about equal length ("tools" alone when count is 1).
+
+    Each file weighs what its tests took in the last run (build/test-results/
+    tools*.xml), or its size in bytes before any run; the heaviest file goes
+    to the lightest piece, in turn. A file's tests stay together, so its
+    module and session fixtures are made once.
+    """
+    files = sorted(TOOL_TESTS.glob("test_*.py"))
+    if count <= 1 or len(files) <= 1:
+        return [SuiteRun("tools", TOOL_TESTS, results, {})]
+    last = file_seconds(results.glob("tools*.xml"))
+    scale = max(last.values(), default=1.0) / max(f.stat().st_size for f in files)
+    weight = {f: last.get(f.stem, f.stat().st_size * scale) for f in files}
+    pieces: list[list[Path]] = [[] for _ in range(min(count, len(files)))]
+    loads = [0.0] * len(pieces)
+    for file in sorted(files, key=lambda f: -weight[f]):
+        lightest = loads.index(min(loads))
+        pieces[lightest].append(file)
+        loads[lightest] += weight[file]
+    return [SuiteRun(f"tools-{n}", sorted(piece), results, {}) for n, piece in enumerate(pieces, 1)]
+
+
+def file_seconds(xml_files: Iterable[Path]) -> dict[str, float]:
+    """test module name -> seconds its tests took, from JUnit XML files.
+
+    A module found in several files takes the newest file's figure; an
+    unreadable file is skipped.
+    """
+    seconds: dict[str, float] = {}
+    for xml in sorted(xml_files, key=lambda f: f.stat().st_mtime):
+        in_file: dict[str, float] = {}
+        try:
+            for case in ElementTree.parse(xml).iter("testcase"):
+                module = case.get("classname", "").split(".")[-1]
+                in_file[module] = in_file.get(module, 0.0) + float(case.get("time", 0.0))
+        except (OSError, ElementTree.ParseError, ValueError):
+            continue
+        seconds |= in_file
+    return seconds
 
 
 def step_env(series: Series, step: str, tree: Path) -> dict[str, str]:

@@ -28,6 +28,8 @@ from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
 
 SCRIPTS = paths.PROJECT_ROOT / "scripts"
+# Tools the tests install into scratch environments, exact and hashed.
+TEST_PINS = SCRIPTS.parent / "requirements" / "test.txt"
 NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script", "ours"}
 
 
@@ -57,24 +59,32 @@ def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def pinned(requirement: str) -> str:
-    """The exact pin of a package in requirements/test.txt."""
-    text = (SCRIPTS.parent / "requirements" / "test.txt").read_text(encoding="utf-8")
-    found = re.search(rf"^{re.escape(requirement)}==[^\s\\]+", text, re.M)
-    assert found, f"{requirement} is not pinned in requirements/test.txt"
-    return found[0]
-
-
 def make_venv(folder: Path) -> Path:
-    """A scratch virtual environment with pip; returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, capture_output=True)
+    """A scratch virtual environment, without a pip of its own (see pip); returns its python."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(folder)],
+        check=True,
+        capture_output=True,
+    )
     return folder / "bin" / "python"
 
 
 def pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """pip of a scratch venv; fails the test with pip's output when pip fails."""
+    """pip acting on python's environment; fails the test with pip's output when pip fails.
+
+    This environment's pip drives the other one (pip --python), so a scratch venv
+    needs no pip installed into it first (ensurepip takes seconds).
+    """
     result = subprocess.run(
-        [str(python), "-m", "pip", "--disable-pip-version-check", *args],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "--disable-pip-version-check",
+            *args,
+        ],
         capture_output=True,
         text=True,
     )

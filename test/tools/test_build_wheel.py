@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, make_venv, pinned, pip
+from conftest import SCRIPTS, TEST_PINS, make_venv, pip
 from patchset.errors import Exit
 from patchset.manifest import Series, git_blob_id, sha256_of
 
@@ -106,7 +106,7 @@ def test_record_names_every_member_with_its_hash(built: Path):
 
 def test_record_validates_with_installer(built: Path, tmp_path: Path):
     python = make_venv(tmp_path / "venv")
-    pip(python, "install", "--quiet", pinned("installer"))
+    pip(python, "install", "--quiet", "--no-deps", "--require-hashes", "-r", str(TEST_PINS))
     check = (
         "import sys\n"
         "from installer.sources import WheelFile\n"

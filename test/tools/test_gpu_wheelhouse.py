@@ -16,6 +16,7 @@ RUN_GPU = ROOT / "ci" / "run-gpu"
 sys.path.insert(0, str(ROOT / "ci"))
 
 from gpustage import plan, stages, wheelhouse  # noqa: E402
+from patchset import paths  # noqa: E402
 from patchset.errors import Exit  # noqa: E402
 from patchset.manifest import Series, sha256_of  # noqa: E402
 
@@ -171,14 +172,9 @@ def _index_reachable(dest: Path) -> bool:
     return probe.returncode == 0
 
 
-@pytest.fixture(scope="session")
-def real_wheelhouse(tmp_path_factory: pytest.TempPathFactory, series: Series) -> Path:
-    """A real wheelhouse for this Python, built with the network (skipped without it)."""
-    if not _index_reachable(tmp_path_factory.mktemp("probe")):
-        pytest.skip("the package index is not reachable: the wheelhouse is built where it is")
-    out = tmp_path_factory.mktemp("wheelhouse")
+def _make_wheelhouse(out: Path) -> subprocess.CompletedProcess[str]:
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    result = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
             str(RUN_GPU),
@@ -192,8 +188,29 @@ def real_wheelhouse(tmp_path_factory: pytest.TempPathFactory, series: Series) ->
         text=True,
         timeout=1200,
     )
+
+
+@pytest.fixture(scope="session")
+def real_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real wheelhouse for this Python, kept in the cache folder across sessions.
+
+    The first session downloads it (skipped where the package index is not
+    reachable); later ones find it current and download nothing.
+    """
+    out = paths.cache_dir() / "test-wheelhouse" / f"py{sys.version_info[0]}.{sys.version_info[1]}"
+    result = _make_wheelhouse(out)
+    if result.returncode != 0 and not _index_reachable(tmp_path_factory.mktemp("probe")):
+        pytest.skip("the package index is not reachable: the wheelhouse is built where it is")
     assert result.returncode == 0, result.stderr[-3000:]
     return out
+
+
+def test_a_current_wheelhouse_is_kept_as_it_is(real_wheelhouse: Path) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in real_wheelhouse.iterdir()}
+    again = _make_wheelhouse(real_wheelhouse)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to download" in again.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in real_wheelhouse.iterdir()} == before
 
 
 def test_a_real_wheelhouse_verifies_and_fits(real_wheelhouse: Path, series: Series) -> None:
