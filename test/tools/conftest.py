@@ -183,6 +183,27 @@ def patch_set(tmp_path: Path, series: Series) -> Path:
     return folder
 
 
+def linked_copy(tree: Path, dest: Path) -> Path:
+    """dest/python: tree/python's files as hard links (no bytes copied); returns dest.
+
+    Change a file of the copy only through replace_text, which gives the copy a
+    file of its own instead of writing through the link into tree.
+    """
+    shutil.copytree(
+        tree / "python",
+        dest / "python",
+        ignore=shutil.ignore_patterns("__pycache__"),
+        copy_function=os.link,
+    )
+    return dest
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write text to path as a new file (path may be a hard link into another tree)."""
+    path.unlink()
+    path.write_text(text)
+
+
 def repin(folder: Path) -> None:
     """Write the current sha256 of every patch in folder into its pin.toml.
 

@@ -8,12 +8,11 @@ twice), so the worker imports torch once for the two.
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import RunScript
+from conftest import RunScript, linked_copy, replace_text
 from patchset import apply, buildtree, paths
 from patchset.errors import Exit
 from patchset.manifest import Series
@@ -32,20 +31,13 @@ def patched_tree(series: Series, wheel_cache: Path) -> Path:
     return buildtree.step_trees(series, build)[series.manifest.final_step]
 
 
-def copy_tree(source: Path, dest: Path) -> Path:
-    shutil.copytree(
-        source / "python", dest / "python", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    return dest
-
-
 def remove_wait_line(tree: Path) -> None:
     """Replace the wait with `pass`, so the if-block stays valid Python."""
     decode = tree / DECODE_PY
     text = decode.read_text()
     lines = [line for line in text.splitlines() if line.strip() == WAIT_LINE]
     assert len(lines) == 1, f"expected one wait_stream line in {decode}, found {len(lines)}"
-    decode.write_text(text.replace(WAIT_LINE, "pass"))
+    replace_text(decode, text.replace(WAIT_LINE, "pass"))
 
 
 def row(output: str, test: str) -> list[str]:
@@ -60,8 +52,8 @@ def test_removing_the_wait_stream_line_fails_the_suite(
     run_script: RunScript, patched_tree: Path, tmp_path: Path
 ) -> None:
     """One run, two trees: the patched copy passes; without the wait line it fails."""
-    intact = copy_tree(patched_tree, tmp_path / "intact")
-    broken = copy_tree(patched_tree, tmp_path / "broken")
+    intact = linked_copy(patched_tree, tmp_path / "intact")
+    broken = linked_copy(patched_tree, tmp_path / "broken")
     remove_wait_line(broken)
 
     result = run_script(
