@@ -30,9 +30,12 @@ SCRIPTS = PROJECT_ROOT / "scripts"
 STEP_TESTS = PROJECT_ROOT / "test" / "steps"
 TOOL_TESTS = PROJECT_ROOT / "test" / "tools"
 NO_TESTS = 5  # pytest's exit code when it collected nothing
-# test/tools files that lay out the session's own build tree and its step trees:
-# kept in one piece, so that the tree is made once.
-SHARE_THE_BUILD_TREE = ("test_racecheck_command", "test_racecheck_writers", "test_run_tests")
+# test/tools files kept in one piece, so that what they share is made once: the
+# session's own build tree and its step trees; torch, imported in the process.
+TOGETHER = (
+    ("test_racecheck_command", "test_racecheck_writers", "test_run_tests"),
+    ("test_gpu_bench", "test_gpu_wheelhouse", "test_racecheck_selftest"),
+)
 
 
 @dataclass(eq=False)
@@ -91,16 +94,16 @@ def tool_pieces(results: Path, count: int) -> list[SuiteRun]:
     Each file weighs what its tests took in the last run (build/test-results/
     tools*.xml), or its size in bytes before any run; the heaviest file goes
     to the lightest piece, in turn. A file's tests stay together, so its
-    module fixtures are made once, and so do the files that share the session
-    build tree (SHARE_THE_BUILD_TREE).
+    module fixtures are made once, and so do the files of each TOGETHER group.
     """
     files = sorted(TOOL_TESTS.glob("test_*.py"))
     if count <= 1 or len(files) <= 1:
         return [SuiteRun("tools", TOOL_TESTS, results, {})]
     last = file_seconds(results.glob("tools*.xml"))
     scale = max(last.values(), default=1.0) / max(f.stat().st_size for f in files)
-    units = [[f] for f in files if f.stem not in SHARE_THE_BUILD_TREE]
-    units.append([f for f in files if f.stem in SHARE_THE_BUILD_TREE])
+    grouped = {stem for group in TOGETHER for stem in group}
+    units = [[f] for f in files if f.stem not in grouped]
+    units += [[f for f in files if f.stem in group] for group in TOGETHER]
     weight = {f: last.get(f.stem, f.stat().st_size * scale) for f in files}
     pieces: list[list[Path]] = [[] for _ in range(min(count, len(units)))]
     loads = [0.0] * len(pieces)
