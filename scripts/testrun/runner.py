@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -170,41 +171,63 @@ def start_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> subprocess
 
 
 def run_forked(
-    python: Path, runs: Sequence[SuiteRun], extra: Sequence[str], parallel: int = 1
+    groups: Sequence[tuple[Path, Sequence[SuiteRun]]], extra: Sequence[str], parallel: int = 2
 ) -> None:
-    """Run each step run in a child of one testrun.worker process; fill in the results."""
-    if not runs:
+    """Run the step runs: one testrun.worker per interpreter, all workers at once.
+
+    Each worker imports torch and the rest, then forks its runs; the workers
+    share `parallel` children at a time between them (at least one each), so
+    one environment's imports overlap another's runs. Their output goes to
+    build/test-results/worker-N.log and is printed, worker by worker, at the end.
+    """
+    groups = [(python, runs) for python, runs in groups if runs]
+    if not groups:
         return
-    for run in runs:
-        run.results.mkdir(parents=True, exist_ok=True)
-        run.outcomes_file.unlink(missing_ok=True)
+    each = max(1, parallel // len(groups))
     with tempfile.TemporaryDirectory(prefix="run-tests-") as tmp:
-        jobs = {
-            "parallel": parallel,
-            "runs": [
-                {
-                    "label": run.label,
-                    "args": run.pytest_args(extra),
-                    "env": run.env,
-                    "tree": str(run.tree),
-                    "log": str(run.log),
-                    "result": str(Path(tmp) / f"{n}.json"),
-                }
-                for n, run in enumerate(runs)
-            ],
-        }
-        jobs_file = Path(tmp) / "jobs.json"
-        jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
-        env = _clean_env() | {"PYTHONPATH": str(SCRIPTS)}
-        subprocess.run([str(python), "-m", "testrun.worker", str(jobs_file)], env=env, check=False)
-        for n, run in enumerate(runs):
-            result = Path(tmp) / f"{n}.json"
-            if result.is_file():
-                data = json.loads(result.read_text(encoding="utf-8"))
-                run.returncode, run.seconds = data["returncode"], data["seconds"]
-            else:
-                run.returncode = -1
-            run.collect()
+        workers = []
+        for g, (python, runs) in enumerate(groups):
+            for run in runs:
+                run.results.mkdir(parents=True, exist_ok=True)
+                run.outcomes_file.unlink(missing_ok=True)
+            jobs = {
+                "parallel": each,
+                "runs": [
+                    {
+                        "label": run.label,
+                        "args": run.pytest_args(extra),
+                        "env": run.env,
+                        "tree": str(run.tree),
+                        "log": str(run.log),
+                        "result": str(Path(tmp) / f"{g}-{n}.json"),
+                    }
+                    for n, run in enumerate(runs)
+                ],
+            }
+            jobs_file = Path(tmp) / f"jobs-{g}.json"
+            jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
+            log = runs[0].results / f"worker-{g + 1}.log"
+            env = _clean_env() | {"PYTHONPATH": str(SCRIPTS)}
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    [str(python), "-m", "testrun.worker", str(jobs_file)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            workers.append((proc, log))
+        for proc, log in workers:
+            proc.wait()
+            sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))
+        for g, (_python, runs) in enumerate(groups):
+            for n, run in enumerate(runs):
+                result = Path(tmp) / f"{g}-{n}.json"
+                if result.is_file():
+                    data = json.loads(result.read_text(encoding="utf-8"))
+                    run.returncode, run.seconds = data["returncode"], data["seconds"]
+                else:
+                    run.returncode = -1
+                run.collect()
 
 
 def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
