@@ -250,7 +250,10 @@ def repo_state(repo: Path) -> dict[str, str]:
 
 
 def blobs(repo: Path, rev: str, series: Series) -> dict[str, str]:
-    return {path: git(repo, "rev-parse", f"{rev}:{path}") for path in series.manifest.files}
+    """path -> blob id at rev of every file the series touches (one git call)."""
+    files = series.manifest.files
+    ids = git(repo, "rev-parse", *(f"{rev}:{path}" for path in files)).splitlines()
+    return dict(zip(files, ids, strict=True))
 
 
 def slim_checkout_of(wheel_file: Path, files: list[str], repo: Path, message: str) -> Path:
