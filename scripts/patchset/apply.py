@@ -220,7 +220,12 @@ def _patches_after(series: Series, step: str) -> list[Path]:
 # it was made for. The next run on that repository removes them (leftovers).
 TEMP_PREFIX = "sglang-backports-apply-"
 MARKER = "made-by-sglang-backports"
-WORKTREE_NAME = "tree"
+# Our worktree's folder name. git names the worktree's record in
+# .git/worktrees/ after it (adding a number when taken), so a record a killed
+# `git worktree add` left half-written is still known as ours by its name.
+WORKTREE_NAME = "sglang-backports-worktree"
+# The name this command's worktrees had before; their records are still ours.
+OLD_WORKTREE_NAMES = ("tree",)
 
 
 def _temp_folder(parent: Path | None, owner: Path) -> Path:
@@ -311,7 +316,10 @@ def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
     """
     owner = git.common_dir
     parent = temp_parent or Path(tempfile.gettempdir())
-    removed: list[Path] = []
+    # First, or `git worktree list` fails on them.
+    removed: list[Path] = _half_written_records(owner)
+    for record in removed:
+        _remove_folder(record)
     listing = git.run("worktree", "list", "--porcelain", "-z").stdout
     for entry in listing.split("\0\0"):
         line = entry.split("\0", 1)[0]
@@ -319,7 +327,9 @@ def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
             continue
         tree = Path(line[len("worktree ") :])
         folder = tree.parent
-        if tree.name != WORKTREE_NAME or not folder.name.startswith(TEMP_PREFIX):
+        if tree.name not in (WORKTREE_NAME, *OLD_WORKTREE_NAMES):
+            continue
+        if not folder.name.startswith(TEMP_PREFIX):
             continue
         if folder.exists():
             if not _is_ours(folder, owner):
@@ -332,8 +342,38 @@ def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
         if _is_ours(folder, owner):
             removed.append(folder)
     for folder in removed:
-        _remove_folder(folder)
+        _remove_folder(folder)  # a record removed above is gone already: no-op
     return removed
+
+
+def _is_ours_by_name(record: str) -> bool:
+    """A worktree record git named after our worktree: the name, maybe a number after it."""
+    rest = record.removeprefix(WORKTREE_NAME)
+    return record.startswith(WORKTREE_NAME) and (rest == "" or rest.isdigit())
+
+
+def _half_written_records(common: Path) -> list[Path]:
+    """Our worktree records that a killed `git worktree add` left without its files.
+
+    git writes a record's files one by one; killed in between, it leaves one
+    whose `commondir` (or `gitdir`) is missing or still empty; on an empty one
+    `git worktree list` itself fails. Such a record named after our worktree is removed (git's own
+    `worktree prune` would do it, but it would also touch the user's records).
+    """
+    records = common / "worktrees"
+    return [
+        record
+        for record in (records.iterdir() if records.is_dir() else [])
+        if _is_ours_by_name(record.name)
+        and not (_holds_text(record / "commondir") and _holds_text(record / "gitdir"))
+    ]
+
+
+def _holds_text(path: Path) -> bool:
+    try:
+        return bool(path.read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _forget_worktree(common: Path, tree: Path) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import RunScript, blobs, git, repo_state, slim_patch_set
-from patchset.apply import LOCK_NAME, MARKER, TEMP_PREFIX
+from patchset.apply import LOCK_NAME, MARKER, TEMP_PREFIX, WORKTREE_NAME
 from patchset.errors import Exit
 from patchset.manifest import Series
 
@@ -96,7 +97,9 @@ def test_user_checkout_survives_a_signal_at_each_git_call(
         if calls < at:  # the run made fewer calls than `at`: it ended on its own
             assert code == Exit.OK, stderr
             break
-        made_branch = BRANCH in repo_state(checkout)["refs"]
+        # Only the refs: a record a kill left half-written makes `git worktree
+        # list` fail until the next run removes it.
+        made_branch = BRANCH in git(checkout, "for-each-ref", "--format=%(refname)")
         if signal == "INT":
             assert code == Exit.INTERRUPTED, (at, stderr)
             assert "interrupted" in stderr
@@ -155,6 +158,29 @@ def test_build_tree_survives_a_signal_at_each_git_call(
     assert blobs(repo, "HEAD", series) == series.manifest.blobs_at(series.manifest.final_step)
     assert git(repo, "status", "--porcelain") == ""
     assert sorted(p.name for p in build.iterdir()) == [repo.name]
+
+
+def test_our_half_written_worktree_records_are_removed(
+    run_script: RunScript, checkout: Path, series: Series
+):
+    """A SIGKILL inside `git worktree add` leaves a record without its files."""
+    records = checkout / ".git" / "worktrees"
+    only_locked = records / WORKTREE_NAME
+    only_locked.mkdir(parents=True)
+    (only_locked / "locked").write_text("initializing\n")
+    empty_commondir = records / f"{WORKTREE_NAME}1"
+    empty_commondir.mkdir()
+    (empty_commondir / "locked").write_text("initializing\n")
+    gone = Path(tempfile.gettempdir()) / f"{TEMP_PREFIX}gone" / WORKTREE_NAME / ".git"
+    (empty_commondir / "gitdir").write_text(f"{gone}\n")
+    (empty_commondir / "commondir").write_text("")  # killed while git wrote it
+    listed = subprocess.run(["git", "worktree", "list"], cwd=checkout, capture_output=True)
+    assert listed.returncode != 0  # git itself cannot list the worktrees now
+    result = run_script("apply-patches", "--sglang", str(checkout))
+    assert result.returncode == Exit.OK, result.stderr
+    assert list(records.iterdir()) == [] if records.exists() else True
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at(series.manifest.final_step)
+    assert_nothing_of_ours(checkout)
 
 
 def test_only_our_stale_worktree_records_are_removed(
