@@ -316,10 +316,11 @@ def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
     """
     owner = git.common_dir
     parent = temp_parent or Path(tempfile.gettempdir())
-    # First, or `git worktree list` fails on them.
-    removed: list[Path] = _half_written_records(owner)
-    for record in removed:
+    # Before the listing, which fails on them.
+    records = _half_written_records(owner)
+    for record in records:
         _remove_folder(record)
+    removed: list[Path] = []
     listing = git.run("worktree", "list", "--porcelain", "-z").stdout
     for entry in listing.split("\0\0"):
         line = entry.split("\0", 1)[0]
@@ -342,8 +343,8 @@ def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
         if _is_ours(folder, owner):
             removed.append(folder)
     for folder in removed:
-        _remove_folder(folder)  # a record removed above is gone already: no-op
-    return removed
+        _remove_folder(folder)
+    return records + removed
 
 
 def _is_ours_by_name(record: str) -> bool:
@@ -356,9 +357,10 @@ def _half_written_records(common: Path) -> list[Path]:
     """Our worktree records that a killed `git worktree add` left without its files.
 
     git writes a record's files one by one; killed in between, it leaves one
-    whose `commondir` (or `gitdir`) is missing or still empty; on an empty one
-    `git worktree list` itself fails. Such a record named after our worktree is removed (git's own
-    `worktree prune` would do it, but it would also touch the user's records).
+    whose `commondir` (or `gitdir`) is missing or still empty, on which `git
+    worktree list` itself fails. Such a record named after our worktree is
+    removed (git's own `worktree prune` would do it, but it would also touch
+    the user's records).
     """
     records = common / "worktrees"
     return [

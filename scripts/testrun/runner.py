@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +156,7 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def start_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> subprocess.Popen[bytes]:
+def _start_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> subprocess.Popen[bytes]:
     """Start pytest on run.tests in a process of its own, its output going to run.log."""
     run.results.mkdir(parents=True, exist_ok=True)
     run.outcomes_file.unlink(missing_ok=True)
@@ -168,6 +169,27 @@ def start_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> subprocess
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def run_suites(python: Path, runs: Sequence[SuiteRun], extra: Sequence[str]) -> None:
+    """Run each in a pytest process of its own, all at once; fill in the results.
+
+    Each run's time is until it ended, not until it was waited for; the logs
+    are printed in order once all have ended.
+    """
+    started = time.monotonic()
+    running = {run: _start_suite(python, run, extra) for run in runs}
+    while running:
+        for run, proc in list(running.items()):
+            if proc.poll() is not None:
+                run.returncode = proc.returncode
+                run.seconds = time.monotonic() - started
+                del running[run]
+        time.sleep(0.2)
+    for run in runs:
+        run.collect()
+        print(f"\n=== {run.label} (pytest exit {run.returncode}) ===")
+        sys.stdout.write(run.log.read_text(encoding="utf-8", errors="replace"))
 
 
 def run_forked(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from patchset import paths, wheel
+from patchset import apply, buildtree, paths, wheel
 from patchset.deploy import series_sha256
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
@@ -110,6 +110,20 @@ def wheel_cache(series: Series) -> Path:
 def upstream_fixed_wheel(series: Series, wheel_cache: Path) -> Path:
     """The first release with both fixes (0.5.19), through the same pinned path."""
     return fetch_or_skip(series.manifest.upstream_fixed, wheel_cache)
+
+
+@pytest.fixture(scope="session")
+def session_step_trees(series: Series, wheel_cache: Path) -> dict[str, Path]:
+    """The default series applied in this session's build folder; step -> its tree."""
+    build = paths.build_dir()
+    apply.apply_to_build_tree(series, build, wheel_cache)
+    return buildtree.step_trees(series, build)
+
+
+@pytest.fixture(scope="session")
+def patched_tree(series: Series, session_step_trees: dict[str, Path]) -> Path:
+    """The final step's tree of the session's build folder."""
+    return session_step_trees[series.manifest.final_step]
 
 
 @pytest.fixture(scope="session")
@@ -261,7 +275,7 @@ def slim_checkout_of(wheel_file: Path, files: list[str], repo: Path, message: st
 
     The commands read and patch only the files a series touches, so a run on
     this goes through the same steps as on sglang's whole tree, at a fraction
-    of the cost (the whole tree is covered by the `checkout` fixture's tests).
+    of the cost (the whole tree is covered by the `full_checkout` fixture's tests).
     """
     for path, data in wheel.read_files(wheel_file, files).items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)

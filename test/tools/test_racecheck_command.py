@@ -14,30 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import linked_copy, repin, replace_text
-from patchset import apply, buildtree, paths
+from conftest import SCRIPTS, linked_copy, repin, replace_text
 from patchset.manifest import Series
 from racecheck import cli
 from racecheck.catalogue import PLAYS, SCENARIOS
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # The ordering patch 0002 adds to get_new_prebuilt_batch.
 WAIT = "            self.schedule_stream.wait_stream(self.forward_stream)\n"
 IF_OVERLAP = "        if self.enable_overlap:\n"
 EAGLE = {play.name for play in PLAYS if play.spec}
 DECODE = Path("python", "sglang", "srt", "disaggregation", "decode.py")
-
-
-@pytest.fixture(scope="module")
-def step_trees(series: Series, wheel_cache: Path) -> dict[str, Path]:
-    build = paths.build_dir()
-    apply.apply_to_build_tree(series, build, wheel_cache)
-    return buildtree.step_trees(series, build)
-
-
-@pytest.fixture(scope="module")
-def patched_tree(series: Series, step_trees: dict[str, Path]) -> Path:
-    return step_trees[series.manifest.final_step]
 
 
 def race_check(*args: str) -> subprocess.CompletedProcess[str]:

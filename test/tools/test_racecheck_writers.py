@@ -8,12 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from patchset import apply, paths
+from conftest import SCRIPTS
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series
 from racecheck import writers
-
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 SOURCE = """\
 from functools import partial
@@ -80,9 +78,8 @@ def test_an_entry_without_scenario_or_reason_is_refused(series: Series) -> None:
         writers.classification(dataclasses.replace(series.manifest, raw=raw))
 
 
-def test_the_patched_tree_has_every_writer_classified(series: Series, wheel_cache: Path) -> None:
-    build = paths.build_dir()
-    apply.apply_to_build_tree(series, build, wheel_cache)
+@pytest.mark.usefixtures("patched_tree")  # race-check reads the session's build tree
+def test_the_patched_tree_has_every_writer_classified(series: Series) -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "race-check"), "--writers"], capture_output=True, text=True
     )

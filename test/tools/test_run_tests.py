@@ -11,24 +11,13 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import RunScript, linked_copy, replace_text
-from patchset import apply, buildtree, paths
 from patchset.errors import Exit
-from patchset.manifest import Series
 
 DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
 WAIT_LINE = "self.schedule_stream.wait_stream(self.forward_stream)"
 GUARD = "test_prebuilt_batch::test_overlap_waits_for_forward_stream_between_prepare_and_process"
 SELECT = "test_prebuilt_batch"
-
-
-@pytest.fixture(scope="module")
-def patched_tree(series: Series, wheel_cache: Path) -> Path:
-    """The final step's tree, laid out in this session's build folder."""
-    build = paths.build_dir()
-    apply.apply_to_build_tree(series, build, wheel_cache)
-    return buildtree.step_trees(series, build)[series.manifest.final_step]
 
 
 def remove_wait_line(tree: Path) -> None:
