@@ -18,6 +18,7 @@ from typing import Any
 from patchset import buildtree, cli, paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, series_for_release
+from testrun import forkserver
 
 from . import report, writers
 from .catalogue import PLAYS, SCENARIOS
@@ -289,7 +290,9 @@ def run_trees(python: Path, runs: list[TreeRun]) -> float:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
         proc = subprocess.Popen(
-            [str(python), "-m", "racecheck.worker", tmp, *(str(r.tree) for r in runs)],
+            forkserver.command(
+                python, "racecheck.worker", [tmp, *(str(r.tree) for r in runs)], env
+            ),
             cwd=SCRIPTS,
             env=env,
             stdout=subprocess.PIPE,

@@ -48,14 +48,23 @@ PRELOAD = (
 )
 
 
+_took: float | None = None
+
+
 def preload() -> float:
     """Import what of PRELOAD is importable, then freeze it; the seconds it took.
+
+    Done once per process: a later call (or one in a child forked from a
+    testrun.forkserver) returns the seconds the first one took.
 
     gc.freeze() moves the millions of objects these imports made out of the
     collector's reach: a forked child's collections (pytest runs several as
     it ends) would otherwise walk them all, about half a second each, and copy
     every page they touch.
     """
+    global _took
+    if _took is not None:
+        return _took
     started = time.perf_counter()
     for name in PRELOAD:
         try:
@@ -64,7 +73,8 @@ def preload() -> float:
             continue
     gc.collect()
     gc.freeze()
-    return time.perf_counter() - started
+    _took = time.perf_counter() - started
+    return _took
 
 
 def use_tree(tree: Path) -> None:

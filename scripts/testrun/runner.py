@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
@@ -25,6 +26,7 @@ from patchset.manifest import Series
 from patchset.paths import PROJECT_ROOT
 from patchset.textout import table
 
+from . import forkserver
 from .outcomes import OPTION, SEVERITY, read_outcomes
 from .steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
 
@@ -156,6 +158,15 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _worker_env() -> dict[str, str]:
+    return _clean_env() | {"PYTHONPATH": str(SCRIPTS)}
+
+
+def forkservers(pythons: Sequence[Path], results: Path) -> AbstractContextManager[None]:
+    """testrun.forkserver.serving for these interpreters, with the workers' environment."""
+    return forkserver.serving(pythons, _worker_env(), results)
+
+
 def _start_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> subprocess.Popen[bytes]:
     """Start pytest on run.tests in a process of its own, its output going to run.log."""
     run.results.mkdir(parents=True, exist_ok=True)
@@ -163,7 +174,7 @@ def _start_suite(python: Path, run: SuiteRun, extra: Sequence[str]) -> subproces
     env = _clean_env() | run.env
     with run.log.open("wb") as log:
         return subprocess.Popen(
-            [str(python), "-m", "pytest", *run.pytest_args(extra)],
+            forkserver.command(python, "pytest", run.pytest_args(extra), env),
             env=env,
             cwd=PROJECT_ROOT,
             stdout=log,
@@ -229,10 +240,10 @@ def run_forked(
             jobs_file = Path(tmp) / f"jobs-{g}.json"
             jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
             log = runs[0].results / f"worker-{g + 1}.log"
-            env = _clean_env() | {"PYTHONPATH": str(SCRIPTS)}
+            env = _worker_env()
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    [str(python), "-m", "testrun.worker", str(jobs_file)],
+                    forkserver.command(python, "testrun.worker", [str(jobs_file)], env),
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,

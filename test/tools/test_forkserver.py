@@ -1,0 +1,159 @@
+"""testrun.forkserver: a command runs in a child forked from the server, as if started itself.
+
+The servers here import nothing first (--no-preload): what is checked is the
+hand-over (standard streams, working folder, environment, exit code), which
+commands go through a server and which do not, and that nothing is left
+behind. scripts/run-tests runs the real ones, which import torch first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS
+from testrun import forkserver
+
+# Run as `python -m probe` from its folder: what a command sees of its process.
+PROBE = """\
+import json, os, sys
+print(json.dumps({
+    "cwd": os.getcwd(),
+    "argv": sys.argv[1:],
+    "stdin": sys.stdin.read(),
+    "marker": os.environ.get("SGLANG_BACKPORTS_PROBE_MARKER"),
+    "ppid": os.getppid(),
+    "server_module_loaded": "testrun" in sys.modules,
+}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ.get("SGLANG_BACKPORTS_PROBE_EXIT", "0")))
+"""
+
+
+def server_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != forkserver.ENV}
+    return env | {"PYTHONPATH": str(SCRIPTS)}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A server for this interpreter (importing nothing first); the environment it serves."""
+    env = server_env()
+    saved = os.environ.get(forkserver.ENV)
+    os.environ.pop(forkserver.ENV, None)
+    try:
+        with forkserver.serving([Path(sys.executable)], env, tmp_path / "logs", preload=False):
+            yield env | {forkserver.ENV: os.environ[forkserver.ENV]}
+    finally:
+        if saved is not None:
+            os.environ[forkserver.ENV] = saved
+
+
+def probe(tmp_path: Path, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess[str]:
+    folder = tmp_path / "work"
+    folder.mkdir(exist_ok=True)
+    (folder / "probe.py").write_text(PROBE)
+    argv = forkserver.command(Path(sys.executable), "probe", ["one", "two words"], env | extra)
+    return subprocess.run(
+        argv, input="from stdin", capture_output=True, text=True, env=env | extra, cwd=folder
+    )
+
+
+def test_a_command_runs_in_a_child_of_the_server_with_the_clients_streams(
+    served: dict[str, str], tmp_path: Path
+) -> None:
+    result = probe(
+        tmp_path,
+        served,
+        SGLANG_BACKPORTS_PROBE_MARKER="from the client",
+        SGLANG_BACKPORTS_PROBE_EXIT="7",
+    )
+
+    assert result.returncode == 7, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["cwd"] == str(tmp_path / "work")
+    assert seen["argv"] == ["one", "two words"]
+    assert seen["stdin"] == "from stdin"
+    assert seen["marker"] == "from the client"
+    # A child of the server, which has the server's imports; not of the client.
+    assert seen["server_module_loaded"] is True
+    assert "to stderr" in result.stderr
+
+
+def test_a_different_environment_runs_the_command_itself(
+    served: dict[str, str], tmp_path: Path
+) -> None:
+    """A variable that could change what gets imported: no server, the plain command."""
+    argv = forkserver.command(Path(sys.executable), "probe", [], served | {"TORCH_HOME": "/x"})
+    assert argv == [sys.executable, "-m", "probe"]
+    result = probe(tmp_path, served, TORCH_HOME="/x", SGLANG_BACKPORTS_PROBE_EXIT="3")
+    assert result.returncode == 3
+    assert json.loads(result.stdout)["server_module_loaded"] is False
+    # Another environment, or no server named at all: the plain command too.
+    other = tmp_path / "other-env" / "bin" / "python"
+    assert forkserver.command(other, "m", ["a"], served) == [str(other), "-m", "m", "a"]
+    no_server = {k: v for k, v in served.items() if k != forkserver.ENV}
+    assert forkserver.command(Path(sys.executable), "m", [], no_server)[1:] == ["-m", "m"]
+    # Ours and pytest's variables do not count.
+    same = served | {"SGLANG_BACKPORTS_STEP": "0002", "PYTEST_CURRENT_TEST": "x"}
+    assert forkserver.command(Path(sys.executable), "m", [], same)[2:4] == [
+        forkserver.__file__,
+        "run",
+    ]
+
+
+def test_a_client_whose_server_is_gone_runs_the_command_itself(
+    served: dict[str, str], tmp_path: Path
+) -> None:
+    argv = forkserver.command(Path(sys.executable), "probe", [], served)
+    gone = [*argv[:4], str(tmp_path / "no-such.sock"), *argv[5:]]
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "probe.py").write_text(PROBE)
+
+    result = subprocess.run(
+        gone,
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env=served | {"SGLANG_BACKPORTS_PROBE_EXIT": "4"},
+    )
+
+    assert result.returncode == 4, result.stderr
+    assert json.loads(result.stdout)["server_module_loaded"] is False
+
+
+def test_one_server_per_environment_and_nothing_left_after(tmp_path: Path) -> None:
+    env = server_env()
+    saved = os.environ.pop(forkserver.ENV, None)
+    try:
+        with forkserver.serving(
+            [Path(sys.executable), Path(sys.executable)], env, tmp_path / "logs", preload=False
+        ):
+            registry = Path(os.environ[forkserver.ENV])
+            servers = json.loads(registry.read_text())
+            assert len(servers) == 1
+            # A nested block for the same interpreter and variables starts no other.
+            with forkserver.serving([Path(sys.executable)], env, tmp_path / "inner", False):
+                assert json.loads(Path(os.environ[forkserver.ENV]).read_text()) == servers
+                assert not (tmp_path / "inner" / "forkserver-1.log").exists()
+            assert os.environ[forkserver.ENV] == str(registry)
+            pids = subprocess.run(
+                ["pgrep", "-f", servers[0]["socket"]], capture_output=True, text=True
+            ).stdout.split()
+            assert len(pids) == 1
+        assert forkserver.ENV not in os.environ
+        assert not registry.parent.exists()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pids[0]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{pids[0]}").exists(), "the server outlived its block"
+    finally:
+        if saved is not None:
+            os.environ[forkserver.ENV] = saved
