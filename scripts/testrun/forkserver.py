@@ -40,7 +40,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 ENV = "SGLANG_BACKPORTS_FORKSERVER"
 # Variables that may differ between a server's environment and a command's
@@ -116,19 +116,32 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
 
 
 def client(sock_path: str, module: str, args: list[str]) -> int:
-    """Have the server run module with args on our stdio, cwd and environment."""
+    """Have the server run module with args on our stdio, cwd, umask and environment."""
+    umask = os.umask(0)
+    os.umask(umask)
+    request = json.dumps(
+        {
+            "module": module,
+            "args": args,
+            "cwd": os.getcwd(),
+            "umask": umask,
+            "env": dict(os.environ),
+        }
+    ).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(sock_path)
+        socket.send_fds(conn, [_LENGTH.pack(len(request))], [0, 1, 2])
+        conn.sendall(request)
     except OSError:
-        # The server is gone: run the command in this process's place instead.
+        # No server there (any more), or a standard stream is closed: run the
+        # command in this process's place instead.
+        conn.close()
         os.execv(sys.executable, [sys.executable, "-m", module, *args])
-    request = json.dumps(
-        {"module": module, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}
-    ).encode()
-    socket.send_fds(conn, [_LENGTH.pack(len(request))], [0, 1, 2])
-    conn.sendall(request)
-    reply = _recv_exact(conn, _CODE.size)
+    try:
+        reply = _recv_exact(conn, _CODE.size)
+    except KeyboardInterrupt:
+        return 130  # the child had the same signal, as it shares our process group
     if len(reply) < _CODE.size:
         print(
             f"forkserver: the child running {module} ended without an exit code",
@@ -141,6 +154,25 @@ def client(sock_path: str, module: str, args: list[str]) -> int:
 # --- the server ---------------------------------------------------------------
 
 
+def _reopen_stdio() -> None:
+    """sys.stdin/stdout/stderr on the client's streams, buffered as a new interpreter's.
+
+    Standard output is line-buffered on a terminal and block-buffered
+    otherwise; standard error is always line-buffered.
+    """
+    encoding, errors = sys.stdout.encoding, sys.stdout.errors
+
+    def stream(fd: int, mode: str, errors: str, line: bool) -> TextIO:
+        # Not closed: they serve the process until it ends, as sys's own do.
+        return open(
+            fd, mode, buffering=1 if line else -1, encoding=encoding, errors=errors, closefd=False
+        )
+
+    sys.stdin = sys.__stdin__ = stream(0, "r", errors, False)
+    sys.stdout = sys.__stdout__ = stream(1, "w", errors, os.isatty(1))
+    sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace", True)
+
+
 def _run_request(conn: socket.socket) -> None:
     """In a forked child: take over the client's stdio, cwd and environment, run, reply."""
     head, fds, _flags, _addr = socket.recv_fds(conn, _LENGTH.size, 3)
@@ -149,10 +181,12 @@ def _run_request(conn: socket.socket) -> None:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    _reopen_stdio()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.chdir(request["cwd"])
+    os.umask(request["umask"])
     os.environ.clear()
     os.environ.update(request["env"])
     # What `python -m` puts first on the path: the working folder.
@@ -208,6 +242,16 @@ def serve(sock_path: str, preload_first: bool = True) -> int:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(sock_path)
+        _remove_folder_if_last(Path(sock_path).parent)
+
+
+def _remove_folder_if_last(folder: Path) -> None:
+    """The socket folder, once no server's socket is left in it (run-tests was killed)."""
+    if any(folder.glob("*.sock")):
+        return
+    with contextlib.suppress(OSError):
+        (folder / "servers.json").unlink(missing_ok=True)
+        folder.rmdir()
 
 
 @contextlib.contextmanager

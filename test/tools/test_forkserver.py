@@ -28,7 +28,7 @@ print(json.dumps({
     "argv": sys.argv[1:],
     "stdin": sys.stdin.read(),
     "marker": os.environ.get("SGLANG_BACKPORTS_PROBE_MARKER"),
-    "ppid": os.getppid(),
+    "umask": os.umask(0),
     "server_module_loaded": "testrun" in sys.modules,
 }))
 print("to stderr", file=sys.stderr)
@@ -61,7 +61,13 @@ def probe(tmp_path: Path, env: dict[str, str], **extra: str) -> subprocess.Compl
     (folder / "probe.py").write_text(PROBE)
     argv = forkserver.command(Path(sys.executable), "probe", ["one", "two words"], env | extra)
     return subprocess.run(
-        argv, input="from stdin", capture_output=True, text=True, env=env | extra, cwd=folder
+        argv,
+        input="from stdin",
+        capture_output=True,
+        text=True,
+        env=env | extra,
+        cwd=folder,
+        umask=0o027,
     )
 
 
@@ -81,6 +87,7 @@ def test_a_command_runs_in_a_child_of_the_server_with_the_clients_streams(
     assert seen["argv"] == ["one", "two words"]
     assert seen["stdin"] == "from stdin"
     assert seen["marker"] == "from the client"
+    assert seen["umask"] == 0o027
     # A child of the server, which has the server's imports; not of the client.
     assert seen["server_module_loaded"] is True
     assert "to stderr" in result.stderr
@@ -157,3 +164,31 @@ def test_one_server_per_environment_and_nothing_left_after(tmp_path: Path) -> No
     finally:
         if saved is not None:
             os.environ[forkserver.ENV] = saved
+
+
+def test_a_killed_run_leaves_no_socket_folder(tmp_path: Path) -> None:
+    """kill -9 of the process that started the servers: they end, and take their folder."""
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from testrun import forkserver\n"
+        "env = dict(os.environ)\n"
+        "with forkserver.serving([Path(sys.executable)], env, Path(sys.argv[1]), preload=False):\n"
+        "    print(os.environ[forkserver.ENV], flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = server_env()
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == -9, result.stderr
+    folder = Path(result.stdout.strip()).parent
+    assert folder.name.startswith("sglang-backports-fs-")
+    deadline = time.monotonic() + 10
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not folder.exists(), f"{folder} was left behind: {list(folder.iterdir())}"
