@@ -97,8 +97,9 @@ def command(python: Path, module: str, args: Sequence[str], env: Mapping[str, st
     """The argv that runs `python -m module args` with env: through a server if one fits."""
     for server in _registered(env):
         if _matches(server, python, env) and os.path.exists(server["socket"]):
-            # -P: nothing of testrun/ shadows the standard library in the client.
-            return [str(python), "-P", __file__, "run", server["socket"], module, *args]
+            # -I: the client needs only the standard library, and nothing of
+            # testrun/ (next to this file) or of PYTHON* variables gets in its way.
+            return [str(python), "-I", __file__, "run", server["socket"], module, *args]
     return [str(python), "-m", module, *args]
 
 
