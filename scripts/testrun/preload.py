@@ -45,6 +45,10 @@ PRELOAD = (
     "msgspec",
     "orjson",
     "einops",
+    # Not sglang's: the test runner every forked child of a worker or a
+    # testrun.forkserver starts.
+    "pytest",
+    "_pytest.junitxml",
 )
 
 

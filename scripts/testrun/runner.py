@@ -2,10 +2,11 @@
 
 test/tools runs in a few processes of its own (its files split so that each
 piece takes about as long, by the times of the last run). test/steps runs once per step
-of every series under test; those runs go to testrun.worker, which imports
-the heavy third-party modules once and forks a child per tree, so a module
-imported for one tree never leaks into another and each tree pays only for
-its own sglang.
+of every series under test; those runs go to testrun.worker, which forks a
+child per tree, so a module imported for one tree never leaks into another and
+each tree pays only for its own sglang. Under forkservers() every one of these
+processes is itself forked from a server that has imported the heavy
+third-party modules once (testrun.forkserver).
 """
 
 from __future__ import annotations

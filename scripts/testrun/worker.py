@@ -4,7 +4,8 @@
 
 JOBS.json: {"parallel": N, "runs": [{"label", "args", "env", "tree", "log",
 "result"}, ...]}. This process imports torch, transformers and the rest of
-sglang's third-party closure once (testrun.preload), then forks a child per
+sglang's third-party closure once (testrun.preload; nothing is left to import
+when it runs as a child of a testrun.forkserver), then forks a child per
 run; the child sets the run's environment, puts its tree's python/ first on sys.path,
 sends its output to the run's log and calls pytest.main. Each run's exit code
 goes to its "result" file. A process holds only one sglang, and no sglang is
