@@ -174,7 +174,7 @@ def _reopen_stdio() -> None:
     sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace", True)
 
 
-def _run_request(conn: socket.socket) -> None:
+def _run_request(conn: socket.socket) -> int:
     """In a forked child: take over the client's stdio, cwd and environment, run, reply."""
     head, fds, _flags, _addr = socket.recv_fds(conn, _LENGTH.size, 3)
     head += _recv_exact(conn, _LENGTH.size - len(head))
@@ -214,7 +214,7 @@ def _run_request(conn: socket.socket) -> None:
             stream.flush()
     with contextlib.suppress(OSError):
         conn.sendall(_CODE.pack(code))
-    os._exit(code)
+    return code
 
 
 def serve(sock_path: str, preload_first: bool = True) -> int:
@@ -222,12 +222,12 @@ def serve(sock_path: str, preload_first: bool = True) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path)
     listener.listen(64)  # clients that come during the imports wait here
-    if preload_first:
-        from .preload import preload
-
-        print(f"forkserver: third-party imports took {preload():.1f}s", flush=True)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     try:
+        if preload_first:
+            from .preload import preload
+
+            print(f"forkserver: third-party imports took {preload():.1f}s", flush=True)
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
         while True:
             ready, _, _ = select.select([listener, sys.stdin.fileno()], [], [])
             if sys.stdin.fileno() in ready and not os.read(sys.stdin.fileno(), 4096):
@@ -235,8 +235,13 @@ def serve(sock_path: str, preload_first: bool = True) -> int:
             if listener in ready:
                 conn, _ = listener.accept()
                 if os.fork() == 0:
-                    listener.close()
-                    _run_request(conn)
+                    # The child never returns to this loop, whatever happens in it.
+                    code = 1
+                    try:
+                        listener.close()
+                        code = _run_request(conn)
+                    finally:
+                        os._exit(code)
                 conn.close()
     except KeyboardInterrupt:
         return 130
