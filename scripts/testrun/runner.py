@@ -36,9 +36,10 @@ STEP_TESTS = PROJECT_ROOT / "test" / "steps"
 TOOL_TESTS = PROJECT_ROOT / "test" / "tools"
 NO_TESTS = 5  # pytest's exit code when it collected nothing
 # test/tools files kept in one piece, so that what they share is made once: the
-# session's own build tree and its step trees; torch, imported in the process.
+# session's own build tree and its step trees, our wheel and what pip installs
+# from it; torch, imported in the process.
 TOGETHER = (
-    ("test_racecheck_command", "test_racecheck_writers", "test_run_tests"),
+    ("test_racecheck_command", "test_racecheck_writers", "test_run_tests", "test_check_install"),
     ("test_gpu_bench", "test_gpu_wheelhouse", "test_racecheck_selftest"),
 )
 
