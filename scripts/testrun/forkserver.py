@@ -126,6 +126,9 @@ def client(sock_path: str, module: str, args: list[str]) -> int:
             "args": args,
             "cwd": os.getcwd(),
             "umask": umask,
+            # A process started with SIGINT ignored (in the background of a
+            # shell without job control) keeps ignoring it; so does the child.
+            "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
             "env": dict(os.environ),
         }
     ).encode()
@@ -184,7 +187,10 @@ def _run_request(conn: socket.socket) -> int:
         os.close(fd)
     _reopen_stdio()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(
+        signal.SIGINT,
+        signal.SIG_IGN if request["sigint_ignored"] else signal.default_int_handler,
+    )
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.chdir(request["cwd"])
     os.umask(request["umask"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,13 +23,14 @@ from testrun import forkserver
 
 # Run as `python -m probe` from its folder: what a command sees of its process.
 PROBE = """\
-import json, os, sys
+import json, os, signal, sys
 print(json.dumps({
     "cwd": os.getcwd(),
     "argv": sys.argv[1:],
     "stdin": sys.stdin.read(),
     "marker": os.environ.get("SGLANG_BACKPORTS_PROBE_MARKER"),
     "umask": os.umask(0),
+    "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
     "server_module_loaded": "testrun" in sys.modules,
 }))
 print("to stderr", file=sys.stderr)
@@ -55,7 +57,9 @@ def served(tmp_path: Path) -> Iterator[dict[str, str]]:
             os.environ[forkserver.ENV] = saved
 
 
-def probe(tmp_path: Path, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess[str]:
+def probe(
+    tmp_path: Path, env: dict[str, str], ignore_sigint: bool = False, **extra: str
+) -> subprocess.CompletedProcess[str]:
     folder = tmp_path / "work"
     folder.mkdir(exist_ok=True)
     (folder / "probe.py").write_text(PROBE)
@@ -68,6 +72,9 @@ def probe(tmp_path: Path, env: dict[str, str], **extra: str) -> subprocess.Compl
         env=env | extra,
         cwd=folder,
         umask=0o027,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if ignore_sigint
+        else None,
     )
 
 
@@ -88,9 +95,22 @@ def test_a_command_runs_in_a_child_of_the_server_with_the_clients_streams(
     assert seen["stdin"] == "from stdin"
     assert seen["marker"] == "from the client"
     assert seen["umask"] == 0o027
+    assert seen["sigint_ignored"] is False
     # A child of the server, which has the server's imports; not of the client.
     assert seen["server_module_loaded"] is True
     assert "to stderr" in result.stderr
+
+
+def test_a_client_that_ignores_sigint_has_a_child_that_ignores_it(
+    served: dict[str, str], tmp_path: Path
+) -> None:
+    """As a command started in the background of a shell: Ctrl-C is not for it."""
+    result = probe(tmp_path, served, ignore_sigint=True)
+
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["server_module_loaded"] is True
+    assert seen["sigint_ignored"] is True
 
 
 def test_a_different_environment_runs_the_command_itself(
