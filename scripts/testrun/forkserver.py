@@ -284,6 +284,9 @@ def serving(
     previous = os.environ.get(ENV)
     try:
         logs.mkdir(parents=True, exist_ok=True)
+        if not registry:  # a run of its own: the logs of an earlier one go
+            for stale in logs.glob("forkserver-*.log"):
+                stale.unlink()
         for python in dict.fromkeys(pythons):
             if any(_matches(server, python, env) for server in registry):
                 continue
