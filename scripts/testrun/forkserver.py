@@ -45,7 +45,8 @@ from typing import Any, TextIO
 ENV = "SGLANG_BACKPORTS_FORKSERVER"
 # Variables that may differ between a server's environment and a command's
 # without changing what a fresh interpreter would import: pytest's own, ours
-# (the step, the tree, this file's name) and the shell's bookkeeping.
+# (the step, the tree, the build and cache folders, the registry: all read
+# when used, none when a module is imported) and the shell's bookkeeping.
 IGNORED_PREFIXES = ("PYTEST_", "SGLANG_BACKPORTS_")
 IGNORED = frozenset({"_", "PWD", "OLDPWD", "SHLVL"})
 SCRIPTS = Path(__file__).resolve().parent.parent
