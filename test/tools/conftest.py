@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -155,11 +156,24 @@ def installed_tree(tmp_path_factory: pytest.TempPathFactory, ours: Path) -> Path
     return tree
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
     """Run scripts/NAME with a private build folder and the shared wheel cache."""
 
-    def run(name: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+    def run(
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        interruptible: bool = False,
+    ):
+        """interruptible: SIGINT interrupts the command, as typed in an interactive
+        shell, even when this test run was started with SIGINT ignored (in the
+        background of a shell, which a started command would inherit)."""
         full_env = dict(os.environ)
         full_env["SGLANG_BACKPORTS_BUILD"] = str(tmp_path / "build")
         full_env["SGLANG_BACKPORTS_CACHE"] = str(wheel_cache)
@@ -170,6 +184,7 @@ def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
             text=True,
             env=full_env,
             cwd=cwd or tmp_path,
+            preexec_fn=_default_sigint if interruptible else None,
         )
 
     return run

@@ -61,7 +61,7 @@ def run_with_fault(
         "FAULT_AT": str(at),
         "FAULT_SIGNAL": signal,
     }
-    result = run_script("apply-patches", *args, env=(env or {}) | fault)
+    result = run_script("apply-patches", *args, env=(env or {}) | fault, interruptible=True)
     return result.returncode, result.stderr, int(count.read_text())
 
 
