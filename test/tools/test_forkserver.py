@@ -72,9 +72,10 @@ def probe(
         env=env | extra,
         cwd=folder,
         umask=0o027,
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        if ignore_sigint
-        else None,
+        # Either way on purpose: this test run may itself have SIGINT ignored.
+        preexec_fn=lambda: signal.signal(
+            signal.SIGINT, signal.SIG_IGN if ignore_sigint else signal.SIG_DFL
+        ),
     )
 
 
