@@ -94,18 +94,20 @@ class SuiteRun:
         return f"{status} ({summary or 'no tests'}) {took}"
 
 
-def tool_pieces(results: Path, count: int) -> list[SuiteRun]:
+def tool_pieces(results: Path, count: int, kept: Path | None = None) -> list[SuiteRun]:
     """test/tools as count runs of about equal length ("tools" alone when count is 1).
 
-    Each file weighs what its tests took in the last run (build/test-results/
-    tools*.xml), or its size in bytes before any run; the heaviest file goes
-    to the lightest piece, in turn. A file's tests stay together, so its
-    module fixtures are made once, and so do the files of each TOGETHER group.
+    Each file weighs what its tests took in this checkout's last run
+    (build/test-results/tools*.xml); in a checkout without one, what they took
+    in the last run on this machine (kept, a file that keep_tool_seconds
+    wrote); else its size in bytes. The heaviest file goes to the lightest
+    piece, in turn. A file's tests stay together, so its module fixtures are
+    made once, and so do the files of each TOGETHER group.
     """
     files = sorted(TOOL_TESTS.glob("test_*.py"))
     if count <= 1 or len(files) <= 1:
         return [SuiteRun("tools", TOOL_TESTS, results, {})]
-    last = file_seconds(results.glob("tools*.xml"))
+    last = file_seconds(results.glob("tools*.xml")) or _kept_seconds(kept)
     scale = max(last.values(), default=1.0) / max(f.stat().st_size for f in files)
     grouped = {stem for group in TOGETHER for stem in group}
     units = [[f] for f in files if f.stem not in grouped]
@@ -122,6 +124,32 @@ def tool_pieces(results: Path, count: int) -> list[SuiteRun]:
         for n, piece in enumerate(pieces, 1)
         if piece
     ]
+
+
+def keep_tool_seconds(results: Path, kept: Path) -> None:
+    """Keep the tools' per-file times of this run in kept (in the cache folder),
+    so that a fresh clone on this machine shares its first pieces out by them.
+    Only a hint: a folder that cannot be written is left as it is."""
+    seconds = file_seconds(results.glob("tools*.xml"))
+    if not seconds:
+        return
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        part = kept.with_name(f"{kept.name}.{os.getpid()}.part")
+        part.write_text(json.dumps(seconds, indent=1, sort_keys=True), encoding="utf-8")
+        part.replace(kept)
+    except OSError:
+        return
+
+
+def _kept_seconds(kept: Path | None) -> dict[str, float]:
+    try:
+        data = json.loads(kept.read_text(encoding="utf-8")) if kept else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
 
 
 def file_seconds(xml_files: Iterable[Path]) -> dict[str, float]:

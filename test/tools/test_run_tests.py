@@ -7,12 +7,14 @@ twice), so the worker imports torch once for the two.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
 from conftest import RunScript, linked_copy, replace_text
 from patchset.errors import Exit
+from testrun import runner
 
 DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
 WAIT_LINE = "self.schedule_stream.wait_stream(self.forward_stream)"
@@ -66,3 +68,46 @@ def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Pat
 
     assert result.returncode == Exit.SETUP
     assert "holds no python/sglang/__init__.py" in result.stderr
+
+
+def test_a_fresh_checkout_shares_the_tools_out_by_the_times_kept_on_this_machine(
+    tmp_path: Path,
+) -> None:
+    """No times of its own (a fresh clone): the times kept in the cache folder decide."""
+    files = sorted(runner.TOOL_TESTS.glob("test_*.py"))
+    grouped = {stem for group in runner.TOGETHER for stem in group}
+    heavy = next(f for f in files if f.stem not in grouped)
+    kept = tmp_path / "cache" / "tools-seconds.json"
+    kept.parent.mkdir()
+    kept.write_text(json.dumps({f.stem: 1000.0 if f == heavy else 1.0 for f in files}))
+    results = tmp_path / "results"
+    results.mkdir()
+
+    pieces = runner.tool_pieces(results, 2, kept)
+
+    # The heavy file weighs more than all the others: it is a piece on its own.
+    assert [heavy] in [piece.tests for piece in pieces]
+    assert sorted(f for piece in pieces for f in piece.tests) == files
+
+
+def test_this_checkouts_own_times_come_first_and_are_kept_for_the_next_clone(
+    tmp_path: Path,
+) -> None:
+    files = sorted(runner.TOOL_TESTS.glob("test_*.py"))
+    grouped = {stem for group in runner.TOGETHER for stem in group}
+    heavy = [f for f in files if f.stem not in grouped][-1]
+    results = tmp_path / "results"
+    results.mkdir()
+    cases = "".join(
+        f'<testcase classname="tools.{f.stem}" name="t" time="{900 if f == heavy else 2}"/>'
+        for f in files
+    )
+    (results / "tools-1.xml").write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+    kept = tmp_path / "cache" / "tools-seconds.json"
+    kept.parent.mkdir()
+    kept.write_text(json.dumps({f.stem: 1.0 for f in files}))
+
+    assert [heavy] in [piece.tests for piece in runner.tool_pieces(results, 2, kept)]
+    runner.keep_tool_seconds(results, kept)
+    assert json.loads(kept.read_text())[heavy.stem] == 900.0
+    assert list(kept.parent.iterdir()) == [kept]  # no partial file left
