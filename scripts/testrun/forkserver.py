@@ -280,7 +280,7 @@ def serving(
     preload False the servers import nothing first (for checks of this module).
     """
     folder = Path(tempfile.mkdtemp(prefix="sglang-backports-fs-"))
-    servers: list[subprocess.Popen[bytes]] = []
+    servers: list[tuple[subprocess.Popen[bytes], str]] = []  # each with its socket
     registry = _registered(os.environ)
     previous = os.environ.get(ENV)
     try:
@@ -294,16 +294,15 @@ def serving(
             n = len(servers) + 1
             sock_path = str(folder / f"{n}.sock")
             with (logs / f"forkserver-{n}.log").open("wb") as log:
-                servers.append(
-                    subprocess.Popen(
-                        [str(python), "-m", "testrun.forkserver", "serve", sock_path]
-                        + ([] if preload else ["--no-preload"]),
-                        env=dict(env),
-                        stdin=subprocess.PIPE,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
+                server = subprocess.Popen(
+                    [str(python), "-m", "testrun.forkserver", "serve", sock_path]
+                    + ([] if preload else ["--no-preload"]),
+                    env=dict(env),
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
                 )
+            servers.append((server, sock_path))
             registry.append(
                 {
                     "environment": _environment(python),
@@ -314,11 +313,13 @@ def serving(
             )
         # Each binds its socket before importing anything; a server that ended
         # instead is left out, and its commands run by themselves.
-        for server, entry in zip(servers, registry[len(registry) - len(servers) :], strict=True):
-            deadline = time.monotonic() + 60
-            while not os.path.exists(entry["socket"]) and server.poll() is None:
-                if time.monotonic() > deadline:
-                    break
+        deadline = time.monotonic() + 60
+        for server, sock_path in servers:
+            while (
+                not os.path.exists(sock_path)
+                and server.poll() is None
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)
         registry = [entry for entry in registry if os.path.exists(entry["socket"])]
         (folder / "servers.json").write_text(json.dumps(registry), encoding="utf-8")
@@ -329,11 +330,11 @@ def serving(
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = previous
-        for server in servers:
+        for server, _ in servers:
             assert server.stdin is not None
             with contextlib.suppress(OSError):
                 server.stdin.close()
-        for server in servers:
+        for server, _ in servers:
             try:
                 server.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -238,7 +238,8 @@ def run_forked(
 ) -> None:
     """Run the step runs: one testrun.worker per interpreter, all workers at once.
 
-    Each worker imports torch and the rest, then forks its runs; the workers
+    Each worker imports torch and the rest (or, forked from a fork server,
+    finds them imported), then forks its runs; the workers
     share `parallel` children at a time between them (at least one each), so
     one environment's imports overlap another's runs. Their output goes to
     build/test-results/worker-N.log and is printed, worker by worker, at the end.

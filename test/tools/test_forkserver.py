@@ -44,17 +44,14 @@ def server_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A server for this interpreter (importing nothing first); the environment it serves."""
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """A server for this interpreter (importing nothing first); the environment it serves.
+
+    Not one of run-tests' servers, even when run-tests runs this test."""
+    monkeypatch.delenv(forkserver.ENV, raising=False)
     env = server_env()
-    saved = os.environ.get(forkserver.ENV)
-    os.environ.pop(forkserver.ENV, None)
-    try:
-        with forkserver.serving([Path(sys.executable)], env, tmp_path / "logs", preload=False):
-            yield env | {forkserver.ENV: os.environ[forkserver.ENV]}
-    finally:
-        if saved is not None:
-            os.environ[forkserver.ENV] = saved
+    with forkserver.serving([Path(sys.executable)], env, tmp_path / "logs", preload=False):
+        yield env | {forkserver.ENV: os.environ[forkserver.ENV]}
 
 
 def probe(
@@ -157,34 +154,32 @@ def test_a_client_whose_server_is_gone_runs_the_command_itself(
     assert json.loads(result.stdout)["server_module_loaded"] is False
 
 
-def test_one_server_per_environment_and_nothing_left_after(tmp_path: Path) -> None:
+def test_one_server_per_environment_and_nothing_left_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(forkserver.ENV, raising=False)
     env = server_env()
-    saved = os.environ.pop(forkserver.ENV, None)
-    try:
-        with forkserver.serving(
-            [Path(sys.executable), Path(sys.executable)], env, tmp_path / "logs", preload=False
-        ):
-            registry = Path(os.environ[forkserver.ENV])
-            servers = json.loads(registry.read_text())
-            assert len(servers) == 1
-            # A nested block for the same interpreter and variables starts no other.
-            with forkserver.serving([Path(sys.executable)], env, tmp_path / "inner", False):
-                assert json.loads(Path(os.environ[forkserver.ENV]).read_text()) == servers
-                assert not (tmp_path / "inner" / "forkserver-1.log").exists()
-            assert os.environ[forkserver.ENV] == str(registry)
-            pids = subprocess.run(
-                ["pgrep", "-f", servers[0]["socket"]], capture_output=True, text=True
-            ).stdout.split()
-            assert len(pids) == 1
-        assert forkserver.ENV not in os.environ
-        assert not registry.parent.exists()
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{pids[0]}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not Path(f"/proc/{pids[0]}").exists(), "the server outlived its block"
-    finally:
-        if saved is not None:
-            os.environ[forkserver.ENV] = saved
+    with forkserver.serving(
+        [Path(sys.executable), Path(sys.executable)], env, tmp_path / "logs", preload=False
+    ):
+        registry = Path(os.environ[forkserver.ENV])
+        servers = json.loads(registry.read_text())
+        assert len(servers) == 1
+        # A nested block for the same interpreter and variables starts no other.
+        with forkserver.serving([Path(sys.executable)], env, tmp_path / "inner", False):
+            assert json.loads(Path(os.environ[forkserver.ENV]).read_text()) == servers
+            assert not (tmp_path / "inner" / "forkserver-1.log").exists()
+        assert os.environ[forkserver.ENV] == str(registry)
+        pids = subprocess.run(
+            ["pgrep", "-f", servers[0]["socket"]], capture_output=True, text=True
+        ).stdout.split()
+        assert len(pids) == 1
+    assert forkserver.ENV not in os.environ
+    assert not registry.parent.exists()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pids[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pids[0]}").exists(), "the server outlived its block"
 
 
 def test_a_killed_run_leaves_no_socket_folder(tmp_path: Path) -> None:

@@ -70,13 +70,19 @@ def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Pat
     assert "holds no python/sglang/__init__.py" in result.stderr
 
 
+def tool_files() -> tuple[list[Path], list[Path]]:
+    """test/tools' files, and those of them in no TOGETHER group (a piece may hold one alone)."""
+    files = sorted(runner.TOOL_TESTS.glob("test_*.py"))
+    grouped = {stem for group in runner.TOGETHER for stem in group}
+    return files, [f for f in files if f.stem not in grouped]
+
+
 def test_a_fresh_checkout_shares_the_tools_out_by_the_times_kept_on_this_machine(
     tmp_path: Path,
 ) -> None:
     """No times of its own (a fresh clone): the times kept in the cache folder decide."""
-    files = sorted(runner.TOOL_TESTS.glob("test_*.py"))
-    grouped = {stem for group in runner.TOGETHER for stem in group}
-    heavy = next(f for f in files if f.stem not in grouped)
+    files, alone = tool_files()
+    heavy = alone[0]
     kept = tmp_path / "cache" / "tools-seconds.json"
     kept.parent.mkdir()
     kept.write_text(json.dumps({f.stem: 1000.0 if f == heavy else 1.0 for f in files}))
@@ -93,9 +99,8 @@ def test_a_fresh_checkout_shares_the_tools_out_by_the_times_kept_on_this_machine
 def test_this_checkouts_own_times_come_first_and_are_kept_for_the_next_clone(
     tmp_path: Path,
 ) -> None:
-    files = sorted(runner.TOOL_TESTS.glob("test_*.py"))
-    grouped = {stem for group in runner.TOGETHER for stem in group}
-    heavy = [f for f in files if f.stem not in grouped][-1]
+    files, alone = tool_files()
+    heavy = alone[-1]
     results = tmp_path / "results"
     results.mkdir()
     cases = "".join(
