@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -15,8 +16,8 @@ from pathlib import Path
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, pristine_tag, read_blob
 from .errors import BackportError, Exit
-from .git import PROJECT_IDENTITY, Git, open_checkout
-from .lock import DEFAULT_WAIT_S, deferred_signals, held
+from .git import PROJECT_IDENTITY, Git, GitError, open_checkout
+from .lock import DEFAULT_WAIT_S, deferred_signals, held, hold_interrupts, release_interrupts
 from .manifest import (
     BASE_STEP,
     PinManifest,
@@ -26,6 +27,7 @@ from .manifest import (
     release_key,
     step_of,
 )
+from .patchfile import file_events, touched_paths
 from .paths import DEFAULT_BASE
 
 # The lock of a user's repository: a file in its git folder while a run holds it.
@@ -220,12 +222,11 @@ def _patches_after(series: Series, step: str) -> list[Path]:
 # it was made for. The next run on that repository removes them (leftovers).
 TEMP_PREFIX = "sglang-backports-apply-"
 MARKER = "made-by-sglang-backports"
-# Our worktree's folder name. git names the worktree's record in
-# .git/worktrees/ after it (adding a number when taken), so a record a killed
-# `git worktree add` left half-written is still known as ours by its name.
-WORKTREE_NAME = "sglang-backports-worktree"
-# The name this command's worktrees had before; their records are still ours.
-OLD_WORKTREE_NAMES = ("tree",)
+# Earlier versions applied in a temporary worktree of the user's repository,
+# named so; a record of one that a killed run left is still removed.
+OLD_WORKTREE_NAMES = ("sglang-backports-worktree", "tree")
+# What _old_worktree_folder says of a record that points nowhere yet.
+HALF_WRITTEN = Path()
 
 
 def _temp_folder(parent: Path | None, owner: Path) -> Path:
@@ -251,143 +252,198 @@ def _remove_folder(folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _am_series(work: Git, series: Series, patches: list[Path]) -> list[str]:
-    """git am each patch onto work's HEAD, checking the files after each one."""
+def foreign_paths(series: Series) -> BackportError | None:
+    """A refusal if any patch touches a path outside the manifest's files, else None.
+
+    The paths are git's own reading of each patch (`git apply --numstat`), so
+    a plain ---/+++ diff counts as much as one with a git header; a patch
+    that creates, deletes, renames or re-modes a file is refused too.
+    """
+    allowed = set(series.manifest.files)
+    for patch in series.patch_paths:
+        touched, problem = touched_paths(patch)
+        if problem:
+            return BackportError(
+                Exit.PATCHSET_INVALID,
+                f"git cannot read patch {patch.name}: {problem}",
+                "restore the patch set with `git checkout -- patches/`",
+            )
+        others = sorted(set(touched) - allowed)
+        if others:
+            return BackportError(
+                Exit.PATCHSET_INVALID,
+                f"patch {patch.name} touches {', '.join(others)}, outside the files this "
+                f"series may change ({', '.join(sorted(allowed))}); nothing was changed",
+                "restore the patch set with `git checkout -- patches/`; a fix that needs "
+                "another file must add it to the manifest's [blobs] and pass lint-patches",
+            )
+        events = file_events(patch)
+        if events:
+            return BackportError(
+                Exit.PATCHSET_INVALID,
+                f"patch {patch.name} does more than change lines of the series' files "
+                f"({'; '.join(events)}); nothing was changed",
+                "restore the patch set with `git checkout -- patches/`",
+            )
+    return None
+
+
+def verify(series: Series) -> None:
+    """Refuse a damaged series before anything is written: hashes, then touched paths."""
+    series.verify()
+    refusal = foreign_paths(series)
+    if refusal:
+        raise refusal
+
+
+def _message_of(git: Git, patch: Path) -> tuple[str, dict[str, str]]:
+    """The commit message and author of a patch, read as `git am` reads them."""
+    with tempfile.TemporaryDirectory(prefix="sglang-backports-mailinfo-") as tmp:
+        msg, rest = Path(tmp) / "msg", Path(tmp) / "patch"
+        info = git.run(
+            "mailinfo", "--no-scissors", str(msg), str(rest),
+            input=patch.read_text(encoding="utf-8"),
+        ).stdout  # fmt: skip
+        body = msg.read_text(encoding="utf-8")
+    fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
+    message = git.run("stripspace", input=f"{fields.get('Subject', '')}\n\n{body}").stdout
+    author = {
+        "GIT_AUTHOR_NAME": fields.get("Author", ""),
+        "GIT_AUTHOR_EMAIL": fields.get("Email", ""),
+        "GIT_AUTHOR_DATE": fields.get("Date", ""),
+    }
+    return message, {k: v for k, v in author.items() if v}
+
+
+def _commit_series(
+    git: Git, series: Series, base: str, patches: list[Path], scratch: Path
+) -> tuple[list[str], str]:
+    """Commit each patch onto base with git's plumbing; (patches applied, last commit).
+
+    The patches are applied to a temporary index in scratch (`git apply
+    --cached`, no fuzz, no 3-way), never to a work tree, and each step's tree
+    is checked against the manifest. The repository gains only objects, which
+    nothing refers to until the caller moves a branch onto the result.
+    """
+    index = Git(
+        git.cwd,
+        owned=git.owned,
+        extra_env=git.extra_env
+        | {
+            "GIT_INDEX_FILE": str(scratch / "index"),
+            # A sparse index would need expanding for every patched path.
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "index.sparse",
+            "GIT_CONFIG_VALUE_0": "false",
+        },
+    )
+    index.run("read-tree", base)
     applied: list[str] = []
+    tip = base
     for patch in patches:
-        result = work.run("am", "--quiet", "--no-3way", str(patch), check=False)
-        if result.returncode != 0:
-            work.run("am", "--abort", check=False)
-            detail = (result.stdout + result.stderr).strip()
+        check = index.run("apply", "--cached", "--check", str(patch), check=False)
+        if check.returncode != 0:
             raise BackportError(
                 Exit.APPLY_FAILED,
-                f"patch {patch.name} did not apply:\n{detail}",
-                "everything this run changed was rolled back; the base or the "
-                "patch differs from what the manifest pins, so refresh the "
-                "patch on the pristine base and run scripts/export-patches",
+                f"patch {patch.name} did not apply:\n{(check.stdout + check.stderr).strip()}",
+                "this run changed nothing of yours (its work was rolled back); the base "
+                "or the patch differs from what the manifest pins, so refresh the patch "
+                "on the pristine base and run scripts/export-patches",
             )
-        applied.append(patch.name)
+        # From here a failure is git's (objects not writable, disk full): its own reason.
+        index.run("apply", "--cached", str(patch))
+        tree = index.out("write-tree")
         expected = series.manifest.blobs_at(step_of(patch.name))
-        produced = _blobs_at(work, "HEAD", series.manifest)
+        produced = _blobs_at(git, tree, series.manifest)
         if produced != expected:
             wrong = [p for p in expected if produced[p] != expected[p]]
             raise BackportError(
                 Exit.APPLY_FAILED,
                 f"patch {patch.name} applied, but produced other content than "
                 f"the manifest pins for: {', '.join(wrong)}",
-                "everything this run changed was rolled back; regenerate the "
-                "manifest with scripts/export-patches",
+                "this run changed nothing of yours (its work was rolled back); "
+                "regenerate the manifest with scripts/export-patches",
             )
-    return applied
+        message, author = _message_of(git, patch)
+        committer = Git(git.cwd, owned=git.owned, extra_env=git.extra_env | author)
+        tip = committer.run("commit-tree", tree, "-p", tip, input=message).stdout.strip()
+        applied.append(patch.name)
+    return applied, tip
 
 
-def _apply_on_new_branch(
-    git: Git, series: Series, branch: str, patches: list[Path], temp_parent: Path | None
-) -> list[str]:
-    """git am the patches in a temporary detached worktree, then create the branch.
+def _create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
+    """Point the new branch at commit, in one ref update; from then on the run has succeeded.
 
-    The caller's work tree, index and current branch are never touched. The
-    branch is created last, in one step, only when every patch applied; until
-    then the repository gains nothing but the worktree, which is removed again
-    whatever happens (and by the next run if this one is killed).
+    The update names the zero id as the old value, so it fails if the branch
+    appeared meanwhile. Signals stay held from just before it to the end of
+    the process: once the branch exists, a late Ctrl-C cannot make the run
+    say it removed what it made.
     """
-    owner = git.common_dir
-    tmp = _temp_folder(temp_parent, owner)
-    tree = tmp / WORKTREE_NAME
-    try:
-        git.run("worktree", "add", "--quiet", "--detach", str(tree), "HEAD")
-        work = Git(tree, owned=git.owned, extra_env=git.extra_env)
-        applied = _am_series(work, series, patches)
-        # An empty old value: refuse to overwrite a branch made meanwhile.
-        git.run("update-ref", f"refs/heads/{branch}", work.out("rev-parse", "HEAD"), "")
-        return applied
-    finally:
-        with deferred_signals():
-            git.run("worktree", "remove", "--force", "--force", str(tree), check=False)
-            shutil.rmtree(tmp, ignore_errors=True)
+    hold_interrupts()
+    result = git.run("update-ref", f"refs/heads/{branch}", commit, "0" * len(commit), check=False)
+    if result.returncode == 0:
+        return
+    release_interrupts()
+    if git.branch_exists(branch):
+        raise BackportError(
+            Exit.BRANCH_EXISTS,
+            f"branch {branch} was created in {where} by someone else while this run worked",
+            "nothing of yours was changed; look at that branch, then delete it or pass "
+            "--branch with another name",
+        )
+    raise GitError(["update-ref", f"refs/heads/{branch}"], result)
 
 
 def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
-    """Remove what a killed run of this command left in git's repository.
+    """Remove what a killed run of this command left for git's repository.
 
-    Only worktrees inside our marked temporary folders are touched, each by its
-    path; a worktree whose folder is gone loses just its record, and only when
-    that record points into a folder named as ours. Nothing is pruned.
+    That is our marked temporary folders (a temporary index and scratch files)
+    and, from earlier versions that applied in a worktree, that worktree's
+    record in the repository's git folder: removed as a file, whether it is
+    whole or a killed `git worktree add` left it half-written, and only when
+    its name and where it points say it is ours. No `git worktree` command
+    runs, and nothing of the user's is pruned.
     """
     owner = git.common_dir
     parent = temp_parent or Path(tempfile.gettempdir())
-    # Before the listing, which fails on them.
-    records = _half_written_records(owner)
-    for record in records:
-        _remove_folder(record)
     removed: list[Path] = []
-    listing = git.run("worktree", "list", "--porcelain", "-z").stdout
-    for entry in listing.split("\0\0"):
-        line = entry.split("\0", 1)[0]
-        if not line.startswith("worktree "):
-            continue
-        tree = Path(line[len("worktree ") :])
-        folder = tree.parent
-        if tree.name not in (WORKTREE_NAME, *OLD_WORKTREE_NAMES):
-            continue
-        if not folder.name.startswith(TEMP_PREFIX):
-            continue
-        if folder.exists():
-            if not _is_ours(folder, owner):
-                continue
-            git.run("worktree", "remove", "--force", "--force", str(tree), check=False)
-        else:
-            _forget_worktree(owner, tree)
-        removed.append(folder)
-    for folder in parent.glob(TEMP_PREFIX + "*"):
-        if _is_ours(folder, owner):
-            removed.append(folder)
-    for folder in removed:
-        _remove_folder(folder)
-    return records + removed
+    records = owner / "worktrees"
+    for record in sorted(records.iterdir()) if records.is_dir() else []:
+        folder = _old_worktree_folder(record, owner)
+        if folder is not None:
+            removed.append(record)
+            if folder is not HALF_WRITTEN and folder.exists():
+                removed.append(folder)
+    removed += [folder for folder in parent.glob(TEMP_PREFIX + "*") if _is_ours(folder, owner)]
+    for path in removed:
+        _remove_folder(path)
+    return removed
 
 
-def _is_ours_by_name(record: str) -> bool:
-    """A worktree record git named after our worktree: the name, maybe a number after it."""
-    rest = record.removeprefix(WORKTREE_NAME)
-    return record.startswith(WORKTREE_NAME) and (rest == "" or rest.isdigit())
+def _old_worktree_folder(record: Path, owner: Path) -> Path | None:
+    """The marked temporary folder of our old worktree that record belongs to, or None.
 
-
-def _half_written_records(common: Path) -> list[Path]:
-    """Our worktree records that a killed `git worktree add` left without its files.
-
-    git writes a record's files one by one; killed in between, it leaves one
-    whose `commondir` (or `gitdir`) is missing or still empty, on which `git
-    worktree list` itself fails. Such a record named after our worktree is
-    removed (git's own `worktree prune` would do it, but it would also touch
-    the user's records).
+    A record is ours when git named it after our worktree (the name, maybe a
+    number after it) and it points into a folder named as our temporary
+    folders are (gone, or marked for this repository). A record a killed
+    `git worktree add` left without a target is ours by its full name alone.
     """
-    records = common / "worktrees"
-    return [
-        record
-        for record in (records.iterdir() if records.is_dir() else [])
-        if _is_ours_by_name(record.name)
-        and not (_holds_text(record / "commondir") and _holds_text(record / "gitdir"))
-    ]
-
-
-def _holds_text(path: Path) -> bool:
+    name = next((n for n in OLD_WORKTREE_NAMES if record.name.startswith(n)), None)
+    if name is None or not (record.name[len(name) :] or "0").isdigit():
+        return None
     try:
-        return bool(path.read_text(encoding="utf-8").strip())
+        gitdir = (record / "gitdir").read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
-        return False
-
-
-def _forget_worktree(common: Path, tree: Path) -> None:
-    """Drop the record of our worktree whose folder is already gone."""
-    records = common / "worktrees"
-    for record in records.iterdir() if records.is_dir() else []:
-        try:
-            gitdir = (record / "gitdir").read_text(encoding="utf-8").strip()
-        except OSError:
-            continue
-        if Path(gitdir) == tree / ".git":
-            _remove_folder(record)
+        gitdir = ""
+    if not gitdir:
+        return HALF_WRITTEN if name == OLD_WORKTREE_NAMES[0] else None
+    tree = Path(gitdir).parent
+    folder = tree.parent
+    if tree.name != name or not folder.name.startswith(TEMP_PREFIX):
+        return None
+    if folder.exists() and not _is_ours(folder, owner):
+        return None
+    return folder
 
 
 def apply_to_checkout(
@@ -408,7 +464,8 @@ def apply_to_checkout(
             )
         else:
             next_step = (
-                f"delete it (`git -C {where} branch -D {branch}`) or pass --branch "
+                f"delete it (`{shlex.join(['git', '-C', str(where), 'branch', '-D', branch])}`) "
+                "or pass --branch "
                 "with another name"
             )
         raise BackportError(
@@ -416,7 +473,8 @@ def apply_to_checkout(
             f"branch {branch} already exists in {where} and does not hold the patched files",
             next_step,
         )
-    state = locate_step(manifest, _blobs_at(git, "HEAD", manifest), _head_reader(git), str(where))
+    head = git.out("rev-parse", "--verify", "HEAD^{commit}")
+    state = locate_step(manifest, _blobs_at(git, head, manifest), _head_reader(git), str(where))
     patches = _patches_after(series, state)
     report.already = [p for p in series.patch_names if p not in {x.name for x in patches}]
     if not patches:
@@ -426,14 +484,19 @@ def apply_to_checkout(
         git.extra_env.update(
             {k: v for k, v in PROJECT_IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
         )
-    report.applied = _apply_on_new_branch(git, series, branch, patches, temp_parent)
+    scratch = _temp_folder(temp_parent, git.common_dir)
+    try:
+        report.applied, tip = _commit_series(git, series, head, patches, scratch)
+        _create_branch(git, branch, tip, where)
+    finally:
+        _remove_folder(scratch)
     return report
 
 
 def apply_to_user_checkout(
     series: Series, path: Path, branch: str | None, wait_s: float = DEFAULT_WAIT_S
 ) -> ApplyReport:
-    series.verify()
+    verify(series)
     git = open_checkout(path)
     with held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
         remove_leftovers(git, None)
@@ -465,11 +528,19 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         _lay_out_wheel(series, aside, cache)
         git = Git(aside, owned=True)
         branch = default_branch(series.manifest)
-        git.run("switch", "--quiet", "--create", branch)
         report = ApplyReport(where=repo, branch=branch)
-        report.applied = _am_series(git, series, series.patch_paths)
-        # One rename on one file system: a reader sees no tree or the whole one.
-        os.rename(aside, repo)
+        base = git.out("rev-parse", "HEAD")
+        report.applied, tip = _commit_series(git, series, base, series.patch_paths, tmp)
+        git.run("update-ref", f"refs/heads/{branch}", tip, "0" * len(tip))
+        git.run("checkout", "--quiet", branch)
+        # One rename on one file system: a reader sees no tree or the whole one,
+        # and once it is there the run has succeeded, whatever signal comes late.
+        hold_interrupts()
+        try:
+            os.rename(aside, repo)
+        except BaseException:
+            release_interrupts()
+            raise
         return report
     finally:
         _remove_folder(tmp)
@@ -479,7 +550,7 @@ def apply_to_build_tree(
     series: Series, build: Path, cache: Path, wait_s: float = DEFAULT_WAIT_S
 ) -> ApplyReport:
     """The default: a git tree from the pinned wheel in the build folder, patched."""
-    series.verify()
+    verify(series)
     repo = build_tree_path(series, build)
     if not repo.exists():
         # Fetched before anything is made: a wheel that cannot be had leaves no trace.
@@ -565,6 +636,9 @@ def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, di
     Each step's files are checked against the manifest's blob ids, so what a
     caller gets is exactly what the manifest pins.
     """
+    refusal = foreign_paths(series)
+    if refusal:
+        raise refusal
     manifest = series.manifest
     where = manifest.base.wheel
     steps = manifest.steps

@@ -81,9 +81,10 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
     return names
 
 
-def _exported_files(folder: Path) -> dict[str, str]:
+def _exported_files(folder: Path) -> dict[str, bytes]:
+    # Bytes, not text: text mode would read a CRLF file as current.
     return {
-        p.name: p.read_text(encoding="utf-8")
+        p.name: p.read_bytes()
         for p in sorted(folder.iterdir())
         if p.is_file() and (p.suffix == ".patch" or p.name in (SERIES_NAME, MANIFEST_NAME))
     }
@@ -96,12 +97,19 @@ def stale_diff(series: Series, build: Path) -> str:
         export_to(series, repo, Path(tmp))
         fresh = _exported_files(Path(tmp))
     committed = _exported_files(series.folder)
-    chunks: list[str] = []
+    chunks: list[bytes] = []
     for name in sorted(set(fresh) | set(committed)):
-        old = committed.get(name, "").splitlines(keepends=True)
-        new = fresh.get(name, "").splitlines(keepends=True)
-        chunks += difflib.unified_diff(old, new, f"committed/{name}", f"exported/{name}")
-    return "".join(chunks)
+        old = committed.get(name, b"").splitlines(keepends=True)
+        new = fresh.get(name, b"").splitlines(keepends=True)
+        chunks += difflib.diff_bytes(
+            difflib.unified_diff,
+            old,
+            new,
+            f"committed/{name}".encode(),
+            f"exported/{name}".encode(),
+        )
+    # Shown as text, with each carriage return made visible.
+    return b"".join(chunks).decode("utf-8", "replace").replace("\r", "\\r")
 
 
 def export_in_place(series: Series, build: Path) -> list[str]:

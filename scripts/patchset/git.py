@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -65,7 +66,9 @@ class Git:
         env.update(self.extra_env)
         return env
 
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
         try:
             # A git cut off half-way can leave a lock file in the repository:
@@ -77,6 +80,8 @@ class Git:
                     env=self.env(),
                     capture_output=True,
                     text=True,
+                    input=input,
+                    stdin=None if input is not None else subprocess.DEVNULL,
                     pass_fds=held_fds(),
                 )
         except FileNotFoundError as err:
@@ -158,6 +163,13 @@ def open_checkout(path: Path) -> Git:
         )
     git = Git(path)
     result = git.run("rev-parse", "--show-toplevel", check=False)
+    if result.returncode != 0 and "dubious ownership" in result.stderr:
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"git refuses to work in {path}, which another user owns:\n" + result.stderr.strip(),
+            "run the command as the repository's owner, or, if you trust it, allow it "
+            f"with `git config --global --add safe.directory {shlex.quote(str(path))}`",
+        )
     if result.returncode != 0:
         raise BackportError(
             Exit.NOT_A_CHECKOUT,
@@ -171,7 +183,7 @@ def open_checkout(path: Path) -> Git:
         raise BackportError(
             Exit.NOT_A_CHECKOUT,
             f"{path} is inside the git checkout {top}, not its top folder",
-            f"pass --sglang {top}",
+            f"pass --sglang {shlex.quote(str(top))}",
         )
     if git.rev("HEAD") is None:
         raise BackportError(

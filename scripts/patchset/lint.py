@@ -51,6 +51,7 @@ RULES = {
     "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values",
     "whitespace": "no trailing whitespace on added lines",
     "final-newline": "every file of the patch set, and every patched file, ends with a newline",
+    "line-endings": "every file of the patch set has LF line endings, byte for byte (no CR)",
     "build-wheel": "[build-wheel] local is a PEP 440 local label; series-sha256 is the series'",
     "nothing-checked": "the run checked at least one patch with a diff",
 }
@@ -361,10 +362,19 @@ def _check_final_newline(report: LintReport, path: Path) -> None:
     if not path.is_file():
         return
     report.checked["final-newline"] += 1
+    report.checked["line-endings"] += 1
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         report.add(
             path, data.count(b"\n") + 1, "final-newline", "no newline at the end of the file"
+        )
+    if b"\r" in data:
+        report.add(
+            path,
+            data[: data.index(b"\r")].count(b"\n") + 1,
+            "line-endings",
+            "a carriage return (CRLF line endings?): this file must be byte-exact LF; "
+            "a clone with core.autocrlf=true rewrites it unless .gitattributes says -text",
         )
 
 

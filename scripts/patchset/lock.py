@@ -48,6 +48,19 @@ def deferred_signals() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def hold_interrupts() -> None:
+    """Hold SIGINT, SIGTERM and SIGHUP from now on: for a run that has reached its end.
+
+    A signal that comes later stays pending and is never delivered, so the
+    process ends as what it did says (release_interrupts undoes this).
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+
+
+def release_interrupts() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
+
+
 def _holder(path: Path) -> str:
     try:
         text = path.read_text(encoding="utf-8", errors="replace").strip()

@@ -232,26 +232,32 @@ def parse_patch(path: Path) -> Patch:
     )
 
 
-def touched_paths(path: Path) -> tuple[list[str], str]:
-    """The files a patch changes as git itself reads it, or ([], why git could not).
-
-    Our parser above follows `diff --git` sections; git also applies a plain
-    ---/+++ diff, so the set of touched files is taken from `git apply
-    --numstat`, run in an empty folder (it only reads the patch).
-    """
+def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
+    """What `git apply FLAGS` says of a patch, run in an empty folder; (output, error)."""
     with tempfile.TemporaryDirectory(prefix="sglang-backports-numstat-") as scratch:
         # A missing final newline has a lint rule of its own; git would call it corrupt.
         copy = Path(scratch) / "patch"
         data = path.read_bytes()
         copy.write_bytes(data if data.endswith(b"\n") else data + b"\n")
-        result = Git(Path(scratch), owned=True).run(
-            "apply", "--numstat", "-z", str(copy), check=False
-        )
+        result = Git(Path(scratch), owned=True).run("apply", *flags, str(copy), check=False)
     if result.returncode != 0:
-        return [], result.stderr.strip()
+        return "", result.stderr.strip() or f"git apply exit {result.returncode}"
+    return result.stdout, ""
+
+
+def touched_paths(path: Path) -> tuple[list[str], str]:
+    """The files a patch changes as git itself reads it, or ([], why git could not).
+
+    Our parser above follows `diff --git` sections; git also applies a plain
+    ---/+++ diff, so the set of touched files is taken from `git apply
+    --numstat` (it only reads the patch).
+    """
+    out, problem = _git_reading(path, "--numstat", "-z")
+    if problem:
+        return [], problem
     # Records are "added<TAB>deleted<TAB>path" or, for a rename, the same with an
     # empty path followed by the old and the new path as fields of their own.
-    fields = iter(result.stdout.split("\0"))
+    fields = iter(out.split("\0"))
     paths: list[str] = []
     for record in fields:
         if not record:
@@ -259,6 +265,12 @@ def touched_paths(path: Path) -> tuple[list[str], str]:
         name = record.split("\t", 2)[2]
         paths += [name] if name else [next(fields, ""), next(fields, "")]
     return [p for p in paths if p], ""
+
+
+def file_events(path: Path) -> list[str]:
+    """git's summary of what a patch does besides changing lines: create, delete, mode, rename."""
+    out, problem = _git_reading(path, "--summary")
+    return [line.strip() for line in out.splitlines() if line.strip()] if not problem else []
 
 
 def line_naming(patch: Patch, file: str) -> int | None:

@@ -2,9 +2,11 @@
 
 A `git` first on PATH counts the calls and, at the N-th, sends a signal to the
 command (its parent) before running the real git. For every N until a run ends
-on its own: SIGINT must roll back to the state before; after SIGKILL the next
-run must remove what was left and end in the patched tree; and the user's
-repository must hold nothing of ours at the end.
+on its own: SIGINT before the branch exists must roll back to the state
+before and say so (exit 130), SIGINT once it exists must end the run as
+applied (exit 0); after SIGKILL the next run must remove what was left and end
+in the patched tree; and the user's repository must hold nothing of ours at
+the end. No git call of a run may be `git worktree` in the user's repository.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ from pathlib import Path
 
 import pytest
 from conftest import RunScript, SlimSet, blobs, git, repo_state
-from patchset.apply import LOCK_NAME, MARKER, TEMP_PREFIX, WORKTREE_NAME
+from patchset.apply import LOCK_NAME, MARKER, OLD_WORKTREE_NAMES, TEMP_PREFIX
 from patchset.errors import Exit
 from patchset.manifest import Series
 
 BRANCH = "sglang-backports/0.5.15.post1"
 
+WORKTREE_NAME = OLD_WORKTREE_NAMES[0]
 WRAPPER = """#!/bin/sh
 n=$(( $(cat "$FAULT_COUNT" 2>/dev/null || echo 0) + 1 ))
 echo "$n" > "$FAULT_COUNT"
+echo "$PWD $*" >> "$FAULT_COUNT.log"
 if [ "$n" = "$FAULT_AT" ]; then kill -"$FAULT_SIGNAL" "$PPID"; fi
 exec {git} "$@"
 """
@@ -62,6 +66,8 @@ def run_with_fault(
         "FAULT_SIGNAL": signal,
     }
     result = run_script("apply-patches", *args, env=(env or {}) | fault, interruptible=True)
+    calls = (faulty_git / "count.log").read_text().splitlines()
+    assert not [call for call in calls if " worktree " in f" {call} "], calls
     return result.returncode, result.stderr, int(count.read_text())
 
 
@@ -100,11 +106,15 @@ def test_user_checkout_survives_a_signal_at_each_git_call(
         # Only the refs: a record a kill left half-written makes `git worktree
         # list` fail until the next run removes it.
         made_branch = BRANCH in git(checkout, "for-each-ref", "--format=%(refname)")
-        if signal == "INT":
+        if signal == "INT" and made_branch:
+            # The branch is the run's one change: once made, the run has succeeded.
+            assert code == Exit.OK, (at, stderr)
+            assert "interrupted" not in stderr, at
+            assert_nothing_of_ours(checkout)
+        elif signal == "INT":
             assert code == Exit.INTERRUPTED, (at, stderr)
             assert "interrupted" in stderr
-            if not made_branch:  # interrupted before the branch was made: all rolled back
-                assert repo_state(checkout) == before, at
+            assert repo_state(checkout) == before, at
             assert_nothing_of_ours(checkout)
         if made_branch:
             assert blobs(checkout, BRANCH, series) == final, at
@@ -150,7 +160,7 @@ def test_build_tree_survives_a_signal_at_each_git_call(
         if signal == "INT":
             assert code == Exit.INTERRUPTED, (at, stderr)
             assert left == [], at
-            assert sorted(p.name for p in build.iterdir()) == [], at
+            assert not build.exists() or sorted(p.name for p in build.iterdir()) == [], at
         at += 1
     assert at > 5
     assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
