@@ -289,6 +289,17 @@ def series_for_release(root: Path, version: str) -> Series:
             served[release] = series.for_release(release)
     if version in served:
         return served[version]
+    fixed = min((s.manifest.upstream_fixed.version for s in served.values()), key=release_key)
+    if re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version) and release_key(version) >= release_key(
+        fixed
+    ):
+        raise BackportError(
+            Exit.ALREADY_UPSTREAM,
+            f"sglang {version} already contains both fixes (they are upstream from "
+            f"sglang {fixed} on): no patch is needed",
+            "run that release as it is; this project serves the releases before it "
+            f"({', '.join(sorted(served, key=release_key))})",
+        )
     known = sorted(served, key=release_key)
     nearest = min(known, key=lambda r: _distance(r, version)) if known else "none"
     raise BackportError(
