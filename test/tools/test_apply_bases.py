@@ -99,9 +99,9 @@ def test_an_unknown_tree_is_refused_naming_the_nearest_release(
 
 
 def test_an_unknown_base_version_is_refused_naming_the_nearest(run_script: RunScript) -> None:
-    result = run_script("apply-patches", "--base", "0.5.99")
+    result = run_script("apply-patches", "--base", "0.5.12")
     assert result.returncode == Exit.BASE_MISMATCH
-    assert "nearest release served is 0.5.18" in result.stderr
+    assert "nearest release served is 0.5.13" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -288,7 +288,7 @@ def test_the_printed_switch_command_can_be_pasted(
     assert git(spaced, "symbolic-ref", "--short", "HEAD") == BRANCH
 
 
-@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"])
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.23", "0.5.99"])
 def test_a_base_that_has_the_fixes_is_refused_as_already_upstream(
     run_script: RunScript, release: str
 ):
