@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .errors import BackportError, Exit, exit_help
 from .git import GitError
+from .lock import hold_interrupts
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
 
 
@@ -116,5 +117,8 @@ def run(main: Callable[[], int]) -> None:
             file=sys.stderr,
         )
         code = Exit.INTERNAL
+    # The outcome is settled: a signal from now on would only kill the interpreter
+    # while it shuts down, turning a finished run into a silent death by SIGINT.
+    hold_interrupts()
     sys.stdout.flush()
     sys.exit(int(code))

@@ -17,7 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, RunScript, fetch_or_skip
+from conftest import RunScript, fetch_or_skip
 from patchreview import review as review_module
 from patchreview.notes import FUNCTION_NOTES, FunctionNotes, Note
 from patchreview.render import render_html, render_text
@@ -382,13 +382,8 @@ def test_damaged_patch_set_is_refused(
 
 
 def _review_command():
-    """scripts/review as a module, so a test can run its main() with other notes."""
-    loader = importlib.machinery.SourceFileLoader("review_command", str(SCRIPTS / "review"))
-    spec = importlib.util.spec_from_loader("review_command", loader)
-    assert spec
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """scripts/review's command module, so a test can run its main() with other notes."""
+    return importlib.import_module("commands.review")
 
 
 def test_new_difference_on_one_base_fails_all_strict(

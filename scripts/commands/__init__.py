@@ -1,0 +1,1 @@
+"""The commands of scripts/, one module each; scripts/<name> starts them (launch.py)."""

@@ -1,0 +1,47 @@
+"""Lint the patch series: series, patches and pin manifest must agree."""
+
+from __future__ import annotations
+
+import sys
+
+from patchset import cli
+from patchset.errors import Exit
+from patchset.lint import RULES, lint_patch_set
+
+DESCRIPTION = (
+    "Check a patch set folder against these rules:\n"
+    + "\n".join(f"  {rule:16} {what}" for rule, what in RULES.items())
+    + """
+
+Prints one line per problem (FILE:LINE: [rule] message) and a summary.
+Exit 0 when every rule passed, 6 when any problem was found (a run that
+checked nothing is a problem too). Needs no network and no build tree.
+"""
+)
+
+CODES = [Exit.PATCHSET_INVALID]
+WORDING = {
+    Exit.OK: "the patch set is clean",
+    Exit.PATCHSET_INVALID: "a rule found a problem, or the lint checked nothing",
+}
+
+
+def main() -> int:
+    p = cli.parser("lint-patches", DESCRIPTION, CODES, WORDING)
+    cli.add_patch_set(p)
+    args = p.parse_args()
+    report = lint_patch_set(args.patch_set)
+    for violation in report.violations:
+        print(violation.render())
+    checked = ", ".join(f"{rule} {n}" for rule, n in sorted(report.checked.items()))
+    summary = f"{len(report.patches)} patches in {args.patch_set} (checked: {checked})"
+    if report.ok:
+        print(f"lint ok: {summary}")
+        return Exit.OK
+    print(f"error: {len(report.violations)} problems in {summary}", file=sys.stderr)
+    print(
+        "next step: fix each line above; patch content is changed on the patched "
+        "branch and re-exported with scripts/export-patches",
+        file=sys.stderr,
+    )
+    return Exit.PATCHSET_INVALID

@@ -1,0 +1,109 @@
+"""Show a reviewer the series: each patch, the net diff, and ours beside upstream's fix."""
+
+from __future__ import annotations
+
+import sys
+
+from patchreview.render import render_all_html, render_all_text, render_html, render_text
+from patchreview.review import build_reviews
+from patchset import cli, paths
+from patchset.errors import BackportError, Exit
+from patchset.manifest import Series, patch_set_folders
+
+DESCRIPTION = """\
+Print a review of the patch series:
+  - per patch: subject, why (the message body), Upstream-Status / PR / release,
+    the files and the functions (def/class) its changed lines fall in, a diffstat;
+  - the cumulative diff of the pinned base against the fully patched files;
+  - for each function the series changes, our patched version beside the one in
+    upstream's fixed release (0.5.19), every difference marked and explained
+    from scripts/patchreview/notes.py. A difference no note covers is
+    marked UNEXPLAINED; a note that covers nothing is marked STALE. Each note
+    names the base releases it is about; on other bases it is left out.
+Our files come from the build tree (scripts/apply-patches) when it holds this
+series, otherwise from the pinned base wheel with the series applied. The
+0.5.19 wheel is downloaded once, sha256-checked, into the shared cache.
+With --html FILE: also write the review as one self-contained HTML page
+(side by side, inline CSS, no scripts, no external files) for attaching to a
+review. With --all: review every patch set under patches/, one section per
+base and a table at the end (--html: one page); --all --brief prints only the
+problems and the table, the cheap form for CI. Exit 0 when done; with
+--strict, exit 13 when anything is unexplained or stale (on any base).
+"""
+
+CODES = [
+    Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED, Exit.STALE,
+]  # fmt: skip
+WORDING = {
+    Exit.OK: "the review was written; every difference from upstream is explained",
+    Exit.STALE: "(--strict) a difference from upstream has no explanation, or a note is stale",
+}
+
+
+def main() -> int:
+    p = cli.parser("review", DESCRIPTION, CODES, WORDING)
+    p.add_argument(
+        "--html", type=cli.absolute_path, metavar="FILE", help="also write an HTML page here"
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 13 when a difference is unexplained or a note is stale",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="review every patch set under patches/ (not with --patch-set)",
+    )
+    p.add_argument(
+        "--brief",
+        action="store_true",
+        help="with --all: print only the problems and the table of bases",
+    )
+    cli.add_patch_set(p)
+    p.set_defaults(patch_set=None)  # to tell a --patch-set given from none
+    args = p.parse_args()
+    if args.all and args.patch_set is not None:
+        p.error("--all reviews every patch set under patches/; leave out --patch-set")
+    if args.brief and not args.all:
+        p.error("--brief goes with --all")
+    if args.all:
+        folders = patch_set_folders(paths.PATCHES_ROOT)
+        if not folders:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"no patch set (sglang-*/pin.toml) under {paths.PATCHES_ROOT}",
+                "run from a complete checkout of this project",
+            )
+    else:
+        folders = [args.patch_set or paths.DEFAULT_PATCH_DIR]
+    reviews = build_reviews(
+        [Series.load(folder) for folder in folders], paths.build_dir(), paths.cache_dir()
+    )
+    if args.all:
+        sys.stdout.write(render_all_text(reviews, brief=args.brief))
+        page = render_all_html(reviews)
+    else:
+        sys.stdout.write(render_text(reviews[0]))
+        page = render_html(reviews[0])
+    if args.html:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(page, encoding="utf-8")
+        print(f"wrote {args.html}")
+    failing = [r for r in reviews if r.unexplained or r.stale]
+    if args.strict and failing:
+        unexplained = sum(r.unexplained for r in failing)
+        stale = sum(r.stale for r in failing)
+        bases = ", ".join(r.base_version for r in failing)
+        print(
+            f"error: {unexplained} unexplained differences, {stale} stale notes "
+            f"(marked above; base {bases})",
+            file=sys.stderr,
+        )
+        print(
+            "next step: explain each new difference in scripts/patchreview/notes.py "
+            "(or change the patch), and drop notes that cover nothing",
+            file=sys.stderr,
+        )
+        return Exit.STALE
+    return Exit.OK

@@ -1,0 +1,282 @@
+"""Run the project's tests: the tools' tests once, the sglang tests once per base and step."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from patchset import apply, buildtree, cli, paths
+from patchset.errors import EXIT_TEXT, BackportError, Exit
+from patchset.manifest import Series, patch_set_folders, series_for_release
+from patchset.textout import progress
+from testrun import runner, venv
+from testrun.runner import SuiteRun
+
+DESCRIPTION = """\
+Set up and run every test of the project.
+
+1. For every sglang release served under patches/ (or the ones named with
+   --base), the test environment of its own pins: requirements/<env>.txt
+   (torch, torchvision, transformers as that release pins them, and the rest
+   of the CPU import closure of decode.py, overlap_utils.py and
+   eagle_disaggregation.py, exact and hashed) plus requirements/test.txt.
+   Releases with the same pins share one environment; each is made once in
+   the cache folder and reused while its stamp matches.
+2. Apply each release's series to its build tree (as scripts/apply-patches
+   does) and lay out one tree per step under build/steps/<release>/.
+3. Start one fork server per environment (testrun.forkserver), which imports
+   torch and the rest once for the whole run; our commands that run Python in
+   that environment (the workers below, pytest on test/tools and the commands
+   its tests start) run as children forked from it. Run pytest on test/steps
+   once per release and step: one worker per environment (all at once,
+   sharing --parallel children) forks a child per tree with that tree first
+   on the import path. A test marked pass_on(...) must fail, with an
+   AssertionError, on the steps that lack its fix (strict xfail). Then run
+   test/tools once, in the default release's environment, split into
+   --parallel pieces of about equal length (by the last run's times).
+4. Print, per release, a table of each step test's outcome per step and the
+   race table measured at each step, then each run's verdict.
+
+With --tree DIR the step suite runs once, against the sglang tree in DIR,
+judged as the final step of the default series (or of --base/--patch-set);
+--tree may be given more than once, and every tree shares one worker.
+Outcomes (JSON), logs and JUnit XML of every run go to build/test-results/.
+"""
+
+OUTCOMES = """\
+outcomes in the table:
+  pass             the test passed
+  FAIL (expected)  a test guarding a fix failed (an AssertionError) on a step without
+                   that fix, as it must
+  skip             skipped (e.g. a GPU test on a machine without one)
+  FAIL             the test failed
+  PASS (must fail) a guarding test passed on a step without its fix
+  ERROR            an error outside the test body (fixture, collection)
+"""
+
+CODES = {
+    Exit.OK: "every pytest run passed",
+    Exit.BASE_MISMATCH: "--base names a release no patch set here serves",
+    Exit.TESTS_FAILED: "a pytest run failed, or collected no test at all",
+    Exit.SETUP: "a test environment could not be set up (venv, pip, --tree, --python)",
+    **{
+        code: f"applying a series failed: {text}"
+        for code, text in EXIT_TEXT.items()
+        if Exit.DIRTY_TREE <= code <= Exit.BRANCH_EXISTS
+        and code not in (Exit.WOULD_NOT_APPLY, Exit.BASE_MISMATCH)
+    },
+    Exit.LOCKED: EXIT_TEXT[Exit.LOCKED],
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = cli.parser("run-tests", DESCRIPTION, CODES, CODES, epilog=OUTCOMES)
+    p.add_argument(
+        "--base",
+        action="append",
+        metavar="VERSION",
+        help="test this sglang release (repeatable; default: every release served)",
+    )
+    p.add_argument(
+        "--tree",
+        action="append",
+        type=cli.absolute_path,
+        metavar="DIR",
+        help="run only the step suite, against DIR/python/sglang, judged as the final "
+        "step (repeatable: one column per tree)",
+    )
+    p.add_argument("-k", metavar="EXPR", help="passed to every pytest run (pytest -k)")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--steps-only", action="store_true", help="skip test/tools")
+    only.add_argument("--tools-only", action="store_true", help="skip test/steps")
+    p.add_argument(
+        "--python",
+        type=cli.absolute_path,
+        metavar="PATH",
+        help="use this interpreter, whose environment already holds the requirements, "
+        "for every run instead of the per-release environments",
+    )
+    p.add_argument(
+        "--patch-set",
+        type=cli.absolute_path,
+        metavar="DIR",
+        help="test only this patch set folder (its primary release)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        metavar="N",
+        help="step runs at once, and pieces of test/tools (default: 2, or 1 on one core)",
+    )
+    args = p.parse_args()
+    if args.tree and args.tools_only:
+        p.error("--tree runs the step suite; it cannot be combined with --tools-only")
+    if args.parallel < 1:
+        p.error("--parallel must be at least 1")
+    return args
+
+
+def selected_series(args: argparse.Namespace) -> list[Series]:
+    if args.patch_set:
+        return [Series.load(args.patch_set)]
+    if args.base:
+        return [series_for_release(paths.PATCHES_ROOT, version) for version in args.base]
+    if args.tree:
+        return [Series.load(paths.DEFAULT_PATCH_DIR)]
+    return [
+        Series.load(folder).for_release(release)
+        for folder in patch_set_folders(paths.PATCHES_ROOT)
+        for release in Series.load(folder).manifest.releases
+    ]
+
+
+def python_for(args: argparse.Namespace, series: Series, made: dict[str, Path]) -> Path:
+    """The interpreter of a release's test environment, made on first use."""
+    if args.python:
+        if not args.python.is_file():
+            raise BackportError(
+                Exit.SETUP, f"--python {args.python} does not exist", "pass a python binary"
+            )
+        return args.python
+    env = venv.env_for(series.manifest)
+    if env.name not in made:
+        started = time.monotonic()
+        created = venv.ensure_venv(env.venv, env.requirements, env.name)
+        state = f"made in {time.monotonic() - started:.0f}s" if created else "up to date"
+        print(f"environment {env.name}: {env.venv} ({state})", flush=True)
+        made[env.name] = env.python
+    return made[env.name]
+
+
+def link_default_venv(python: Path, build: Path) -> None:
+    """build/venv points at the default release's environment (ruff, race-check use it)."""
+    link = build / "venv"
+    target = python.parent.parent
+    if link.is_symlink() and link.readlink() == target:
+        return
+    if link.is_symlink() or not link.exists():
+        # Made aside and renamed over the old one: two runs at once both end
+        # with the link, neither finds the other's half-made.
+        build.mkdir(parents=True, exist_ok=True)
+        aside = build / f".venv.{os.getpid()}"
+        aside.unlink(missing_ok=True)
+        aside.symlink_to(target, target_is_directory=True)
+        aside.replace(link)
+
+
+def label(series: Series, step: str) -> str:
+    return f"{series.manifest.base.version}-{step}"
+
+
+def tree_labels(trees: list[Path]) -> list[tuple[str, Path]]:
+    """(label, tree) per --tree: "tree" alone, else "tree-1", "tree-2", ... in order."""
+    checked = [buildtree.check_tree(tree) for tree in trees]
+    if len(checked) == 1:
+        return [("tree", checked[0])]
+    return [(f"tree-{n}", tree) for n, tree in enumerate(checked, 1)]
+
+
+def step_header(step: str, series: Series) -> str:
+    return step if step == series.manifest.steps[0] else f"+{step}"
+
+
+def main() -> int:
+    args = parse_args()
+    venv.check_interpreter()
+    build = paths.build_dir()
+    results = build / "test-results"
+    extra = ["-k", args.k] if args.k else []
+    chosen = selected_series(args)
+    made: dict[str, Path] = {}
+    phases: dict[str, float] = {}
+
+    started = time.monotonic()
+    default = Series.load(paths.DEFAULT_PATCH_DIR)
+    tools_python = python_for(args, default, made)
+    if not args.python:
+        link_default_venv(tools_python, build)
+    phases["environments"] = time.monotonic() - started
+
+    # One entry per table printed at the end: its title, column headers and runs,
+    # and the interpreter of the release's own environment that runs them.
+    tables: list[tuple[str, list[str], list[SuiteRun], Path]] = []
+    started = time.monotonic()
+    if args.tree:
+        series = chosen[0]
+        final = series.manifest.final_step
+        runs = [
+            SuiteRun(label, runner.STEP_TESTS, results, runner.step_env(series, final, tree), tree)
+            for label, tree in tree_labels(args.tree)
+        ]
+        title = f"--tree (as {series.manifest.base.version} +{final})"
+        tables.append((title, [run.label for run in runs], runs, python_for(args, series, made)))
+    elif not args.tools_only:
+        for series in chosen:
+            report = apply.apply_to_build_tree(series, build, paths.cache_dir())
+            version = series.manifest.base.version
+            if report.already_applied:
+                print(f"series {version}: already applied in {report.where}")
+            for name in report.applied:
+                print(f"series {version}: applied {name}")
+            trees = buildtree.step_trees(series, build)
+            runs = [
+                SuiteRun(label(series, step), runner.STEP_TESTS, results,
+                         runner.step_env(series, step, tree), tree)
+                for step, tree in trees.items()
+            ]  # fmt: skip
+            headers = [step_header(step, series) for step in trees]
+            tables.append((version, headers, runs, python_for(args, series, made)))
+    phases["apply and step trees"] = time.monotonic() - started
+
+    by_python: dict[Path, list[SuiteRun]] = {}
+    for _title, _headers, runs, python in tables:
+        by_python.setdefault(python, []).extend(runs)
+    with_tools = not args.steps_only and not args.tree
+    tools: list[SuiteRun] = []
+    # One fork server per environment for the whole run (testrun.forkserver):
+    # the step runs, the tools' tests and the commands those tests run import
+    # torch and the rest once per environment.
+    with runner.forkservers([*by_python, *([tools_python] if with_tools else [])], results):
+        started = time.monotonic()
+        runner.run_forked(list(by_python.items()), extra, args.parallel)
+        phases["step suites"] = time.monotonic() - started
+
+        # test/tools after the step runs: on two cores, running both at once took
+        # longer in all than one after the other (measured; see the README).
+        if with_tools:
+            # With -k one piece: another might select nothing, which pytest calls a failure.
+            kept = paths.cache_dir() / "tools-seconds.json"
+            tools = runner.tool_pieces(results, 1 if args.k else args.parallel, kept)
+            progress(f"test/tools started with {tools_python} in {len(tools)} piece(s)")
+            started = time.monotonic()
+            runner.run_suites(tools_python, tools, extra)
+            phases["test/tools"] = time.monotonic() - started
+            if not args.k:  # a selection's times would make the others look free
+                runner.keep_tool_seconds(results, kept)
+
+    all_runs: list[SuiteRun] = list(tools)
+    for title, headers, runs, _python in tables:
+        all_runs += runs
+        print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
+        print(runner.step_table(runs, headers))
+        races = runner.property_table(runs, headers, "race:", "race scenario")
+        if races:
+            print(f"\nraces measured by scripts/racecheck on each step of {title}:")
+            print(races)
+    print()
+    width = max((len(r.label) for r in all_runs), default=5)
+    for suite in all_runs:
+        print(f"{suite.label:>{width}}: {suite.verdict()}")
+    print("time: " + "; ".join(f"{name} {secs:.0f}s" for name, secs in phases.items()))
+    failed = [r.label for r in all_runs if r.failed]
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+        return Exit.TESTS_FAILED
+    if not all_runs:
+        print("FAILED: nothing ran")
+        return Exit.TESTS_FAILED
+    print(f"all {len(all_runs)} pytest runs passed")
+    return Exit.OK

@@ -1,0 +1,42 @@
+"""Start a command of scripts/: check the Python first, then import and run its module.
+
+Every file in scripts/ without a .py suffix is a few lines that call start().
+The command itself lives in scripts/commands/ and uses syntax that no Python
+before 3.11 can even parse, so the version check must run before it is
+imported; and a Ctrl-C while the imports run (torch-free, but not instant)
+must end as one line and exit 130, like a Ctrl-C later on.
+
+This file and the launchers are written in syntax that every Python reads,
+2.7 and 3.6 included: no f-strings, no annotations, no `from __future__`.
+"""
+
+import sys
+
+NEEDED = (3, 11)
+EXIT_ENVIRONMENT = 16  # Exit.ENVIRONMENT in patchset/errors.py
+EXIT_INTERRUPTED = 130  # Exit.INTERRUPTED
+
+
+def interrupted():
+    sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\n")
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def start(module_name):
+    """Run the command in commands/<module_name>.py: its main() under the one wrapper."""
+    try:
+        if sys.version_info < NEEDED:
+            # No f-string: this must parse on Python 2.7 and 3.6.
+            sys.stderr.write(
+                "error: this command needs Python %d.%d or newer; this is Python %s\n"  # noqa: UP031
+                "next step: run it with a newer Python, e.g. python3.11 %s\n"
+                % (NEEDED[0], NEEDED[1], sys.version.split()[0], " ".join(sys.argv))
+            )
+            sys.exit(EXIT_ENVIRONMENT)
+        import importlib
+
+        module = importlib.import_module("commands." + module_name)
+        from patchset import cli
+    except KeyboardInterrupt:
+        interrupted()
+    cli.run(module.main)

@@ -1,0 +1,113 @@
+"""Every command starts cleanly: an old Python gets exit 16, a Ctrl-C while starting exit 130.
+
+The launchers in scripts/ and scripts/launch.py are the only code an old
+Python reads, so they are checked with the real old interpreters where this
+machine has them (pyenv keeps several); a Ctrl-C is sent at many moments of a
+real start, from the interpreter's first imports to the command's own work.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS
+from patchset.errors import Exit
+
+COMMANDS = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file() and not p.suffix)
+OLD_PYTHONS = ["2.7", "3.6", "3.10"]
+
+
+def old_python(version: str) -> str | None:
+    """An interpreter of that version that runs: in pyenv's folder, or on PATH."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = (
+        sorted(str(p / "bin" / "python") for p in root.glob(f"{version}.*"))
+        if root.is_dir()
+        else []
+    )
+    found.append(shutil.which(f"python{version}") or "")
+    for python in found:
+        if python and subprocess.run([python, "-c", "pass"], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def test_every_command_has_a_launcher_and_a_module():
+    assert "apply-patches" in COMMANDS and "check-install" in COMMANDS
+    for name in COMMANDS:
+        text = (SCRIPTS / name).read_text()
+        assert text.startswith("#!/usr/bin/env python3\n"), name
+        assert f'start("{name.replace("-", "_")}")' in text, name
+        assert (SCRIPTS / "commands" / f"{name.replace('-', '_')}.py").is_file(), name
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_an_old_python_is_told_to_use_311(version: str, tmp_path: Path):
+    python = old_python(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    for name in COMMANDS:
+        result = subprocess.run(
+            [python, str(SCRIPTS / name), "--help"], capture_output=True, text=True, cwd=tmp_path
+        )
+        assert result.returncode == Exit.ENVIRONMENT, (name, result.stderr)
+        assert "needs Python 3.11 or newer" in result.stderr, name
+        assert "next step:" in result.stderr
+        assert "Traceback" not in result.stderr and "SyntaxError" not in result.stderr, name
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interpreter_start_s(env: dict[str, str]) -> float:
+    """How long this Python takes to start and exit doing nothing, now (the longest of 3)."""
+    times = []
+    for _ in range(3):
+        begin = time.monotonic()
+        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+        times.append(time.monotonic() - begin)
+    return max(times)
+
+
+@pytest.mark.parametrize("name", ["apply-patches", "check-install", "lint-patches"])
+def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(name: str, tmp_path: Path):
+    """From our launcher's first line on. The interpreter's own start (its site
+    imports) comes before any program's code and is out of its reach, so the
+    signals begin once a bare `python -c pass` would have ended."""
+    args = {
+        "apply-patches": ["--check"],
+        "check-install": ["--python", sys.executable],
+        "lint-patches": [],
+    }[name]
+    env = dict(os.environ, SGLANG_BACKPORTS_BUILD=str(tmp_path / "build"))
+    start = interpreter_start_s(env)
+    outcomes = set()
+    for delay_ms in range(0, 400, 25):
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / name), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            preexec_fn=_default_sigint,
+        )
+        time.sleep(start + delay_ms / 1000)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+        assert "Traceback" not in stderr, (delay_ms, stderr)
+        if proc.returncode == Exit.INTERRUPTED:
+            lines = [line for line in stderr.splitlines() if line.strip()]
+            assert len(lines) == 1 and lines[0].startswith("interrupted"), (delay_ms, stderr)
+        else:  # it ended before the signal came, with its own code, not killed by it
+            assert proc.returncode >= 0, (delay_ms, stderr)
+        outcomes.add(proc.returncode)
+    assert Exit.INTERRUPTED in outcomes
