@@ -1,3 +1,5 @@
 """Show, on the CPU, which FutureMap stream races each step of the series closes."""
 
-from __future__ import annotations
+from racecheck.cli import main
+
+__all__ = ["main"]
