@@ -72,27 +72,28 @@ def interpreter_start_s(env: dict[str, str]) -> float:
     times = []
     for _ in range(3):
         begin = time.monotonic()
-        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+        subprocess.run([sys.executable, "-S", "-c", "pass"], env=env, check=True)
         times.append(time.monotonic() - begin)
     return max(times)
 
 
 @pytest.mark.parametrize("name", ["apply-patches", "check-install", "lint-patches"])
 def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(name: str, tmp_path: Path):
-    """From our launcher's first line on. The interpreter's own start (its site
-    imports) comes before any program's code and is out of its reach, so the
-    signals begin once a bare `python -c pass` would have ended."""
+    """From our launcher's first line on. The interpreter's own start comes
+    before any program's code and is out of its reach, so it runs without its
+    site imports (-S: the commands need nothing from site-packages) and the
+    signals begin once twice the time a bare `python -S -c pass` took has passed."""
     args = {
         "apply-patches": ["--check"],
         "check-install": ["--python", sys.executable],
         "lint-patches": [],
     }[name]
     env = dict(os.environ, SGLANG_BACKPORTS_BUILD=str(tmp_path / "build"))
-    start = interpreter_start_s(env)
+    start = 2 * interpreter_start_s(env)
     outcomes = set()
     for delay_ms in range(0, 400, 25):
         proc = subprocess.Popen(
-            [sys.executable, str(SCRIPTS / name), *args],
+            [sys.executable, "-S", str(SCRIPTS / name), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
