@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import subprocess
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,8 @@ from .manifest import PinManifest, Series, git_blob_id, patch_set_folders, relea
 from .patchfile import parse_patch
 
 BUILD_TABLE = "build-wheel"
+# build-wheel's temporary folder in --out: prefix and suffix (see wheel.marked_folder).
+BUILD_TEMP = (".build-wheel-", ".tmp")
 # PEP 440 local version label, in its normalized form (lower case, dots), so
 # that the file name, the folder name and METADATA spell it the same way.
 LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:\.[a-z0-9]+)*$")
@@ -194,19 +195,16 @@ def build_wheel(series: Series, cache: Path, out_dir: Path) -> BuiltWheel:
         changed[f"{old_info}RECORD"] = _rewrite_record(
             original.read(f"{old_info}RECORD"), rename, changed, record
         )
-        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=".build-wheel-", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
-            with zipfile.ZipFile(tmp, "w") as rebuilt:
+        # Written aside and renamed into place, so target is never half a wheel. The
+        # file is made by open() (through zipfile), so its mode follows the umask.
+        with wheels.marked_folder(out_dir, *BUILD_TEMP) as (tmp, _lock):
+            with zipfile.ZipFile(tmp / target.name, "w") as rebuilt:
                 for member in members:
                     data = changed.get(member.filename)
                     if data is None and not member.is_dir():
                         data = original.read(member)
                     rebuilt.writestr(_copy_info(member, rename), data or b"")
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+            os.replace(tmp / target.name, target)
     return BuiltWheel(
         target,
         hashlib.sha256(target.read_bytes()).hexdigest(),
