@@ -422,7 +422,7 @@ import json, os, sys
 sys.path[:] = [p for p in sys.path if p != ""]
 import importlib.metadata as md
 import importlib.util
-out = {"python": sys.version.split()[0], "executable": sys.executable}
+out = {"python": sys.version.split()[0]}
 spec = importlib.util.find_spec("sglang")
 locations = list(spec.submodule_search_locations or []) if spec else []
 out["package"] = locations[0] if locations else None
@@ -688,7 +688,9 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
             f"{where} has {len(probe.dists)} distributions named sglang on its path: {named}. "
             "Which one pip and importlib.metadata take depends on the order of sys.path, "
             "so the files cannot be judged against a RECORD",
-            f"run `{pip}` until none is left, install the one you want, and run again",
+            f"keep one of them: `{pip}` removes the first one named; pip leaves one outside "
+            "the environment alone (on PYTHONPATH or in a .pth file's folder): take that "
+            "folder off the path or delete it; then run again",
         )
     package = Path(probe.package)
     report = InstallReport(f"sglang imported by {where}: {package}", _hash_files(package, catalog))

@@ -400,4 +400,6 @@ def test_two_distributions_on_the_path_are_refused_in_either_order(
             f"has 2 distributions named sglang on its path: sglang {BASE} at {first}; "
             f"sglang {BASE} at {second}."
         ) in result.stderr
-        assert f"next step: run `{python} -m pip uninstall --yes sglang` until" in result.stderr
+        assert f"next step: keep one of them: `{python} -m pip uninstall --yes sglang`" in (
+            result.stderr
+        )
