@@ -64,16 +64,19 @@ def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[tuple
     works in the folder should inherit it (pass_fds), so that it holds the lock
     until it ends even if this process is killed.
     """
-    with _temp_lock(parent):
-        _sweep(parent, prefix, suffix)
-        with deferred_signals():
-            folder, fd = _make_marked(parent, prefix, suffix)
+    made: list[tuple[Path, int]] = []
     try:
-        yield folder, fd
+        with _temp_lock(parent):
+            _sweep(parent, prefix, suffix)
+            with deferred_signals():
+                made.append(_make_marked(parent, prefix, suffix))
+        # a signal held while the folder was made lands inside this try: it is removed
+        yield made[0]
     finally:
         with deferred_signals():
-            _remove_marked(folder)
-            os.close(fd)
+            for folder, fd in made:
+                _remove_marked(folder)
+                os.close(fd)
 
 
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:

@@ -173,3 +173,20 @@ def test_the_next_download_removes_what_a_killed_download_left(
         assert live.is_dir() and (live / wheel.TEMP_MARKER).is_file()
     assert not left.exists()
     assert listing(cache) == sorted([pinned, *(p.name for p in made)])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_build_removes_its_folder(
+    tmp_path: Path, wheel_cache: Path, signum: signal.Signals
+):
+    out = tmp_path / "dist"
+    run = start_build(out, wheel_cache, {})
+    deadline = time.monotonic() + 120
+    while not list(out.glob(f".build-wheel-*/{wheel.TEMP_MARKER}")):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.002)
+    run.send_signal(signum)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 130, stderr
+    assert f"interrupted ({signum.name}); what this run made was removed" in stderr
+    assert listing(out) == []
