@@ -16,9 +16,13 @@ files (git blob id and sha256), and name what they are from every manifest
 under patches/: an unpatched base (which races are open), fix A only (0.5.16
 to 0.5.18, or a partly applied series), a series of ours applied, fixed
 upstream (0.5.19 or later), or unknown content. Each file is also checked
-against the installed distribution's RECORD. Needs only Python 3.11's
-standard library: copy scripts/check-install, scripts/patchset/ and patches/
-into a container and run it with the container's python.
+against the installed distribution's RECORD; an editable install (pip install
+-e: direct_url.json says dir_info.editable) lists only its hooks there, so its
+files are judged by their content, in the folder its .pth file or finder
+module names. Two distributions named sglang on the path are refused: which
+one pip sees depends on the order of sys.path. Needs only Python 3.11's
+standard library: copy scripts/ and patches/ into a container and run
+scripts/check-install with the container's python.
 
 Races (scripts/race-check's scenarios):
 """
@@ -26,15 +30,16 @@ Races (scripts/race-check's scenarios):
     + """
 
 When several verdicts hold, the first in this order decides the exit code:
-not installed; a race open (affected, partial fix), whether or not pip knows
-the files; files that differ from RECORD; unknown content. Exit 0 only when
-the race is closed and the files match RECORD (or no distribution owns them).
+not installed; two distributions; a race open (affected, partial fix), whether
+or not pip knows the files; files that differ from RECORD; unknown content.
+Exit 0 only when the race is closed and the files match RECORD (or belong to an
+editable install, or no distribution owns them).
 """
 )
 
 CODES = [
     Exit.PATCHSET_INVALID, Exit.AFFECTED, Exit.PARTIAL_FIX, Exit.UNKNOWN_CONTENT,
-    Exit.NOT_INSTALLED, Exit.MODIFIED,
+    Exit.NOT_INSTALLED, Exit.MODIFIED, Exit.AMBIGUOUS,
 ]  # fmt: skip
 WORDING = {
     Exit.OK: "the race is closed: a series of ours applied, or sglang 0.5.19 or later",
@@ -44,7 +49,10 @@ WORDING = {
     Exit.NOT_INSTALLED: "that interpreter (or --tree) has no sglang",
     Exit.MODIFIED: "the race is closed or the content unknown, but the files differ from "
     "the installed distribution's RECORD (an in-place edit pip does not know of)",
-    Exit.ENVIRONMENT: "--python cannot be run or asked, or a file cannot be read",
+    Exit.AMBIGUOUS: "two or more distributions named sglang on that interpreter's path "
+    "(they are named): remove all but one",
+    Exit.ENVIRONMENT: "--python cannot be run or asked (it crashed, or its answer is not "
+    "the JSON this command asks for), or a file cannot be read",
 }
 
 

@@ -36,6 +36,7 @@ class Exit(IntEnum):
     UNKNOWN_CONTENT = 22
     NOT_INSTALLED = 23
     MODIFIED = 24
+    AMBIGUOUS = 25
     INTERRUPTED = 130
 
 
@@ -74,6 +75,8 @@ EXIT_TEXT: dict[Exit, str] = {
     Exit.UNKNOWN_CONTENT: "the files match no release and no series this project knows",
     Exit.NOT_INSTALLED: "that interpreter finds no sglang",
     Exit.MODIFIED: "the files differ from the installed distribution's RECORD",
+    Exit.AMBIGUOUS: "two or more distributions named sglang are installed where that "
+    "interpreter looks: which one owns the files depends on the order of sys.path",
     Exit.INTERRUPTED: "interrupted (Ctrl-C or a signal); what this run made was removed",
 }
 

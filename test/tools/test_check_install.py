@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -20,9 +23,12 @@ OURS = f"{BASE}+pdrace.2"
 DECODE = "srt/disaggregation/decode.py"
 
 
-def check(*args: str) -> subprocess.CompletedProcess[str]:
+def check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "check-install"), *args], capture_output=True, text=True
+        [sys.executable, str(SCRIPTS / "check-install"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result
@@ -149,12 +155,86 @@ def test_a_python_that_cannot_be_asked(tmp_path: Path):
     missing = check("--python", str(tmp_path / "no-python"))
     assert missing.returncode == Exit.ENVIRONMENT
     assert "no such file" in missing.stderr
-    not_python = tmp_path / "fake"
-    not_python.write_text("#!/bin/sh\necho nope >&2\nexit 3\n")
-    not_python.chmod(0o755)
-    result = check("--python", str(not_python))
-    assert result.returncode == Exit.ENVIRONMENT
-    assert "not a python this command can ask (exit status 3; it said: nope)" in result.stderr
+
+
+def fake_python(folder: Path, script: str) -> Path:
+    """An executable that takes check-install's probe and runs script (sh) instead."""
+    fake = folder / "python"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def answer(text: str) -> str:
+    return f"cat <<'EOF'\n{text}\nEOF"
+
+
+DIST = '{"version": "0.5.15.post1", "info": null, "direct_url": null, "hooks": []'
+
+
+@pytest.mark.parametrize(
+    ("script", "reason"),
+    [
+        ("echo nope >&2\nexit 3", "exit status 3; it said: nope"),
+        (
+            f"exec {sys.executable} -c 'raise RuntimeError(\"boom\")'",
+            "exit status 1; it said: RuntimeError: boom",
+        ),
+        (answer('{"python": "3.11.7"}') + "\nexit 1", "exit status 1; it said: no output"),
+        (answer("[]"), "the answer is an array, not an object; it said: []"),
+        (answer("3.11"), "the answer is a number, not an object"),
+        (answer("Python 3.11.7"), "its answer is not JSON (Expecting value"),
+        (
+            "true",
+            "its answer is not JSON (Expecting value: line 1 column 1 (char 0)); "
+            "it said: no output",
+        ),
+        (answer('{"python": "3.11.7", "package": null}'), "the answer has no 'dists'"),
+        (
+            answer('{"python": 3.11, "package": null, "dists": []}'),
+            "the answer['python'] is a number, not a string",
+        ),
+        (
+            answer('{"python": "3.11.7", "package": ["/x"], "dists": []}'),
+            "the answer['package'] is an array, not a string or null",
+        ),
+        (
+            answer('{"python": "3.11.7", "package": "/x", "dists": "sglang"}'),
+            "the answer['dists'] is a string, not an array",
+        ),
+        (
+            answer('{"python": "3.11.7", "package": "/x", "dists": [1]}'),
+            "the answer's dists[0] is a number, not an object",
+        ),
+        (
+            answer('{"python": "3.11.7", "package": "/x", "dists": [' + DIST + "}]}"),
+            "the answer's dists[0] has no 'files'",
+        ),
+        (
+            answer(
+                '{"python": "3.11.7", "package": "/x", "dists": ['
+                + DIST
+                + ', "files": {"sglang/srt/a.py": "x"}}]}'
+            ),
+            "the answer's dists[0]['files']['sglang/srt/a.py'] is not [path, hash mode, hash]",
+        ),
+        (
+            answer(
+                '{"python": "3.11.7", "package": "/x", "dists": ['
+                + DIST.replace('"hooks": []', '"hooks": [null]')
+                + ', "files": {}}]}'
+            ),
+            "the answer's dists[0]['hooks'] holds something that is not a string",
+        ),
+    ],
+)
+def test_an_unexpected_answer_from_python_is_exit_16_with_the_reason(
+    tmp_path: Path, script: str, reason: str
+):
+    result = check("--python", str(fake_python(tmp_path, script)))
+    assert result.returncode == Exit.ENVIRONMENT, result.stdout + result.stderr
+    assert f"is not a python this command can ask ({reason}" in result.stderr, result.stderr
+    assert result.stdout == ""
 
 
 def test_every_known_release_is_named_with_the_races_it_leaves_open():
@@ -193,3 +273,133 @@ def test_the_pip_installed_tree_is_patched(installed_tree: Path):
     result = check("--tree", str(installed_tree))
     assert result.returncode == Exit.OK, result.stdout + result.stderr
     assert verdict(result).startswith(f"patched: sglang {BASE} with the series sglang-{BASE}")
+
+
+# --- editable installs (PEP 660) and more than one distribution -----------------
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sglang"
+version = "{version}"
+
+[tool.setuptools]
+packages = ["sglang"]
+"""
+
+
+def project(root: Path, series: Series, wheel_cache: Path, step: str, src: bool = False) -> Path:
+    """A project of sglang's three files at a step, as `pip install -e` takes it:
+    flat (setuptools installs a finder module) or src/ (a .pth with the path)."""
+    packages = step_tree(root / "src" if src else root, series, wheel_cache, step)
+    (packages / "sglang" / "__init__.py").write_text("")
+    text = PYPROJECT.format(version=BASE)
+    if src:
+        text += 'package-dir = {"" = "src"}\n'
+    (root / "pyproject.toml").write_text(text)
+    return root
+
+
+def pip_build(python: Path, *args: str) -> None:
+    """pip install with a build from source, offline: this environment's setuptools
+    builds it (--no-build-isolation), the environment of python gets only the result."""
+    env = dict(os.environ, PYTHONPATH=sysconfig.get_paths()["purelib"])
+    command = [
+        sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check",
+        "install", "--no-deps", "--no-index", "--no-build-isolation", "--quiet", *args,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_editable_install_of_the_patched_tree_is_patched(
+    tmp_path: Path, series: Series, wheel_cache: Path
+):
+    tree = project(tmp_path / "proj", series, wheel_cache, series.manifest.final_step)
+    python = make_venv(tmp_path / "venv")
+    pip_build(python, "-e", str(tree))
+    site = site_packages(python)
+    info = site / f"sglang-{BASE}.dist-info"
+    assert json.loads((info / "direct_url.json").read_text())["dir_info"] == {"editable": True}
+    (finder,) = site.glob("__editable___sglang_*_finder.py")
+
+    result = check("--python", str(python))
+    assert result.returncode == Exit.OK, result.stdout + result.stderr
+    assert verdict(result).startswith(f"patched: sglang {BASE} with the series sglang-{BASE}")
+    assert result.stdout.count("editable: not in RECORD") == 3, result.stdout
+    assert (
+        f"distribution: sglang {BASE} ({info}), an editable install of {tree.as_uri()} "
+        f"(its hooks put sglang at {tree / 'sglang'}: judged by the files there)"
+    ) in result.stdout
+
+    # an edit of an editable tree is new content, not a RECORD mismatch
+    decode = tree / "sglang" / DECODE
+    text = decode.read_bytes()
+    decode.write_bytes(text + b"# hot fix\n")
+    result = check("--python", str(python))
+    assert result.returncode == Exit.UNKNOWN_CONTENT, result.stdout + result.stderr
+    decode.write_bytes(text)
+
+    # another copy ahead on sys.path shadows the editable tree: judged as what is found
+    shadow = step_tree(tmp_path / "shadow", series, wheel_cache, series.manifest.steps[0])
+    (shadow / "sglang" / "__init__.py").write_text("")
+    result = check("--python", str(python), env=dict(os.environ, PYTHONPATH=str(shadow)))
+    assert result.returncode == Exit.AFFECTED, result.stdout + result.stderr
+    assert (
+        f"whose hooks put sglang at {tree / 'sglang'}; it does not own the files found"
+    ) in result.stdout
+
+    # a hook this command cannot read (another backend's finder): judged by content
+    finder.write_text(f"import sys\ndef install():\n    sys.path.append({str(tree)!r})\n")
+    result = check("--python", str(python))
+    assert result.returncode == Exit.OK, result.stdout + result.stderr
+    (pth,) = site.glob("__editable__.sglang-*.pth")
+    assert (
+        f"; its hooks ({pth.name}, {finder.name}) name no sglang folder this command can read"
+    ) in result.stdout
+
+
+def test_an_editable_install_through_a_pth_path_of_the_base_is_affected(
+    tmp_path: Path, series: Series, wheel_cache: Path
+):
+    tree = project(tmp_path / "proj", series, wheel_cache, series.manifest.steps[0], src=True)
+    python = make_venv(tmp_path / "venv")
+    pip_build(python, "-e", str(tree))
+    (pth,) = site_packages(python).glob("__editable__.sglang-*.pth")
+    assert pth.read_text().strip() == str(tree / "src"), "setuptools wrote no path line"
+
+    result = check("--python", str(python))
+    assert result.returncode == Exit.AFFECTED, result.stdout + result.stderr
+    assert verdict(result) == f"affected: unpatched sglang {BASE}; races open: S1, S2, S3"
+    assert result.stdout.count("editable: not in RECORD") == 3, result.stdout
+
+
+def test_two_distributions_on_the_path_are_refused_in_either_order(
+    tmp_path: Path, series: Series, wheel_cache: Path
+):
+    python = make_venv(tmp_path / "venv")
+    site = site_packages(python)
+    editable = project(tmp_path / "proj", series, wheel_cache, series.manifest.final_step)
+    pip_build(python, "-e", str(editable))
+    plain = project(tmp_path / "plain", series, wheel_cache, series.manifest.steps[0])
+    other = tmp_path / "other"
+    pip_build(python, "--target", str(other), str(plain))
+    infos = [site / f"sglang-{BASE}.dist-info", other / f"sglang-{BASE}.dist-info"]
+    assert all(info.is_dir() for info in infos)
+
+    (site / "zz-other.pth").write_text(f"{other}\n")  # after site-packages on sys.path
+    after = check("--python", str(python))
+    (site / "zz-other.pth").unlink()
+    before = check("--python", str(python), env=dict(os.environ, PYTHONPATH=str(other)))
+    for result, first, second in ((after, *infos), (before, *reversed(infos))):
+        assert result.returncode == Exit.AMBIGUOUS, result.stdout + result.stderr
+        assert (
+            f"has 2 distributions named sglang on its path: sglang {BASE} at {first}; "
+            f"sglang {BASE} at {second}."
+        ) in result.stderr
+        assert f"next step: keep one of them: `{python} -m pip uninstall --yes sglang`" in (
+            result.stderr
+        )

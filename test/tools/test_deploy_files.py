@@ -1,0 +1,192 @@
+"""What build-wheel and a download write: modes that follow the umask, and no
+leftover of a killed run past the next run, nothing but our own marked folders removed."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS
+from patchset import deploy, wheel
+from patchset.manifest import Series
+
+
+def offline_index(tmp_path: Path, series: Series, wheel_cache: Path) -> dict[str, str]:
+    """pip's options (as environment) that make a download take the pinned wheel
+    from a local folder: the real download path, without the network."""
+    links = tmp_path / "index"
+    links.mkdir()
+    (links / series.manifest.base.wheel).symlink_to(wheel_cache / series.manifest.base.wheel)
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
+
+
+def start_build(
+    out: Path, cache: Path, env: dict[str, str], umask: int = 0o022
+) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "build-wheel"), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, SGLANG_BACKPORTS_CACHE=str(cache), **env),
+        umask=umask,
+        start_new_session=True,  # its own process group: a kill takes pip with it
+    )
+
+
+def build(out: Path, cache: Path, env: dict[str, str], umask: int = 0o022) -> Path:
+    run = start_build(out, cache, env, umask)
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stdout + stderr
+    assert "Traceback" not in stderr
+    return Path(re.search(r"^wheel: (.+)$", stdout, re.M)[1])
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize(
+    ("umask", "folder", "file"), [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)]
+)
+def test_every_file_written_follows_the_umask(
+    tmp_path: Path, series: Series, wheel_cache: Path, umask: int, folder: int, file: int
+):
+    cache, out = tmp_path / "cache", tmp_path / "dist"
+    built = build(out, cache, offline_index(tmp_path, series, wheel_cache), umask)
+    downloaded = cache / series.manifest.base.wheel
+    assert {p: oct(mode(p)) for p in (cache, out)} == {cache: oct(folder), out: oct(folder)}
+    assert {p: oct(mode(p)) for p in (downloaded, built)} == {
+        downloaded: oct(file),
+        built: oct(file),
+    }
+    assert sorted(p.name for p in cache.iterdir()) == [downloaded.name]
+    assert sorted(p.name for p in out.iterdir()) == [built.name]
+
+
+def kill_when(run: subprocess.Popen, folder: Path, pattern: str) -> Path:
+    """SIGKILL run's process group as soon as folder holds an entry named like pattern;
+    returns that entry, which the killed run leaves."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and run.poll() is None:
+        found = sorted(folder.glob(pattern)) if folder.is_dir() else []
+        if found:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.communicate()
+            assert run.returncode == -signal.SIGKILL
+            assert found[0].exists()
+            return found[0]
+        time.sleep(0.002)
+    run.communicate()
+    pytest.fail(f"the run ended (exit {run.returncode}) before {folder}/{pattern} appeared")
+
+
+def look_alikes(folder: Path, prefix: str, suffix: str = "") -> list[Path]:
+    """Things named like our temporary folders that are not a killed run's: each must
+    survive the next run."""
+    text = wheel.TEMP_MARKER_TEXT
+    names = iter(f"{prefix}{n:016x}{suffix}" for n in range(1, 100))
+    plain = folder / next(names)
+    plain.write_text("a user's file\n")
+    made = [plain]
+    markers = {
+        wheel.TEMP_MARKER: [None, b"my notes\n", text + b"x"],
+        f"{wheel.TEMP_MARKER}.new": [text],  # beside a file of the user's
+    }
+    for marker, contents in markers.items():
+        for content in contents:
+            path = folder / next(names)
+            path.mkdir()
+            (path / "data").write_text("keep me\n")
+            if content is not None:
+                (path / marker).write_bytes(content)
+            made.append(path)
+    # our exact marker: in a folder named otherwise; as a link to a file elsewhere;
+    # in a folder elsewhere that a link points at
+    other_name = folder / f"{prefix}mine{suffix}"
+    other_name.mkdir()
+    (other_name / wheel.TEMP_MARKER).write_bytes(text)
+    elsewhere = folder.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "marker").write_bytes(text)
+    linked_marker = folder / next(names)
+    linked_marker.mkdir()
+    (linked_marker / wheel.TEMP_MARKER).symlink_to(elsewhere / "marker")
+    (elsewhere / "marked").mkdir()
+    (elsewhere / "marked" / wheel.TEMP_MARKER).write_bytes(text)
+    link = folder / next(names)
+    link.symlink_to(elsewhere / "marked")
+    return [*made, other_name, linked_marker, link]
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_the_next_build_removes_what_a_killed_build_left(tmp_path: Path, wheel_cache: Path):
+    out = tmp_path / "dist"
+    left = kill_when(start_build(out, wheel_cache, {}), out, ".build-wheel-*")
+    built = build(out, wheel_cache, {})
+    assert listing(out) == [built.name], f"the killed run's {left.name} is still there"
+
+    # only the killed run's marked folder goes: not a look-alike, not a live run's folder
+    marker = kill_when(
+        start_build(out, wheel_cache, {}), out, f".build-wheel-*/{wheel.TEMP_MARKER}"
+    )
+    left = marker.parent
+    made = look_alikes(out, *deploy.BUILD_TEMP)
+    with wheel.marked_folder(out, *deploy.BUILD_TEMP) as (live, _lock):
+        build(out, wheel_cache, {})
+        assert live.is_dir() and (live / wheel.TEMP_MARKER).is_file()
+    assert not left.exists()
+    assert listing(out) == sorted([built.name, *(p.name for p in made)])
+    assert sorted(p.name for p in (tmp_path / "elsewhere").rglob("*")) == [
+        wheel.TEMP_MARKER,
+        "marked",
+        "marker",
+    ]
+
+
+def test_the_next_download_removes_what_a_killed_download_left(
+    tmp_path: Path, series: Series, wheel_cache: Path
+):
+    index = offline_index(tmp_path, series, wheel_cache)
+    cache, out = tmp_path / "cache", tmp_path / "dist"
+    left = kill_when(start_build(out, cache, index), cache, ".download-*")
+    build(out, cache, index)
+    pinned = series.manifest.base.wheel
+    assert listing(cache) == [pinned], f"the killed download's {left.name} is still there"
+
+    (cache / pinned).unlink()
+    marker = kill_when(start_build(out, cache, index), cache, f".download-*/{wheel.TEMP_MARKER}")
+    left = marker.parent
+    made = look_alikes(cache, wheel.DOWNLOAD_PREFIX)
+    with wheel.marked_folder(cache, wheel.DOWNLOAD_PREFIX) as (live, _lock):
+        build(out, cache, index)
+        assert live.is_dir() and (live / wheel.TEMP_MARKER).is_file()
+    assert not left.exists()
+    assert listing(cache) == sorted([pinned, *(p.name for p in made)])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_build_removes_its_folder(
+    tmp_path: Path, wheel_cache: Path, signum: signal.Signals
+):
+    out = tmp_path / "dist"
+    run = start_build(out, wheel_cache, {})
+    deadline = time.monotonic() + 120
+    while not list(out.glob(f".build-wheel-*/{wheel.TEMP_MARKER}")):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.002)
+    run.send_signal(signum)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 130, stderr
+    assert f"interrupted ({signum.name}); what this run made was removed" in stderr
+    assert listing(out) == []
