@@ -182,15 +182,6 @@ def _check_manifest(
             "manifest",
             f"[patches] orders the patches {pinned}, series orders them {listed}",
         )
-    for path, by_step in manifest.blobs.items():
-        report.checked["manifest"] += 1
-        if list(by_step) != manifest.steps:
-            report.add(
-                pin,
-                None,
-                "manifest",
-                f"[blobs] for {path} has steps {list(by_step)}, expected {manifest.steps}",
-            )
     for patch in patches:
         pinned_hash = manifest.patch_hashes.get(patch.path.name)
         if pinned_hash is not None:

@@ -56,13 +56,110 @@ class ReleasePin:
     transformers: str = ""
 
     @classmethod
-    def from_table(cls, version: str, table: dict[str, str]) -> ReleasePin:
+    def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
         return cls(
-            WheelPin(version, table["wheel"], table["sha256"]),
-            table["tag"],
-            table.get("torch", ""),
-            table.get("transformers", ""),
+            toml.wheel_pin(keys, version),
+            toml.text((*keys, "tag")),
+            toml.text((*keys, "torch"), default=""),
+            toml.text((*keys, "transformers"), default=""),
         )
+
+
+_REQUIRED: Any = object()
+BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
+WHEEL_NAME = re.compile(
+    r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)-(?P<python>[a-z]+\d+)-[^-]+-[^-]+\.whl$"
+)
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def spell_key(keys: tuple[str, ...]) -> str:
+    """A key path as TOML writes it: blobs."python/sglang/x.py".0002."""
+    return ".".join(k if _BARE_KEY.match(k) else json.dumps(k) for k in keys)
+
+
+@dataclass(frozen=True)
+class TomlFile:
+    """A parsed TOML file read by key path; a missing or wrong value is refused
+    (exit 6) with the key and the file, never a KeyError."""
+
+    path: Path
+    data: dict[str, Any]
+    repair: str  # the next step for a damaged file
+
+    @classmethod
+    def load(cls, path: Path, what: str, missing: str, repair: str) -> TomlFile:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BackportError(
+                Exit.PATCHSET_INVALID, f"{what} {path} does not exist", missing
+            ) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+            raise BackportError(
+                Exit.PATCHSET_INVALID, f"{what} {path} is not valid TOML: {err}", repair
+            ) from None
+        return cls(path, data, repair)
+
+    def refuse(self, keys: tuple[str, ...], problem: str) -> BackportError:
+        return BackportError(
+            Exit.PATCHSET_INVALID, f"{self.path}: {spell_key(keys)} {problem}", self.repair
+        )
+
+    def value(self, keys: tuple[str, ...], kind: type, default: Any = _REQUIRED) -> Any:
+        node: Any = self.data
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict):
+                raise self.refuse(keys[:depth], f"is {_kind(node)}, not a table")
+            if key not in node:
+                if default is not _REQUIRED:
+                    return default
+                raise self.refuse(keys[: depth + 1], "is missing")
+            node = node[key]
+        if not isinstance(node, kind) or isinstance(node, bool) is not (kind is bool):
+            raise self.refuse(keys, f"is {_kind(node)}, not {_KINDS[kind]}")
+        return node
+
+    def table(self, keys: tuple[str, ...], optional: bool = False) -> dict[str, Any]:
+        return dict(self.value(keys, dict, {} if optional else _REQUIRED))
+
+    def text(
+        self,
+        keys: tuple[str, ...],
+        pattern: re.Pattern[str] | None = None,
+        what: str = "",
+        default: Any = _REQUIRED,
+    ) -> str:
+        text = self.value(keys, str, default)
+        if pattern is not None and not pattern.match(text):
+            raise self.refuse(keys, f"= {json.dumps(text)} is not {what}")
+        return str(text)
+
+    def number(self, keys: tuple[str, ...]) -> int:
+        return int(self.value(keys, int))
+
+    def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
+        """The table's wheel (a wheel file name of that sglang version) and sha256."""
+        wheel = self.text((*keys, "wheel"), WHEEL_NAME, "a wheel file name (PEP 427)")
+        name = WHEEL_NAME.match(wheel)
+        assert name is not None
+        if (name["name"], name["version"]) != ("sglang", version):
+            raise self.refuse(
+                (*keys, "wheel"),
+                f"= {json.dumps(wheel)} is not a wheel of sglang {version}",
+            )
+        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
+
+
+_KINDS: dict[type, str] = {dict: "a table", str: "a string", int: "an integer", list: "a list"}
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a value")
 
 
 @dataclass
@@ -124,50 +221,61 @@ class PinManifest:
 
     @classmethod
     def load(cls, path: Path) -> PinManifest:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"pin manifest {path} does not exist",
-                "pass --patch-set with a folder under patches/ that holds pin.toml",
-            ) from None
-        except tomllib.TOMLDecodeError as err:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"pin manifest {path} is not valid TOML: {err}",
-                "restore it with `git checkout -- patches/`, or regenerate it "
-                "with scripts/export-patches",
-            ) from None
-        try:
-            sglang = data["sglang"]
-            upstream = data["upstream-fixed"]
-            return cls(
-                release=ReleasePin.from_table(sglang["version"], sglang),
-                upstream_fixed=WheelPin(upstream["version"], upstream["wheel"], upstream["sha256"]),
-                patch_hashes=dict(data["patches"]),
-                blobs={path: dict(steps) for path, steps in data["blobs"].items()},
-                known_releases={
-                    release: dict(files)
-                    for release, files in data.get("known-releases", {}).items()
-                },
-                same_files={
-                    version: ReleasePin.from_table(version, table)
-                    for version, table in data.get("same-files", {}).items()
-                },
-                fix_marker=upstream.get("marker", ""),
-                fix_function=upstream.get("marker-function", ""),
-                upstream_prs={step: int(pr) for step, pr in upstream.get("prs", {}).items()},
-                local_version=data.get("build-wheel", {}).get("local", ""),
-                raw=data,
-            )
-        except (KeyError, TypeError, ValueError) as err:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"pin manifest {path} lacks the key {err} or holds a wrong value there",
-                "restore it with `git checkout -- patches/`, or regenerate it "
-                "with scripts/export-patches",
-            ) from None
+        """Read and check pin.toml: every key a command reads is there and well formed."""
+        toml = TomlFile.load(
+            path,
+            "pin manifest",
+            "pass --patch-set with a folder under patches/ that holds pin.toml",
+            "restore it with `git checkout -- patches/`, or regenerate it "
+            "with scripts/export-patches",
+        )
+        version = toml.text(("sglang", "version"))
+        patch_hashes = {
+            name: toml.text(("patches", name), SHA256, "a sha256")
+            for name in toml.table(("patches",))
+        }
+        steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
+        blobs: dict[str, dict[str, str]] = {}
+        for file in toml.table(("blobs",)):
+            by_step = toml.table(("blobs", file))
+            for step in steps:
+                toml.text(("blobs", file, step), BLOB_ID, "a git blob id")
+            extra = [step for step in by_step if step not in steps]
+            if extra:
+                raise toml.refuse(
+                    ("blobs", file),
+                    f"names steps {', '.join(extra)}, which are not in [patches] "
+                    f"(steps: {', '.join(steps)})",
+                )
+            blobs[file] = {step: by_step[step] for step in steps}
+        if not blobs:
+            raise toml.refuse(("blobs",), "names no file")
+        upstream = ("upstream-fixed",)
+        return cls(
+            release=ReleasePin.from_table(toml, ("sglang",), version),
+            upstream_fixed=toml.wheel_pin(upstream, toml.text((*upstream, "version"))),
+            patch_hashes=patch_hashes,
+            blobs=blobs,
+            known_releases={
+                release: {
+                    file: toml.text(("known-releases", release, file), BLOB_ID, "a git blob id")
+                    for file in toml.table(("known-releases", release))
+                }
+                for release in toml.table(("known-releases",), optional=True)
+            },
+            same_files={
+                other: ReleasePin.from_table(toml, ("same-files", other), other)
+                for other in toml.table(("same-files",), optional=True)
+            },
+            fix_marker=toml.text((*upstream, "marker"), default=""),
+            fix_function=toml.text((*upstream, "marker-function"), default=""),
+            upstream_prs={
+                step: toml.number((*upstream, "prs", step))
+                for step in toml.table((*upstream, "prs"), optional=True)
+            },
+            local_version=toml.text(("build-wheel", "local"), default=""),
+            raw=toml.data,
+        )
 
 
 def _toml_value(value: str | dict[str, str]) -> str:
