@@ -16,6 +16,7 @@ from pathlib import Path
 from .deploy import label_problems
 from .errors import BackportError
 from .manifest import (
+    BASE_STEP,
     MANIFEST_NAME,
     SERIES_NAME,
     PinManifest,
@@ -45,7 +46,8 @@ RELEASE_VALUE = re.compile(r"^\d+(?:\.\d+)+(?:\.post\d+)?$")
 
 RULES = {
     "series": "series lists every patch file once, and only files that exist",
-    "manifest": "pin.toml loads; its patch hashes, order and blob ids match",
+    "manifest": "pin.toml loads; its patch hashes, order and blob ids match, the base's "
+    "also releases.toml's",
     "allow-list": "patches touch only the files named in the manifest's [blobs]",
     "description": "every patch has a subject and a description of why",
     "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values",
@@ -182,6 +184,18 @@ def _check_manifest(
             "manifest",
             f"[patches] orders the patches {pinned}, series orders them {listed}",
         )
+    for release in manifest.releases:
+        report.checked["manifest"] += 1
+        known = manifest.registry.known[release].blobs
+        if known != manifest.blobs_at(BASE_STEP):
+            report.add(
+                pin,
+                None,
+                "manifest",
+                f"[blobs] base holds {manifest.blobs_at(BASE_STEP)}, but "
+                f'{manifest.registry.path} [releases."{release}"] blobs are {known}: '
+                "one of them is wrong; hash the release's wheel (docs/maintaining.md)",
+            )
     for patch in patches:
         pinned_hash = manifest.patch_hashes.get(patch.path.name)
         if pinned_hash is not None:

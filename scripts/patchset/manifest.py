@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -11,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BackportError, Exit
+from .paths import PATCHES_ROOT
 
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
+RELEASES_NAME = "releases.toml"
 BASE_STEP = "base"
 
 
@@ -35,6 +38,12 @@ def step_of(patch_name: str) -> str:
 def release_key(release: str) -> tuple[int, ...]:
     """Sort key for sglang release names: 0.5.13 < 0.5.13.post1 < 0.5.14."""
     return tuple(int(part) for part in re.findall(r"\d+", release))
+
+
+# A [races] entry: (kind, buffers, rows); every buffer races in every row, kind
+# being the first access and the second.
+RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
+RACE_KINDS = ("write/write", "write/read", "read/write")
 
 
 @dataclass(frozen=True)
@@ -162,28 +171,153 @@ def _kind(value: object) -> str:
     return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a value")
 
 
+REPAIR_RELEASES = (
+    "restore it with `git checkout -- patches/releases.toml`, or fix it as the comment "
+    "at its top describes (docs/maintaining.md: adding a release)"
+)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """An upstream fix of the race, by the name releases and steps use (fix-a, fix-b)."""
+
+    name: str
+    pr: int
+    about: str
+    marker: str = ""  # a line the fix adds; in marker_function it means "fixed"
+    marker_function: str = ""
+
+
+@dataclass(frozen=True)
+class KnownRelease:
+    """An sglang release as shipped: the fixes it carries and its files' blob ids."""
+
+    version: str
+    fixes: frozenset[str]
+    blobs: dict[str, str]  # path -> git blob id
+    wheel: WheelPin | None = None
+
+
+@dataclass(frozen=True)
+class Releases:
+    """patches/releases.toml: the facts every release shares (see its header)."""
+
+    path: Path
+    fixes: dict[str, Fix]
+    known: dict[str, KnownRelease]  # oldest first
+    upstream_fixed: WheelPin
+
+    @classmethod
+    def load(cls, path: Path) -> Releases:
+        toml = TomlFile.load(
+            path,
+            "release registry",
+            "restore it with `git checkout -- patches/releases.toml`",
+            REPAIR_RELEASES,
+        )
+        fixes = {
+            name: Fix(
+                name,
+                toml.number(("fixes", name, "pr")),
+                toml.text(("fixes", name, "about")),
+                toml.text(("fixes", name, "marker"), default=""),
+                toml.text(("fixes", name, "marker-function"), default=""),
+            )
+            for name in toml.table(("fixes",))
+        }
+        known: dict[str, KnownRelease] = {}
+        for version in sorted(toml.table(("releases",)), key=release_key):
+            keys = ("releases", version)
+            carried = toml.value((*keys, "fixes"), list)
+            unknown = [f for f in carried if f not in fixes]
+            if unknown:
+                raise toml.refuse(
+                    (*keys, "fixes"),
+                    f"names {', '.join(map(str, unknown))}, which [fixes] does not define",
+                )
+            known[version] = KnownRelease(
+                version,
+                frozenset(carried),
+                {
+                    file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
+                    for file in toml.table((*keys, "blobs"))
+                },
+                toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None,
+            )
+        fixed = toml.text(("upstream-fixed",))
+        if fixed not in known:
+            raise toml.refuse(("upstream-fixed",), f'= "{fixed}" has no [releases."{fixed}"]')
+        upstream = known[fixed].wheel or toml.wheel_pin(("releases", fixed), fixed)
+        return cls(path, fixes, known, upstream)
+
+    def release(self, version: str, needed_by: Path) -> KnownRelease:
+        """A known release; refuse one the registry does not have."""
+        if version not in self.known:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{needed_by} serves sglang {version}, which {self.path} does not know",
+                f'add [releases."{version}"] to {self.path} (docs/maintaining.md: '
+                "adding a release)",
+            )
+        return self.known[version]
+
+
+@functools.cache
+def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
+    """The release registry, read once per process."""
+    return Releases.load(path)
+
+
 @dataclass
 class PinManifest:
     """What the series was made against and what each step must produce."""
 
     release: ReleasePin
-    upstream_fixed: WheelPin
     patch_hashes: dict[str, str]
     # path -> {step -> git blob id}, steps in series order starting with "base"
     blobs: dict[str, dict[str, str]]
-    # release -> {path -> git blob id}, to name a base that does not match
-    known_releases: dict[str, dict[str, str]] = field(default_factory=dict)
+    # step -> the fixes its tree holds (the base: its release's, from releases.toml)
+    step_fixes: dict[str, frozenset[str]]
+    # the facts every release shares (patches/releases.toml)
+    registry: Releases
     # other releases whose touched files are byte-identical: the series serves them too
     same_files: dict[str, ReleasePin] = field(default_factory=dict)
-    # the line that fix B adds, and the function it goes in; a tree holding it needs no patch
-    fix_marker: str = ""
-    fix_function: str = ""
-    # upstream pull requests of the fixes, by the step that brings each
-    upstream_prs: dict[str, int] = field(default_factory=dict)
     # PEP 440 local version label of the patched wheel (scripts/build-wheel)
     local_version: str = ""
+    # [races]: scenario -> step -> the races left open (scripts/race-check writes it)
+    races: dict[str, dict[str, tuple[RaceEntry, ...]]] = field(default_factory=dict)
     # the unparsed manifest, for facts that only one tool reads
     raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def upstream_fixed(self) -> WheelPin:
+        """The first release with the fix; scripts/review compares with it."""
+        return self.registry.upstream_fixed
+
+    @property
+    def known_releases(self) -> dict[str, dict[str, str]]:
+        """release -> {path -> git blob id}, oldest first, to name a base that does not match."""
+        return {version: known.blobs for version, known in self.registry.known.items()}
+
+    @property
+    def _marked_fix(self) -> Fix | None:
+        return next((fix for fix in self.registry.fixes.values() if fix.marker), None)
+
+    @property
+    def fix_marker(self) -> str:
+        """The line the fix adds; a tree that holds it in fix_function needs no patch."""
+        fix = self._marked_fix
+        return fix.marker if fix else ""
+
+    @property
+    def fix_function(self) -> str:
+        fix = self._marked_fix
+        return fix.marker_function if fix else ""
+
+    @property
+    def upstream_prs(self) -> dict[str, int]:
+        """Upstream pull request of each fix, by its name."""
+        return {name: fix.pr for name, fix in self.registry.fixes.items()}
 
     @property
     def base(self) -> WheelPin:
@@ -216,12 +350,20 @@ class PinManifest:
     def final_step(self) -> str:
         return self.steps[-1]
 
+    def open_races(self, step: str) -> list[str]:
+        """The scenarios whose [races] entry at step is not clean, in table order."""
+        return [name for name, by_step in self.races.items() if by_step[step]]
+
     def blobs_at(self, step: str) -> dict[str, str]:
         return {path: by_step[step] for path, by_step in self.blobs.items()}
 
     @classmethod
-    def load(cls, path: Path) -> PinManifest:
-        """Read and check pin.toml: every key a command reads is there and well formed."""
+    def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
+        """Read and check pin.toml: every key a command reads is there and well formed.
+
+        registry: the release facts (default: the project's patches/releases.toml).
+        """
+        registry = registry or load_releases()
         toml = TomlFile.load(
             path,
             "pin manifest",
@@ -250,32 +392,71 @@ class PinManifest:
             blobs[file] = {step: by_step[step] for step in steps}
         if not blobs:
             raise toml.refuse(("blobs",), "names no file")
-        upstream = ("upstream-fixed",)
+        if BASE_STEP in toml.table(("step-fixes",)):
+            raise toml.refuse(
+                ("step-fixes", BASE_STEP),
+                f'is given here; the base holds what [releases."{version}"] fixes '
+                f"in {registry.path} says, so remove it",
+            )
+        step_fixes = {BASE_STEP: registry.release(version, path).fixes}
+        for step in steps[1:]:
+            fixes = toml.value(("step-fixes", step), list)
+            unknown = [f for f in fixes if f not in registry.fixes]
+            if unknown:
+                raise toml.refuse(
+                    ("step-fixes", step),
+                    f"names {', '.join(map(str, unknown))}, which {registry.path} "
+                    "[fixes] does not define",
+                )
+            step_fixes[step] = frozenset(fixes)
+        same_files = {
+            other: ReleasePin.from_table(toml, ("same-files", other), other)
+            for other in toml.table(("same-files",), optional=True)
+        }
+        for other in same_files:
+            registry.release(other, path)
         return cls(
             release=ReleasePin.from_table(toml, ("sglang",), version),
-            upstream_fixed=toml.wheel_pin(upstream, toml.text((*upstream, "version"))),
             patch_hashes=patch_hashes,
             blobs=blobs,
-            known_releases={
-                release: {
-                    file: toml.text(("known-releases", release, file), BLOB_ID, "a git blob id")
-                    for file in toml.table(("known-releases", release))
-                }
-                for release in toml.table(("known-releases",), optional=True)
-            },
-            same_files={
-                other: ReleasePin.from_table(toml, ("same-files", other), other)
-                for other in toml.table(("same-files",), optional=True)
-            },
-            fix_marker=toml.text((*upstream, "marker"), default=""),
-            fix_function=toml.text((*upstream, "marker-function"), default=""),
-            upstream_prs={
-                step: toml.number((*upstream, "prs", step))
-                for step in toml.table((*upstream, "prs"), optional=True)
-            },
+            step_fixes=step_fixes,
+            registry=registry,
+            same_files=same_files,
             local_version=toml.text(("build-wheel", "local"), default=""),
+            races=_race_tables(toml, steps),
             raw=toml.data,
         )
+
+
+def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[RaceEntry, ...]]]:
+    """[races]: every scenario lists every step; each entry is {kind, buffers, rows}."""
+    races: dict[str, dict[str, tuple[RaceEntry, ...]]] = {}
+    for scenario in toml.table(("races",), optional=True):
+        toml.table(("races", scenario))
+        races[scenario] = {}
+        for step in steps:
+            keys = ("races", scenario, step)
+            entries = []
+            for n, entry in enumerate(toml.value(keys, list)):
+                if not isinstance(entry, dict):
+                    raise toml.refuse(keys, f"entry {n + 1} is {_kind(entry)}, not a table")
+                kind = entry.get("kind")
+                buffers, rows = entry.get("buffers"), entry.get("rows")
+                if (
+                    kind not in RACE_KINDS
+                    or not isinstance(buffers, list)
+                    or not all(isinstance(b, str) for b in buffers)
+                    or not isinstance(rows, list)
+                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in rows)
+                ):
+                    raise toml.refuse(
+                        keys,
+                        f"entry {n + 1} is not {{ kind = one of {', '.join(RACE_KINDS)}, "
+                        "rows = [integers], buffers = [strings] }",
+                    )
+                entries.append((kind, tuple(buffers), tuple(rows)))
+            races[scenario][step] = tuple(entries)
+    return races
 
 
 def _toml_value(value: str | dict[str, str]) -> str:
@@ -291,9 +472,19 @@ def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
     Comments, other tables and hand-written keys stay byte for byte; a table
     that is missing is added at the end.
     """
+    return replace_tables(
+        text,
+        {
+            name: [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in entries.items()]
+            for name, entries in tables.items()
+        },
+    )
+
+
+def replace_tables(text: str, tables: dict[str, list[str]]) -> str:
+    """text with the key lines of each table [NAME] replaced by the lines given."""
     lines = text.splitlines()
-    for name, entries in tables.items():
-        body = [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in entries.items()]
+    for name, body in tables.items():
         header = f"[{name}]"
         if header not in lines:
             lines += ["", header, *body]

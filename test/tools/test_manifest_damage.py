@@ -30,9 +30,9 @@ DAMAGE = {
         f'blobs."{DECODE}".0001 is missing',
     ),
     "a required table missing": (
-        "[upstream-fixed]\n",
-        "[upstream-fixed-typo]\n",
-        "upstream-fixed is missing",
+        "[sglang]\n",
+        "[sglang-typo]\n",
+        "sglang is missing",
     ),
     "a required field missing": ('tag = "v0.5.15.post1"\n', "", "sglang.tag is missing"),
     "a wheel that is not a wheel file name": (
