@@ -81,6 +81,7 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 WHEEL_NAME = re.compile(
     r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)-(?P<python>[a-z]+\d+)-[^-]+-[^-]+\.whl$"
 )
+STEP_NAME = re.compile(r"^\d{4}$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -255,7 +256,7 @@ class Releases:
         if version not in self.known:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"{needed_by} serves sglang {version}, which {self.path} does not know",
+                f'{self.path} has no [releases."{version}"], the release {needed_by} serves',
                 f'add [releases."{version}"] to {self.path} (docs/maintaining.md: '
                 "adding a release)",
             )
@@ -347,6 +348,14 @@ class PinManifest:
         return [BASE_STEP] + [step_of(name) for name in self.patch_hashes]
 
     @property
+    def first_number(self) -> int:
+        """The number of the series' first patch; for a series still empty (a new
+        release), of the first step [step-fixes] plans, so that a step number names
+        the same fix on every base."""
+        planned = sorted(self.raw.get("step-fixes", {}))
+        return int((self.steps[1:] or planned or ["1"])[0])
+
+    @property
     def final_step(self) -> str:
         return self.steps[-1]
 
@@ -399,6 +408,9 @@ class PinManifest:
                 f"in {registry.path} says, so remove it",
             )
         step_fixes = {BASE_STEP: registry.release(version, path).fixes}
+        for step in toml.table(("step-fixes",)):
+            if not STEP_NAME.match(step):
+                raise toml.refuse(("step-fixes", step), "is not a step (four digits, e.g. 0002)")
         for step in steps[1:]:
             fixes = toml.value(("step-fixes", step), list)
             unknown = [f for f in fixes if f not in registry.fixes]
