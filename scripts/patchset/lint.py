@@ -50,7 +50,8 @@ RULES = {
     "also releases.toml's",
     "allow-list": "patches touch only the files named in the manifest's [blobs]",
     "description": "every patch has a subject and a description of why",
-    "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values",
+    "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values; a "
+    "Backport's PR and first release are releases.toml's for the fix its step adds",
     "whitespace": "no trailing whitespace on added lines",
     "final-newline": "every file of the patch set, and every patched file, ends with a newline",
     "line-endings": "every file of the patch set has LF line endings, byte for byte (no CR)",
@@ -347,6 +348,32 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
         )
 
 
+def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
+    """A Backport's PR and release are those releases.toml gives the fix its step adds."""
+    step = step_of(patch.path.name)
+    if step not in manifest.steps[1:] or not patch.trailer("Upstream-Status"):
+        return
+    if not patch.trailer("Upstream-Status")[0].value.startswith("Backport"):
+        return
+    before = manifest.steps[manifest.steps.index(step) - 1]
+    registry = manifest.registry
+    for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
+        report.checked["trailers"] += 1
+        fix = registry.fixes[name]
+        first = next((r for r, k in registry.known.items() if name in k.fixes), None)
+        expected = {"Upstream-PR": f"sgl-project/sglang#{fix.pr}", "Upstream-Release": first}
+        for key, value in expected.items():
+            found = patch.trailer(key)
+            if found and value is not None and found[0].value != value:
+                report.add(
+                    patch.path,
+                    found[0].line,
+                    "trailers",
+                    f"{key}: {found[0].value}, but {registry.path.name} says {name} "
+                    f"(what step {step} adds, [step-fixes]) is {value}",
+                )
+
+
 def _check_whitespace(report: LintReport, patch: Patch) -> None:
     for diff in patch.files:
         for hunk in diff.hunks:
@@ -416,6 +443,7 @@ def lint_patch_set(folder: Path) -> LintReport:
         _check_patched_newline(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
+            _check_upstream_facts(report, manifest, patch)
         if not any(diff.hunks for diff in patch.files):
             report.add(path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:
