@@ -600,7 +600,7 @@ def series_for_release(root: Path, version: str) -> Series:
             served[release] = series.for_release(release)
     if version in served:
         return served[version]
-    fixed = min((s.manifest.upstream_fixed.version for s in served.values()), key=release_key)
+    fixed = load_releases().upstream_fixed.version
     if re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version) and release_key(version) >= release_key(
         fixed
     ):
