@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,20 @@ class TomlFile:
             raise self.refuse(keys, f"= {json.dumps(text)} is not {what}")
         return str(text)
 
+    def names(
+        self, keys: tuple[str, ...], defined: Mapping[str, object], where: str
+    ) -> frozenset[str]:
+        """A list of names, each one that where defines."""
+        listed = self.value(keys, list)
+        unknown = [
+            n if isinstance(n, str) else json.dumps(n)
+            for n in listed
+            if not isinstance(n, str) or n not in defined
+        ]
+        if unknown:
+            raise self.refuse(keys, f"names {', '.join(unknown)}, which {where} does not define")
+        return frozenset(listed)
+
     def number(self, keys: tuple[str, ...]) -> int:
         return int(self.value(keys, int))
 
@@ -229,16 +244,9 @@ class Releases:
         known: dict[str, KnownRelease] = {}
         for version in sorted(toml.table(("releases",)), key=release_key):
             keys = ("releases", version)
-            carried = toml.value((*keys, "fixes"), list)
-            unknown = [f for f in carried if f not in fixes]
-            if unknown:
-                raise toml.refuse(
-                    (*keys, "fixes"),
-                    f"names {', '.join(map(str, unknown))}, which [fixes] does not define",
-                )
             known[version] = KnownRelease(
                 version,
-                frozenset(carried),
+                toml.names((*keys, "fixes"), fixes, "[fixes]"),
                 {
                     file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
                     for file in toml.table((*keys, "blobs"))
@@ -412,15 +420,9 @@ class PinManifest:
             if not STEP_NAME.match(step):
                 raise toml.refuse(("step-fixes", step), "is not a step (four digits, e.g. 0002)")
         for step in steps[1:]:
-            fixes = toml.value(("step-fixes", step), list)
-            unknown = [f for f in fixes if f not in registry.fixes]
-            if unknown:
-                raise toml.refuse(
-                    ("step-fixes", step),
-                    f"names {', '.join(map(str, unknown))}, which {registry.path} "
-                    "[fixes] does not define",
-                )
-            step_fixes[step] = frozenset(fixes)
+            step_fixes[step] = toml.names(
+                ("step-fixes", step), registry.fixes, f"{registry.path} [fixes]"
+            )
         same_files = {
             other: ReleasePin.from_table(toml, ("same-files", other), other)
             for other in toml.table(("same-files",), optional=True)
