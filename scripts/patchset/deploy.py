@@ -25,7 +25,14 @@ from pathlib import Path
 from . import wheel as wheels
 from .apply import files_per_step
 from .errors import BackportError, Exit
-from .manifest import PinManifest, Series, git_blob_id, patch_set_folders
+from .manifest import (
+    RELEASES_NAME,
+    PinManifest,
+    Series,
+    git_blob_id,
+    load_releases,
+    patch_set_folders,
+)
 
 BUILD_TABLE = "build-wheel"
 # PEP 440 local version label, in its normalized form (lower case, dots), so
@@ -246,14 +253,15 @@ def load_catalog(patches_root: Path) -> Catalog:
     series, and each known release (patches/releases.toml), with the races each
     leaves open ([races]; a release not served here: those open at any step
     that holds the same fixes)."""
-    all_series = [Series.load(folder) for folder in patch_set_folders(patches_root)]
-    if not all_series:
+    folders = patch_set_folders(patches_root)
+    if not folders:
         raise BackportError(
             Exit.PATCHSET_INVALID,
             f"no patch set (a folder with pin.toml) under {patches_root}",
             "run from a copy of the project that has its patches/ folder",
         )
-    registry = all_series[0].manifest.registry
+    registry = load_releases(patches_root / RELEASES_NAME)
+    all_series = [Series.load(folder, registry) for folder in folders]
 
     def prs(fixes: frozenset[str]) -> frozenset[str]:
         return frozenset(f"sgl-project/sglang#{registry.fixes[f].pr}" for f in fixes)

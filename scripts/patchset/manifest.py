@@ -534,10 +534,13 @@ class Series:
         return [self.folder / name for name in self.patch_names]
 
     @classmethod
-    def load(cls, folder: Path) -> Series:
-        """Read the series and its manifest without checking patch hashes."""
+    def load(cls, folder: Path, registry: Releases | None = None) -> Series:
+        """Read the series and its manifest without checking patch hashes.
+
+        registry: the release facts (default: the project's patches/releases.toml).
+        """
         require_folder(folder)
-        manifest = PinManifest.load(folder / MANIFEST_NAME)
+        manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
             raise BackportError(
@@ -596,13 +599,14 @@ def patch_set_folders(root: Path) -> list[Path]:
 def series_for_release(root: Path, version: str) -> Series:
     """The series that serves an sglang release; refuse one no patch set serves."""
     served: dict[str, Series] = {}
+    registry = load_releases(root / RELEASES_NAME)
     for folder in patch_set_folders(root):
-        series = Series.load(folder)
+        series = Series.load(folder, registry)
         for release in series.manifest.releases:
             served[release] = series.for_release(release)
     if version in served:
         return served[version]
-    fixed = load_releases().upstream_fixed.version
+    fixed = registry.upstream_fixed.version
     if re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version) and release_key(version) >= release_key(
         fixed
     ):
