@@ -8,8 +8,7 @@ from pathlib import Path
 from patchset import cli, deploy, paths
 from patchset.errors import Exit
 
-DESCRIPTION = (
-    """\
+DESCRIPTION = """\
 Find the sglang that an interpreter would import (importlib.util.find_spec
 only: sglang itself is not imported, so no GPU is needed), hash its three
 files (git blob id and sha256), and name what they are from every manifest
@@ -24,10 +23,11 @@ one pip sees depends on the order of sys.path. Needs only Python 3.11's
 standard library: copy scripts/ and patches/ into a container and run
 scripts/check-install with the container's python.
 
-Races (scripts/race-check's scenarios):
-"""
-    + "\n".join(f"  {race}  {text}" for race, text in deploy.RACES.items())
-    + """
+The races named are scripts/race-check's scenarios (its --help says what
+each plays); which of them each step of each series leaves open is the
+[races] table of its pin.toml, written from a run by race-check
+--write-expected, and a release not served here leaves open those of a step
+that holds the same fixes (patches/releases.toml).
 
 When several verdicts hold, the first in this order decides the exit code:
 not installed; two distributions; a race open (affected, partial fix), whether
@@ -35,7 +35,6 @@ or not pip knows the files; files that differ from RECORD; unknown content.
 Exit 0 only when the race is closed and the files match RECORD (or belong to an
 editable install, or no distribution owns them).
 """
-)
 
 CODES = [
     Exit.PATCHSET_INVALID, Exit.AFFECTED, Exit.PARTIAL_FIX, Exit.UNKNOWN_CONTENT,

@@ -5,10 +5,13 @@ sources, ast over the signatures) and then looks here for the reason. A
 difference that no note covers is shown as unexplained, and a note that
 covers nothing is shown as stale, so this file has to follow the code.
 
-Which bases a note is about: first and last name the oldest and newest
-base release it applies to (both included, compared with release_key; empty
-means no bound). On any other base the note is left out: it explains nothing
-there and cannot be stale there.
+Which bases a note is about: before names the release in which upstream
+made the change the note explains, and the note is about every older base;
+since, where given, is the oldest base it is about. Both are releases of
+patches/releases.toml (the review refuses one it does not know); empty means
+no bound. On any other base the note is left out: it explains nothing there
+and cannot be stale there. Adding a release needs no change here: a new base
+falls on the side of each bound that its version puts it.
 
 How a note covers a difference:
 - params: parameter names whose presence or type differs in the signature;
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from patchset.manifest import release_key
+from patchset.errors import BackportError, Exit
+from patchset.manifest import Releases, release_key
 
 
 @dataclass(frozen=True)
@@ -34,25 +38,21 @@ class Note:
     lines: tuple[str, ...] = ()
     blocks: tuple[str, ...] = ()
     comments: tuple[str, ...] = ()
-    first: str = ""  # oldest base release this note is about ("" = any)
-    last: str = ""  # newest base release this note is about ("" = any)
+    before: str = ""  # the release where upstream made this change ("" = no bound)
+    since: str = ""  # the oldest base this note is about ("" = no bound)
 
     def applies_to(self, release: str) -> bool:
         key = release_key(release)
-        return (not self.first or release_key(self.first) <= key) and (
-            not self.last or key <= release_key(self.last)
+        return (not self.since or release_key(self.since) <= key) and (
+            not self.before or key < release_key(self.before)
         )
 
     @property
     def bases(self) -> str:
         """The releases this note is about, for a reader."""
-        if self.first and self.last:
-            return self.first if self.first == self.last else f"{self.first} to {self.last}"
-        if self.first:
-            return f"{self.first} and later"
-        if self.last:
-            return f"up to {self.last}"
-        return "every base"
+        since = f"{self.since} and later" if self.since else ""
+        before = f"older than {self.before}" if self.before else ""
+        return ", ".join(filter(None, [since, before])) or "every base"
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 params=("confidence",),
                 lines=(r"\bconfidence\b",),
                 blocks=(r"^\s*if publish_confidence:",),
-                last="0.5.15.post1",
+                before="0.5.16",
             ),
             Note(
                 "_publish_fresh arrived upstream in 0.5.16",
@@ -87,7 +87,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "in resolve can check that every wait follows a fresh publish. "
                 "Upstream added the flag in 0.5.16; it is not part of either fix.",
                 lines=(r"\b_publish_fresh\b",),
-                last="0.5.15.post1",
+                before="0.5.16",
             ),
         ),
     ),
@@ -102,7 +102,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "they are.",
                 params=("running_batch",),
                 lines=(r"\brunning_batch\b",),
-                last="0.5.15.post1",
+                before="0.5.16",
             ),
             Note(
                 "server-args access: get_disagg() arrived in 0.5.17",
@@ -110,7 +110,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "get_disagg() instead of self.server_args. Same flag, unrelated to "
                 "the race.",
                 lines=(r"disaggregation_decode_enable_radix_cache",),
-                last="0.5.16",
+                before="0.5.17",
             ),
             Note(
                 "KV fields moved under req.kv in 0.5.19",
@@ -127,7 +127,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "kv_committed_len) instead. The same range of tokens is extended; "
                 "unrelated to the race.",
                 lines=(r"\bfill_len\b", r"\bset_extend_input_len\("),
-                last="0.5.14",
+                before="0.5.15",
             ),
             Note(
                 "same wait, comment in our words",
@@ -145,7 +145,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "speculative settings through get_spec(). Fix B puts its wait right "
                 "before this call either way.",
                 lines=(r"\bprocess_prebuilt\(",),
-                last="0.5.17",
+                before="0.5.18",
             ),
         ),
     ),
@@ -162,7 +162,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 params=("server_args",),
                 lines=(r"\bserver_args\b", r"\bget_spec\(\)", r"\bspec\.\w+"),
                 comments=(r"Adaptive spec",),
-                last="0.5.17",
+                before="0.5.18",
             ),
             Note(
                 "DSA top-k seed arrived upstream in 0.5.15.post1",
@@ -172,7 +172,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "0.5.15.post1; these bases have no DSA seed here. Unrelated to the "
                 "race.",
                 lines=(r"\bdsa_topk_indices\b", r"\bdsa_indices_list\b"),
-                last="0.5.15",
+                before="0.5.15.post1",
             ),
             Note(
                 "DSA top-k remap arrived upstream in 0.5.18",
@@ -180,7 +180,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "request-relative positions to decode-local KV slots. Upstream added "
                 "the remap in 0.5.18; it has nothing to do with the race.",
                 blocks=(r"should_remap_pd_dsa_seed_to_local_slots",),
-                last="0.5.17",
+                before="0.5.18",
             ),
             Note(
                 "stash payload: RelayPayload arrived in 0.5.15",
@@ -189,7 +189,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
                 "input with RelayPayload.from_draft_input(). The same rows are "
                 "stashed; unrelated to the race.",
                 lines=(r"\bstash\(", r"\bRelayPayload\b"),
-                last="0.5.14",
+                before="0.5.15",
             ),
             Note(
                 "comment corrected: 0.5.19's is stale",
@@ -203,3 +203,18 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
         ),
     ),
 }
+
+
+def check_bounds(notes: dict[str, FunctionNotes], registry: Releases) -> None:
+    """Refuse a note whose bound is not a release of patches/releases.toml."""
+    for qualname, function_notes in notes.items():
+        for note in function_notes.notes:
+            unknown = [b for b in (note.since, note.before) if b and b not in registry.known]
+            if unknown:
+                raise BackportError(
+                    Exit.PATCHSET_INVALID,
+                    f"scripts/patchreview/notes.py: the note {note.title!r} of {qualname} "
+                    f"is bounded by sglang {unknown[0]}, which {registry.path} does not know",
+                    "name the release in which upstream made the change, as releases.toml "
+                    "spells it",
+                )

@@ -22,7 +22,7 @@ from patchset.git import Git
 from patchset.manifest import BASE_STEP, Series, WheelPin, git_blob_id
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
-from .notes import FUNCTION_NOTES, FunctionNotes, Note
+from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
 
 MODULE_LEVEL = "(module level)"
 
@@ -513,6 +513,7 @@ def build_review(
     series.verify()
     notes = FUNCTION_NOTES if notes is None else notes
     manifest = series.manifest
+    check_bounds(notes, manifest.registry)
     steps = step_files(series, build, cache)
     step_names = list(steps.files)
     patches = [

@@ -27,8 +27,14 @@ from typing import Any
 from . import wheel as wheels
 from .apply import files_per_step
 from .errors import BackportError, Exit
-from .manifest import PinManifest, Series, git_blob_id, patch_set_folders, release_key
-from .patchfile import parse_patch
+from .manifest import (
+    RELEASES_NAME,
+    PinManifest,
+    Series,
+    git_blob_id,
+    load_releases,
+    patch_set_folders,
+)
 
 BUILD_TABLE = "build-wheel"
 # build-wheel's temporary folder in --out: prefix and suffix (see wheel.marked_folder).
@@ -36,20 +42,6 @@ BUILD_TEMP = (".build-wheel-", ".tmp")
 # PEP 440 local version label, in its normalized form (lower case, dots), so
 # that the file name, the folder name and METADATA spell it the same way.
 LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:\.[a-z0-9]+)*$")
-
-# The race checker's scenarios (scripts/race-check) and which of them each
-# upstream fix closes, as measured there: fix A (#30435) makes the consumer's
-# fence cumulative, fix B (#35748) orders the seeding after the forward.
-RACES = {
-    "S1": "row reuse: a prebuilt seed and an in-flight forward write the same row",
-    "S2": "consumer: a reader of publish_ready misses the forward's earlier publish",
-    "S3": "non-speculative prebuilt: unordered writes to output_tokens_buf",
-}
-CLOSES = {
-    "sgl-project/sglang#30435": frozenset({"S2"}),
-    "sgl-project/sglang#35748": frozenset(RACES),
-}
-
 
 # --- the version label ---------------------------------------------------------
 
@@ -238,6 +230,8 @@ class KnownContent:
     name: str
     fixes: frozenset[str]  # upstream pull requests whose fix the files carry
     ours: bool  # made by one of our series (a step of it), not a release as shipped
+    # the race checker's scenarios left open, from the [races] tables of the manifests
+    open: tuple[str, ...] = ()
 
 
 @dataclass
@@ -255,48 +249,36 @@ class Catalog:
         return self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
 
 
-def open_races(fixes: frozenset[str]) -> list[str]:
-    closed: set[str] = set()
-    for pr in fixes:
-        closed |= CLOSES.get(pr, frozenset())
-    return [race for race in RACES if race not in closed]
-
-
-def _series_fixes(series: Series) -> list[tuple[str, str]]:
-    """(upstream PR, first release with it) of each patch, from its trailers."""
-    out = []
-    for path in series.patch_paths:
-        patch = parse_patch(path)
-        pr, release = patch.trailer("Upstream-PR"), patch.trailer("Upstream-Release")
-        out.append((pr[0].value if pr else "", release[0].value if release else ""))
-    return out
-
-
 def load_catalog(patches_root: Path) -> Catalog:
     """Every content the manifests under patches_root know: each step of each
-    series, and each known release."""
-    all_series = [Series.load(folder) for folder in patch_set_folders(patches_root)]
-    if not all_series:
+    series, and each known release (patches/releases.toml), with the races each
+    leaves open ([races]; a release not served here: those open at any step
+    that holds the same fixes)."""
+    folders = patch_set_folders(patches_root)
+    if not folders:
         raise BackportError(
             Exit.PATCHSET_INVALID,
             f"no patch set (a folder with pin.toml) under {patches_root}",
             "run from a copy of the project that has its patches/ folder",
         )
-    first_release: dict[str, str] = {}
-    for series in all_series:
-        for pr, release in _series_fixes(series):
-            if pr and release and release != "none":
-                first_release.setdefault(pr, release)
+    registry = load_releases(patches_root / RELEASES_NAME)
+    all_series = [Series.load(folder, registry) for folder in folders]
 
-    def fixes_of(release: str) -> frozenset[str]:
-        key = release_key(release)
-        return frozenset(pr for pr, first in first_release.items() if key >= release_key(first))
+    def prs(fixes: frozenset[str]) -> frozenset[str]:
+        return frozenset(f"sgl-project/sglang#{registry.fixes[f].pr}" for f in fixes)
 
     catalog = Catalog(files=list(all_series[0].manifest.files))
+    open_with: dict[frozenset[str], tuple[str, ...]] = {}
     for series in all_series:
         manifest = series.manifest
+        if not manifest.races:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{series.folder / 'pin.toml'} has no [races] tables, so which races "
+                "its steps leave open is not known",
+                "write them from a run: scripts/race-check --write-expected",
+            )
         served = ", ".join(manifest.releases)
-        prs = [pr for pr, _ in _series_fixes(series)]
         for index, step in enumerate(manifest.steps):
             if index == 0:
                 name = f"unpatched sglang {served}"
@@ -305,15 +287,29 @@ def load_catalog(patches_root: Path) -> Catalog:
                 name = f"sglang {served} with the series {series.folder.name} applied {label}"
             else:
                 name = f"sglang {served} with {series.folder.name} applied up to patch {step}"
-            fixes = fixes_of(manifest.base.version) | frozenset(p for p in prs[:index] if p)
-            catalog.add(manifest.blobs_at(step), KnownContent(name.strip(), fixes, index > 0))
+            fixes, open_ = manifest.step_fixes[step], tuple(manifest.open_races(step))
+            # a race open at any step with these fixes is open with them
+            open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + open_))
+            catalog.add(
+                manifest.blobs_at(step), KnownContent(name.strip(), prs(fixes), index > 0, open_)
+            )
     # A served release is already named by its series' base step.
     served_releases = {r for series in all_series for r in series.manifest.releases}
-    releases: dict[str, dict[str, str]] = {}
-    for series in all_series:
-        releases.update(series.manifest.known_releases)
-    for release in sorted(set(releases) - served_releases, key=release_key):
-        catalog.add(releases[release], KnownContent(f"sglang {release}", fixes_of(release), False))
+    for release in registry.known.values():
+        if release.version in served_releases:
+            continue
+        if release.fixes not in open_with:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{registry.path}: sglang {release.version} carries "
+                f"{', '.join(sorted(release.fixes)) or 'no fix'}, and no step of a series "
+                "here holds the same fixes, so which races it leaves open is not measured",
+                "serve a release with those fixes (docs/maintaining.md), or correct its fixes",
+            )
+        content = KnownContent(
+            f"sglang {release.version}", prs(release.fixes), False, open_with[release.fixes]
+        )
+        catalog.add(release.blobs, content)
     return catalog
 
 
@@ -344,7 +340,7 @@ class InstallReport:
         """The races still open; None when the content is unknown."""
         if not self.matches:
             return None
-        return open_races(self.matches[0].fixes)
+        return list(self.matches[0].open)
 
     def verdict(self) -> tuple[Exit, str]:
         """The exit code and the verdict line.

@@ -56,7 +56,7 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     # A base that already carries fix A starts its series at 0002, so that a
     # step number names the same fix on every base; keep the series' numbers.
-    first = int(step_of(series.patch_names[0])) if series.patch_names else 1
+    first = manifest.first_number
     listing = git.out(
         "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={first}",
         "-o", str(out), f"{pristine_tag(manifest)}..{branch}",

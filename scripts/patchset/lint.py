@@ -16,6 +16,7 @@ from pathlib import Path
 from .deploy import label_problems
 from .errors import BackportError
 from .manifest import (
+    BASE_STEP,
     MANIFEST_NAME,
     SERIES_NAME,
     PinManifest,
@@ -45,10 +46,12 @@ RELEASE_VALUE = re.compile(r"^\d+(?:\.\d+)+(?:\.post\d+)?$")
 
 RULES = {
     "series": "series lists every patch file once, and only files that exist",
-    "manifest": "pin.toml loads; its patch hashes, order and blob ids match",
+    "manifest": "pin.toml loads; its patch hashes, order and blob ids match, the base's "
+    "also releases.toml's",
     "allow-list": "patches touch only the files named in the manifest's [blobs]",
     "description": "every patch has a subject and a description of why",
-    "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values",
+    "trailers": "Upstream-Status, Upstream-PR and Upstream-Release, valid values; a "
+    "Backport's PR and first release are releases.toml's for the fix its step adds",
     "whitespace": "no trailing whitespace on added lines",
     "final-newline": "every file of the patch set, and every patched file, ends with a newline",
     "line-endings": "every file of the patch set has LF line endings, byte for byte (no CR)",
@@ -182,14 +185,17 @@ def _check_manifest(
             "manifest",
             f"[patches] orders the patches {pinned}, series orders them {listed}",
         )
-    for path, by_step in manifest.blobs.items():
+    for release in manifest.releases:
         report.checked["manifest"] += 1
-        if list(by_step) != manifest.steps:
+        known = manifest.registry.known[release].blobs
+        if known != manifest.blobs_at(BASE_STEP):
             report.add(
                 pin,
                 None,
                 "manifest",
-                f"[blobs] for {path} has steps {list(by_step)}, expected {manifest.steps}",
+                f"[blobs] base holds {manifest.blobs_at(BASE_STEP)}, but "
+                f'{manifest.registry.path} [releases."{release}"] blobs are {known}: '
+                "one of them is wrong; hash the release's wheel (docs/maintaining.md)",
             )
     for patch in patches:
         pinned_hash = manifest.patch_hashes.get(patch.path.name)
@@ -342,6 +348,32 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
         )
 
 
+def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
+    """A Backport's PR and release are those releases.toml gives the fix its step adds."""
+    step = step_of(patch.path.name)
+    if step not in manifest.steps[1:] or not patch.trailer("Upstream-Status"):
+        return
+    if not patch.trailer("Upstream-Status")[0].value.startswith("Backport"):
+        return
+    before = manifest.steps[manifest.steps.index(step) - 1]
+    registry = manifest.registry
+    for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
+        report.checked["trailers"] += 1
+        fix = registry.fixes[name]
+        first = next((r for r, k in registry.known.items() if name in k.fixes), None)
+        expected = {"Upstream-PR": f"sgl-project/sglang#{fix.pr}", "Upstream-Release": first}
+        for key, value in expected.items():
+            found = patch.trailer(key)
+            if found and value is not None and found[0].value != value:
+                report.add(
+                    patch.path,
+                    found[0].line,
+                    "trailers",
+                    f"{key}: {found[0].value}, but {registry.path.name} says {name} "
+                    f"(what step {step} adds, [step-fixes]) is {value}",
+                )
+
+
 def _check_whitespace(report: LintReport, patch: Patch) -> None:
     for diff in patch.files:
         for hunk in diff.hunks:
@@ -411,6 +443,7 @@ def lint_patch_set(folder: Path) -> LintReport:
         _check_patched_newline(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
+            _check_upstream_facts(report, manifest, patch)
         if not any(diff.hunks for diff in patch.files):
             report.add(path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import BackportError, Exit
+from .paths import PATCHES_ROOT
 
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
+RELEASES_NAME = "releases.toml"
 BASE_STEP = "base"
 
 
@@ -37,6 +41,12 @@ def release_key(release: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", release))
 
 
+# A [races] entry: (kind, buffers, rows); every buffer races in every row, kind
+# being the first access and the second.
+RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
+RACE_KINDS = ("write/write", "write/read", "read/write")
+
+
 @dataclass(frozen=True)
 class WheelPin:
     """One released sglang wheel, named and hashed."""
@@ -56,13 +66,215 @@ class ReleasePin:
     transformers: str = ""
 
     @classmethod
-    def from_table(cls, version: str, table: dict[str, str]) -> ReleasePin:
+    def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
         return cls(
-            WheelPin(version, table["wheel"], table["sha256"]),
-            table["tag"],
-            table.get("torch", ""),
-            table.get("transformers", ""),
+            toml.wheel_pin(keys, version),
+            toml.text((*keys, "tag")),
+            toml.text((*keys, "torch"), default=""),
+            toml.text((*keys, "transformers"), default=""),
         )
+
+
+_REQUIRED: Any = object()
+BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
+WHEEL_NAME = re.compile(
+    r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)-(?P<python>[a-z]+\d+)-[^-]+-[^-]+\.whl$"
+)
+STEP_NAME = re.compile(r"^\d{4}$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def spell_key(keys: tuple[str, ...]) -> str:
+    """A key path as TOML writes it: blobs."python/sglang/x.py".0002."""
+    return ".".join(k if _BARE_KEY.match(k) else json.dumps(k) for k in keys)
+
+
+@dataclass(frozen=True)
+class TomlFile:
+    """A parsed TOML file read by key path; a missing or wrong value is refused
+    (exit 6) with the key and the file, never a KeyError."""
+
+    path: Path
+    data: dict[str, Any]
+    repair: str  # the next step for a damaged file
+
+    @classmethod
+    def load(cls, path: Path, what: str, missing: str, repair: str) -> TomlFile:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BackportError(
+                Exit.PATCHSET_INVALID, f"{what} {path} does not exist", missing
+            ) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+            raise BackportError(
+                Exit.PATCHSET_INVALID, f"{what} {path} is not valid TOML: {err}", repair
+            ) from None
+        return cls(path, data, repair)
+
+    def refuse(self, keys: tuple[str, ...], problem: str) -> BackportError:
+        return BackportError(
+            Exit.PATCHSET_INVALID, f"{self.path}: {spell_key(keys)} {problem}", self.repair
+        )
+
+    def value(self, keys: tuple[str, ...], kind: type, default: Any = _REQUIRED) -> Any:
+        node: Any = self.data
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict):
+                raise self.refuse(keys[:depth], f"is {_kind(node)}, not a table")
+            if key not in node:
+                if default is not _REQUIRED:
+                    return default
+                raise self.refuse(keys[: depth + 1], "is missing")
+            node = node[key]
+        if not isinstance(node, kind) or isinstance(node, bool) is not (kind is bool):
+            raise self.refuse(keys, f"is {_kind(node)}, not {_KINDS[kind]}")
+        return node
+
+    def table(self, keys: tuple[str, ...], optional: bool = False) -> dict[str, Any]:
+        return dict(self.value(keys, dict, {} if optional else _REQUIRED))
+
+    def text(
+        self,
+        keys: tuple[str, ...],
+        pattern: re.Pattern[str] | None = None,
+        what: str = "",
+        default: Any = _REQUIRED,
+    ) -> str:
+        text = self.value(keys, str, default)
+        if pattern is not None and not pattern.match(text):
+            raise self.refuse(keys, f"= {json.dumps(text)} is not {what}")
+        return str(text)
+
+    def names(
+        self, keys: tuple[str, ...], defined: Mapping[str, object], where: str
+    ) -> frozenset[str]:
+        """A list of names, each one that where defines."""
+        listed = self.value(keys, list)
+        unknown = [
+            n if isinstance(n, str) else json.dumps(n)
+            for n in listed
+            if not isinstance(n, str) or n not in defined
+        ]
+        if unknown:
+            raise self.refuse(keys, f"names {', '.join(unknown)}, which {where} does not define")
+        return frozenset(listed)
+
+    def number(self, keys: tuple[str, ...]) -> int:
+        return int(self.value(keys, int))
+
+    def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
+        """The table's wheel (a wheel file name of that sglang version) and sha256."""
+        wheel = self.text((*keys, "wheel"), WHEEL_NAME, "a wheel file name (PEP 427)")
+        name = WHEEL_NAME.match(wheel)
+        assert name is not None
+        if (name["name"], name["version"]) != ("sglang", version):
+            raise self.refuse(
+                (*keys, "wheel"),
+                f"= {json.dumps(wheel)} is not a wheel of sglang {version}",
+            )
+        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
+
+
+_KINDS: dict[type, str] = {dict: "a table", str: "a string", int: "an integer", list: "a list"}
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a value")
+
+
+REPAIR_RELEASES = (
+    "restore it with `git checkout -- patches/releases.toml`, or fix it as the comment "
+    "at its top describes (docs/maintaining.md: adding a release)"
+)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """An upstream fix of the race, by the name releases and steps use (fix-a, fix-b)."""
+
+    name: str
+    pr: int
+    about: str
+    marker: str = ""  # a line the fix adds; in marker_function it means "fixed"
+    marker_function: str = ""
+
+
+@dataclass(frozen=True)
+class KnownRelease:
+    """An sglang release as shipped: the fixes it carries and its files' blob ids."""
+
+    version: str
+    fixes: frozenset[str]
+    blobs: dict[str, str]  # path -> git blob id
+    wheel: WheelPin | None = None
+
+
+@dataclass(frozen=True)
+class Releases:
+    """patches/releases.toml: the facts every release shares (see its header)."""
+
+    path: Path
+    fixes: dict[str, Fix]
+    known: dict[str, KnownRelease]  # oldest first
+    upstream_fixed: WheelPin
+
+    @classmethod
+    def load(cls, path: Path) -> Releases:
+        toml = TomlFile.load(
+            path,
+            "release registry",
+            "restore it with `git checkout -- patches/releases.toml`",
+            REPAIR_RELEASES,
+        )
+        fixes = {
+            name: Fix(
+                name,
+                toml.number(("fixes", name, "pr")),
+                toml.text(("fixes", name, "about")),
+                toml.text(("fixes", name, "marker"), default=""),
+                toml.text(("fixes", name, "marker-function"), default=""),
+            )
+            for name in toml.table(("fixes",))
+        }
+        known: dict[str, KnownRelease] = {}
+        for version in sorted(toml.table(("releases",)), key=release_key):
+            keys = ("releases", version)
+            known[version] = KnownRelease(
+                version,
+                toml.names((*keys, "fixes"), fixes, "[fixes]"),
+                {
+                    file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
+                    for file in toml.table((*keys, "blobs"))
+                },
+                toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None,
+            )
+        fixed = toml.text(("upstream-fixed",))
+        if fixed not in known:
+            raise toml.refuse(("upstream-fixed",), f'= "{fixed}" has no [releases."{fixed}"]')
+        upstream = known[fixed].wheel or toml.wheel_pin(("releases", fixed), fixed)
+        return cls(path, fixes, known, upstream)
+
+    def release(self, version: str, needed_by: Path) -> KnownRelease:
+        """A known release; refuse one the registry does not have."""
+        if version not in self.known:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f'{self.path} has no [releases."{version}"], the release {needed_by} serves',
+                f'add [releases."{version}"] to {self.path} (docs/maintaining.md: '
+                "adding a release)",
+            )
+        return self.known[version]
+
+
+@functools.cache
+def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
+    """The release registry, read once per process."""
+    return Releases.load(path)
 
 
 @dataclass
@@ -70,23 +282,51 @@ class PinManifest:
     """What the series was made against and what each step must produce."""
 
     release: ReleasePin
-    upstream_fixed: WheelPin
     patch_hashes: dict[str, str]
     # path -> {step -> git blob id}, steps in series order starting with "base"
     blobs: dict[str, dict[str, str]]
-    # release -> {path -> git blob id}, to name a base that does not match
-    known_releases: dict[str, dict[str, str]] = field(default_factory=dict)
+    # step -> the fixes its tree holds (the base: its release's, from releases.toml)
+    step_fixes: dict[str, frozenset[str]]
+    # the facts every release shares (patches/releases.toml)
+    registry: Releases
     # other releases whose touched files are byte-identical: the series serves them too
     same_files: dict[str, ReleasePin] = field(default_factory=dict)
-    # the line that fix B adds, and the function it goes in; a tree holding it needs no patch
-    fix_marker: str = ""
-    fix_function: str = ""
-    # upstream pull requests of the fixes, by the step that brings each
-    upstream_prs: dict[str, int] = field(default_factory=dict)
     # PEP 440 local version label of the patched wheel (scripts/build-wheel)
     local_version: str = ""
+    # [races]: scenario -> step -> the races left open (scripts/race-check writes it)
+    races: dict[str, dict[str, tuple[RaceEntry, ...]]] = field(default_factory=dict)
     # the unparsed manifest, for facts that only one tool reads
     raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def upstream_fixed(self) -> WheelPin:
+        """The first release with the fix; scripts/review compares with it."""
+        return self.registry.upstream_fixed
+
+    @property
+    def known_releases(self) -> dict[str, dict[str, str]]:
+        """release -> {path -> git blob id}, oldest first, to name a base that does not match."""
+        return {version: known.blobs for version, known in self.registry.known.items()}
+
+    @property
+    def _marked_fix(self) -> Fix | None:
+        return next((fix for fix in self.registry.fixes.values() if fix.marker), None)
+
+    @property
+    def fix_marker(self) -> str:
+        """The line the fix adds; a tree that holds it in fix_function needs no patch."""
+        fix = self._marked_fix
+        return fix.marker if fix else ""
+
+    @property
+    def fix_function(self) -> str:
+        fix = self._marked_fix
+        return fix.marker_function if fix else ""
+
+    @property
+    def upstream_prs(self) -> dict[str, int]:
+        """Upstream pull request of each fix, by its name."""
+        return {name: fix.pr for name, fix in self.registry.fixes.items()}
 
     @property
     def base(self) -> WheelPin:
@@ -116,58 +356,121 @@ class PinManifest:
         return [BASE_STEP] + [step_of(name) for name in self.patch_hashes]
 
     @property
+    def first_number(self) -> int:
+        """The number of the series' first patch; for a series still empty (a new
+        release), of the first step [step-fixes] plans, so that a step number names
+        the same fix on every base."""
+        planned = sorted(self.raw.get("step-fixes", {}))
+        return int((self.steps[1:] or planned or ["1"])[0])
+
+    @property
     def final_step(self) -> str:
         return self.steps[-1]
+
+    def open_races(self, step: str) -> list[str]:
+        """The scenarios whose [races] entry at step is not clean, in table order."""
+        return [name for name, by_step in self.races.items() if by_step[step]]
 
     def blobs_at(self, step: str) -> dict[str, str]:
         return {path: by_step[step] for path, by_step in self.blobs.items()}
 
     @classmethod
-    def load(cls, path: Path) -> PinManifest:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"pin manifest {path} does not exist",
-                "pass --patch-set with a folder under patches/ that holds pin.toml",
-            ) from None
-        except tomllib.TOMLDecodeError as err:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"pin manifest {path} is not valid TOML: {err}",
-                "restore it with `git checkout -- patches/`, or regenerate it "
-                "with scripts/export-patches",
-            ) from None
-        try:
-            sglang = data["sglang"]
-            upstream = data["upstream-fixed"]
-            return cls(
-                release=ReleasePin.from_table(sglang["version"], sglang),
-                upstream_fixed=WheelPin(upstream["version"], upstream["wheel"], upstream["sha256"]),
-                patch_hashes=dict(data["patches"]),
-                blobs={path: dict(steps) for path, steps in data["blobs"].items()},
-                known_releases={
-                    release: dict(files)
-                    for release, files in data.get("known-releases", {}).items()
-                },
-                same_files={
-                    version: ReleasePin.from_table(version, table)
-                    for version, table in data.get("same-files", {}).items()
-                },
-                fix_marker=upstream.get("marker", ""),
-                fix_function=upstream.get("marker-function", ""),
-                upstream_prs={step: int(pr) for step, pr in upstream.get("prs", {}).items()},
-                local_version=data.get("build-wheel", {}).get("local", ""),
-                raw=data,
+    def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
+        """Read and check pin.toml: every key a command reads is there and well formed.
+
+        registry: the release facts (default: the project's patches/releases.toml).
+        """
+        registry = registry or load_releases()
+        toml = TomlFile.load(
+            path,
+            "pin manifest",
+            "pass --patch-set with a folder under patches/ that holds pin.toml",
+            "restore it with `git checkout -- patches/`, or regenerate it "
+            "with scripts/export-patches",
+        )
+        version = toml.text(("sglang", "version"))
+        patch_hashes = {
+            name: toml.text(("patches", name), SHA256, "a sha256")
+            for name in toml.table(("patches",))
+        }
+        steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
+        blobs: dict[str, dict[str, str]] = {}
+        for file in toml.table(("blobs",)):
+            by_step = toml.table(("blobs", file))
+            for step in steps:
+                toml.text(("blobs", file, step), BLOB_ID, "a git blob id")
+            extra = [step for step in by_step if step not in steps]
+            if extra:
+                raise toml.refuse(
+                    ("blobs", file),
+                    f"names steps {', '.join(extra)}, which are not in [patches] "
+                    f"(steps: {', '.join(steps)})",
+                )
+            blobs[file] = {step: by_step[step] for step in steps}
+        if not blobs:
+            raise toml.refuse(("blobs",), "names no file")
+        if BASE_STEP in toml.table(("step-fixes",)):
+            raise toml.refuse(
+                ("step-fixes", BASE_STEP),
+                f'is given here; the base holds what [releases."{version}"] fixes '
+                f"in {registry.path} says, so remove it",
             )
-        except (KeyError, TypeError, ValueError) as err:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"pin manifest {path} lacks the key {err} or holds a wrong value there",
-                "restore it with `git checkout -- patches/`, or regenerate it "
-                "with scripts/export-patches",
-            ) from None
+        step_fixes = {BASE_STEP: registry.release(version, path).fixes}
+        for step in toml.table(("step-fixes",)):
+            if not STEP_NAME.match(step):
+                raise toml.refuse(("step-fixes", step), "is not a step (four digits, e.g. 0002)")
+        for step in steps[1:]:
+            step_fixes[step] = toml.names(
+                ("step-fixes", step), registry.fixes, f"{registry.path} [fixes]"
+            )
+        same_files = {
+            other: ReleasePin.from_table(toml, ("same-files", other), other)
+            for other in toml.table(("same-files",), optional=True)
+        }
+        for other in same_files:
+            registry.release(other, path)
+        return cls(
+            release=ReleasePin.from_table(toml, ("sglang",), version),
+            patch_hashes=patch_hashes,
+            blobs=blobs,
+            step_fixes=step_fixes,
+            registry=registry,
+            same_files=same_files,
+            local_version=toml.text(("build-wheel", "local"), default=""),
+            races=_race_tables(toml, steps),
+            raw=toml.data,
+        )
+
+
+def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[RaceEntry, ...]]]:
+    """[races]: every scenario lists every step; each entry is {kind, buffers, rows}."""
+    races: dict[str, dict[str, tuple[RaceEntry, ...]]] = {}
+    for scenario in toml.table(("races",), optional=True):
+        toml.table(("races", scenario))
+        races[scenario] = {}
+        for step in steps:
+            keys = ("races", scenario, step)
+            entries = []
+            for n, entry in enumerate(toml.value(keys, list)):
+                if not isinstance(entry, dict):
+                    raise toml.refuse(keys, f"entry {n + 1} is {_kind(entry)}, not a table")
+                kind = entry.get("kind")
+                buffers, rows = entry.get("buffers"), entry.get("rows")
+                if (
+                    kind not in RACE_KINDS
+                    or not isinstance(buffers, list)
+                    or not all(isinstance(b, str) for b in buffers)
+                    or not isinstance(rows, list)
+                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in rows)
+                ):
+                    raise toml.refuse(
+                        keys,
+                        f"entry {n + 1} is not {{ kind = one of {', '.join(RACE_KINDS)}, "
+                        "rows = [integers], buffers = [strings] }",
+                    )
+                entries.append((kind, tuple(buffers), tuple(rows)))
+            races[scenario][step] = tuple(entries)
+    return races
 
 
 def _toml_value(value: str | dict[str, str]) -> str:
@@ -183,9 +486,19 @@ def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
     Comments, other tables and hand-written keys stay byte for byte; a table
     that is missing is added at the end.
     """
+    return replace_tables(
+        text,
+        {
+            name: [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in entries.items()]
+            for name, entries in tables.items()
+        },
+    )
+
+
+def replace_tables(text: str, tables: dict[str, list[str]]) -> str:
+    """text with the key lines of each table [NAME] replaced by the lines given."""
     lines = text.splitlines()
-    for name, entries in tables.items():
-        body = [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in entries.items()]
+    for name, body in tables.items():
         header = f"[{name}]"
         if header not in lines:
             lines += ["", header, *body]
@@ -221,10 +534,13 @@ class Series:
         return [self.folder / name for name in self.patch_names]
 
     @classmethod
-    def load(cls, folder: Path) -> Series:
-        """Read the series and its manifest without checking patch hashes."""
+    def load(cls, folder: Path, registry: Releases | None = None) -> Series:
+        """Read the series and its manifest without checking patch hashes.
+
+        registry: the release facts (default: the project's patches/releases.toml).
+        """
         require_folder(folder)
-        manifest = PinManifest.load(folder / MANIFEST_NAME)
+        manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
             raise BackportError(
@@ -283,13 +599,14 @@ def patch_set_folders(root: Path) -> list[Path]:
 def series_for_release(root: Path, version: str) -> Series:
     """The series that serves an sglang release; refuse one no patch set serves."""
     served: dict[str, Series] = {}
+    registry = load_releases(root / RELEASES_NAME)
     for folder in patch_set_folders(root):
-        series = Series.load(folder)
+        series = Series.load(folder, registry)
         for release in series.manifest.releases:
             served[release] = series.for_release(release)
     if version in served:
         return served[version]
-    fixed = min((s.manifest.upstream_fixed.version for s in served.values()), key=release_key)
+    fixed = registry.upstream_fixed.version
     if re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version) and release_key(version) >= release_key(
         fixed
     ):

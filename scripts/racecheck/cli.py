@@ -17,7 +17,7 @@ from typing import Any
 
 from patchset import buildtree, cli, paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Series, patch_set_folders, series_for_release
+from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
 from testrun import forkserver
 
 from . import report, writers
@@ -45,6 +45,12 @@ heavy third-party imports, one per core at a time. The expected table is the
 [races] table of each base's pin.toml. The scenarios detect each release's
 signatures on its real functions (0.5.13 .. 0.5.18).
 
+--write-expected runs every step of every base (or of --base) and writes
+what it measured as each pin.toml's [races] tables (every other line stays
+as written); it refuses, writing nothing, when a series' final step leaves a
+race open. --check-expected runs the same and exits 13 when a table is not
+what the run measured (CI runs it).
+
 --writers lists, from the source (ast), every call that writes FutureMap
 rows, with the stream it runs on and the ordering that covers it, as the
 [writers] table of pin.toml classifies it; a writer the table does not
@@ -61,7 +67,7 @@ verdict:
   --step STEP --tree DIR ...          both: the steps' columns as above, each tree as patched
 """
 
-CODES = (Exit.RACE, Exit.SCENARIO, Exit.PATCHSET_INVALID)
+CODES = (Exit.RACE, Exit.SCENARIO, Exit.PATCHSET_INVALID, Exit.STALE)
 WORDING = {
     Exit.OK: "the measured table is the expected one (no race in a patched or given "
     "tree); --writers: every writer is classified",
@@ -71,6 +77,7 @@ WORDING = {
     "private sanitizer API changed shape, no build tree, or a tree without python/sglang",
     Exit.PATCHSET_INVALID: "the patch set's pin.toml lacks the [races] or [writers] table "
     "or holds a wrong entry there",
+    Exit.STALE: "(--check-expected) a [races] table is not what the run measured",
 }
 
 
@@ -99,7 +106,10 @@ def _series(argv: list[str] | None) -> list[Series]:
     early = argparse.ArgumentParser(add_help=False)
     cli.add_patch_set(early)
     early.add_argument("--base")
+    early.add_argument("--write-expected", "--check-expected", action="store_true", dest="tables")
     known, _ = early.parse_known_args(argv)
+    if known.base is None and known.tables and known.patch_set == paths.DEFAULT_PATCH_DIR:
+        known.base = ALL
     if known.base is None:
         return [Series.load(known.patch_set)]
     if known.patch_set != paths.DEFAULT_PATCH_DIR:
@@ -136,6 +146,17 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         metavar="DIR",
         help="a folder holding python/sglang, judged as the final step (repeatable; "
         "with --step, the trees are columns beside the steps')",
+    )
+    tables = p.add_mutually_exclusive_group()
+    tables.add_argument(
+        "--write-expected",
+        action="store_true",
+        help="run every step (of every base, or of --base) and write the [races] tables",
+    )
+    tables.add_argument(
+        "--check-expected",
+        action="store_true",
+        help="run as --write-expected does; exit 13 when a table differs, writing nothing",
     )
     p.add_argument(
         "--writers",
@@ -179,8 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         return max(codes)
     if args.tree and several:
         raise BackportError(Exit.USAGE, "--tree takes one base", "pass --base VERSION")
+    regenerate = args.write_expected or args.check_expected
+    if regenerate and (args.tree or args.writers or args.step not in (None, ALL)):
+        raise BackportError(
+            Exit.USAGE,
+            "--write-expected and --check-expected run every step of the bases' build trees",
+            "leave out --tree, --writers and --step",
+        )
     python = choose_python(args.python)
-    runs = plan_runs(chosen, args.step, args.tree or [])
+    runs = plan_runs(chosen, ALL if regenerate else args.step, args.tree or [], regenerate)
     started = time.perf_counter()
     preload_s = run_trees(python, runs)
     wall = time.perf_counter() - started
@@ -206,17 +234,28 @@ def main(argv: list[str] | None = None) -> int:
         )
         + f"; wall {wall:.1f} s"
     )
+    if regenerate:
+        return expected_tables(chosen, runs, write=args.write_expected)
     return verdict(runs)
 
 
-def plan_runs(chosen: list[Series], step: str | None, given: list[Path]) -> list[TreeRun]:
+def plan_runs(
+    chosen: list[Series], step: str | None, given: list[Path], regenerate: bool = False
+) -> list[TreeRun]:
     """The columns to measure: the chosen steps of each series' build tree (none when
-    only trees are given), then each given tree, judged as its series' final step."""
+    only trees are given), then each given tree, judged as its series' final step.
+    regenerate: the tables are to be written, so a scenario or table missing
+    from pin.toml is expected clean instead of refused."""
     several = len(chosen) > 1
     runs: list[TreeRun] = []
     for series in chosen:
         manifest = series.manifest
-        expected = report.expected_table(manifest, SCENARIOS)
+        if regenerate:
+            present = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
+            clean = {s: frozenset[tuple[str, str, int]]() for s in manifest.steps}
+            expected = {name: present.get(name, clean) for name in SCENARIOS}
+        else:
+            expected = report.expected_table(manifest, SCENARIOS)
         wanted = step or ("" if given else manifest.final_step)
         if wanted and wanted != ALL and wanted not in manifest.steps:
             print(f"race-check: sglang {manifest.base.version} has no step {wanted}; left out")
@@ -412,3 +451,56 @@ def verdict(runs: list[TreeRun]) -> int:
         else:
             print(f"ok: no race in {r.tree}")
     return code
+
+
+def expected_tables(chosen: list[Series], runs: list[TreeRun], write: bool) -> int:
+    """Compare each base's measured table with its [races] tables; write them if asked.
+
+    A final step with a race is refused first, and nothing is written: the
+    tables must never turn a wrong fix into an expected result.
+    """
+    open_final = [
+        f"{r.label} ({name})"
+        for r in runs
+        if r.step == r.expected_final
+        for name in SCENARIOS
+        if r.races[name]
+    ]
+    if open_final:
+        print(
+            "FAILED: the final step of a series leaves races open: "
+            + ", ".join(open_final)
+            + "; nothing was written"
+        )
+        return Exit.RACE
+    stale = []
+    for series in chosen:
+        manifest = series.manifest
+        version = manifest.base.version
+        measured = {
+            name: {r.step: report.cell_of(r.races[name]) for r in runs if r.base in ("", version)}
+            for name in SCENARIOS
+        }
+        written = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
+        differ = [name for name in SCENARIOS if written.get(name) != measured[name]]
+        if not differ:
+            print(f"ok: {series.folder / 'pin.toml'} [races] is what the run measured")
+            continue
+        pin = series.folder / "pin.toml"
+        if write:
+            text = pin.read_text(encoding="utf-8")
+            tables = {f"races.{name}": report.table_lines(measured[name]) for name in SCENARIOS}
+            pin.write_text(replace_tables(text, tables), encoding="utf-8")
+            print(f"wrote {pin} [races]: {', '.join(differ)} changed")
+        else:
+            print(f"STALE: {pin} [races] differs from the run in: {', '.join(differ)}")
+            stale.append(str(pin))
+    if stale:
+        raise BackportError(
+            Exit.STALE,
+            f"the [races] tables of {', '.join(stale)} are not what the run measured "
+            "(the grid above marks each differing cell EXPECTED)",
+            "if the change is wanted, run scripts/race-check --write-expected and commit "
+            "the tables; otherwise find what changed the races",
+        )
+    return Exit.OK

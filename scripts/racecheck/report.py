@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from patchset.errors import BackportError, Exit
-from patchset.manifest import PinManifest
+from patchset.manifest import RACE_KINDS, PinManifest, RaceEntry
 from patchset.textout import table
 
 from .races import RELAY_BUFFERS, Access, Race, Site
@@ -34,19 +35,14 @@ def describe(cell: Cell) -> str:
     if not cell:
         return CLEAN
     parts = []
-    for kind, text in _KIND_TEXT.items():
-        rows_of: dict[str, set[int]] = {}
-        for k, buffer, row in cell:
-            if k == kind:
-                rows_of.setdefault(buffer, set()).add(row)
-        groups: dict[tuple[int, ...], list[str]] = {}
-        for buffer in sorted(rows_of, key=_buffer_rank):
-            groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
-        for rows, buffers in groups.items():
-            noun = "row" if len(rows) == 1 else "rows"
-            parts.append(
-                text.format(", ".join(buffers)) + f" in {noun} " + ", ".join(map(str, rows))
-            )
+    for entry in entries_of(cell):
+        rows = entry["rows"]
+        noun = "row" if len(rows) == 1 else "rows"
+        parts.append(
+            _KIND_TEXT[entry["kind"]].format(", ".join(entry["buffers"]))
+            + f" in {noun} "
+            + ", ".join(map(str, rows))
+        )
     return "; ".join(parts)
 
 
@@ -55,45 +51,60 @@ def _buffer_rank(name: str) -> tuple[int, str]:
 
 
 def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
-    """The manifest's [races] table: per scenario and step, the races left open.
+    """The manifest's [races] table as cells: per scenario and step, the races left open.
 
-    Each entry is {kind, buffers, rows}: every buffer races in every row with
-    that kind. Every scenario must list every step of the series.
+    pin.toml's loader checked each entry ({kind, buffers, rows}: every buffer
+    races in every row with that kind); here every scenario must be there.
     """
-    where = "the pin manifest's [races] table"
-    table = manifest.raw.get("races")
-    if not isinstance(table, dict):
-        raise _bad_table(f"{where} is missing")
-    expected: Table = {}
-    for name in scenarios:
-        row = table.get(name)
-        if not isinstance(row, dict):
-            raise _bad_table(f"{where} has no [races.{name}]")
-        missing = [step for step in manifest.steps if step not in row]
-        if missing:
-            raise _bad_table(f"[races.{name}] has no entry for step {', '.join(missing)}")
-        expected[name] = {}
-        for step in manifest.steps:
-            cell: set[tuple[str, str, int]] = set()
-            try:
-                for entry in row[step]:
-                    kind = entry["kind"]
-                    if kind not in _KIND_TEXT:
-                        raise ValueError(f"kind {kind!r}")
-                    cell |= {(kind, b, int(r)) for b in entry["buffers"] for r in entry["rows"]}
-            except (KeyError, TypeError, ValueError) as err:
-                raise _bad_table(f"[races.{name}] step {step}: a wrong entry ({err})") from None
-            expected[name][step] = frozenset(cell)
-    return expected
+    missing = [name for name in scenarios if name not in manifest.races]
+    if missing:
+        raise BackportError(
+            Exit.PATCHSET_INVALID,
+            f"the pin manifest's [races] table has no [races.{missing[0]}]"
+            + (f" (nor {', '.join(missing[1:])})" if missing[1:] else ""),
+            "write the tables from a run: scripts/race-check --write-expected",
+        )
+    return {
+        name: {step: cell_of_entries(entries) for step, entries in manifest.races[name].items()}
+        for name in scenarios
+    }
 
 
-def _bad_table(problem: str) -> BackportError:
-    return BackportError(
-        Exit.PATCHSET_INVALID,
-        problem,
-        "give each scenario a [races.NAME] table with one list per step of the series, "
-        "as patches/sglang-0.5.15.post1/pin.toml does",
-    )
+def cell_of_entries(entries: Iterable[RaceEntry]) -> Cell:
+    return frozenset((kind, b, r) for kind, buffers, rows in entries for b in buffers for r in rows)
+
+
+def entries_of(cell: Cell) -> list[dict[str, Any]]:
+    """A cell as [races] entries: per kind, one entry per set of rows, buffers in
+    report order (the form scripts/race-check --write-expected writes)."""
+    entries = []
+    for kind in RACE_KINDS:
+        rows_of: dict[str, set[int]] = {}
+        for k, buffer, row in cell:
+            if k == kind:
+                rows_of.setdefault(buffer, set()).add(row)
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for buffer in sorted(rows_of, key=_buffer_rank):
+            groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
+        entries += [
+            {"kind": kind, "rows": list(rows), "buffers": buffers}
+            for rows, buffers in groups.items()
+        ]
+    return entries
+
+
+def table_lines(by_step: Mapping[str, Cell]) -> list[str]:
+    """One [races.NAME] table's key lines, as pin.toml spells them."""
+    lines = []
+    for step, cell in by_step.items():
+        key = step if step == "base" else json.dumps(step)
+        entries = ", ".join(
+            f"{{ kind = {json.dumps(e['kind'])}, rows = {json.dumps(e['rows'])}, "
+            f"buffers = {json.dumps(e['buffers'])} }}"
+            for e in entries_of(cell)
+        )
+        lines.append(f"{key} = [{entries}]")
+    return lines
 
 
 def step_label(step: str) -> str:

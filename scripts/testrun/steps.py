@@ -1,7 +1,8 @@
 """The step a test/steps run judges: its series, its name and the fixes it holds.
 
 scripts/run-tests names the patch set and the step in the environment; what
-each step holds comes from the patch set's pin.toml ([step-fixes]).
+each step holds comes from the patch set's pin.toml ([step-fixes]) and, for
+the base, patches/releases.toml.
 """
 
 from __future__ import annotations
@@ -47,10 +48,9 @@ def load_step() -> StepUnderTest:
             "scripts/run-tests, which sets them for each step"
         )
     series = Series.load(Path(folder))
-    step_fixes = series.manifest.raw.get("step-fixes", {})
-    if name not in series.manifest.steps or name not in step_fixes:
+    if name not in series.manifest.steps:
         raise StepError(
             f"{STEP_ENV}={name!r} is not a step of {folder} "
-            f"(steps: {', '.join(series.manifest.steps)}; [step-fixes] names {list(step_fixes)})"
+            f"(steps: {', '.join(series.manifest.steps)})"
         )
-    return StepUnderTest(series, name, frozenset(step_fixes[name]))
+    return StepUnderTest(series, name, series.manifest.step_fixes[name])

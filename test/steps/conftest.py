@@ -28,7 +28,7 @@ def _load() -> StepUnderTest:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     step = _load()
-    known = {fix for fixes in step.series.manifest.raw["step-fixes"].values() for fix in fixes}
+    known = set(step.series.manifest.registry.fixes)
     for item in items:
         marker = item.get_closest_marker("pass_on")
         if marker is None:

@@ -133,6 +133,17 @@ def test_missing_trailer(patch_set: Path) -> None:
         ("sgl-project/sglang#30435", "PR 30435", "is not owner/repo#NUMBER"),
         ("Upstream-Release: 0.5.16", "Upstream-Release: soon", "is not a version"),
         ("Upstream-Release: 0.5.16", "Upstream-Release: 0.5.14", "is not newer than"),
+        (
+            "Upstream-Release: 0.5.16",
+            "Upstream-Release: 0.5.17",
+            "0.5.17, but releases.toml says fix-a (what step 0001 adds, [step-fixes]) is 0.5.16",
+        ),
+        (
+            "sgl-project/sglang#30435",
+            "sgl-project/sglang#30436",
+            "#30436, but releases.toml says fix-a (what step 0001 adds, [step-fixes]) is "
+            "sgl-project/sglang#30435",
+        ),
     ],
 )
 def test_bad_trailer_value(patch_set: Path, old: str, new: str, message: str) -> None:

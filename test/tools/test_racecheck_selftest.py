@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Series
+from patchset.manifest import PinManifest, Series
 from racecheck import catalogue, csan, report
 from racecheck.races import Race
 from racecheck.sim import SimDevice, SimStream
@@ -325,14 +325,19 @@ def test_the_expected_table_covers_every_scenario_and_step(series: Series) -> No
         assert row[series.manifest.final_step] == frozenset()
 
 
-def test_a_manifest_without_a_column_for_a_step_is_refused(series: Series) -> None:
-    raw = {**series.manifest.raw, "races": {"S1": {"base": []}}}
-    manifest = dataclasses.replace(series.manifest, raw=raw)
-    with pytest.raises(BackportError, match=r"\[races.S1\] has no entry for step") as raised:
-        report.expected_table(manifest, ["S1"])
+def test_a_manifest_without_a_column_for_a_step_is_refused(patch_set: Path) -> None:
+    pin = patch_set / "pin.toml"
+    text = pin.read_text(encoding="utf-8")
+    start = text.index("[races.S2]\n")
+    pin.write_text(text[:start] + text[start:].replace('"0001" = []\n', "", 1), encoding="utf-8")
+    with pytest.raises(BackportError, match=r"races\.S2\.0001 is missing") as raised:
+        PinManifest.load(pin)
     assert raised.value.code == Exit.PATCHSET_INVALID
-    with pytest.raises(BackportError, match=r"has no \[races.S2\]"):
+    pin.write_text(text, encoding="utf-8")
+    manifest = dataclasses.replace(PinManifest.load(pin), races={})
+    with pytest.raises(BackportError, match=r"has no \[races.S2\]") as raised:
         report.expected_table(manifest, ["S2"])
+    assert raised.value.code == Exit.PATCHSET_INVALID
 
 
 def test_cells_read_like_the_issue(gpu) -> None:

@@ -29,8 +29,8 @@ from patchreview.review import (
     function_source,
 )
 from patchset import paths
-from patchset.errors import Exit
-from patchset.manifest import Series, patch_set_folders, release_key
+from patchset.errors import BackportError, Exit
+from patchset.manifest import Series, load_releases, patch_set_folders, release_key
 
 FUNCTIONS = (
     "FutureMap.publish",
@@ -69,13 +69,14 @@ def without(qualname: str, title_start: str) -> dict[str, FunctionNotes]:
 def rescoped(
     qualname: str, title_start: str, bases: tuple[str, str] | None
 ) -> dict[str, FunctionNotes]:
-    """The real notes with one note dropped (bases None) or moved to other bases."""
+    """The real notes with one note dropped (bases None) or moved to other bases
+    (since, before)."""
     notes = dict(FUNCTION_NOTES)
     found = [n for n in notes[qualname].notes if n.title.startswith(title_start)]
     assert len(found) == 1, "the note to change is not there"
     kept = [n for n in notes[qualname].notes if n is not found[0]]
     if bases is not None:
-        kept.append(dataclasses.replace(found[0], first=bases[0], last=bases[1]))
+        kept.append(dataclasses.replace(found[0], since=bases[0], before=bases[1]))
     notes[qualname] = dataclasses.replace(notes[qualname], notes=tuple(kept))
     return notes
 
@@ -101,14 +102,14 @@ def test_every_base_is_fully_explained(reviews: dict[str, Review], base: str) ->
         assert all(n.applies_to(base) for n in function.notes)
 
 
-def test_note_bounds_are_releases_we_serve() -> None:
-    served = {r for s in ALL_SERIES for r in s.manifest.releases}
+def test_note_bounds_are_known_releases() -> None:
+    known = load_releases().known
     for function in FUNCTION_NOTES.values():
         for note in function.notes:
-            for bound in (note.first, note.last):
-                assert not bound or bound in served, (note.title, bound)
-            if note.first and note.last:
-                assert release_key(note.first) <= release_key(note.last), note.title
+            for bound in (note.since, note.before):
+                assert not bound or bound in known, (note.title, bound)
+            if note.since and note.before:
+                assert release_key(note.since) < release_key(note.before), note.title
             # a note about no base we serve would never be checked
             assert any(note.applies_to(base) for base in BASES), note.title
 
@@ -132,7 +133,7 @@ def test_note_about_other_releases_explains_nothing(
     notes = rescoped(
         "SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
         "extend range",
-        ("0.5.15", "0.5.15"),
+        ("0.5.15", "0.5.15.post1"),
     )
     old, new = build_reviews([oldest, newer], tmp_path / "build", paths.cache_dir(), notes)
     uncovered = [u.text.strip() for f in old.functions for d in f.differences for u in d.uncovered]
@@ -265,12 +266,20 @@ def test_new_upstream_line_without_a_note_is_unexplained() -> None:
     assert explained.unexplained == 0
 
 
+def test_a_note_bounded_by_an_unknown_release_is_refused(
+    series: Series, upstream_fixed_wheel: Path, tmp_path: Path
+) -> None:
+    notes = rescoped("build_eagle_disagg_draft_input", "comment corrected", ("", "0.5.61"))
+    with pytest.raises(BackportError, match=r"bounded by sglang 0\.5\.61, which .*releases\.toml"):
+        build_review(series, tmp_path / "build", upstream_fixed_wheel.parent, notes)
+
+
 def test_note_covers_only_the_releases_it_names() -> None:
     upstream = OURS.replace(
         "        self.ready.record()\n",
         "        self.ready.record()\n        self.fresh = True\n",
     )
-    note = Note("fresh flag", "arrived in 0.5.16", lines=(r"\bfresh\b",), last="0.5.15.post1")
+    note = Note("fresh flag", "arrived in 0.5.16", lines=(r"\bfresh\b",), before="0.5.16")
     assert _compare(upstream, (note,), release="0.5.15.post1").unexplained == 0
     assert _compare(upstream, (note,), release="0.5.13").unexplained == 0
     later = _compare(upstream, (note,), release="0.5.16")
@@ -278,7 +287,7 @@ def test_note_covers_only_the_releases_it_names() -> None:
     # where a note is not about the base, covering nothing does not make it stale
     assert _compare(OURS, (note,), release="0.5.16").stale_notes == []
     assert _compare(OURS, (note,), release="0.5.15").stale_notes == [note]
-    bounded = Note("x", "y", first="0.5.13.post1", last="0.5.15")
+    bounded = Note("x", "y", since="0.5.13.post1", before="0.5.15.post1")
     releases = ("0.5.13", "0.5.13.post1", "0.5.15", "0.5.15.post1")
     assert [bounded.applies_to(r) for r in releases] == [False, True, True, False]
 
@@ -396,8 +405,7 @@ def test_new_difference_on_one_base_fails_all_strict(
     # the corrected-comment note no longer speaks for the newest base: there the
     # comment is a difference nobody explained, and --all --strict must fail on it
     newest = BASES[-1]
-    before = BASES[-2]
-    notes = rescoped("build_eagle_disagg_draft_input", "comment corrected", (BASES[0], before))
+    notes = rescoped("build_eagle_disagg_draft_input", "comment corrected", ("", newest))
     monkeypatch.setattr(review_module, "FUNCTION_NOTES", notes)
     monkeypatch.setenv("SGLANG_BACKPORTS_BUILD", str(tmp_path / "build"))
     monkeypatch.setenv("SGLANG_BACKPORTS_CACHE", str(upstream_fixed_wheel.parent))
