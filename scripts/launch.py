@@ -4,7 +4,8 @@ Every file in scripts/ without a .py suffix is a few lines that call start().
 The command itself lives in scripts/commands/ and uses syntax that no Python
 before 3.11 can even parse, so the version check must run before it is
 imported; and a Ctrl-C while the imports run (torch-free, but not instant)
-must end as one line and exit 130, like a Ctrl-C later on.
+must end as one line and exit 130, like a Ctrl-C later on: the launcher holds
+SIGINT until the imports are done, and a Ctrl-C that came meanwhile is taken then.
 
 This file and the launchers are written in syntax that every Python reads,
 2.7 and 3.6 included: no f-strings, no annotations, no `from __future__`.
@@ -34,9 +35,15 @@ def start(module_name):
             )
             sys.exit(EXIT_ENVIRONMENT)
         import importlib
+        import signal
 
+        # SIGINT is held (the launcher blocked it) while the modules import: a
+        # KeyboardInterrupt raised inside the import machinery can surface as an
+        # "Exception ignored" traceback. Released here, a pending one is raised now.
         module = importlib.import_module("commands." + module_name)
         from patchset import cli
+
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     except KeyboardInterrupt:
         interrupted()
     cli.run(module.main)
