@@ -36,7 +36,7 @@ class Exit(IntEnum):
     UNKNOWN_CONTENT = 22
     NOT_INSTALLED = 23
     MODIFIED = 24
-    AMBIGUOUS = 25
+    AMBIGUOUS = 27
     INTERRUPTED = 130
 
 

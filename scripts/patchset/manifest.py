@@ -178,7 +178,13 @@ class TomlFile:
         return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
 
 
-_KINDS: dict[type, str] = {dict: "a table", str: "a string", int: "an integer", list: "a list"}
+_KINDS: dict[type, str] = {
+    dict: "a table",
+    str: "a string",
+    int: "an integer",
+    list: "a list",
+    bool: "a boolean",
+}
 
 
 def _kind(value: object) -> str:
@@ -214,6 +220,78 @@ class KnownRelease:
     wheel: WheelPin | None = None
 
 
+# [launch."X.Y.Z"]: the launch settings check-install's verdict reads, by
+# ServerArgs field; a store_true flag's default is false, a value flag's is a
+# string or absent (None).
+LAUNCH_TABLE = "launch"
+LAUNCH_FLAGS = {
+    "disaggregation_mode": str,
+    "disable_overlap_schedule": bool,
+    "speculative_algorithm": str,
+    "device": str,
+    "enable_hisparse": bool,
+    "disable_cuda_graph": bool,
+}
+LAUNCH_OPTIONAL = {"disable_decode_cuda_graph": bool}
+
+
+@dataclass(frozen=True)
+class LaunchFlag:
+    """One launch setting as a release's ServerArgs spells it."""
+
+    field: str  # the ServerArgs field (argparse dest)
+    flag: str  # e.g. --disaggregation-mode
+    default: str | bool | None
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """[launch."X.Y.Z"]: the settings that decide whether a deployment reaches the race,
+    for when that release's own ServerArgs cannot be imported (check-install)."""
+
+    release: str
+    flags: dict[str, LaunchFlag]  # by field
+    eagle_family: frozenset[str]  # --speculative-algorithm values that run the EAGLE path
+    war_barrier_env: bool  # SGLANG_ENABLE_WAR_BARRIER turns the barrier on off CUDA
+    war_fast_path: bool  # the barrier waits on a read-done event after a graph replay
+
+
+def _launch_settings(toml: TomlFile, known: Mapping[str, object]) -> dict[str, LaunchSettings]:
+    tables: dict[str, LaunchSettings] = {}
+    for version in toml.table((LAUNCH_TABLE,), optional=True):
+        keys = (LAUNCH_TABLE, version)
+        if version not in known:
+            raise toml.refuse(keys, "names a release that [releases] does not have")
+        flags = {}
+        for name, kind in {**LAUNCH_FLAGS, **LAUNCH_OPTIONAL}.items():
+            key = name.replace("_", "-")
+            if name in LAUNCH_OPTIONAL and key not in toml.table(keys):
+                continue
+            flag = toml.text((*keys, key, "flag"), _FLAG, "a long option (--name)")
+            default = toml.value((*keys, key, "default"), kind, None if kind is str else False)
+            if kind is bool and default is not False:
+                raise toml.refuse((*keys, key, "default"), "of a store_true flag must be false")
+            flags[name] = LaunchFlag(name, flag, default)
+        tables[version] = LaunchSettings(
+            version,
+            flags,
+            frozenset(_strings(toml, (*keys, "eagle-family"))),
+            bool(toml.value((*keys, "war-barrier-env"), bool)),
+            bool(toml.value((*keys, "war-fast-path"), bool)),
+        )
+    return tables
+
+
+def _strings(toml: TomlFile, keys: tuple[str, ...]) -> list[str]:
+    listed = toml.value(keys, list)
+    if not listed or not all(isinstance(item, str) for item in listed):
+        raise toml.refuse(keys, "is not a list of strings")
+    return list(listed)
+
+
+_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+
+
 @dataclass(frozen=True)
 class Releases:
     """patches/releases.toml: the facts every release shares (see its header)."""
@@ -222,6 +300,7 @@ class Releases:
     fixes: dict[str, Fix]
     known: dict[str, KnownRelease]  # oldest first
     upstream_fixed: WheelPin
+    launch: dict[str, LaunchSettings] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Releases:
@@ -257,7 +336,7 @@ class Releases:
         if fixed not in known:
             raise toml.refuse(("upstream-fixed",), f'= "{fixed}" has no [releases."{fixed}"]')
         upstream = known[fixed].wheel or toml.wheel_pin(("releases", fixed), fixed)
-        return cls(path, fixes, known, upstream)
+        return cls(path, fixes, known, upstream, _launch_settings(toml, known))
 
     def release(self, version: str, needed_by: Path) -> KnownRelease:
         """A known release; refuse one the registry does not have."""
