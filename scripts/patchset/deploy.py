@@ -30,6 +30,7 @@ from .errors import BackportError, Exit
 from .manifest import (
     RELEASES_NAME,
     PinManifest,
+    RaceEntry,
     Series,
     git_blob_id,
     load_releases,
@@ -232,6 +233,10 @@ class KnownContent:
     ours: bool  # made by one of our series (a step of it), not a release as shipped
     # the race checker's scenarios left open, from the [races] tables of the manifests
     open: tuple[str, ...] = ()
+    # the release whose launch settings apply ([launch] of releases.toml)
+    release: str = ""
+    # every scenario's [races] entries at this content's step ([] clean)
+    races: tuple[tuple[str, tuple[RaceEntry, ...]], ...] = ()
 
 
 @dataclass
@@ -269,6 +274,7 @@ def load_catalog(patches_root: Path) -> Catalog:
 
     catalog = Catalog(files=list(all_series[0].manifest.files))
     open_with: dict[frozenset[str], tuple[str, ...]] = {}
+    races_with: dict[frozenset[str], tuple[tuple[str, tuple[RaceEntry, ...]], ...]] = {}
     for series in all_series:
         manifest = series.manifest
         if not manifest.races:
@@ -290,9 +296,12 @@ def load_catalog(patches_root: Path) -> Catalog:
             fixes, open_ = manifest.step_fixes[step], tuple(manifest.open_races(step))
             # a race open at any step with these fixes is open with them
             open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + open_))
-            catalog.add(
-                manifest.blobs_at(step), KnownContent(name.strip(), prs(fixes), index > 0, open_)
+            races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
+            races_with.setdefault(fixes, races)
+            content = KnownContent(
+                name.strip(), prs(fixes), index > 0, open_, manifest.base.version, races
             )
+            catalog.add(manifest.blobs_at(step), content)
     # A served release is already named by its series' base step.
     served_releases = {r for series in all_series for r in series.manifest.releases}
     for release in registry.known.values():
@@ -307,7 +316,12 @@ def load_catalog(patches_root: Path) -> Catalog:
                 "serve a release with those fixes (docs/maintaining.md), or correct its fixes",
             )
         content = KnownContent(
-            f"sglang {release.version}", prs(release.fixes), False, open_with[release.fixes]
+            f"sglang {release.version}",
+            prs(release.fixes),
+            False,
+            open_with[release.fixes],
+            release.version,
+            races_with[release.fixes],
         )
         catalog.add(release.blobs, content)
     return catalog
@@ -701,3 +715,76 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
     else:
         _check_editable(report, dist, url, package)
     return _judge(report, catalog)
+
+
+# --- one file to copy into a pod ---------------------------------------------------
+
+# The zipapp's entry: written in syntax every Python reads, so that launch.py can
+# refuse an old one; it unpacks the archive into a folder of its own, runs
+# check-install from there and removes the folder, also after Ctrl-C.
+ZIPAPP_MAIN = '''\
+"""check-install as one file: python3 check-install.pyz [--python PY] [--launch-args ARGS] ..."""
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+
+
+def main():
+    archive = os.path.dirname(os.path.abspath(__file__))
+    folder = tempfile.mkdtemp(prefix="check-install-")
+    try:
+        with zipfile.ZipFile(archive) as files:
+            files.extractall(folder)
+        sys.path.insert(0, os.path.join(folder, "scripts"))
+        from launch import start
+
+        start("check_install")
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\\n")
+        sys.exit(130)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+main()
+'''
+# What check-install reads, relative to the project: its code and the release data.
+ZIPAPP_FILES = (
+    "scripts/launch.py",
+    "scripts/commands/__init__.py",
+    "scripts/commands/check_install.py",
+    "scripts/patchset/*.py",
+    "scripts/racecheck/__init__.py",
+    "scripts/racecheck/catalogue.py",
+    f"patches/{RELEASES_NAME}",
+    "patches/sglang-*/pin.toml",
+    "patches/sglang-*/series",
+)
+ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def build_zipapp(project: Path, out: Path) -> str:
+    """Write check-install as one zipapp to out; returns its sha256. Same files, same bytes."""
+    members = sorted({path for pattern in ZIPAPP_FILES for path in project.glob(pattern)})
+    buffer = io.BytesIO()
+    buffer.write(b"#!/usr/bin/env python3\n")
+    with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in [
+            ("__main__.py", ZIPAPP_MAIN.encode()),
+            *((p.relative_to(project).as_posix(), p.read_bytes()) for p in members),
+        ]:
+            info = zipfile.ZipInfo(name, ZIP_DATE)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_bytes(buffer.getvalue())
+        partial.chmod(0o755)
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+    return hashlib.sha256(buffer.getvalue()).hexdigest()

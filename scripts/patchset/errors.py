@@ -36,6 +36,9 @@ class Exit(IntEnum):
     UNKNOWN_CONTENT = 22
     NOT_INSTALLED = 23
     MODIFIED = 24
+    # check-install with a deployment's configuration (--launch-args, --server-info)
+    EXPOSED = 25
+    NOT_EXPOSED = 26
     AMBIGUOUS = 27
     INTERRUPTED = 130
 
@@ -75,6 +78,10 @@ EXIT_TEXT: dict[Exit, str] = {
     Exit.UNKNOWN_CONTENT: "the files match no release and no series this project knows",
     Exit.NOT_INSTALLED: "that interpreter finds no sglang",
     Exit.MODIFIED: "the files differ from the installed distribution's RECORD",
+    Exit.EXPOSED: "an affected or partly fixed install, and this configuration reaches "
+    "the race (the scenarios and buffers are named)",
+    Exit.NOT_EXPOSED: "an affected or partly fixed install, but this configuration does not "
+    "reach the race (the setting that keeps it out is named)",
     Exit.AMBIGUOUS: "two or more distributions named sglang are installed where that "
     "interpreter looks: which one owns the files depends on the order of sys.path",
     Exit.INTERRUPTED: "interrupted (Ctrl-C or a signal); what this run made was removed",
