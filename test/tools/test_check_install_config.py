@@ -1,0 +1,293 @@
+"""check-install with a deployment's configuration: every release's real ServerArgs, a
+local /server_info, the bad answers, and an affected install against a patched one."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS
+from patchset import paths
+from patchset.errors import Exit
+from patchset.exposure import FIELDS
+from patchset.manifest import load_releases, series_for_release
+from testrun.venv import env_for
+
+RELEASES = sorted(load_releases().launch)
+DEFAULT = paths.DEFAULT_BASE
+STEPS = paths.PROJECT_ROOT / "build" / "steps"
+DECODE_EAGLE = "--model-path m --disaggregation-mode decode --speculative-algorithm EAGLE"
+
+
+def check(*args: str, tree_on_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if tree_on_path is not None:
+        env["PYTHONPATH"] = str(tree_on_path)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "check-install"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def line(result: subprocess.CompletedProcess[str], start: str) -> str:
+    found = re.search(rf"^{re.escape(start)}.*$", result.stdout, re.M)
+    assert found, result.stdout + result.stderr
+    return found[0]
+
+
+def release_env(release: str) -> tuple[Path, Path]:
+    """The release's test interpreter and its unpatched step tree (made by scripts/run-tests)."""
+    python = env_for(series_for_release(paths.PATCHES_ROOT, release).manifest).python
+    tree = STEPS / release / "base" / "python"
+    if not python.exists() or not (tree / "sglang").is_dir():
+        pytest.skip(f"needs {python} and {tree}: run scripts/run-tests once")
+    return python, tree
+
+
+def server_args_script(body: str) -> str:
+    return (
+        "import argparse, dataclasses, json\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "p = argparse.ArgumentParser()\nServerArgs.add_cli_args(p)\n" + body
+    )
+
+
+def test_exit_codes_of_issue_25():
+    assert (Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.AMBIGUOUS) == (25, 26, 27)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", RELEASES)
+def test_launch_table_is_the_releases_own_parser(release: str):
+    """Each flag of [launch."X"] as that release spells it, with its default."""
+    python, tree = release_env(release)
+    script = server_args_script(
+        "print(json.dumps({a.dest: [a.option_strings, a.default] for a in p._actions}))"
+    )
+    result = subprocess.run(
+        [str(python), "-W", "ignore", "-c", script],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(tree)),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    actions = json.loads(result.stdout.splitlines()[-1])
+    table = load_releases().launch[release]
+    for name in FIELDS:
+        if name not in table.flags:
+            assert name not in actions, f"{release} has {name}; add it to [launch]"
+            continue
+        flag = table.flags[name]
+        assert flag.flag in actions[name][0], (release, name, actions[name])
+        assert actions[name][1] == flag.default, (release, name, actions[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", RELEASES)
+def test_verdicts_with_the_releases_own_server_args(release: str):
+    python, tree = release_env(release)
+    table = load_releases().launch[release]
+    result = check("--python", str(python), "--launch-args", DECODE_EAGLE, tree_on_path=tree)
+    assert f"sglang {release}'s own ServerArgs" in line(result, "configuration parsed by")
+    assert "EAGLE family" in line(result, "speculative algorithm:")
+    if table.war_fast_path:
+        # the fast path waits on a read-done event; the forward's later writes still race (L3)
+        assert result.returncode == Exit.EXPOSED, result.stdout
+        assert "scenarios L3; buffers output_tokens_buf, topk_p_buf" in result.stdout
+    else:
+        # 0.5.13 waits on the whole forward stream: L5, played with that, is ordered
+        assert result.returncode == Exit.NOT_EXPOSED, result.stdout
+        assert "fallback path (L5 played with it: ordered)" in result.stdout
+
+    # a configuration that sglang itself adjusts: on mps it turns overlap off
+    mps = check(
+        "--python",
+        str(python),
+        "--launch-args",
+        "--model-path m --disaggregation-mode decode --device mps",
+        tree_on_path=tree,
+    )
+    source = (tree / "sglang/srt/server_args.py").read_text()
+    if "        self._handle_mps_backends()\n" in source.split("def __post_init__", 1)[1]:
+        assert mps.returncode == Exit.NOT_EXPOSED, mps.stdout
+        assert "sglang turned it off (_handle_mps_backends)" in line(mps, "overlap scheduling:")
+    else:  # dispatched inside a pipeline that needs the model's config: named
+        assert "not evaluated here: " in line(mps, "overlap scheduling: on")
+
+
+@pytest.mark.slow
+def test_prefill_server_and_no_overlap_are_out():
+    python, tree = release_env(DEFAULT)
+    prefill = check(
+        "--python", str(python), "--launch-args", "--model-path m --disaggregation-mode prefill",
+        tree_on_path=tree,
+    )  # fmt: skip
+    assert prefill.returncode == Exit.NOT_EXPOSED, prefill.stdout
+    assert "--disaggregation-mode prefill (serving as decode" in line(prefill, "verdict:")
+    off = check(
+        "--python", str(python), "--launch-args", DECODE_EAGLE + " --disable-overlap-schedule",
+        tree_on_path=tree,
+    )  # fmt: skip
+    assert off.returncode == Exit.NOT_EXPOSED, off.stdout
+    assert "overlap off (--disable-overlap-schedule" in line(off, "verdict:")
+
+
+def test_bare_copy_falls_back_to_the_table(tmp_path: Path):
+    """sglang's files without its dependencies: ServerArgs cannot be imported, the table parses."""
+    _python, tree = release_env(DEFAULT)
+    bare = tmp_path / "bare"
+    for path in ("sglang/__init__.py", "sglang/srt/server_args.py"):
+        (bare / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tree / path, bare / path)
+    for path in load_releases().known[DEFAULT].blobs:
+        target = bare / path.removeprefix("python/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tree / path.removeprefix("python/"), target)
+    result = check(
+        "--python", sys.executable, "--launch-args", DECODE_EAGLE + " --device npu",
+        tree_on_path=bare,
+    )  # fmt: skip
+    parsed = line(result, "configuration parsed by")
+    assert f'[launch."{DEFAULT}"]' in parsed and "cannot be imported there" in parsed
+    assert result.returncode == Exit.EXPOSED, result.stdout
+    assert "the WAR barrier is off" in line(result, "device: npu")
+    assert "L1, S1, S2, S4, S6, S8; buffers new_seq_lens_buf" in result.stdout
+
+
+def test_affected_against_patched_tree():
+    base, final = STEPS / DEFAULT / "base" / "python", STEPS / DEFAULT / "0002" / "python"
+    if not final.is_dir():
+        pytest.skip(f"needs {final}: run scripts/run-tests once")
+    affected = check("--tree", str(base), "--launch-args", DECODE_EAGLE)
+    assert affected.returncode == Exit.EXPOSED, affected.stdout
+    assert "--tree: no interpreter" in line(affected, "configuration parsed by")
+    patched = check("--tree", str(final), "--launch-args", DECODE_EAGLE)
+    assert patched.returncode == Exit.OK, patched.stdout
+    assert line(patched, "verdict:").endswith("races closed; whatever the configuration")
+    # the barrier on a device without CUDA, set in the server's environment
+    xpu = check("--tree", str(base), "--launch-args", DECODE_EAGLE + " --device xpu", "--env",
+                "SGLANG_ENABLE_WAR_BARRIER=1")  # fmt: skip
+    assert "is set, so the WAR barrier is on" in line(xpu, "device: xpu")
+    assert xpu.returncode == Exit.NOT_EXPOSED, xpu.stdout
+
+
+# --- /server_info ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server_args_fields() -> dict[str, object]:
+    """The fields of the default release's real ServerArgs, as /server_info serves them."""
+    python, tree = release_env(DEFAULT)
+    script = server_args_script(
+        "a = p.parse_args(['--model-path', 'dummy'])\n"
+        "print(json.dumps(dataclasses.asdict(ServerArgs.from_cli_args(a)), default=str))"
+    )
+    result = subprocess.run(
+        [str(python), "-W", "ignore", "-c", script],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(tree)),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+class Server:
+    """A /server_info on 127.0.0.1, in a thread, started and stopped by the test."""
+
+    def __init__(self, body: bytes, status: int = 200, key: str = "", delay: float = 0) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                time.sleep(delay)
+                code = status
+                if key and self.headers.get("Authorization") != f"Bearer {key}":
+                    code = 401
+                if self.path != "/server_info":
+                    code = 404
+                self.send_response(code)
+                self.end_headers()
+                self.wfile.write(body if code == 200 else b'{"detail": "no"}')
+                outer.requests += 1
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.requests = 0
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.block_on_close = False
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> Server:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def base_tree() -> Iterator[Path]:
+    _python, tree = release_env(DEFAULT)
+    yield tree
+
+
+def test_server_info_of_a_decode_server(server_args_fields: dict, base_tree: Path):
+    info = dict(server_args_fields, disaggregation_mode="decode", speculative_algorithm="EAGLE")
+    with Server(json.dumps(info).encode(), key="k3y") as server:
+        result = check("--tree", str(base_tree), "--server-info", server.url, "--api-key", "k3y")
+        assert server.requests == 1
+    assert result.returncode == Exit.EXPOSED, result.stdout + result.stderr
+    assert "/server_info (its values after sglang's own adjustments)" in result.stdout
+    assert "scenarios L3" in line(result, "verdict:")
+    prefill = dict(server_args_fields, disaggregation_mode="prefill")
+    with Server(json.dumps(prefill).encode()) as server:
+        result = check("--tree", str(base_tree), "--server-info", server.url + "/server_info")
+    assert result.returncode == Exit.NOT_EXPOSED, result.stdout + result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ({"body": b"{}", "key": "k3y"}, "HTTP 401"),
+        ({"body": b"{}", "status": 404}, "HTTP 404"),
+        ({"body": b"<html>sglang</html>"}, "its answer is not JSON"),
+        ({"body": b"[1, 2]"}, "holds no server arguments"),
+        ({"body": b"{}", "delay": 12}, "timed out"),
+        (None, "Connection refused"),
+    ],
+)
+def test_server_info_bad_answers(server: dict | None, said: str, base_tree: Path):
+    if server is None:
+        result = check("--tree", str(base_tree), "--server-info", f"http://127.0.0.1:{free_port()}")
+    else:
+        with Server(**server) as running:
+            result = check("--tree", str(base_tree), "--server-info", running.url)
+    assert result.returncode == Exit.ENVIRONMENT, result.stdout + result.stderr
+    assert said in result.stderr and "next step:" in result.stderr, result.stderr
