@@ -109,6 +109,13 @@ def main() -> int:
         "repeat for more",
     )
     p.add_argument(
+        "--torch-build",
+        choices=exposure.TORCH_BUILDS,
+        help="the server's torch build: rocm on an AMD GPU (sglang names its device cuda "
+        "there, but is_cuda() is false, so the WAR barrier is off). Default: what torch "
+        "says where --python runs sglang's ServerArgs, else cuda",
+    )
+    p.add_argument(
         "--zipapp",
         type=cli.absolute_path,
         metavar="OUT",
@@ -156,6 +163,9 @@ def main() -> int:
         else:
             settings = exposure.parse_with_server_args(python, launch, env, needed)
     settings.env = env
+    if args.torch_build:
+        settings.torch_build = args.torch_build
+        settings.torch_source = f"--torch-build {args.torch_build}"
     result = exposure.judge(settings, dict(content.races), table, verdict)
     print("\n".join(result.lines))
     return result.code

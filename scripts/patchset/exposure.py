@@ -31,6 +31,7 @@ HISPARSE_SCENARIO = "H1"
 WAR_BARRIER_ENV = "SGLANG_ENABLE_WAR_BARRIER"
 FIELDS = (*LAUNCH_FLAGS, "disable_decode_cuda_graph")
 TIMEOUT_S = 10.0
+TORCH_BUILDS = ("cuda", "rocm")
 
 
 @dataclass
@@ -44,6 +45,10 @@ class Settings:
     turned_off_by: list[str] = field(default_factory=list)  # sglang's handlers that did
     not_evaluated: list[str] = field(default_factory=list)  # "handler (why)"
     adjusted: bool = False  # the values are after sglang's own adjustments
+    # the server's torch build: "cuda", "rocm" (HIP: its GPU is "cuda" too, but is_cuda()
+    # is false), or None (not known: taken as CUDA)
+    torch_build: str | None = None
+    torch_source: str = "the torch build not known here: taken as CUDA (--torch-build)"
 
     def get(self, name: str) -> Any:
         return self.values.get(name)
@@ -290,11 +295,16 @@ try:
 except BaseException:
     eagle = str(algorithm).upper() in request["eagle_family"]
 try:
+    import torch
+    torch_build = "rocm" if torch.version.hip else "cuda" if torch.version.cuda else None
+except BaseException:
+    torch_build = None
+try:
     from sglang.version import __version__ as version
 except BaseException:
     version = "unknown"
-say({"version": version, "given": given, "values": values, "eagle": eagle,
-     "turned_off_by": turned_off_by, "not_evaluated": not_evaluated})
+say({"version": version, "given": given, "torch_build": torch_build, "values": values,
+     "eagle": eagle, "turned_off_by": turned_off_by, "not_evaluated": not_evaluated})
 """
 
 # Where --device is not given, sglang picks "cuda" when torch sees a GPU.
@@ -351,6 +361,9 @@ def parse_with_server_args(
     )
     if answer["given"].get("disable_overlap_schedule"):
         settings.turned_off_by = []
+    if answer["torch_build"]:
+        settings.torch_build = answer["torch_build"]
+        settings.torch_source = f"torch there is a {answer['torch_build'].upper()} build"
     return settings
 
 
@@ -422,34 +435,38 @@ def judge(
         )
 
     device = str(settings.get("device") or DEFAULT_DEVICE)
+    named = (
+        device if settings.get("device") else f"{device} (not given: sglang picks cuda with a GPU)"
+    )
+    if device == "cuda" and settings.torch_build == "rocm":
+        named += f", {settings.torch_source}"
     barrier_env = settings.env.get(WAR_BARRIER_ENV, "").lower() in ("1", "true", "yes", "on")
-    if device == "cuda":
+    if device == "cuda" and settings.torch_build != "rocm":
+        on = f"is_cuda() ({settings.torch_source})"
+    elif barrier_env and table is not None and table.war_barrier_env:
+        on = f"{WAR_BARRIER_ENV} is set in the server's environment"
+    else:
+        on = ""
+    if on:
         graphs_off = settings.get("disable_cuda_graph") or settings.get("disable_decode_cuda_graph")
         fast = bool(table and table.war_fast_path) and not graphs_off
         barrier = "fast" if fast else "fallback"
         why = (
-            "the decode graph records a read-done event"
+            "a decode graph replay records the read-done event it waits on"
             if fast
-            else "--disable-cuda-graph: no read-done event"
+            else "CUDA graphs are off: it waits on the whole forward stream"
             if graphs_off
-            else "this release has no fast path"
+            else "this release has no fast path: it waits on the whole forward stream"
         )
-        given = "" if settings.get("device") else " (not given: sglang picks cuda with a GPU)"
-        lines.append(f"device: cuda{given}: the WAR barrier is on, {barrier} path ({why})")
-    elif barrier_env and table is not None and table.war_barrier_env:
-        barrier = "fallback"
-        lines.append(
-            f"device: {device}: {WAR_BARRIER_ENV} is set, so the WAR barrier is on; without "
-            "a decode graph it waits on the whole forward stream (fallback)"
-        )
+        lines.append(f"device: {named}: the WAR barrier is on, {on}; {barrier} path ({why})")
     else:
         barrier = "none"
         reason = (
             f"{WAR_BARRIER_ENV} is set, but this release reads it only on CUDA"
             if barrier_env
-            else f"not CUDA and {WAR_BARRIER_ENV} is not set (--env)"
+            else f"is_cuda() is false and {WAR_BARRIER_ENV} is not set (--env)"
         )
-        lines.append(f"device: {device}: the WAR barrier is off ({reason})")
+        lines.append(f"device: {named}: the WAR barrier is off ({reason})")
     loop = [p.name for p in plays if p.barrier == barrier]
     played = loop + ([p.name for p in plays if p.barrier is None] if barrier == "none" else [])
     open_ = [name for name in played if races.get(name)]
@@ -460,6 +477,7 @@ def judge(
         )
 
     hisparse = bool(settings.get("enable_hisparse"))
+    hisparse_open = False  # the hisparse seam: a server's own prefill-to-decode transition
     if HISPARSE_SCENARIO not in races:
         lines.append(
             f"hisparse: {'on' if hisparse else 'off'}; not played for this release "
@@ -471,19 +489,18 @@ def judge(
         lines.append(
             f"hisparse: on: the hisparse stash races at this step ({HISPARSE_SCENARIO} open)"
         )
-        if overlap_on and mode != "prefill":
-            open_.append(HISPARSE_SCENARIO)
+        hisparse_open = mode != "prefill"
     else:
         lines.append(
             f"hisparse: on: {HISPARSE_SCENARIO} was played on this release's code and found ordered"
         )
 
-    entries = [entry for name in open_ for entry in races[name]]
-    reaching = open_ and overlap_on and (mode == "decode" or open_ == [HISPARSE_SCENARIO])
-    if reaching:
+    reaching = (open_ if mode == "decode" else []) + ([HISPARSE_SCENARIO] if hisparse_open else [])
+    entries = [entry for name in reaching for entry in races[name]]
+    if reaching and overlap_on:
         lines.append(
             f"verdict: exposed: {install}; this configuration reaches the race: scenarios "
-            f"{', '.join(open_)}; buffers {', '.join(_buffers(entries))}"
+            f"{', '.join(reaching)}; buffers {', '.join(_buffers(entries))}"
         )
         return Exposure(Exit.EXPOSED, lines)
     if not keeps_out:

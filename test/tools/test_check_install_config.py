@@ -20,7 +20,7 @@ import pytest
 from conftest import SCRIPTS
 from patchset import paths
 from patchset.errors import Exit
-from patchset.exposure import FIELDS
+from patchset.exposure import FIELDS, HISPARSE_SCENARIO, judge, parse_with_table
 from patchset.manifest import load_releases, series_for_release
 from testrun.venv import env_for
 
@@ -180,11 +180,19 @@ def test_affected_against_patched_tree():
     patched = check("--tree", str(final), "--launch-args", DECODE_EAGLE)
     assert patched.returncode == Exit.OK, patched.stdout
     assert line(patched, "verdict:").endswith("races closed; whatever the configuration")
-    # the barrier on a device without CUDA, set in the server's environment
-    xpu = check("--tree", str(base), "--launch-args", DECODE_EAGLE + " --device xpu", "--env",
-                "SGLANG_ENABLE_WAR_BARRIER=1")  # fmt: skip
-    assert "is set, so the WAR barrier is on" in line(xpu, "device: xpu")
-    assert xpu.returncode == Exit.NOT_EXPOSED, xpu.stdout
+    # an AMD GPU: sglang's device is cuda, but is_cuda() is false, so no barrier ...
+    amd = ["--tree", str(base), "--torch-build", "rocm", "--launch-args"]
+    off = check(*amd, DECODE_EAGLE)
+    assert "the WAR barrier is off (is_cuda() is false" in line(off, "device: cuda")
+    assert off.returncode == Exit.EXPOSED, off.stdout
+    assert "scenarios L1, S1, S2, S4, S6, S8; buffers new_seq_lens_buf" in off.stdout
+    # ... unless the server's environment turns it on; without graphs it waits on the
+    # whole forward stream, and L5 (played with that) is ordered
+    no_graphs = DECODE_EAGLE + " --disable-cuda-graph"
+    env_on = check(*amd, no_graphs, "--env", "SGLANG_ENABLE_WAR_BARRIER=1")
+    assert "SGLANG_ENABLE_WAR_BARRIER is set" in line(env_on, "device: cuda")
+    assert env_on.returncode == Exit.NOT_EXPOSED, env_on.stdout
+    assert "fallback path (L5 played with it: ordered)" in line(env_on, "verdict:")
 
 
 # --- /server_info ----------------------------------------------------------------------
@@ -291,3 +299,25 @@ def test_server_info_bad_answers(server: dict | None, said: str, base_tree: Path
             result = check("--tree", str(base_tree), "--server-info", running.url)
     assert result.returncode == Exit.ENVIRONMENT, result.stdout + result.stderr
     assert said in result.stderr and "next step:" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("h1", ["open", "clean", "absent"])
+def test_hisparse_reads_its_race_table(h1: str):
+    """--enable-hisparse rests on [races.H1] where the manifest has it."""
+    manifest = series_for_release(paths.PATCHES_ROOT, DEFAULT).manifest
+    races = {name: by_step["base"] for name, by_step in manifest.races.items()}
+    row = (("write/write", ("output_tokens_buf",), (3,)),)
+    if h1 != "absent":
+        races[HISPARSE_SCENARIO] = row if h1 == "open" else ()
+    table = load_releases().launch[DEFAULT]
+    # a plain server (no PD) with hisparse: only the hisparse seam can reach the race
+    settings = parse_with_table(["--enable-hisparse"], table, "test")
+    result = judge(settings, races, table, "affected")
+    hisparse = next(text for text in result.lines if text.startswith("hisparse:"))
+    if h1 == "open":
+        assert result.code == Exit.EXPOSED and "scenarios H1" in result.lines[-1]
+    elif h1 == "clean":
+        assert result.code == Exit.NOT_EXPOSED and "found ordered" in hisparse
+    else:
+        assert result.code == Exit.NOT_EXPOSED
+        assert hisparse == "hisparse: on; not played for this release (no [races.H1])"
