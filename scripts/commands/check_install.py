@@ -8,6 +8,7 @@ from pathlib import Path
 from patchset import cli, deploy, exposure, paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases
+from racecheck.catalogue import PLAYS
 
 DESCRIPTION = """\
 Find the sglang that an interpreter would import (importlib.util.find_spec
@@ -166,7 +167,7 @@ def main() -> int:
     if args.torch_build:
         settings.torch_build = args.torch_build
         settings.torch_source = f"--torch-build {args.torch_build}"
-    result = exposure.judge(settings, dict(content.races), table, verdict)
+    result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
     print("\n".join(result.lines))
     return result.code
 

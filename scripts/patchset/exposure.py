@@ -16,12 +16,10 @@ import shlex
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from racecheck.catalogue import BY_NAME, EAGLE
+from typing import Any, Protocol
 
 from .errors import BackportError, Exit
 from .manifest import LAUNCH_FLAGS, LaunchSettings, RaceEntry
@@ -383,6 +381,17 @@ def parse_with_server_args(
 # --- the verdict -------------------------------------------------------------------
 
 
+class Scenario(Protocol):
+    """A race-check scenario as its catalogue describes it (racecheck.catalogue.Play)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def spec(self) -> str | None: ...  # the speculative path it plays (EAGLE), or None
+    @property
+    def barrier(self) -> str | None: ...  # none/fast/fallback in the loop, or None
+
+
 @dataclass(frozen=True)
 class Exposure:
     code: Exit
@@ -398,9 +407,11 @@ def judge(
     races: Mapping[str, tuple[RaceEntry, ...]],
     table: LaunchSettings | None,
     install: str,
+    scenarios: Iterable[Scenario],
 ) -> Exposure:
     """Whether this configuration reaches the races open in the install (races: the
-    [races] entries at its step, scenario -> entries). install: its verdict line."""
+    [races] entries at its step, scenario -> entries; scenarios: the race checker's
+    catalogue). install: its verdict line."""
     lines = [f"configuration parsed by {settings.parser}"]
     keeps_out: list[str] = []  # the settings that keep the deployment out
 
@@ -433,10 +444,9 @@ def judge(
         lines.append(f"overlap scheduling: off ({by}): one stream, nothing races")
         keeps_out.append(f"overlap off ({by}; turning overlap on exposes it)")
 
-    spec = EAGLE if settings.eagle else None
     algorithm = settings.get("speculative_algorithm") or "none"
-    plays = [p for p in BY_NAME.values() if p.spec == spec and p.name in races]
-    if spec:
+    plays = [p for p in scenarios if bool(p.spec) == settings.eagle and p.name in races]
+    if settings.eagle:
         lines.append(
             f"speculative algorithm: {algorithm} (EAGLE family): the seeding writes all five "
             "relay buffers"

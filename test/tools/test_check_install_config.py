@@ -22,6 +22,7 @@ from patchset import paths
 from patchset.errors import Exit
 from patchset.exposure import FIELDS, HISPARSE_SCENARIO, judge, parse_with_table
 from patchset.manifest import load_releases, series_for_release
+from racecheck.catalogue import PLAYS
 from testrun.venv import env_for
 
 RELEASES = sorted(load_releases().launch)
@@ -308,7 +309,7 @@ def test_hisparse_reads_its_race_table(h1: str):
     table = load_releases().launch[DEFAULT]
     # a plain server (no PD) with hisparse: only the hisparse seam can reach the race
     settings = parse_with_table(["--enable-hisparse"], table, "test")
-    result = judge(settings, races, table, "affected")
+    result = judge(settings, races, table, "affected", PLAYS)
     hisparse = next(text for text in result.lines if text.startswith("hisparse:"))
     if h1 == "open":
         assert result.code == Exit.EXPOSED and "scenarios H1" in result.lines[-1]
