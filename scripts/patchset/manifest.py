@@ -256,12 +256,11 @@ class LaunchSettings:
     war_fast_path: bool  # the barrier waits on a read-done event after a graph replay
 
 
-def _launch_settings(toml: TomlFile, known: Mapping[str, object]) -> dict[str, LaunchSettings]:
+def _launch_settings(toml: TomlFile) -> dict[str, LaunchSettings]:
+    """[launch."X.Y.Z"], each checked; a release without one has no table fallback."""
     tables: dict[str, LaunchSettings] = {}
     for version in toml.table((LAUNCH_TABLE,), optional=True):
         keys = (LAUNCH_TABLE, version)
-        if version not in known:
-            raise toml.refuse(keys, "names a release that [releases] does not have")
         flags = {}
         for name, kind in {**LAUNCH_FLAGS, **LAUNCH_OPTIONAL}.items():
             key = name.replace("_", "-")
@@ -336,7 +335,7 @@ class Releases:
         if fixed not in known:
             raise toml.refuse(("upstream-fixed",), f'= "{fixed}" has no [releases."{fixed}"]')
         upstream = known[fixed].wheel or toml.wheel_pin(("releases", fixed), fixed)
-        return cls(path, fixes, known, upstream, _launch_settings(toml, known))
+        return cls(path, fixes, known, upstream, _launch_settings(toml))
 
     def release(self, version: str, needed_by: Path) -> KnownRelease:
         """A known release; refuse one the registry does not have."""

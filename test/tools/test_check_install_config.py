@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS
 from patchset import paths
-from patchset.errors import Exit
+from patchset.errors import BackportError, Exit
 from patchset.exposure import FIELDS, HISPARSE_SCENARIO, judge, parse_with_table
-from patchset.manifest import load_releases, series_for_release
+from patchset.manifest import Releases, load_releases, series_for_release
 from racecheck.catalogue import PLAYS
 from testrun.venv import env_for
 
@@ -318,3 +318,30 @@ def test_hisparse_reads_its_race_table(h1: str):
     else:
         assert result.code == Exit.NOT_EXPOSED
         assert hisparse == "hisparse: on; not played for this release (no [races.H1])"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (
+            'enable-hisparse = { flag = "--enable-hisparse", default = false }',
+            'enable-hisparse = { flag = "--enable-hisparse", default = true }',
+            "enable-hisparse.default of a store_true flag must be false",
+        ),
+        (
+            'device = { flag = "--device" }',
+            'device = { flag = "device" }',
+            'device.flag = "device" is not a long option',
+        ),
+        ("war-fast-path = true\n", "", "war-fast-path is missing"),
+        ('eagle-family = ["EAGLE", ', "eagle-family = [1, ", "eagle-family is not a list"),
+    ],
+)
+def test_damaged_launch_table_is_refused(tmp_path: Path, old: str, new: str, said: str):
+    text = (paths.PATCHES_ROOT / "releases.toml").read_text()
+    damaged = tmp_path / "releases.toml"
+    damaged.write_text(text.replace(old, new, 1))
+    with pytest.raises(BackportError) as refused:
+        Releases.load(damaged)
+    assert refused.value.code == Exit.PATCHSET_INVALID
+    assert said in refused.value.problem and "launch." in refused.value.problem
