@@ -47,9 +47,10 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -59,9 +60,11 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "ci"))
+# pytest puts scripts/ on the path (test/pytest.ini); the CSAN child runs this
+# file as a plain script, with only the step tree and the site on PYTHONPATH.
+sys.path[:0] = [p for p in (str(ROOT / "ci"), str(ROOT / "scripts")) if p not in sys.path]
 
-from gpustage import sglang_import  # noqa: E402
+from gpustage import contract, sglang_import  # noqa: E402
 
 
 def _rig_fits() -> str:
@@ -100,7 +103,6 @@ from racecheck.scenarios import (  # noqa: E402
 )
 from testrun.steps import StepUnderTest  # noqa: E402
 
-REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
 CSAN_CHILD_FLAG = "--csan-child"
 
 POOL_ROWS = 16
@@ -108,8 +110,8 @@ HIDDEN = 64
 TOPK = 4
 REUSED_ROW = 5  # the finished request's row, handed to the new prebuilt request
 RUNNING_ROW = 9  # a request that keeps running; only the forward writes it
-ITERATIONS = 200
 SLEEP_MS = 20.0  # how long the forward stream is held back per iteration
+WARM_UP_S = 2.0  # busy time before calibrating: idle clocks make the sleep far too long
 # Without the fix the late forward must win in at least this share of the
 # iterations; a host stall longer than SLEEP_MS can let a seed win now and then.
 MIN_RACE_SHARE = 0.9
@@ -122,13 +124,21 @@ FIELDS = ("seq_len", "token", "topk_p", "topk_index", "hidden")
 def _cuda_or_skip() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
-    reason = (
-        "no CUDA device (torch.cuda.is_available() is False): the race needs two real "
-        "CUDA streams; ci/run-gpu runs these tests on a GPU runner"
-    )
-    if os.environ.get(REQUIRE_CUDA_ENV) == "1":
-        pytest.fail(f"{REQUIRE_CUDA_ENV}=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    if os.environ.get(contract.REQUIRE_CUDA_ENV) == "1":
+        pytest.fail(f"{contract.REQUIRE_CUDA_ENV}=1 but {contract.NO_CUDA}", pytrace=False)
+    pytest.skip(contract.NO_CUDA)
+
+
+def s1_iterations() -> int:
+    """The S1 iterations of this run: contract.S1_ITERATIONS_ENV, at least the minimum."""
+    text = os.environ.get(contract.S1_ITERATIONS_ENV, str(contract.S1_MIN_ITERATIONS))
+    if not text.isdigit() or int(text) < contract.S1_MIN_ITERATIONS:
+        pytest.fail(
+            f"{contract.S1_ITERATIONS_ENV}={text!r}: give a whole number of at least "
+            f"{contract.S1_MIN_ITERATIONS}",
+            pytrace=False,
+        )
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -231,6 +241,7 @@ class Rig:
         self.device = device
         self.sleep_cycles = sleep_cycles
         self.module = torch.get_device_module(device)
+        self.slept_ms: list[float] = []  # the forward's measured sleep, per iteration
         self.server_args = _server_args("EAGLE")
         object.__setattr__(self.server_args, "speculative_eagle_topk", TOPK)
         # FutureMap sizes its hidden-state relay from the process-wide args;
@@ -320,7 +331,10 @@ class Rig:
         self.forward_stream.wait_stream(self.module.current_stream())
         with self.module.stream(self.forward_stream):
             if self.sleep_cycles:
+                slept = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                slept[0].record()
                 torch.cuda._sleep(self.sleep_cycles)
+                slept[1].record()
             self.future_map.publish(stale_rows, stale_seq_lens)
             self.future_map.stash(stale_rows, stale_payload)
 
@@ -332,6 +346,8 @@ class Rig:
             raise AssertionError(f"get_new_prebuilt_batch did not admit the request: {batch}")
 
         self.module.synchronize()
+        if self.sleep_cycles:
+            self.slept_ms.append(slept[0].elapsed_time(slept[1]))
         return self.read_row(REUSED_ROW), self.read_row(RUNNING_ROW)
 
     def close(self) -> None:
@@ -346,16 +362,33 @@ def get_new_prebuilt_batch(scheduler: Any) -> Any:
     return method(scheduler, *(getattr(scheduler, name) for name in extra))
 
 
-def calibrate_sleep_cycles(ms: float) -> int:
-    """GPU clock cycles that keep torch.cuda._sleep busy for about ms milliseconds."""
-    probe = 10_000_000
+def warm_up_gpu(seconds: float) -> None:
+    """Keep the GPU busy for a while, so that its clocks leave idle before calibrating
+    (345 MHz idle against 1980 MHz under load were seen on an H200)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def time_sleep_ms(cycles: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(probe)  # warm the kernel up
     start.record()
-    torch.cuda._sleep(probe)
+    torch.cuda._sleep(cycles)
     end.record()
     end.synchronize()
-    return max(1, int(probe * ms / max(start.elapsed_time(end), 1e-3)))
+    return start.elapsed_time(end)
+
+
+def calibrate_sleep_cycles(ms: float) -> int:
+    """GPU clock cycles that keep torch.cuda._sleep busy for about ms milliseconds, warm."""
+    warm_up_gpu(WARM_UP_S)
+    probe = 10_000_000
+    time_sleep_ms(probe)  # the kernel's first launch
+    probe_ms = sorted(time_sleep_ms(probe) for _ in range(3))[1]
+    return max(1, int(probe * ms / max(probe_ms, 1e-3)))
 
 
 @dataclass
@@ -365,6 +398,9 @@ class RaceTally:
     stale_fields: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FIELDS, 0))
     running_row_wrong: int = 0  # iterations in which the forward's own row was not written
     torn: int = 0  # iterations whose hidden-state row came back mixed from both writers
+    sleep_target_ms: float = 0.0
+    sleep_cycles: int = 0
+    slept_ms: dict[str, float] = field(default_factory=dict)  # measured: median, min, max
 
     def count(self, i: int, reused: RowValues, running: RowValues) -> None:
         """Judge one iteration: the seed won only if every field holds the seed's value.
@@ -393,8 +429,14 @@ class RaceTally:
         return (
             f"{self.seed_won}/{self.iterations} iterations kept the seed; the late forward "
             f"won per field: {self.stale_fields}; hidden row torn in {self.torn}; forward "
-            f"row unwritten in {self.running_row_wrong}"
+            f"row unwritten in {self.running_row_wrong}; sleep {self.slept_ms} ms measured "
+            f"for {self.sleep_target_ms} ms asked"
         )
+
+    def record(self, record_property: Callable[[str, object], None]) -> None:
+        """Keep the tally, with the sleep really measured, in the run's outcome file."""
+        record = {**asdict(self), "connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+        record_property(contract.S1_PROPERTY, json.dumps(record, sort_keys=True))
 
 
 def run_s1(device: torch.device, iterations: int, sleep_ms: float) -> RaceTally:
@@ -403,9 +445,17 @@ def run_s1(device: torch.device, iterations: int, sleep_ms: float) -> RaceTally:
     try:
         with rig.scheduler_surroundings():
             rig.run_once(-1)  # first call pays for lazy imports; not counted
-            tally = RaceTally(iterations)
+            rig.slept_ms.clear()
+            tally = RaceTally(iterations, sleep_target_ms=sleep_ms, sleep_cycles=sleep_cycles)
             for i in range(iterations):
                 tally.count(i, *rig.run_once(i))
+            if rig.slept_ms:
+                slept = sorted(rig.slept_ms)
+                tally.slept_ms = {
+                    "median": slept[len(slept) // 2],
+                    "min": slept[0],
+                    "max": slept[-1],
+                }
             return tally
     finally:
         rig.close()
@@ -438,30 +488,47 @@ def _refuse_hiding_environment() -> None:
 def s1_tally() -> RaceTally:
     device = _cuda_or_skip()
     _refuse_hiding_environment()
-    return run_s1(device, ITERATIONS, SLEEP_MS)
+    return run_s1(device, s1_iterations(), SLEEP_MS)
 
 
 @pytest.mark.pass_on("fix-b")
-def test_seed_survives_the_in_flight_forward(s1_tally: RaceTally) -> None:
+def test_seed_survives_the_in_flight_forward(
+    s1_tally: RaceTally, record_property: Callable[[str, object], None]
+) -> None:
+    s1_tally.record(record_property)
     assert s1_tally.running_row_wrong == 0, s1_tally.summary()
     assert s1_tally.seed_won == s1_tally.iterations, s1_tally.summary()
 
 
 @pytest.mark.pass_on("!fix-b")
 def test_in_flight_forward_overwrites_the_seed_without_the_fix(
-    s1_tally: RaceTally, step: StepUnderTest
+    s1_tally: RaceTally, step: StepUnderTest, record_property: Callable[[str, object], None]
 ) -> None:
     """The known failure: the rig really races, so the 0002 pass means something.
 
     0001 chains publish_ready but does not order the writers: the seq_len
     write comes before its wait, so the forward's seq_len still wins there.
     """
+    s1_tally.record(record_property)
     assert s1_tally.running_row_wrong == 0, s1_tally.summary()
     need = int(MIN_RACE_SHARE * s1_tally.iterations)
     assert s1_tally.stale_fields["seq_len"] >= need, s1_tally.summary()
     if step.holds("!fix-a"):
         for name in FIELDS:
             assert s1_tally.stale_fields[name] >= need, s1_tally.summary()
+
+
+def test_one_hardware_queue_hides_the_race(record_property: Callable[[str, object], None]) -> None:
+    """The control: with CUDA_DEVICE_MAX_CONNECTIONS=1 both streams share one hardware
+    queue, so the forward's late writes run before the seed, launched after them,
+    even without the fix. The race the other tests show needs two queues."""
+    if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
+        pytest.skip(contract.ONE_QUEUE_ONLY)
+    device = _cuda_or_skip()
+    tally = run_s1(device, s1_iterations(), SLEEP_MS)
+    tally.record(record_property)
+    assert tally.running_row_wrong == 0, tally.summary()
+    assert tally.seed_won == tally.iterations, tally.summary()
 
 
 def csan_child(iterations: int) -> dict[str, Any]:
@@ -505,18 +572,22 @@ def csan_child(iterations: int) -> dict[str, Any]:
         rig.close()
 
 
+def run_csan_child(env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """This file as a plain script, the way the CSAN verdict runs it."""
+    return subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), CSAN_CHILD_FLAG, str(CSAN_ITERATIONS)],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=contract.CSAN_TIMEOUT_S,
+    )
+
+
 @pytest.fixture(scope="module")
 def csan_report() -> dict[str, Any]:
     _cuda_or_skip()
     _refuse_hiding_environment()
-    env = {**os.environ, "TORCH_CUDA_SANITIZER": "1"}
-    result = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), CSAN_CHILD_FLAG, str(CSAN_ITERATIONS)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_csan_child({**os.environ, "TORCH_CUDA_SANITIZER": "1"})
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         pytest.fail(
@@ -529,15 +600,26 @@ def csan_report() -> dict[str, Any]:
     return report
 
 
+def _record_csan(report: dict[str, Any], record_property: Callable[[str, object], None]) -> None:
+    kept = {k: v for k, v in report.items() if k != "stderr_tail"}
+    record_property(contract.CSAN_PROPERTY, json.dumps(kept, sort_keys=True))
+
+
 @pytest.mark.pass_on("fix-b")
-def test_csan_is_silent_with_the_fix(csan_report: dict[str, Any]) -> None:
+def test_csan_is_silent_with_the_fix(
+    csan_report: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    _record_csan(csan_report, record_property)
     assert "error" not in csan_report, csan_report
     assert csan_report["race"] is False, csan_report
     assert csan_report["iterations"] == CSAN_ITERATIONS, csan_report
 
 
 @pytest.mark.pass_on("!fix-b")
-def test_csan_reports_the_race_without_the_fix(csan_report: dict[str, Any]) -> None:
+def test_csan_reports_the_race_without_the_fix(
+    csan_report: dict[str, Any], record_property: Callable[[str, object], None]
+) -> None:
+    _record_csan(csan_report, record_property)
     assert "error" not in csan_report, csan_report
     assert csan_report["race"] is True, csan_report
     # The first unordered write is publish()'s seq_len row, between the two streams.
@@ -601,12 +683,36 @@ def _in_a_fork(through_helper: bool) -> dict[str, Any]:
     return json.loads(data)
 
 
+def _once_only(step: StepUnderTest) -> None:
+    """Skip on every step but the default base's final one (a fresh import costs seconds)."""
+    if not step.is_final or step.series.folder.name != f"sglang-{DEFAULT_BASE}":
+        pytest.skip(contract.ONCE_ONLY)
+
+
+def test_csan_child_imports_as_a_plain_script(step: StepUnderTest) -> None:
+    """The CSAN child runs this file as a script, with only the step tree on PYTHONPATH
+    (as a GPU stage has it, without the site): it must still import our modules. Without
+    the sanitizer (CSAN needs a driver even to import torch) it gets as far as asking
+    for it, and says so as its JSON answer."""
+    _once_only(step)
+    import sglang
+
+    tree = str(Path(sglang.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_SANITIZER"}
+    env.update(PYTHONPATH=tree, CUDA_VISIBLE_DEVICES="")
+    result = run_csan_child(env)
+    answers = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert result.returncode == 0 and answers, result.stderr[-3000:]
+    assert json.loads(answers[-1]) == {
+        "error": "CSAN is not enabled; set TORCH_CUDA_SANITIZER=1 before importing torch"
+    }, result.stdout
+
+
 def test_cuda_visible_import_needs_no_sgl_kernel(step: StepUnderTest) -> None:
     """Where CUDA is visible, a plain import needs sgl_kernel; the rig's import does not."""
     if torch.cuda.is_available():
-        pytest.skip("a real CUDA device is here: the GPU tests above import through the rig")
-    if not step.is_final or step.series.folder.name != f"sglang-{DEFAULT_BASE}":
-        pytest.skip(f"imports sglang twice more: runs once, on sglang {DEFAULT_BASE}'s final step")
+        pytest.skip(contract.CUDA_PRESENT)
+    _once_only(step)
     results = {helper: _in_a_fork(helper) for helper in (False, True)}
     assert results[False] == {"import_error": "sgl_kernel"}, results
     assert results[True] == {

@@ -1,0 +1,46 @@
+"""What test/steps/test_gpu_prebuilt_race.py and the GPU pipeline share.
+
+The variables the pipeline sets for the tests, the names of the figures the
+tests record (pytest's record_property, kept in the outcome file), and the
+skips a GPU run allows: each test that skips by design, named, with its
+reasons. The GPU judge (stages.judge_gpu_step) accepts a skip on a GPU run
+only where the test and the reason are both listed here; a rehearsal without
+a GPU also accepts NO_CUDA, the reason of every CUDA test there.
+"""
+
+from __future__ import annotations
+
+# Set by ci/run-gpu on GPU runs: a CUDA test without a device fails instead of skipping.
+REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
+# How many S1 iterations a run takes (at least S1_MIN_ITERATIONS, the default).
+S1_ITERATIONS_ENV = "SGLANG_BACKPORTS_S1_ITERATIONS"
+S1_MIN_ITERATIONS = 200
+# How long the CSAN child may run: below the 10 minutes a lent machine gives one command.
+CSAN_TIMEOUT_S = 300
+# The recorded figures: S1's tally with the measured sleep, and the CSAN child's report.
+S1_PROPERTY = "s1"
+CSAN_PROPERTY = "csan"
+
+NO_CUDA = (
+    "no CUDA device (torch.cuda.is_available() is False): the race needs two real CUDA "
+    "streams; ci/run-gpu runs these tests on a GPU runner"
+)
+CUDA_PRESENT = "a real CUDA device is here: the GPU tests above import through the rig"
+ONCE_ONLY = "runs once per test run: on the default base's final step"
+ONE_QUEUE_ONLY = "runs only in the CUDA_DEVICE_MAX_CONNECTIONS=1 control stage"
+
+BY_DESIGN: dict[str, tuple[str, ...]] = {
+    # plays a CUDA machine on CPU; on a GPU the real import is tested instead
+    "test_cuda_visible_import_needs_no_sgl_kernel": (CUDA_PRESENT, ONCE_ONLY),
+    # imports torch and sglang in a fresh process: once is enough
+    "test_csan_child_imports_as_a_plain_script": (ONCE_ONLY,),
+    # the control that hides the race; the other GPU tests refuse its environment
+    "test_one_hardware_queue_hides_the_race": (ONE_QUEUE_ONLY,),
+}
+
+
+def allowed(test: str, reason: str, rehearsal: bool) -> bool:
+    """Whether a skip of test (a function name, parameters dropped) is by design."""
+    if rehearsal and reason == NO_CUDA:
+        return True
+    return reason in BY_DESIGN.get(test.partition("[")[0], ())
