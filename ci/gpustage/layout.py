@@ -1,0 +1,141 @@
+"""Step trees without git: the wheel's sglang, each step's touched files carried, blob ids checked.
+
+Here, where git is, ``write_step_files`` applies the series to copies of the
+wheel's touched files (patchset.apply.files_per_step, which checks each step
+against pin.toml) and writes them as DIR/<step>/python/sglang/... for every
+step after the base. On a runner that may have no git, ``lay_out`` unpacks
+the wheel once per step, puts that step's carried files over it, and checks
+every touched file of every tree against pin.toml's blob ids, computed in
+Python (``git_blob_id``: sha1 of b"blob %d\\0" % len + data). A carried file
+that is wrong, missing or extra is refused (Exit.SETUP) before anything is
+laid out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from patchset import wheel as wheels
+from patchset.apply import files_per_step
+from patchset.errors import BackportError, Exit
+from patchset.manifest import BASE_STEP, Series, git_blob_id
+
+# Marks a tree folder as laid out here, so a later run may replace it.
+MARKER = ".laid-out-by-run-gpu"
+AGAIN = "make them again where git is, with `ci/run-gpu step-files --out DIR`, and carry DIR"
+
+
+def write_step_files(series: Series, wheel: Path, out: Path) -> list[Path]:
+    """Write every touched file of every step after the base under out; the paths written."""
+    manifest = series.manifest
+    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
+    written = []
+    for step, files in per_step.items():
+        if step == BASE_STEP:
+            continue
+        for path, data in files.items():
+            target = out / step / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            written.append(target)
+    return written
+
+
+def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
+    """step -> path -> bytes of the carried files, each checked against pin.toml, or refuse."""
+    manifest = series.manifest
+    if not folder.is_dir():
+        raise BackportError(
+            Exit.SETUP,
+            f"the step files folder {folder} does not exist: the step trees cannot be laid out",
+            AGAIN,
+        )
+    expected = {
+        folder / step / path: (step, path) for step in manifest.steps[1:] for path in manifest.files
+    }
+    extra = sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and p not in expected
+    )
+    if extra:
+        raise BackportError(
+            Exit.SETUP,
+            f"{folder} holds {', '.join(extra)}: no touched file of a step of {series.folder.name}",
+            AGAIN,
+        )
+    carried: dict[str, dict[str, bytes]] = {step: {} for step in manifest.steps[1:]}
+    for file, (step, path) in expected.items():
+        if not file.is_file():
+            raise BackportError(
+                Exit.SETUP, f"{folder} lacks {step}/{path}, a touched file of step {step}", AGAIN
+            )
+        data = file.read_bytes()
+        _check_blob(series, step, path, data, f"the carried {file}")
+        carried[step][path] = data
+    return carried
+
+
+def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
+    want = series.manifest.blobs_at(step)[path]
+    have = git_blob_id(data)
+    if have != want:
+        raise BackportError(
+            Exit.SETUP,
+            f"{where} has blob id {have}, but {series.folder.name}/pin.toml pins {want} "
+            f"for {path} at step {step}: it is not this series' file",
+            AGAIN,
+        )
+
+
+def tree_path(root: Path, series: Series, step: str) -> Path:
+    """The folder whose python/ holds step's sglang, as build/steps/ does for git worktrees."""
+    return root / series.manifest.base.version / step
+
+
+def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[str, Path]:
+    """step -> its tree under root, made from the wheel and the carried files, every blob checked.
+
+    The wheel is unpacked once; the later steps are hard-linked copies of the
+    base tree, and a carried file replaces its link (never writes through it).
+    """
+    manifest = series.manifest
+    carried = carried_files(series, step_files)
+    trees: dict[str, Path] = {}
+    for step in manifest.steps:
+        tree = tree_path(root, series, step)
+        if tree.exists():
+            if not (tree / MARKER).is_file():
+                raise BackportError(
+                    Exit.SETUP,
+                    f"{tree} exists and was not laid out by ci/run-gpu: it is left as it is",
+                    "move it aside, or pass another build folder (SGLANG_BACKPORTS_BUILD)",
+                )
+            shutil.rmtree(tree)
+        aside = tree.with_name(f".{step}.partial")
+        shutil.rmtree(aside, ignore_errors=True)
+        try:
+            if trees:
+                base = trees[BASE_STEP]
+                shutil.copytree(base, aside, copy_function=os.link, ignore=_marker_only)
+            else:
+                wheels.extract_package(wheel, aside)
+            for path, data in carried.get(step, {}).items():
+                (aside / path).unlink()
+                (aside / path).write_bytes(data)
+            for path in manifest.files:
+                where = f"{path} in the laid-out tree of step {step} (from {wheel.name}"
+                where += " and the carried files)" if step in carried else ")"
+                _check_blob(series, step, path, (aside / path).read_bytes(), where)
+            (aside / MARKER).write_text("made by ci/run-gpu; replaced by its next run\n")
+            aside.replace(tree)
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+        trees[step] = tree
+    return trees
+
+
+def _marker_only(folder: str, names: list[str]) -> list[str]:
+    return [MARKER] if MARKER in names else []
