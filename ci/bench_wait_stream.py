@@ -10,11 +10,19 @@ host keeps one iteration in flight, as the overlap loop does.
 
 The two variants differ only in the line 0002 adds to get_new_prebuilt_batch:
 "patched" makes the schedule stream wait for the forward stream before it
-seeds, "unpatched" does not. Runs alternate between the two variants; the
-result is the ratio of time per iteration, patched / unpatched, with the
-spread over the runs, and the absolute difference, patched - unpatched, in
-milliseconds per iteration. This is a measurement, not a test: it never fails
-on a slow ratio.
+seeds, "unpatched" does not. Runs alternate between the two variants. Besides
+the time per iteration (patched / unpatched and patched - unpatched, with the
+spread over the runs) it reports two costs apart:
+- the wait itself: the host time of the wait_stream call, in us;
+- the idle gap: after the wait, the seeding's first blocking host-to-device
+  copy makes the host wait for the in-flight forward, so the next forward
+  starts late. It is measured on the GPU, as the time the forward stream
+  stands idle between two forwards (CUDA events), patched less unpatched.
+  Production pays it too, but it is not the cost of the wait call.
+Both are also given as a share of a decode step (the unpatched time per
+iteration) at stated prebuilt arrival rates: 1 prebuilt batch per step, as
+this loop admits one every iteration (an upper bound), then 0.1 and 0.01.
+This is a measurement, not a test: it never fails on a slow ratio.
 
 Run it with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
 """
@@ -28,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -38,19 +47,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from gpustage import sglang_import
+from patchset import cli
+from patchset.errors import BackportError, Exit
 from patchset.textout import table as text_table
 
 POOL_ROWS = 512
 MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch and the prebuilt row batch + 1
 TOPK = 4
+ARRIVAL_RATES = (1.0, 0.1, 0.01)  # prebuilt batches per decode step
+CODES = {Exit.OK: "measured (and written to --json)"}
+
+
+@dataclass
+class RunTimes:
+    """One timed run of one variant."""
+
+    seconds_per_iteration: float
+    wait_us: list[float] = field(default_factory=list)  # host time of each wait_stream call
+    gap_us: list[float] = field(default_factory=list)  # forward stream idle between forwards
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench_wait_stream.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser("bench_wait_stream.py", __doc__ or "", CODES, CODES)
     p.add_argument("--runs", type=int, default=5, help="runs per variant (default 5)")
     p.add_argument("--iters", type=int, default=300, help="iterations per run (default 300)")
     p.add_argument("--warmup", type=int, default=50, help="untimed iterations per run (0: none)")
@@ -139,12 +157,17 @@ class Loop:
             seq_lens=torch.tensor([100 + i % 7], dtype=torch.int64, device=self.device),
         )
 
-    def _seed(self, i: int, patched: bool) -> None:
+    def _seed(self, i: int, patched: bool) -> float:
+        """Seed one prebuilt batch; the host time of the wait_stream call in us (0: none)."""
         batch = self._prebuilt_batch(i)
+        waited = 0.0
         if patched:
+            start = time.perf_counter()
             self.schedule_stream.wait_stream(self.forward_stream)
+            waited = (time.perf_counter() - start) * 1e6
         last_tokens = torch.tensor([i % 1000], dtype=torch.int64, device=self.device)
         self.build_draft_input(batch, self.server_args, last_tokens, self.future_map)
+        return waited
 
     def _forward(self) -> None:
         y = self.x
@@ -153,24 +176,31 @@ class Loop:
         self.future_map.publish(self.running_rows, self.seq_lens)
         self.future_map.stash(self.running_rows, self.payload)
 
-    def run(self, iterations: int, patched: bool) -> float:
-        """Seconds per iteration over `iterations` steady iterations."""
+    def run(self, iterations: int, patched: bool) -> RunTimes:
+        """Time `iterations` steady iterations: per iteration, the wait call, the idle gaps."""
         in_flight: torch.cuda.Event | None = None
+        waits: list[float] = []
+        marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # forward start, end
         start = time.perf_counter()
         for i in range(iterations):
             with torch.cuda.stream(self.schedule_stream):
-                self._seed(i, patched)
+                waits.append(self._seed(i, patched))
                 ready = self.schedule_stream.record_event()
             self.forward_stream.wait_event(ready)
+            began, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(self.forward_stream):
+                began.record()
                 self._forward()
-                done = self.forward_stream.record_event()
+                done.record()
+            marks.append((began, done))
             # One iteration in flight: wait for the previous forward, not this one.
             if in_flight is not None:
                 in_flight.synchronize()
             in_flight = done
         torch.cuda.synchronize()
-        return (time.perf_counter() - start) / iterations
+        seconds = (time.perf_counter() - start) / iterations
+        gaps = [marks[k - 1][1].elapsed_time(marks[k][0]) * 1e3 for k in range(1, len(marks))]
+        return RunTimes(seconds, waits if patched else [], gaps)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -181,9 +211,20 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def time_pairs(run: Callable[[int, bool], float], args: argparse.Namespace) -> dict[str, Any]:
-    """Alternate unpatched and patched runs; run(iterations, patched) -> seconds/iteration."""
+def shares(wait_us: float, gap_us: float, step_ms: float) -> list[dict[str, float]]:
+    """The wait and the idle gap as a share of a decode step, at each arrival rate."""
+    step_us = step_ms * 1e3
+    return [
+        {"rate": rate, "wait": rate * wait_us / step_us, "idle_gap": rate * gap_us / step_us}
+        for rate in ARRIVAL_RATES
+    ]
+
+
+def time_pairs(run: Callable[[int, bool], RunTimes], args: argparse.Namespace) -> dict[str, Any]:
+    """Alternate unpatched and patched runs; run(iterations, patched) times one run."""
     times: dict[str, list[float]] = {"unpatched": [], "patched": []}
+    gaps: dict[str, list[float]] = {"unpatched": [], "patched": []}
+    waits: list[float] = []
     ratios: list[float] = []
     deltas: list[float] = []
     for _ in range(args.runs):
@@ -191,11 +232,22 @@ def time_pairs(run: Callable[[int, bool], float], args: argparse.Namespace) -> d
         for variant in ("unpatched", "patched"):
             if args.warmup:
                 run(args.warmup, variant == "patched")
-            pair[variant] = run(args.iters, variant == "patched")
+            timed = run(args.iters, variant == "patched")
+            pair[variant] = timed.seconds_per_iteration
             times[variant].append(pair[variant])
+            gaps[variant] += timed.gap_us
+            waits += timed.wait_us
         ratios.append(pair["patched"] / pair["unpatched"])
         deltas.append((pair["patched"] - pair["unpatched"]) * 1e3)
+    step_ms = statistics.median(times["unpatched"]) * 1e3
+    gap = {v: statistics.median(g) if g else 0.0 for v, g in gaps.items()}
+    gap["added"] = gap["patched"] - gap["unpatched"]
+    wait = spread(waits) if waits else {"median": 0.0, "min": 0.0, "max": 0.0}
     return {
+        "step_ms": step_ms,
+        "wait_us": wait,
+        "idle_gap_us": gap,
+        "shares": shares(wait["median"], gap["added"], step_ms),
         "config": {
             k: getattr(args, k) for k in ("runs", "iters", "warmup", "batch", "hidden", "layers")
         },
@@ -243,6 +295,20 @@ def table(result: dict[str, Any]) -> str:
             f"{ratio['max']:.4f}",
         )
     )
+    wait, gap = result["wait_us"], result["idle_gap_us"]
+    rows.append(("the wait itself, us (host)", f"{wait['median']:.2f}", f"{wait['min']:.2f}",
+                 f"{wait['max']:.2f}"))  # fmt: skip
+    rows.append(("idle gap, us (patched)", f"{gap['patched']:.2f}", "", ""))
+    rows.append(("idle gap, us (unpatched)", f"{gap['unpatched']:.2f}", "", ""))
+    for share in result["shares"]:
+        rows.append(
+            (
+                f"share of a step at {share['rate']:g} prebuilt/step",
+                f"wait {share['wait']:.4%}",
+                f"gap {share['idle_gap']:.4%}",
+                "",
+            )
+        )
     cfg = result["config"]
     head = (
         f"wait_stream cost per prebuilt batch on {result['device']} (torch {result['torch']}): "
@@ -255,26 +321,25 @@ def table(result: dict[str, Any]) -> str:
 def main() -> int:
     args = parse_args()
     if not torch.cuda.is_available():
-        print(
-            "error: bench_wait_stream.py needs a CUDA device (torch.cuda.is_available() is "
-            "False): it times two real CUDA streams. Run it on a GPU machine, e.g. via ci/run-gpu.",
-            file=sys.stderr,
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            "bench_wait_stream.py needs a CUDA device (torch.cuda.is_available() is False): "
+            "it times two real CUDA streams",
+            "run it on a GPU machine, e.g. through ci/run-gpu",
         )
-        return 2
     if importlib.util.find_spec("sglang") is None:
-        print(
-            "error: sglang is not importable; put a step tree first on PYTHONPATH "
-            "(e.g. PYTHONPATH=build/steps/VERSION/STEP/python)",
-            file=sys.stderr,
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            "sglang is not importable",
+            "put a step tree first on PYTHONPATH (e.g. PYTHONPATH=build/steps/VERSION/STEP/python)",
         )
-        return 2
     result = measure(args)
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)
