@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchset import paths
+from patchset.errors import BackportError
 from patchset.manifest import Series
 from testrun.outcomes import OPTION as OUTCOMES_OPTION
 from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
 
+from . import contract, layout
+from . import facts as machine
 from . import wheelhouse as wh
 from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
 
@@ -26,6 +29,11 @@ RUN_TESTS = ROOT / "scripts" / "run-tests"
 RACE_CHECK = ROOT / "scripts" / "race-check"
 APPLY = ROOT / "scripts" / "apply-patches"
 VENV_PYTHON = "3.11"  # the online venv installs the cp311 wheel with its dependencies
+LONG_S1_ITERATIONS = 1000  # the fixed step's long run, beside every step's 200
+CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+# The least time each kind of GPU stage needs on an H200 (imports, S1, the CSAN
+# child), said so that a deadline skips a stage rather than cutting it short.
+BUDGET_S = {"step": 45.0, "long": 40.0, "control": 30.0, "bench": 45.0}
 
 
 @dataclass
@@ -38,7 +46,8 @@ class Options:
     wheelhouse: wh.Wheelhouse | None = None  # offline
     wheelhouse_dir: Path | None = None
     site: Path | None = None
-    cache: Path | None = None
+    step_files: Path | None = None  # offline: the carried touched files of each step
+    trees: Path | None = None  # offline: where the git-less step trees are laid out
     rehearse: bool = False
     any_torch: bool = False
 
@@ -115,64 +124,137 @@ def _layout(opts: Options, env: dict[str, str]) -> Stage:
 
 
 def _step_tree(opts: Options, step: str) -> Path:
+    if opts.trees is not None:
+        return layout.tree_path(opts.trees, opts.series, step) / "python"
     return paths.build_dir() / "steps" / opts.series.manifest.base.version / step / "python"
+
+
+def _pytest_stage(
+    opts: Options,
+    name: str,
+    step: str,
+    purpose: str,
+    shown: str,
+    python: str,
+    extra_path: list[str],
+    needs: tuple[str, ...],
+    budget_s: float,
+    select: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Stage:
+    """pytest on the GPU test file against one step's tree, judged by judge_gpu_step.
+
+    The image's pytest plugins stay out (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1); the
+    one plugin the run needs, testrun.outcomes, is named with -p.
+    """
+    tree = _step_tree(opts, step)
+    report = opts.reports / f"{name}.json"
+    stage_env = {
+        "PYTHONPATH": os.pathsep.join([str(tree), *extra_path, str(ROOT / "scripts")]),
+        STEP_ENV: step,
+        PATCH_SET_ENV: str(opts.series.folder),
+        TREE_ENV: str(tree.parent),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        **(env or {}),
+    }
+    if not opts.rehearse:
+        stage_env[contract.REQUIRE_CUDA_ENV] = "1"
+    return Stage(
+        name,
+        purpose,
+        [
+            python,
+            "-m",
+            "pytest",
+            str(GPU_TEST),
+            "--rootdir",
+            str(ROOT),
+            "-p",
+            "testrun.outcomes",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            *(["-k", select] if select else []),
+            f"--junitxml={report.with_suffix('.xml')}",
+            OUTCOMES_OPTION,
+            str(report),
+        ],
+        kind=GPU,
+        env=stage_env,
+        needs=needs,
+        judge=judge_gpu_step(report, shown, rehearsal=opts.rehearse),
+        budget_s=budget_s,
+    )
 
 
 def _gpu_and_bench(
     opts: Options, python: str, extra_path: list[str], needs: tuple[str, ...]
 ) -> list[Stage]:
+    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark."""
     manifest = opts.series.manifest
-    stages = []
-    for step in manifest.steps:
-        tree = _step_tree(opts, step)
-        report = opts.reports / f"gpu-{step}.json"
-        final = step == manifest.final_step
-        env = {
-            "PYTHONPATH": os.pathsep.join([str(tree), *extra_path]),
-            STEP_ENV: step,
-            PATCH_SET_ENV: str(opts.series.folder),
-            TREE_ENV: str(tree.parent),
-        }
-        if not opts.rehearse:
-            env["SGLANG_BACKPORTS_REQUIRE_CUDA"] = "1"
-        stages.append(
-            Stage(
-                f"gpu-{step}",
-                f"S1 and CSAN on CUDA against step {step}"
-                + (" (must pass)" if final else " (must show the known failure)"),
-                [
-                    python,
-                    "-m",
-                    "pytest",
-                    str(GPU_TEST),
-                    "--rootdir",
-                    str(ROOT),
-                    "-rA",
-                    "-p",
-                    "no:cacheprovider",
-                    f"--junitxml={report.with_suffix('.xml')}",
-                    OUTCOMES_OPTION,
-                    str(report),
-                ],
-                kind=GPU,
-                env=env,
-                needs=needs,
-                judge=judge_gpu_step(report, final, allow_skips=opts.rehearse),
-            )
+    base, final = manifest.steps[0], manifest.final_step
+
+    def stage(name: str, step: str, purpose: str, shown: str, budget: str, **kw: object) -> Stage:
+        return _pytest_stage(
+            opts, name, step, purpose, shown, python, extra_path, needs, BUDGET_S[budget], **kw
+        )  # type: ignore[arg-type]
+
+    stages = [
+        stage(
+            f"gpu-{step}",
+            step,
+            f"S1 ({contract.S1_MIN_ITERATIONS} iterations) and CSAN on CUDA against step {step}"
+            + (" (must pass)" if step == final else " (must show the known failure)"),
+            "fix holds" if step == final else "known failure shown",
+            "step",
         )
+        for step in manifest.steps
+    ]
     if opts.rehearse:
-        return stages  # no GPU to time: a rehearsal runs no benchmark
+        return stages  # the long run, the controls and the benchmark hold only CUDA work
+    stages += [
+        stage(
+            f"gpu-{final}-long",
+            final,
+            f"S1 with {LONG_S1_ITERATIONS} iterations against step {final} (must pass)",
+            "fix holds",
+            "long",
+            select="test_seed_survives_the_in_flight_forward",
+            env={contract.S1_ITERATIONS_ENV: str(LONG_S1_ITERATIONS)},
+        ),
+        stage(
+            "control-32",
+            base,
+            f"control: S1 against step {base} with {CONNECTIONS}=32 gives the same race",
+            "known failure shown",
+            "control",
+            select="test_in_flight_forward_overwrites_the_seed_without_the_fix",
+            env={CONNECTIONS: "32"},
+        ),
+        stage(
+            "control-1",
+            base,
+            f"control: S1 against step {base} with {CONNECTIONS}=1 (one hardware queue) "
+            "hides the race",
+            "race hidden",
+            "control",
+            select="test_one_hardware_queue_hides_the_race",
+            env={CONNECTIONS: "1"},
+        ),
+    ]
     bench_json = opts.reports / "bench.json"
-    final_tree = _step_tree(opts, manifest.final_step)
+    final_tree = _step_tree(opts, final)
     stages.append(
         Stage(
             "bench",
-            "cost of the added wait_stream per prebuilt batch, patched vs unpatched",
+            "what 0002's wait_stream costs per prebuilt batch: the wait itself and the "
+            "idle gap, each as a share of a decode step",
             [python, str(BENCH), "--runs", str(opts.bench_runs), "--json", str(bench_json)],
             kind=GPU,
             env={"PYTHONPATH": os.pathsep.join([str(final_tree), *extra_path])},
             needs=needs,
             judge=judge_bench(bench_json),
+            budget_s=BUDGET_S["bench"],
         )
     )
     return stages
@@ -233,6 +315,7 @@ def online(opts: Options) -> list[Stage]:
             ],
             needs=("install",),
         ),
+        _facts(opts, vpy, ("cuda-check",)),
         _layout(opts, {}),
     ]
     for script, extra, name, purpose in (
@@ -271,7 +354,7 @@ CUDA_CHECK = (
 
 
 def offline(opts: Options) -> list[Stage]:
-    assert opts.wheelhouse_dir is not None and opts.site is not None and opts.cache is not None
+    assert opts.wheelhouse_dir is not None and opts.site is not None
     manifest = opts.series.manifest
     house = opts.wheelhouse
     version = house.python_version if house else "of the wheelhouse"
@@ -316,18 +399,52 @@ def offline(opts: Options) -> list[Stage]:
             ],
             needs=("torch-check",),
         ),
-        _layout(opts, {"SGLANG_BACKPORTS_CACHE": str(opts.cache)}),
+        _facts(opts, opts.python, ("torch-check",)),
+        _git_less_layout(opts),
     ]
-    # The sglang wheel comes from the wheelhouse: the layout finds it in a private cache.
-    stages[-1].command = [
-        "cp",
-        str(opts.wheelhouse_dir / manifest.base.wheel),
-        str(opts.cache) + "/",
-        "&&",
-        *stages[-1].command,
-    ]
-    stages[-1].purpose += " from the wheelhouse's sglang wheel, without the network"
-    return stages + _gpu_and_bench(opts, opts.python, [str(opts.site)], ("install", "apply"))
+    return stages + _gpu_and_bench(opts, opts.python, [str(opts.site)], ("install", "layout"))
+
+
+def _facts(opts: Options, python: str, needs: tuple[str, ...]) -> Stage:
+    return Stage(
+        "facts",
+        "the machine's facts into facts.json: nvidia-smi, clocks, torch, triton, git",
+        [
+            *("nvidia-smi", "&&", "nvidia-smi", f"--query-gpu={machine.CLOCKS}", "--format=csv"),
+            *("&&", python, "-c", "import torch, triton", "&&", "command", "-v", "git"),
+        ],
+        needs=needs,
+        action=lambda: machine.record(python, opts.reports),
+    )
+
+
+def _git_less_layout(opts: Options) -> Stage:
+    assert opts.wheelhouse_dir is not None and opts.step_files is not None
+    assert opts.trees is not None
+    series, trees, step_files = opts.series, opts.trees, opts.step_files
+    wheel = opts.wheelhouse_dir / series.manifest.base.wheel
+
+    def lay_out() -> tuple[bool, str]:
+        try:
+            laid = layout.lay_out(series, wheel, step_files, trees)
+        except BackportError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return False, f"FAIL: {err.problem}"
+        return True, f"ok: {', '.join(laid)} laid out, {len(series.manifest.files)} blob ids each"
+
+    return Stage(
+        "layout",
+        f"the step trees in {rel(trees)} without git: the wheelhouse's sglang wheel, each "
+        f"step's touched files from {rel(step_files)}, every blob id checked against pin.toml",
+        _lib(  # what the action runs in-process
+            f"sys.path.insert(0, {str(ROOT / 'ci')!r}); from pathlib import Path; "
+            "from gpustage import layout; from patchset.manifest import Series; "
+            f"layout.lay_out(Series.load(Path({str(series.folder)!r})), Path({str(wheel)!r}), "
+            f"Path({str(step_files)!r}), Path({str(trees)!r}))"
+        ),
+        needs=("preflight",),
+        action=lay_out,
+    )
 
 
 def facts(opts: Options, offline_mode: bool) -> dict[str, str]:
@@ -347,7 +464,8 @@ def facts(opts: Options, offline_mode: bool) -> dict[str, str]:
             else " (MISSING: a real run refuses)"
         )
         shown["site"] = str(opts.site)
-        shown["wheel cache"] = str(opts.cache)
+        shown["step files"] = f"{opts.step_files} (blob ids checked against pin.toml)"
+        shown["step trees"] = str(opts.trees)
     else:
         shown["venv"] = str(opts.venv)
         shown["wheel"] = str(paths.cache_dir() / manifest.base.wheel)

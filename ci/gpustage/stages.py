@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from patchset import textout
 from patchset.errors import Exit
 from patchset.paths import PROJECT_ROOT
 from testrun import outcomes as testrun_outcomes
+
+from . import contract
 
 # Setup stages prepare the run; a failure there is Exit.SETUP. Test stages
 # (the CPU gate, the GPU tests, the benchmark) fail with Exit.TESTS_FAILED.
@@ -41,6 +47,23 @@ class Stage:
     missing: str | None = None
     # run in-process instead of as a command; same contract as judge
     action: Callable[[], tuple[bool, str]] | None = None
+    # the least time the stage needs: with less left before the deadline it is not started
+    budget_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the whole run must be over; the reserve is kept for the summary and the tarball."""
+
+    end: float  # time.monotonic()
+    reserve_s: float = 10.0
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def left(self) -> float:
+        return self.end - self.reserve_s - time.monotonic()
 
 
 @dataclass
@@ -56,14 +79,16 @@ def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
     """The environment a stage runs in.
 
     CPU-gate stages see no GPU (CUDA_VISIBLE_DEVICES=""), so sglang takes its
-    CPU import branches there. GPU stages lose the variables that hide the race.
+    CPU import branches there. GPU stages lose the variables that hide the race,
+    unless the stage itself sets one (the controls).
     """
-    env = {**base, **stage.env}
-    if stage.kind == CPU:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    elif stage.kind == GPU:
+    env = dict(base)
+    if stage.kind == GPU:
         for name in HIDES_THE_RACE:
             env.pop(name, None)
+    env.update(stage.env)  # a control stage sets one of them on purpose
+    if stage.kind == CPU:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -91,8 +116,11 @@ def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
         print(f"\n{number:2}. {stage.name}: {stage.purpose}")
         if stage.needs:
             print(f"    needs: {', '.join(stage.needs)}")
-        if stage.kind == GPU:
-            print(f"    unset: {', '.join(HIDES_THE_RACE)} (they hide the race)")
+        unset = [n for n in HIDES_THE_RACE if n not in stage.env]
+        if stage.kind == GPU and unset:
+            print(f"    unset (hides the race): {', '.join(unset)}")
+        if stage.budget_s:
+            print(f"    starts only with {stage.budget_s:.0f} s left before a --deadline")
         print(f"    $ {shell_line(stage)}")
         if stage.missing:
             print(f"    MISSING: {stage.missing}; a real run fails this stage")
@@ -109,8 +137,18 @@ def split_and(words: list[str]) -> list[list[str]]:
     return parts
 
 
-def run_command(stage: Stage, log: Path) -> int:
+class DeadlineReached(Exception):
+    """A stage's command was stopped because the run's deadline came."""
+
+
+def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
+    """Run the stage's commands in turn; the first failing one's status, else 0.
+
+    Each runs in its own process group, so that the deadline (timeout seconds
+    from now) or an interrupt stops it with every process it started.
+    """
     env = stage_environment(stage, os.environ)
+    end = None if timeout is None else time.monotonic() + timeout
     with log.open("w", encoding="utf-8") as out:
         for part in split_and(stage.command):
             out.write(f"$ {shlex.join(part)}\n")
@@ -122,18 +160,44 @@ def run_command(stage: Stage, log: Path) -> int:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
+                start_new_session=True,
             )
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                out.write(line)
-            rc = proc.wait()
+            stopped = threading.Event()
+
+            def stop(
+                proc: subprocess.Popen[str] = proc, stopped: threading.Event = stopped
+            ) -> None:
+                stopped.set()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+            timer = None
+            if end is not None:
+                timer = threading.Timer(max(0.0, end - time.monotonic()), stop)
+                timer.start()
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    out.write(line)
+                rc = proc.wait()
+            except BaseException:
+                stop()
+                raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if stopped.is_set():
+                out.write("stopped: the run's deadline came\n")
+                raise DeadlineReached
             if rc != 0:
                 return rc
     return 0
 
 
-def run_stage(stage: Stage, done: dict[str, bool], reports: Path) -> Outcome:
+def run_stage(
+    stage: Stage, done: dict[str, bool], reports: Path, deadline: Deadline | None = None
+) -> Outcome:
     start = time.monotonic()
     print(f"\n=== {stage.name}: {stage.purpose}", flush=True)
 
@@ -143,6 +207,12 @@ def run_stage(stage: Stage, done: dict[str, bool], reports: Path) -> Outcome:
     blocked = [n for n in stage.needs if not done.get(n, False)]
     if blocked:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
+    left = None if deadline is None else deadline.left()
+    if left is not None and left < stage.budget_s:
+        print(f"not run: {left:.0f} s left before the deadline, it needs {stage.budget_s:.0f} s")
+        return outcome(
+            False, f"not run: deadline ({stage.budget_s:.0f} s needed, {left:.0f} s left)"
+        )
     if stage.missing:
         print(f"error: {stage.missing}", file=sys.stderr)
         return outcome(False, f"FAIL: {stage.missing}")
@@ -152,9 +222,13 @@ def run_stage(stage: Stage, done: dict[str, bool], reports: Path) -> Outcome:
         return outcome(ok, text)
     log = reports / f"{stage.name}.log"
     try:
-        rc = run_command(stage, log)
+        rc = run_command(stage, log, left)
     except OSError as err:
         return outcome(False, f"FAIL: {err}")
+    except DeadlineReached:
+        return outcome(
+            False, f"FAIL: stopped at the deadline after {time.monotonic() - start:.0f} s"
+        )
     if stage.judge is not None:
         return outcome(*stage.judge(rc, log))
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
@@ -165,28 +239,55 @@ def read_outcomes(report: Path) -> dict[str, str]:
     return testrun_outcomes.read_outcomes(report)[0]
 
 
-def judge_gpu_step(report: Path, final: bool, allow_skips: bool = False) -> Judge:
-    """A GPU stage passes when every test passed or failed as expected (strict xfail)."""
+def skip_reasons(junit_xml: Path) -> dict[str, str]:
+    """test function (with its parameters) -> why it skipped, from pytest's JUnit XML."""
+    if not junit_xml.is_file():
+        return {}
+    reasons = {}
+    for case in ElementTree.parse(junit_xml).iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is not None:
+            reasons[case.get("name", "")] = skipped.get("message", "")
+    return reasons
+
+
+def judge_gpu_step(report: Path, final: bool, rehearsal: bool = False) -> Judge:
+    """A GPU stage passes when every test passed or failed as expected (strict xfail).
+
+    A skip passes only where it is by design (contract.BY_DESIGN names the test
+    and its reason), or in a rehearsal without a GPU, for want of CUDA. The
+    reasons come from the stage's JUnit XML, beside the outcome file.
+    """
 
     def judge(rc: int, _log: Path) -> tuple[bool, str]:
         if not report.is_file():
             return False, f"FAIL: no test report (pytest exit {rc})"
-        outcomes = list(read_outcomes(report).values())
+        by_test = read_outcomes(report)
+        outcomes = list(by_test.values())
         counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
         good = counts.get(testrun_outcomes.PASS, 0)
         text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
-        bad = len(outcomes) - good - counts.get(testrun_outcomes.EXPECTED_FAIL, 0)
         skipped = counts.get(testrun_outcomes.SKIP, 0)
-        if rc != 0 or bad - skipped:
+        bad = len(outcomes) - good - counts.get(testrun_outcomes.EXPECTED_FAIL, 0) - skipped
+        if rc != 0 or bad:
             return False, f"FAIL: {text}"
-        if skipped and not allow_skips:
-            return False, f"FAIL: skipped on a GPU run: {text}"
+        reasons = skip_reasons(report.with_suffix(".xml"))
+        skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
+        refused = [
+            f"{test} ({reasons.get(test) or 'no reason found'})"
+            for test in skips
+            if not contract.allowed(test, reasons.get(test, ""), rehearsal)
+        ]
+        if refused:
+            where = "in a rehearsal" if rehearsal else "on a GPU run"
+            return False, f"FAIL: {text}; not a skip by design {where}: {'; '.join(refused)}"
         if good == 0:
             return False, f"FAIL: nothing passed: {text}"
-        if skipped:
-            return True, f"ok (rehearsal, CUDA tests skipped): {text}"
+        if rehearsal:
+            return True, f"ok (rehearsal: CUDA tests skipped, no GPU): {text}"
         shown = "fix holds" if final else "known failure shown"
-        return True, f"ok ({shown}): {text}"
+        by_design = f"; {skipped} skipped by design" if skipped else ""
+        return True, f"ok ({shown}{by_design}): {text}"
 
     return judge
 
@@ -210,7 +311,8 @@ def judge_bench(json_path: Path) -> Judge:
         ratio, delta = data["ratio"], data["delta_ms"]
         return True, (
             f"patched/unpatched {ratio['median']:.3f} (runs {ratio['min']:.3f}.."
-            f"{ratio['max']:.3f}); +{delta['median'] * 1e3:.1f} us/iteration"
+            f"{ratio['max']:.3f}); +{delta['median'] * 1e3:.1f} us/iteration; the wait "
+            f"{data['wait_us']['median']:.1f} us, idle gap {data['idle_gap_us']['added']:.1f} us"
         )
 
     return judge
@@ -230,13 +332,22 @@ def summary_table(outcomes: list[Outcome]) -> str:
     return textout.table(("stage", "result", "time"), rows, markdown=True)
 
 
-def run_all(stages: list[Stage], reports: Path) -> Exit:
-    """Run the stages in order, print and store the summary; the run's exit code."""
+def run_all(
+    stages: list[Stage],
+    reports: Path,
+    deadline: Deadline | None = None,
+    figures: Callable[[], str] | None = None,
+) -> Exit:
+    """Run the stages in order, print and store the summary; the run's exit code.
+
+    figures, when given, renders what the run measured (markdown); it goes
+    into summary.md below the stage table.
+    """
     reports.mkdir(parents=True, exist_ok=True)
     done: dict[str, bool] = {}
     outcomes: list[Outcome] = []
     for stage in stages:
-        outcome = run_stage(stage, done, reports)
+        outcome = run_stage(stage, done, reports, deadline)
         done[stage.name] = outcome.ok
         outcomes.append(outcome)
     table = summary_table(outcomes)
@@ -244,6 +355,10 @@ def run_all(stages: list[Stage], reports: Path) -> Exit:
     verdict = "all stages passed" if code == Exit.OK else "FAILED"
     print(f"\nci/run-gpu summary: {verdict}\n{table}")
     report = f"## ci/run-gpu: {verdict}\n\n{table}\n"
+    if figures is not None:
+        measured = figures()
+        print(f"\n{measured}")
+        report += f"\n{measured}\n"
     (reports / "summary.md").write_text(report, encoding="utf-8")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:

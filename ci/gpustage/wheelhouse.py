@@ -37,7 +37,7 @@ IMAGE_HOLDS = (
     "markupsafe", "mpmath", "networkx", "sympy", "typing-extensions", "setuptools",
 )  # fmt: skip
 IMAGE_PREFIXES = ("nvidia-", "cuda-")
-# In requirements/cpu.txt but not imported by the modules under test (found by
+# In the base's requirements/<env>.txt but not imported by the modules under test (found by
 # importing them with each blocked): IPython's interactive side, CLI helpers,
 # optional accelerators. Leaving them out keeps the wheelhouse under the limit.
 NOT_IMPORTED = (

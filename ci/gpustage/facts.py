@@ -1,0 +1,53 @@
+"""The machine's facts, recorded before the GPU stages: GPU, driver, clocks, torch, triton, git."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+FILE = "facts.json"
+CLOCKS = "name,driver_version,pstate,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw"
+VERSIONS = (
+    "import json, torch\n"
+    "try:\n    import triton; t = triton.__version__\nexcept ImportError:\n    t = None\n"
+    "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': t,"
+    " 'device': torch.cuda.get_device_name() if torch.cuda.is_available() else None}))"
+)
+
+
+def _output(command: list[str]) -> str | None:
+    """What the command printed, or None where it is missing or failed."""
+    if shutil.which(command[0]) is None and not Path(command[0]).is_file():
+        return None
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def gather(python: str) -> dict[str, object]:
+    versions = _output([python, "-c", VERSIONS])
+    return {
+        "nvidia_smi": _output(["nvidia-smi"]),
+        "clocks": _output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"]),
+        "python": _output([python, "--version"]),
+        "versions": json.loads(versions) if versions else None,
+        "git": shutil.which("git"),  # `command -v git`: the runner may have none
+    }
+
+
+def record(python: str, reports: Path) -> tuple[bool, str]:
+    """Write facts.json into reports; the stage's result line. Missing facts are said, not fatal."""
+    found = gather(python)
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / FILE).write_text(json.dumps(found, indent=2) + "\n", encoding="utf-8")
+    versions = found["versions"] or {}
+    assert isinstance(versions, dict)
+    gpu = versions.get("device") or "no CUDA device"
+    return True, (
+        f"ok: {gpu}; torch {versions.get('torch')}, triton {versions.get('triton')}; "
+        f"git: {found['git'] or 'none'}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"
+    )
