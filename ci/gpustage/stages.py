@@ -251,8 +251,9 @@ def skip_reasons(junit_xml: Path) -> dict[str, str]:
     return reasons
 
 
-def judge_gpu_step(report: Path, final: bool, rehearsal: bool = False) -> Judge:
-    """A GPU stage passes when every test passed or failed as expected (strict xfail).
+def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
+    """A GPU stage passes when every test passed or failed as expected (strict xfail);
+    shown says what that shows (e.g. "fix holds").
 
     A skip passes only where it is by design (contract.BY_DESIGN names the test
     and its reason), or in a rehearsal without a GPU, for want of CUDA. The
@@ -285,7 +286,6 @@ def judge_gpu_step(report: Path, final: bool, rehearsal: bool = False) -> Judge:
             return False, f"FAIL: nothing passed: {text}"
         if rehearsal:
             return True, f"ok (rehearsal: CUDA tests skipped, no GPU): {text}"
-        shown = "fix holds" if final else "known failure shown"
         by_design = f"; {skipped} skipped by design" if skipped else ""
         return True, f"ok ({shown}{by_design}): {text}"
 

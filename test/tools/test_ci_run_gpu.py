@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_GPU = ROOT / "ci" / "run-gpu"
 sys.path.insert(0, str(ROOT / "ci"))
 
-from gpustage import stages  # noqa: E402
+from gpustage import contract, stages  # noqa: E402
+from gpustage import plan as gpu_plan  # noqa: E402
 from patchset.errors import Exit  # noqa: E402
 from patchset.manifest import Series  # noqa: E402
 
@@ -46,8 +49,9 @@ def stage_block(plan: str, name: str) -> str:
 def test_dry_run_lists_every_stage_in_order(plan: str, series: Series) -> None:
     steps = series.manifest.steps
     names = [
-        "preflight", "fetch-wheel", "venv", "install", "cuda-check", "apply",
-        "unit-tests", "race-check", *(f"gpu-{s}" for s in steps), "bench",
+        "preflight", "fetch-wheel", "venv", "install", "cuda-check", "facts", "apply",
+        "unit-tests", "race-check", *(f"gpu-{s}" for s in steps),
+        f"gpu-{steps[-1]}-long", "control-32", "control-1", "bench",
     ]  # fmt: skip
     positions = [plan.find(f". {name}: ") for name in names]
     assert all(p >= 0 for p in positions), dict(zip(names, positions, strict=True))
@@ -63,12 +67,33 @@ def test_dry_run_gives_the_exact_commands(plan: str, series: Series) -> None:
     for step in manifest.steps:
         tree = f"steps/{manifest.base.version}/{step}/python"
         block = stage_block(plan, f"gpu-{step}")
-        assert f"{tree} SGLANG_BACKPORTS_STEP={step} " in block
+        assert f"{tree}:{ROOT / 'scripts'} SGLANG_BACKPORTS_STEP={step} " in block
         assert f"/gpu-{step}.xml --outcomes-json " in block and f"/gpu-{step}.json" in block
         assert "SGLANG_BACKPORTS_REQUIRE_CUDA=1" in block
-        assert "unset: CUDA_LAUNCH_BLOCKING, CUDA_DEVICE_MAX_CONNECTIONS" in block
+        assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1" in block and " -p testrun.outcomes " in block
+        assert "unset (hides the race): CUDA_LAUNCH_BLOCKING, CUDA_DEVICE_MAX_CONNECTIONS" in block
     assert "must pass" in stage_block(plan, f"gpu-{manifest.final_step}")
     assert "ci/bench_wait_stream.py --runs 5" in plan
+    long = stage_block(plan, f"gpu-{manifest.final_step}-long")
+    assert "SGLANG_BACKPORTS_S1_ITERATIONS=1000" in long
+    for connections in ("32", "1"):
+        block = stage_block(plan, f"control-{connections}")
+        assert f"steps/{manifest.base.version}/base/python" in block
+        assert f"CUDA_DEVICE_MAX_CONNECTIONS={connections} " in block
+        assert "unset (hides the race): CUDA_LAUNCH_BLOCKING\n" in block
+
+
+def test_each_selected_test_is_in_the_gpu_test_file(series: Series) -> None:
+    """A -k of a stage names a test function of the file, so the stage runs something."""
+    tree = ast.parse(gpu_plan.GPU_TEST.read_text(encoding="utf-8"))
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    opts = gpu_plan.Options(series, Path("/r"), 5, sys.executable, venv=Path("/v"))
+    selected = [
+        s.command[s.command.index("-k") + 1] for s in gpu_plan.online(opts) if "-k" in s.command
+    ]
+    assert len(selected) == 3, selected
+    assert set(selected) <= functions, set(selected) - functions
+    assert set(contract.BY_DESIGN) <= functions, set(contract.BY_DESIGN) - functions
 
 
 def test_cpu_gate_stages_hide_the_gpu(plan: str) -> None:
@@ -76,6 +101,14 @@ def test_cpu_gate_stages_hide_the_gpu(plan: str) -> None:
     assert "scripts/run-tests" in stage_block(plan, "unit-tests")
     race = stage_block(plan, "race-check")
     assert "$ env CUDA_VISIBLE_DEVICES='' " in race and "race-check --step all" in race
+
+
+def test_a_control_stage_keeps_the_variable_it_sets() -> None:
+    stage = stages.Stage(
+        "c", "p", ["true"], kind=stages.GPU, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    )
+    outside = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "CUDA_LAUNCH_BLOCKING": "1"}
+    assert stages.stage_environment(stage, outside) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def test_stage_environment_per_kind() -> None:
@@ -134,6 +167,10 @@ def test_steps_come_from_the_chosen_base() -> None:
         (["--wheelhouse", "w"], "--wheelhouse belongs to --offline"),
         (["--offline", "--wheelhouse", "w", "--venv", "v"], "--venv belongs to the online"),
         (["wheelhouse", "--out", "w"], "--python-version"),
+        (["--step-files", "s"], "--step-files belongs to --offline"),
+        (["--deadline", "0"], "give seconds between 0 and 86400"),
+        (["--deadline", "soon"], "'soon' is not a number of seconds"),
+        (["step-files"], "the following arguments are required: --out"),
     ],
 )
 def test_bad_flags_are_refused(args: list[str], message: str) -> None:
@@ -149,10 +186,21 @@ def test_help_lists_the_exit_codes() -> None:
     assert " 18  a test stage failed" in result.stdout
 
 
-def outcome_file(tmp_path: Path, outcomes: dict[str, str]) -> Path:
-    """An outcome file as scripts/testrun's pytest plugin writes it."""
+def outcome_file(tmp_path: Path, outcomes: dict[str, str], skips: dict[str, str] | None = None):
+    """An outcome file as scripts/testrun's pytest plugin writes it, and pytest's JUnit XML
+    beside it with the reason of each skip."""
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps({"outcomes": outcomes, "properties": {}}), encoding="utf-8")
+    cases = "".join(
+        f'<testcase classname="t" name="{name}"><skipped type="pytest.skip" '
+        f'message="{reason}">t.py:1: {reason}</skipped></testcase>'
+        for name, reason in (skips or {}).items()
+    )
+    path.with_suffix(".xml").write_text(
+        f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{cases}'
+        "</testsuite></testsuites>",
+        encoding="utf-8",
+    )
     return path
 
 
@@ -160,41 +208,78 @@ PASSED = {"t::test_a": "pass", "t::test_b": "pass"}
 XFAILED = {"t::test_c": "FAIL (expected)"}
 SKIPPED = {"t::test_d": "skip"}
 FAILED = {"t::test_e": "FAIL"}
+BY_DESIGN = {
+    "t::test_cuda_visible_import_needs_no_sgl_kernel": "skip",
+    "t::test_one_hardware_queue_hides_the_race": "skip",
+}
+BY_DESIGN_REASONS = {
+    "test_cuda_visible_import_needs_no_sgl_kernel": contract.CUDA_PRESENT,
+    "test_one_hardware_queue_hides_the_race": contract.ONE_QUEUE_ONLY,
+}
 
 
-def judge(tmp_path: Path, cases: dict[str, str], rc: int, final=False, allow_skips=False):
-    check = stages.judge_gpu_step(outcome_file(tmp_path, cases), final, allow_skips)
+def judge(tmp_path: Path, cases: dict[str, str], rc: int, skips=None, rehearsal=False):
+    check = stages.judge_gpu_step(outcome_file(tmp_path, cases, skips), "shown", rehearsal)
     return check(rc, tmp_path / "log")
 
 
 def test_gpu_stage_accepts_the_known_failure_as_xfail(tmp_path: Path) -> None:
     ok, text = judge(tmp_path, PASSED | XFAILED, 0)
     assert ok, text
-    assert text == "ok (known failure shown): 2 pass, 1 FAIL (expected)"
+    assert text == "ok (shown): 2 pass, 1 FAIL (expected)"
+
+
+def test_a_gpu_run_accepts_the_skips_by_design(tmp_path: Path) -> None:
+    ok, text = judge(tmp_path, PASSED | BY_DESIGN, 0, BY_DESIGN_REASONS)
+    assert ok, text
+    assert text == "ok (shown; 2 skipped by design): 2 pass, 2 skip"
+
+
+@pytest.mark.parametrize(
+    ("skips", "refused"),
+    [
+        ({"test_d": "no reason given"}, "test_d (no reason given)"),
+        # a test allowed to skip, but for another reason than its own
+        (
+            {"test_cuda_visible_import_needs_no_sgl_kernel": contract.ONE_QUEUE_ONLY},
+            f"test_cuda_visible_import_needs_no_sgl_kernel ({contract.ONE_QUEUE_ONLY})",
+        ),
+        # a CUDA test that skipped for want of CUDA: only a rehearsal allows it
+        ({"test_d": contract.NO_CUDA}, f"test_d ({contract.NO_CUDA})"),
+        ({}, "test_d (no reason found)"),
+    ],
+    ids=["other-test", "other-reason", "no-cuda", "no-xml-entry"],
+)
+def test_a_gpu_run_refuses_any_other_skip(tmp_path: Path, skips: dict, refused: str) -> None:
+    cases = PASSED | {f"t::{name}": "skip" for name in skips or {"test_d": ""}}
+    ok, text = judge(tmp_path, cases, 0, skips)
+    assert not ok, text
+    assert text.endswith(f"not a skip by design on a GPU run: {refused}"), text
 
 
 @pytest.mark.parametrize(
     ("cases", "rc", "why"),
     [
-        (PASSED | SKIPPED, 0, "skipped on a GPU run"),
         (PASSED | FAILED, 1, "1 FAIL"),
         (XFAILED, 0, "nothing passed"),
     ],
-    ids=["skip", "failure", "nothing-passed"],
+    ids=["failure", "nothing-passed"],
 )
-def test_gpu_stage_refuses_skips_and_failures(tmp_path: Path, cases: dict, rc: int, why: str):
-    ok, text = judge(tmp_path, cases, rc, final=True)
+def test_gpu_stage_refuses_failures(tmp_path: Path, cases: dict, rc: int, why: str):
+    ok, text = judge(tmp_path, cases, rc)
     assert not ok
     assert why in text
 
 
-def test_a_rehearsal_accepts_skips(tmp_path: Path) -> None:
-    ok, text = judge(tmp_path, PASSED | SKIPPED, 0, final=True, allow_skips=True)
-    assert ok and text == "ok (rehearsal, CUDA tests skipped): 2 pass, 1 skip", text
+def test_a_rehearsal_accepts_skips_for_want_of_cuda_only(tmp_path: Path) -> None:
+    ok, text = judge(tmp_path, PASSED | SKIPPED, 0, {"test_d": contract.NO_CUDA}, rehearsal=True)
+    assert ok and text == "ok (rehearsal: CUDA tests skipped, no GPU): 2 pass, 1 skip", text
+    ok, text = judge(tmp_path, PASSED | SKIPPED, 0, {"test_d": "other"}, rehearsal=True)
+    assert not ok and "not a skip by design in a rehearsal: test_d (other)" in text, text
 
 
 def test_gpu_stage_without_a_report_fails(tmp_path: Path) -> None:
-    check = stages.judge_gpu_step(tmp_path / "missing.json", True)
+    check = stages.judge_gpu_step(tmp_path / "missing.json", "shown")
     ok, text = check(4, tmp_path)
     assert not ok
     assert "no test report" in text
@@ -204,12 +289,17 @@ def test_bench_stage_reports_ratio_and_difference(tmp_path: Path) -> None:
     data = {
         "ratio": {"median": 1.01, "min": 1.0, "max": 1.02},
         "delta_ms": {"median": 0.0125, "min": 0.0, "max": 0.02},
+        "wait_us": {"median": 3.25, "min": 3.0, "max": 4.0},
+        "idle_gap_us": {"patched": 20.0, "unpatched": 2.0, "added": 18.0},
     }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(data))
     ok, text = stages.judge_bench(path)(0, tmp_path)
     assert ok
-    assert text == "patched/unpatched 1.010 (runs 1.000..1.020); +12.5 us/iteration"
+    assert text == (
+        "patched/unpatched 1.010 (runs 1.000..1.020); +12.5 us/iteration; "
+        "the wait 3.2 us, idle gap 18.0 us"
+    )
 
 
 def test_exit_code_separates_setup_from_test_failures() -> None:
@@ -240,3 +330,42 @@ def test_a_failed_setup_stage_stops_its_dependants_and_exits_setup(tmp_path: Pat
     summary = (tmp_path / "summary.md").read_text()
     assert "| install | FAIL: exit 3" in summary
     assert "not run: install failed" in summary
+
+
+def test_a_stage_that_does_not_fit_the_deadline_is_not_run(tmp_path: Path) -> None:
+    planned = [
+        stages.Stage("quick", "p", [sys.executable, "-c", "pass"], kind=stages.GPU, budget_s=1),
+        stages.Stage("long", "p", [sys.executable, "-c", "pass"], kind=stages.GPU, budget_s=60),
+    ]
+    deadline = stages.Deadline(time.monotonic() + 30, reserve_s=0)
+    assert stages.run_all(planned, tmp_path, deadline) == Exit.TESTS_FAILED
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| quick | ok " in summary
+    assert "| long  | not run: deadline (60 s needed, " in summary
+    assert not (tmp_path / "long.log").exists()
+
+
+def test_a_stage_running_at_the_deadline_is_stopped_with_its_children(tmp_path: Path) -> None:
+    """The stage's command starts a child that would outlive it; both are stopped."""
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
+    stage = stages.Stage("slow", "p", [sys.executable, "-c", code], kind=stages.GPU)
+    start = time.monotonic()
+    outcome = stages.run_stage(stage, {}, tmp_path, stages.Deadline(start + 3, reserve_s=0))
+    assert time.monotonic() - start < 20
+    assert not outcome.ok and outcome.result.startswith("FAIL: stopped at the deadline after ")
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the killed child is reaped by init soon after
+        if (
+            not Path(f"/proc/{child}").exists()
+            or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+        ):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the stage's child {child} still runs")
+    assert "stopped: the run's deadline came" in (tmp_path / "slow.log").read_text()

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from patchset.errors import Exit
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "ci" / "bench_wait_stream.py"
@@ -22,6 +23,7 @@ def bench() -> ModuleType:
     spec = importlib.util.spec_from_loader("bench_wait_stream", loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     loader.exec_module(module)
     return module
 
@@ -61,9 +63,9 @@ def test_no_warmup_and_the_absolute_difference(bench: ModuleType) -> None:
     calls: list[tuple[int, bool]] = []
     seconds = {False: 0.010, True: 0.0125}
 
-    def run(iterations: int, patched: bool) -> float:
+    def run(iterations: int, patched: bool) -> object:
         calls.append((iterations, patched))
-        return seconds[patched]
+        return bench.RunTimes(seconds[patched])
 
     result = bench.time_pairs(run, bench.parse_args(["--warmup", "0", "--runs", "2"]))
     assert calls == [(300, False), (300, True)] * 2  # no zero-iteration warm-up run
@@ -72,9 +74,38 @@ def test_no_warmup_and_the_absolute_difference(bench: ModuleType) -> None:
     assert "patched - unpatched ms" in bench.table({**result, "device": "d", "torch": "t"})
 
 
+def test_the_wait_and_the_idle_gap_are_reported_apart(bench: ModuleType) -> None:
+    """A 10 ms step; the wait call takes 4 us, the forward stands idle 52 us more patched."""
+
+    def run(iterations: int, patched: bool) -> object:
+        if patched:
+            return bench.RunTimes(0.01006, wait_us=[3.0, 4.0, 5.0], gap_us=[50.0, 54.0, 60.0])
+        return bench.RunTimes(0.010, gap_us=[1.0, 2.0, 3.0])
+
+    result = bench.time_pairs(run, bench.parse_args(["--warmup", "0", "--runs", "2"]))
+    assert result["step_ms"] == pytest.approx(10.0)
+    assert result["wait_us"] == pytest.approx({"median": 4.0, "min": 3.0, "max": 5.0})
+    assert result["idle_gap_us"] == pytest.approx(
+        {"patched": 54.0, "unpatched": 2.0, "added": 52.0}
+    )
+    # at 1 prebuilt batch per step: 4 us and 52 us of a 10,000 us step
+    expected = [(1.0, 4e-4, 5.2e-3), (0.1, 4e-5, 5.2e-4), (0.01, 4e-6, 5.2e-5)]
+    got = [(x["rate"], x["wait"], x["idle_gap"]) for x in result["shares"]]
+    assert [r for r, _, _ in got] == [r for r, _, _ in expected]
+    for (_, wait, gap), (_, want_wait, want_gap) in zip(got, expected, strict=True):
+        assert (wait, gap) == (pytest.approx(want_wait), pytest.approx(want_gap))
+    shown = bench.table({**result, "device": "d", "torch": "t"})
+    assert "the wait itself, us (host)" in shown and "share of a step at 0.1 prebuilt/step" in shown
+
+
 def test_warmup_runs_before_each_timed_run(bench: ModuleType) -> None:
     calls: list[tuple[int, bool]] = []
-    bench.time_pairs(lambda n, p: calls.append((n, p)) or 1.0, bench.parse_args(["--runs", "2"]))
+
+    def run(iterations: int, patched: bool) -> object:
+        calls.append((iterations, patched))
+        return bench.RunTimes(1.0)
+
+    bench.time_pairs(run, bench.parse_args(["--runs", "2"]))
     assert calls[:4] == [(50, False), (300, False), (50, True), (300, True)]
 
 
@@ -89,5 +120,7 @@ def test_the_benchmark_refuses_without_cuda(bench: ModuleType) -> None:
         text=True,
         timeout=300,
     )
-    assert result.returncode == 2
-    assert "needs a CUDA device" in result.stderr
+    assert result.returncode == Exit.ENVIRONMENT
+    assert result.stderr.startswith("error: bench_wait_stream.py needs a CUDA device")
+    assert "next step: run it on a GPU machine" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -82,8 +82,10 @@ def test_offline_dry_run_prints_the_plan(
     result = run_gpu("--offline", "--wheelhouse", str(fake_wheelhouse), "--dry-run", build=build)
     assert result.returncode == 0, result.stderr
     plan = result.stdout
-    names = ["preflight", "torch-check", "install", "apply"]
-    names += [f"gpu-{s}" for s in series.manifest.steps] + ["bench"]
+    final = series.manifest.final_step
+    names = ["preflight", "torch-check", "install", "facts", "layout"]
+    names += [f"gpu-{s}" for s in series.manifest.steps]
+    names += [f"gpu-{final}-long", "control-32", "control-1", "bench"]
     positions = [plan.find(f". {n}: ") for n in names]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
     assert "hashes checked" in plan
@@ -94,9 +96,10 @@ def test_offline_dry_run_prints_the_plan(
     ) in plan
     assert f"the base pins torch {series.manifest.release.torch}" not in plan  # said at run time
     assert f"{series.manifest.release.torch} pinned" in plan
-    assert f"SGLANG_BACKPORTS_CACHE={build / 'gpu-wheel-cache'}" in plan
-    tree = build / "steps" / series.manifest.base.version / series.manifest.final_step / "python"
-    assert f"PYTHONPATH={tree}:{site} " in plan
+    assert f"step files  {build / 'gpu-step-files'} (blob ids checked against pin.toml)" in plan
+    assert "git " not in plan.replace("command -v git", "")  # the offline layout needs no git
+    tree = build / "gpu-trees" / series.manifest.base.version / final / "python"
+    assert f"PYTHONPATH={tree}:{site}:{ROOT / 'scripts'} " in plan
     assert "scripts/run-tests" not in plan  # the CPU gate runs where the network is
     assert not build.exists()
 
