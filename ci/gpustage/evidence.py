@@ -20,8 +20,10 @@ from testrun.outcomes import read_outcomes
 
 from . import contract
 from . import facts as machine
+from .stages import SUMMARY_FILE
 
 CRITERIA_FILE = "criteria.md"
+BENCH_FILE = "bench.json"
 MIN_RACE_SHARE = 0.9
 ARRIVAL_RATES = (1.0, 0.1, 0.01)  # prebuilt batches per decode step; 1 is today's upper bound
 
@@ -44,6 +46,14 @@ CRITERIA = f"""\
   batches per step (1: every step admits one, today's upper bound). They are
   measurements, with no threshold.
 """
+
+
+def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
+    """Every file a run writes into reports: a new run removes an earlier run's first,
+    so that no figure of another run is read or packed."""
+    files = [reports / f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
+    names = (CRITERIA_FILE, machine.FILE, BENCH_FILE, SUMMARY_FILE)
+    return files + [reports / name for name in names]
 
 
 def write_criteria(reports: Path) -> Path:
@@ -207,7 +217,7 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
         ["fix-b"],  # judged as a fixed step: the seed must win every iteration
     )
     if "bench" in stage_names:
-        rows += _bench_rows(_json(reports / "bench.json"))
+        rows += _bench_rows(_json(reports / BENCH_FILE))
     table = textout.table(("figure", "measured", "expected", "met"), rows, markdown=True)
     criteria = (reports / CRITERIA_FILE).read_text(encoding="utf-8")
     return f"## Figures, each beside its expected value\n\n{table}\n\n{criteria}"

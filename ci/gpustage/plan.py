@@ -16,7 +16,7 @@ from patchset.manifest import Series
 from testrun.outcomes import OPTION as OUTCOMES_OPTION
 from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
 
-from . import contract, layout
+from . import contract, evidence, layout
 from . import facts as machine
 from . import wheelhouse as wh
 from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
@@ -242,7 +242,7 @@ def _gpu_and_bench(
             env={CONNECTIONS: "1"},
         ),
     ]
-    bench_json = opts.reports / "bench.json"
+    bench_json = opts.reports / evidence.BENCH_FILE
     final_tree = _step_tree(opts, final)
     stages.append(
         Stage(

@@ -31,6 +31,7 @@ SETUP, CPU, GPU = "setup", "cpu", "gpu"
 HIDES_THE_RACE = ("CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS")
 
 Judge = Callable[[int, Path], tuple[bool, str]]
+SUMMARY_FILE = "summary.md"
 
 
 @dataclass
@@ -359,7 +360,7 @@ def run_all(
         measured = figures()
         print(f"\n{measured}")
         report += f"\n{measured}\n"
-    (reports / "summary.md").write_text(report, encoding="utf-8")
+    (reports / SUMMARY_FILE).write_text(report, encoding="utf-8")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as out:

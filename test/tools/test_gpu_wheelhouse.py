@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_GPU = ROOT / "ci" / "run-gpu"
 sys.path.insert(0, str(ROOT / "ci"))
 
-from gpustage import plan, stages, wheelhouse  # noqa: E402
+from gpustage import layout, plan, stages, wheelhouse  # noqa: E402
 from patchset import paths  # noqa: E402
 from patchset.errors import Exit  # noqa: E402
 from patchset.manifest import Series, sha256_of  # noqa: E402
@@ -248,3 +249,31 @@ def test_the_runner_torch_is_checked_against_the_pin(
     else:
         assert outcome.ok
         assert outcome.result == f"ok; WARNING: {said}"
+
+
+def test_a_run_removes_an_earlier_runs_records_and_nothing_else(
+    fake_wheelhouse: Path, tmp_path: Path, series: Series
+) -> None:
+    """An earlier run's bench.json must not be read as this run's figure, nor packed.
+
+    The run stops at its preflight (no such Python), so nothing is installed."""
+    build = tmp_path / "build"
+    step_files = tmp_path / "step-files"
+    layout.write_step_files(series, fake_wheelhouse / series.manifest.base.wheel, step_files)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for name in ("bench.json", "gpu-base.json", "facts.json", "notes.txt"):
+        (reports / name).write_text("{}")
+    result = run_gpu(
+        "--offline", "--wheelhouse", str(fake_wheelhouse), "--step-files", str(step_files),
+        "--python", str(tmp_path / "no-python"), "--reports", str(reports),
+        "--tarball", str(tmp_path / "gpu.tar.gz"), build=build,
+    )  # fmt: skip
+    assert result.returncode == Exit.SETUP, result.stderr
+    left = sorted(p.name for p in reports.iterdir())
+    assert left == ["criteria.md", "notes.txt", "summary.md"], left
+    summary = (reports / "summary.md").read_text()
+    assert "| preflight " in summary and "not run: preflight failed" in summary
+    assert "| benchmark " in summary and "not run (no record: see the stage table)" in summary
+    with tarfile.open(tmp_path / "gpu.tar.gz") as archive:
+        assert "reports/summary.md" in archive.getnames()
