@@ -15,9 +15,17 @@ The same scenario also runs in a child process under PyTorch's CUDA sanitizer
 
 CUDA_LAUNCH_BLOCKING=1 serialises every launch and CUDA_DEVICE_MAX_CONNECTIONS=1
 puts every stream into one hardware queue; either hides the race, so the
-fixtures refuse both (ci/run-gpu removes them). Without a CUDA device every
-CUDA test here is skipped, unless SGLANG_BACKPORTS_REQUIRE_CUDA=1 (ci/run-gpu
-sets it): then they fail, so a GPU run cannot pass by skipping.
+fixtures refuse both (ci/run-gpu removes them). One test runs only under
+CUDA_DEVICE_MAX_CONNECTIONS=1, as ci/run-gpu's control stage: there the seed
+must win without the fix. Without a CUDA device every CUDA test here is
+skipped, unless SGLANG_BACKPORTS_REQUIRE_CUDA=1 (ci/run-gpu sets it): then
+they fail, so a GPU run cannot pass by skipping. The skips by design, and the
+names ci/run-gpu shares with this file, are in ci/gpustage/contract.py.
+
+The sleep is calibrated after warming the GPU (idle clocks would make it far
+longer than asked), and the sleep measured in each iteration is recorded with
+the S1 tally (record_property, kept in the run's outcome file), as is the CSAN
+child's report; ci/run-gpu's summary shows them beside the expected values.
 
 How sglang is imported on a runner without sgl_kernel: ci/gpustage/sglang_import.py
 imports the modules with torch.cuda.is_available() answering False for the
