@@ -89,7 +89,7 @@ def _sleep(s1: dict[str, Any]) -> str:
 NOT_RUN = "not run (no record: see the stage table)"
 
 
-def _s1_rows(label: str, s1: dict[str, Any] | None, fixes: list[str]) -> list[tuple[str, ...]]:
+def s1_rows(label: str, s1: dict[str, Any] | None, fixes: list[str]) -> list[tuple[str, ...]]:
     """Rows for one S1 record, judged by what the step holds."""
     rows: list[tuple[str, ...]] = []
     if "fix-b" in fixes:
@@ -191,7 +191,7 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
             )
     for step in manifest.steps:
         fixes = step_fixes.get(step, [])
-        rows += _s1_rows(
+        rows += s1_rows(
             f"step {step}", _property(reports, f"gpu-{step}", contract.S1_PROPERTY), fixes
         )
         rows.append(
@@ -201,17 +201,17 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
                 "fix-b" in fixes,
             )
         )
-    rows += _s1_rows(
+    rows += s1_rows(
         f"step {final}, long run",
         _property(reports, f"gpu-{final}-long", contract.S1_PROPERTY),
         step_fixes.get(final, []),
     )
-    rows += _s1_rows(
+    rows += s1_rows(
         f"control {base}, 32 connections",
         _property(reports, "control-32", contract.S1_PROPERTY),
         step_fixes.get(base, []),
     )
-    rows += _s1_rows(
+    rows += s1_rows(
         f"control {base}, 1 connection (hides the race)",
         _property(reports, "control-1", contract.S1_PROPERTY),
         ["fix-b"],  # judged as a fixed step: the seed must win every iteration

@@ -194,10 +194,19 @@ def _gpu_and_bench(
     manifest = opts.series.manifest
     base, final = manifest.steps[0], manifest.final_step
 
-    def stage(name: str, step: str, purpose: str, shown: str, budget: str, **kw: object) -> Stage:
+    def stage(
+        name: str,
+        step: str,
+        purpose: str,
+        shown: str,
+        budget: str,
+        select: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Stage:
         return _pytest_stage(
-            opts, name, step, purpose, shown, python, extra_path, needs, BUDGET_S[budget], **kw
-        )  # type: ignore[arg-type]
+            opts, name, step, purpose, shown, python, extra_path, needs, BUDGET_S[budget],
+            select, env,
+        )  # fmt: skip
 
     stages = [
         stage(

@@ -72,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # file as a plain script, with only the step tree and the site on PYTHONPATH.
 sys.path[:0] = [p for p in (str(ROOT / "ci"), str(ROOT / "scripts")) if p not in sys.path]
 
-from gpustage import contract, sglang_import  # noqa: E402
+from gpustage import contract, evidence, sglang_import  # noqa: E402
 
 
 def _rig_fits() -> str:
@@ -796,9 +796,18 @@ def test_torn_hidden_row_counts_as_a_lost_seed() -> None:
 
 
 def test_rig_runs_the_real_path_on_the_cpu_device() -> None:
-    """On the CPU device every write runs at once, in program order: the seed comes last."""
+    """On the CPU device every write runs at once, in program order: the seed comes last.
+
+    The tally's record is what ci/run-gpu's summary reads: it must judge it."""
     tally = run_s1(torch.device("cpu"), iterations=3, sleep_ms=0)
     assert (tally.seed_won, tally.running_row_wrong, tally.torn) == (3, 0, 0), tally.summary()
+    recorded: dict[str, object] = {}
+    tally.record(recorded.__setitem__)
+    record = json.loads(str(recorded[contract.S1_PROPERTY]))
+    assert (record["iterations"], record["seed_won"], record["slept_ms"]) == (3, 3, {})
+    rows = evidence.s1_rows("cpu", record, ["fix-b"])
+    assert rows[0] == ("cpu: S1 seed kept", "3/3 (100%); torn rows 0", rows[0][2], "yes"), rows
+    assert rows[-1][1] == "not measured", rows
 
 
 if __name__ == "__main__":

@@ -108,3 +108,10 @@ def test_the_reports_are_packed_into_one_tarball(tmp_path: Path) -> None:
         names = sorted(archive.getnames())
     assert names == ["ci-reports", "ci-reports/criteria.md", "ci-reports/summary.md"]
     assert not list(tarball.parent.glob("*.partial"))
+
+
+def test_the_csan_child_fits_one_command_of_a_lent_machine() -> None:
+    """A lent machine runs a command for at most 600 s; the child must end well before."""
+    assert contract.CSAN_TIMEOUT_S < 600
+    test_file = (ROOT / "test" / "steps" / "test_gpu_prebuilt_race.py").read_text()
+    assert "timeout=contract.CSAN_TIMEOUT_S" in test_file
