@@ -533,6 +533,9 @@ def test_one_hardware_queue_hides_the_race(record_property: Callable[[str, objec
     if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
         pytest.skip(contract.ONE_QUEUE_ONLY)
     device = _cuda_or_skip()
+    blocking = [r for r in refused_environment(os.environ) if r.startswith("CUDA_LAUNCH")]
+    if blocking:  # it would hide the race too: the control would show nothing
+        pytest.fail(f"{blocking[0]}; unset it (ci/run-gpu does)", pytrace=False)
     tally = run_s1(device, s1_iterations(), SLEEP_MS)
     tally.record(record_property)
     assert tally.running_row_wrong == 0, tally.summary()
