@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ def _sleep(s1: dict[str, Any]) -> str:
 NOT_RUN = "not run (no record: see the stage table)"
 
 
-def s1_rows(label: str, s1: dict[str, Any] | None, fixes: list[str]) -> list[tuple[str, ...]]:
+def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> list[tuple[str, ...]]:
     """Rows for one S1 record, judged by what the step holds."""
     rows: list[tuple[str, ...]] = []
     if "fix-b" in fixes:
@@ -170,7 +171,7 @@ def _bench_rows(bench: dict[str, Any] | None) -> list[tuple[str, ...]]:
 
 def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str:
     """The figures of a run, as markdown: figure | measured | expected | met."""
-    step_fixes = manifest.raw.get("step-fixes", {})
+    step_fixes = manifest.step_fixes
     base, final = manifest.steps[0], manifest.final_step
     rows: list[tuple[str, ...]] = []
     found = _json(reports / machine.FILE)
@@ -190,7 +191,7 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
                 ("clocks before the GPU stages", found["clocks"].replace("\n", "; "), "", "")
             )
     for step in manifest.steps:
-        fixes = step_fixes.get(step, [])
+        fixes = step_fixes.get(step, frozenset())
         rows += s1_rows(
             f"step {step}", _property(reports, f"gpu-{step}", contract.S1_PROPERTY), fixes
         )
@@ -204,17 +205,17 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
     rows += s1_rows(
         f"step {final}, long run",
         _property(reports, f"gpu-{final}-long", contract.S1_PROPERTY),
-        step_fixes.get(final, []),
+        step_fixes.get(final, frozenset()),
     )
     rows += s1_rows(
         f"control {base}, 32 connections",
         _property(reports, "control-32", contract.S1_PROPERTY),
-        step_fixes.get(base, []),
+        step_fixes.get(base, frozenset()),
     )
     rows += s1_rows(
         f"control {base}, 1 connection (hides the race)",
         _property(reports, "control-1", contract.S1_PROPERTY),
-        ["fix-b"],  # judged as a fixed step: the seed must win every iteration
+        {"fix-b"},  # judged as a fixed step: the seed must win every iteration
     )
     if "bench" in stage_names:
         rows += _bench_rows(_json(reports / BENCH_FILE))
