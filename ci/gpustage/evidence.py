@@ -74,7 +74,7 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 
 def _share(n: int, of: int) -> str:
-    return f"{n}/{of} ({n / of:.0%})" if of else f"{n}/0"
+    return f"{n}/{of} ({n / of:.1%})" if of else f"{n}/0"
 
 
 def _sleep(s1: dict[str, Any]) -> str:

@@ -809,7 +809,7 @@ def test_rig_runs_the_real_path_on_the_cpu_device() -> None:
     record = json.loads(str(recorded[contract.S1_PROPERTY]))
     assert (record["iterations"], record["seed_won"], record["slept_ms"]) == (3, 3, {})
     rows = evidence.s1_rows("cpu", record, ["fix-b"])
-    assert rows[0] == ("cpu: S1 seed kept", "3/3 (100%); torn rows 0", rows[0][2], "yes"), rows
+    assert rows[0] == ("cpu: S1 seed kept", "3/3 (100.0%); torn rows 0", rows[0][2], "yes"), rows
     assert rows[-1][1] == "not measured", rows
 
 
