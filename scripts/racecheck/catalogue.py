@@ -30,6 +30,7 @@ class Play:
     running: tuple[int, ...] = ()  # rows it writes of requests that keep running
     consumer: bool = False  # a later consumer reads the rows back (publish only)
     barrier: str | None = None  # played inside the overlap loop with this barrier
+    hisparse: bool = False  # the rows go to hisparse requests prefilled here, not to prebuilt ones
 
     @property
     def forward_rows(self) -> tuple[int, ...]:
@@ -39,15 +40,21 @@ class Play:
     def text(self) -> str:
         path = "EAGLE" if self.spec == EAGLE else "non-speculative"
         reused = sorted(set(self.prebuilt) & set(self.finished))
+        admitted = "hisparse request" if self.hisparse else "prebuilt"
         parts = [
             f"{self.title} ({path})",
-            f"prebuilt rows {_rows(self.prebuilt)}",
+            f"{admitted} rows {_rows(self.prebuilt)}",
             f"in flight: finished rows {_rows(self.finished)}"
             + (f", running rows {_rows(self.running)}" if self.running else ""),
             f"rows reused: {_rows(reused) if reused else 'none'}",
         ]
         if self.barrier:
             parts.append(f"loop: barrier, seeding, launch; {BARRIERS[self.barrier]}")
+        if self.hisparse:
+            parts.append(
+                "then its prefill forward, its result processed (staging), the "
+                "transition from staging and _build_hisparse_decode_batch's stash"
+            )
         return "; ".join(parts)
 
 
@@ -63,7 +70,8 @@ def _both(name_eagle: str, name_plain: str, title: str, **shape: object) -> list
 
 
 # S1..S3 are the scenarios of issue 4; S4..S11 vary the batch's shape; L1..L6
-# replay one shape inside the overlap loop with each barrier configuration.
+# replay one shape inside the overlap loop with each barrier configuration;
+# H1 plays the hisparse seam of issue 25 (a stash outside the prebuilt path).
 _LOOP_SHAPE = {"prebuilt": (3, 5), "finished": (3,), "running": (0,)}
 PLAYS: tuple[Play, ...] = (
     Play("S1", "row reuse", EAGLE, prebuilt=(3,), finished=(3,)),
@@ -101,6 +109,7 @@ PLAYS: tuple[Play, ...] = (
             f"L{2 * n + 1}", f"L{2 * n + 2}", f"loop, {barrier}", barrier=barrier, **_LOOP_SHAPE
         )
     ),
+    Play("H1", "hisparse stash", None, prebuilt=(3,), finished=(3,), hisparse=True),
 )
 BY_NAME = {play.name: play for play in PLAYS}
 SCENARIOS = tuple(BY_NAME)

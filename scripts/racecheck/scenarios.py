@@ -20,6 +20,7 @@ import ast
 import contextlib
 import dataclasses
 import functools
+import importlib
 import inspect
 from array import array
 from collections.abc import Callable
@@ -41,6 +42,7 @@ CONTEXT_LEN = 64
 PROMPT_LEN = 5
 EAGLE_TOPK = 1
 HIDDEN_SIZE = 4
+VOCAB_SIZE = 1000
 
 
 @dataclass
@@ -53,14 +55,16 @@ class ScenarioRun:
 class _World:
     """A decode scheduler's relay state: streams, request pool, FutureMap, ChunkCache."""
 
-    def __init__(self, device: SimDevice, watch: BufferWatch, spec: str | None) -> None:
+    def __init__(
+        self, device: SimDevice, watch: BufferWatch, spec: str | None, hisparse: bool = False
+    ) -> None:
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.device = device
-        self.server_args = _server_args(spec)
+        self.server_args = _server_args(spec, hisparse)
         # SamplingBatchInfo and spec_need_hidden_states read the process-wide args.
         _publish_server_args(self.server_args)
         self.spec_algorithm = SpeculativeAlgorithm.from_string(spec)
@@ -154,7 +158,7 @@ class _World:
             max_running_requests=POOL_SIZE,
             server_args=self.server_args,
             tree_cache=self.tree_cache,
-            model_config=SimpleNamespace(vocab_size=1000),
+            model_config=SimpleNamespace(vocab_size=VOCAB_SIZE),
             enable_overlap=True,
             spec_algorithm=self.spec_algorithm,
             future_map=self.future_map,
@@ -184,6 +188,115 @@ class _World:
             )
         return batch
 
+    # The hisparse seam (H1): a request prefilled on this server, staged, then decoded.
+
+    def hisparse_request(self, row: int) -> Any:
+        """A new request whose prompt this server prefills, in pool row `row`
+        (its sampling parameters normalized as the tokenizer manager does)."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(max_new_tokens=16)
+        params.normalize(None)
+        req = Req(
+            rid=f"hisparse-{row}",
+            origin_input_text="",
+            origin_input_ids=array("q", range(100, 100 + PROMPT_LEN)),
+            sampling_params=params,
+            vocab_size=VOCAB_SIZE,
+        )
+        # What the prefill adder sets when it takes the whole prompt in one chunk.
+        req.init_next_round_input(self.tree_cache)
+        if hasattr(req, "set_extend_range"):  # 0.5.15 on
+            req.set_extend_range(0, PROMPT_LEN)
+        else:
+            req.fill_len = PROMPT_LEN
+        req.req_pool_idx = row
+        return req
+
+    def new_batch(self, reqs: list[Any]) -> Any:
+        """ScheduleBatch.init_new as the scheduler calls it (the hisparse build's arguments)."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        return ScheduleBatch.init_new(
+            reqs=reqs,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=None,
+            tree_cache=self.tree_cache,
+            model_config=SimpleNamespace(vocab_size=VOCAB_SIZE),
+            enable_overlap=True,
+            spec_algorithm=self.spec_algorithm,
+        )
+
+    def prefill_forward(self, reqs: list[Any]) -> tuple[Any, Any]:
+        """What run_batch does for the requests' prefill batch: its forward
+        relays the sampled token into their rows (as inflight_forward does),
+        then copy_to_cpu, the real GenerationBatchResult's, records copy_done
+        where this release records it: on the copy stream after it waited for
+        the forward stream (0.5.15 on), else on the forward stream itself."""
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        rows = tuple(req.req_pool_idx for req in reqs)
+        batch = self.new_batch(reqs)
+        self.inflight_forward(rows)
+        result = GenerationBatchResult(
+            logits_output=LogitsProcessorOutput(next_token_logits=None),
+            next_token_ids=torch.full((len(reqs),), 11, dtype=torch.int64),
+            extend_input_len_per_req=[PROMPT_LEN] * len(reqs),
+            extend_logprob_start_len_per_req=[PROMPT_LEN] * len(reqs),
+        )
+        result.copy_done = self.device.Event()
+        stream = self.forward_stream
+        if _copies_on_copy_stream():
+            stream = self.device.Stream(name="copy_stream")
+            stream.wait_stream(self.forward_stream)
+        with self.device.stream(stream):
+            result.copy_to_cpu(return_logprob=False, return_hidden_states=False)
+        return batch, result
+
+    def result_processor(self, coordinator: Any) -> Any:
+        """The tree's SchedulerBatchResultProcessor (a frozen dataclass of the
+        scheduler's collaborators): the relay's own objects where it has them,
+        mocks for the rest (metrics, output streaming, the model workers...)."""
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+        from sglang.srt.managers.scheduler_components import batch_result_processor
+
+        cls = batch_result_processor.SchedulerBatchResultProcessor
+        known = {
+            "is_generation": True,
+            "disaggregation_mode": DisaggregationMode.NULL,
+            "enable_overlap": True,
+            "enable_overlap_mlx": False,
+            "server_args": self.server_args,
+            # a model without reasoning tokens (0.5.17 on: a list of them)
+            "model_config": SimpleNamespace(
+                vocab_size=VOCAB_SIZE, think_end_id=None, think_end_ids=None
+            ),
+            "tree_cache": self.tree_cache,
+            "hisparse_coordinator": coordinator,
+            "req_to_token_pool": self.req_to_token_pool,
+        }
+        return cls(
+            **{
+                f.name: known[f.name] if f.name in known else mock.Mock(name=f.name)
+                for f in dataclasses.fields(cls)
+            }
+        )
+
+    def hisparse_scheduler(self) -> SimpleNamespace:
+        """The attributes _build_hisparse_decode_batch reads from the Scheduler."""
+        return SimpleNamespace(
+            device="cpu",
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=None,
+            tree_cache=self.tree_cache,
+            model_config=SimpleNamespace(vocab_size=VOCAB_SIZE),
+            enable_overlap=True,
+            spec_algorithm=self.spec_algorithm,
+            future_map=self.future_map,
+        )
+
 
 class ScenarioError(RuntimeError):
     """The sglang tree did not behave as a scenario needs (not a race)."""
@@ -191,6 +304,7 @@ class ScenarioError(RuntimeError):
 
 _SERVER_ARGS = {
     "speculative_algorithm": None,
+    "enable_hisparse": False,
     "speculative_eagle_topk": EAGLE_TOPK,
     "speculative_num_steps": 1,
     "enable_multi_layer_eagle": False,
@@ -200,7 +314,7 @@ _SERVER_ARGS = {
 }
 
 
-def _server_args(spec: str | None) -> Any:
+def _server_args(spec: str | None, hisparse: bool = False) -> Any:
     """Stand-in server arguments: the few the relay path reads.
 
     From 0.5.18 on, publishing the args projects the fields that ServerArgs
@@ -208,7 +322,7 @@ def _server_args(spec: str | None) -> Any:
     and refuses an object without them; there the stand-in is a ServerArgs
     whose fields hold their declared defaults (its __post_init__, which
     resolves a model, does not run)."""
-    values = {**_SERVER_ARGS, "speculative_algorithm": spec}
+    values = {**_SERVER_ARGS, "speculative_algorithm": spec, "enable_hisparse": hisparse}
     try:
         from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
     except ImportError:  # releases before the config bags
@@ -331,6 +445,53 @@ def play(world: _World, scenario: Play) -> None:
         consume(world, scenario.finished + scenario.prebuilt)
 
 
+def play_hisparse(world: _World, scenario: Play) -> None:
+    """H1, the hisparse seam, in the order of the overlap loop (event_loop_overlap).
+
+    Iteration N launched the redundant forward of a batch still holding
+    requests that had finished; their rows went back to the pool. The rows go
+    to new requests, which hisparse mode prefills here: their prefill forward
+    (iteration N+1), then its result processed (the real
+    process_batch_result_prefill, which synchronizes on copy_done and admits
+    each request into staging), then, once the staging finished, the
+    transition: collect_ready_reqs hands them to the real
+    Scheduler._build_hisparse_decode_batch, which stashes their last token
+    into their rows from the schedule stream. The coordinator is a mock: its
+    staging copies KV pages, no relay row.
+    """
+    coordinator = mock.Mock(name="hisparse_coordinator")
+    coordinator.collect_ready_reqs.side_effect = lambda: [
+        call.args[0] for call in coordinator.admit_request_into_staging.call_args_list
+    ]
+    build = scheduler_method("_build_hisparse_decode_batch").function
+    if build is None:
+        raise ScenarioError("the tree's Scheduler has no _build_hisparse_decode_batch")
+    with world.device.stream(world.schedule_stream):
+        world.inflight_forward(scenario.finished)
+        reqs = [world.hisparse_request(row) for row in scenario.prebuilt]
+        world.forward_stream.wait_stream(world.schedule_stream)  # run_batch's launch
+        batch, result = world.prefill_forward(reqs)
+        world.result_processor(coordinator).process_batch_result_prefill(batch, result)
+        ready = coordinator.collect_ready_reqs()
+        if ready != reqs:
+            raise ScenarioError(
+                "process_batch_result_prefill did not admit the prefilled requests "
+                f"into hisparse staging (admitted {len(ready)} of {len(reqs)})"
+            )
+        built = build(world.hisparse_scheduler(), ready)
+    if built.req_pool_indices.tolist() != list(scenario.prebuilt):
+        raise ScenarioError(
+            f"_build_hisparse_decode_batch did not build a batch of rows {list(scenario.prebuilt)}"
+        )
+
+
+@functools.cache
+def _copies_on_copy_stream() -> bool:
+    """Whether run_batch copies the result to the CPU on copy_stream (0.5.15 on)."""
+    source = (sglang_root() / "srt" / "managers" / "scheduler.py").read_text(encoding="utf-8")
+    return "self.copy_stream.wait_stream(self.forward_stream)" in source
+
+
 def consume(world: _World, rows: tuple[int, ...]) -> None:
     """A later iteration reads the rows back; resolve_seq_lens_cpu waits on
     publish_ready before it gathers new_seq_lens_buf."""
@@ -395,12 +556,37 @@ def war_barrier_of_tree() -> Barrier:
 
 
 def _apply_war_barrier() -> tuple[Callable[..., None] | None, Any]:
-    """Scheduler._apply_war_barrier and a bare object to call it on, or None.
+    """Scheduler._apply_war_barrier and an object to call it on, or None."""
+    method = scheduler_method("_apply_war_barrier")
+    if method.function is None:
+        return None, None
+    BARRIER_SOURCE["how"] = f"Scheduler._apply_war_barrier {method.how}"
+    if method.imported:
+        from sglang.srt.managers.scheduler import Scheduler
+
+        return method.function, Scheduler.__new__(Scheduler)
+    return method.function, SimpleNamespace()
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of the tree's Scheduler: the function, how it was obtained,
+    and whether scheduler.py imported (else it was compiled from the source)."""
+
+    function: Callable[..., Any] | None
+    how: str = ""
+    imported: bool = False
+
+
+@functools.cache
+def scheduler_method(name: str) -> Method:
+    """Scheduler.<name> of the tree (its function None where the release has
+    no such method).
 
     scheduler.py imports packages that a CPU environment may lack; then the
-    function is compiled from the tree's own source (same file and lines, so
-    reports point at it), with decode.py's module globals, and called on a
-    plain namespace.
+    method is compiled from the tree's own source (same file and lines, so
+    reports point at it) in a namespace holding what scheduler.py's own
+    imports bind for the names the method uses.
     """
     try:
         from sglang.srt.managers.scheduler import Scheduler
@@ -412,22 +598,40 @@ def _apply_war_barrier() -> tuple[Callable[..., None] | None, Any]:
             for cls in tree.body
             if isinstance(cls, ast.ClassDef) and cls.name == "Scheduler"
             for node in cls.body
-            if isinstance(node, ast.FunctionDef) and node.name == "_apply_war_barrier"
+            if isinstance(node, ast.FunctionDef) and node.name == name
         ]
         if not found:
-            return None, None
-        BARRIER_SOURCE["how"] = (
-            "Scheduler._apply_war_barrier compiled from scheduler.py's source (the "
-            f"module does not import here: {type(err).__name__}: {err})"
+            return Method(None)
+        how = (
+            f"compiled from scheduler.py's source (the module does not import here: "
+            f"{type(err).__name__}: {err})"
         )
-        return _compiled(found[0], source), SimpleNamespace()
-    function = getattr(Scheduler, "_apply_war_barrier", None)
+        return Method(_compiled(found[0], source, _imports_used(tree, found[0])), how)
+    function = getattr(Scheduler, name, None)
     if function is None:
-        return None, None
-    BARRIER_SOURCE["how"] = (
-        "Scheduler._apply_war_barrier imported from sglang.srt.managers.scheduler"
-    )
-    return function, Scheduler.__new__(Scheduler)
+        return Method(None)
+    return Method(function, "imported from sglang.srt.managers.scheduler", imported=True)
+
+
+def _imports_used(module: ast.Module, function: ast.FunctionDef) -> dict[str, Any]:
+    """What the module's top-level imports bind, for the names function reads."""
+    used = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
+    namespace: dict[str, Any] = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                if bound in used:
+                    top = importlib.import_module(alias.name if alias.asname else bound)
+                    namespace[bound] = top
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                if bound in used:
+                    namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
+    return namespace
 
 
 def _inline_barrier() -> tuple[Callable[..., None], Any]:
@@ -476,13 +680,13 @@ def _inline_barrier() -> tuple[Callable[..., None], Any]:
         f"inline in event_loop_overlap_disagg_decode (decode.py:{statement.lineno}), "
         "compiled from the source; the release has no Scheduler._apply_war_barrier"
     )
-    return _compiled(wrapper, source), SimpleNamespace()
-
-
-def _compiled(function: ast.FunctionDef, source: Path) -> Callable[..., None]:
     from sglang.srt.disaggregation import decode
 
-    namespace = dict(vars(decode))
+    return _compiled(wrapper, source, vars(decode)), SimpleNamespace()
+
+
+def _compiled(function: ast.FunctionDef, source: Path, names: dict[str, Any]) -> Callable[..., Any]:
+    namespace = dict(names)
     module = ast.Module(body=[function], type_ignores=[])
     exec(compile(module, str(source), "exec"), namespace)
     return namespace[function.name]
@@ -534,7 +738,8 @@ def run(name: str) -> ScenarioRun:
             watch,
         ),
     ):
-        play(_World(device, watch, scenario.spec), scenario)
+        world = _World(device, watch, scenario.spec, scenario.hisparse)
+        (play_hisparse if scenario.hisparse else play)(world, scenario)
     missing = required(scenario) - watch.seen
     if missing:
         raise ScenarioError(

@@ -13,6 +13,7 @@ and open on the others.
 from __future__ import annotations
 
 from collections.abc import Callable
+from unittest import mock
 
 import pytest
 from racecheck import csan, report, scenarios
@@ -114,4 +115,27 @@ def test_races_name_real_sites(
             assert race.row in set(play.prebuilt) & set(play.finished)
     if not play.consumer:
         callers = {(s.file, s.function) for race in races for s in race.second.code}
-        assert ("sglang/srt/disaggregation/decode.py", "get_new_prebuilt_batch") in callers
+        seeder = (
+            ("sglang/srt/managers/scheduler.py", "_build_hisparse_decode_batch")
+            if play.hisparse
+            else ("sglang/srt/disaggregation/decode.py", "get_new_prebuilt_batch")
+        )
+        assert seeder in callers
+
+
+def test_hisparse_stash_is_ordered_by_the_host_synchronize() -> None:
+    """H1 is clean because of process_batch_result_prefill's copy_done.synchronize():
+    played again with every host synchronize of an event doing nothing, the
+    same scenario races: the forward stream's relay write into the row and the
+    schedule stream's stash from _build_hisparse_decode_batch, unordered."""
+    from racecheck.sim import SimEvent
+
+    with mock.patch.object(SimEvent, "synchronize", autospec=True) as synchronize:
+        run = scenarios.run("H1")
+    assert synchronize.call_count >= 1  # the prefill result's copy_done
+    cell = report.cell_of(run.races)
+    assert cell == {("write/write", "output_tokens_buf", 3)}, _races_text(run)
+    (race,) = run.races
+    assert (race.first.stream, race.second.stream) == ("forward_stream", "schedule_stream")
+    callers = {s.function for s in race.second.code}
+    assert "_build_hisparse_decode_batch" in callers

@@ -88,7 +88,7 @@ def test_every_step_gives_the_expected_table(
     assert "ok: the measured table is the expected one" in out, out + result.stderr
     for step in series.manifest.steps:
         label = step if step == "base" else f"+{step}"
-        assert f"race-check: 17 scenarios on {label} (" in out
+        assert f"race-check: {len(SCENARIOS)} scenarios on {label} (" in out
     reports = sections(out)
     final = "+" + series.manifest.final_step
     assert reports[final].startswith(f"{final}: no race")
