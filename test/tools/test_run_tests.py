@@ -16,16 +16,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+import treefork
 from conftest import SESSION_TREES, RunScript, linked_copy, replace_text
 from patchset.errors import Exit
 from testrun import runner
 from testrun.outcomes import EXPECTED_FAIL, FAIL, PASS, SKIP, UNEXPECTED_PASS
-
-pytestmark = SESSION_TREES
 
 DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
 WAIT_LINE = "self.schedule_stream.wait_stream(self.forward_stream)"
@@ -50,6 +52,7 @@ def row(output: str, test: str) -> list[str]:
     raise AssertionError(f"no row for {test} in:\n{output}")
 
 
+@SESSION_TREES
 def test_removing_the_wait_stream_line_fails_the_suite(
     run_script: RunScript, patched_tree: Path, tmp_path: Path
 ) -> None:
@@ -84,22 +87,13 @@ def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Pat
 # Two files of the session-trees group, two with no mark; each test records its
 # worker's pid.
 GROUPED = """\
-import os
 from conftest import SESSION_TREES
 
 pytestmark = SESSION_TREES
-
-
-def test_{n}(record_property):
-    record_property("pid:{name}-{n}", os.getpid())
 """
-PLAIN = """\
-import os
-import pytest
-
-
+RECORD_PID = """
 def test_{n}(record_property):
-    record_property("pid:{name}-{n}", os.getpid())
+    record_property("pid:{name}-{n}", __import__("os").getpid())
 """
 OUTCOMES = """\
 import pytest
@@ -131,10 +125,10 @@ def test_skips():
 def test_tools_run_under_xdist_with_the_groups_and_every_outcome(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     suite.mkdir()
-    for name, body in (("grouped_a", GROUPED), ("grouped_b", GROUPED), ("plain_a", PLAIN),
-                       ("plain_b", PLAIN)):  # fmt: skip
-        tests = "\n\n".join(body.format(n=n, name=name) for n in range(4))
-        (suite / f"test_{name}.py").write_text(tests)
+    for name, header in (("grouped_a", GROUPED), ("grouped_b", GROUPED), ("plain_a", ""),
+                         ("plain_b", "")):  # fmt: skip
+        tests = "".join(RECORD_PID.format(n=n, name=name) for n in range(4))
+        (suite / f"test_{name}.py").write_text(header + tests)
     (suite / "test_outcomes.py").write_text(OUTCOMES)
     out = tmp_path / "outcomes.json"
     env = dict(
@@ -171,3 +165,66 @@ def test_tools_run_under_xdist_with_the_groups_and_every_outcome(tmp_path: Path)
                ("grouped_a", "grouped_b", "plain_a", "plain_b")}  # fmt: skip
     assert len(workers["grouped_a"] | workers["grouped_b"]) == 1, workers
     assert len(workers["plain_a"]) == 1 and len(workers["plain_b"]) == 1, workers
+
+
+def test_a_signal_to_run_tests_ends_its_worker_and_removes_its_folder(tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) to run-tests alone while its worker imports: run-tests ends the
+    worker and waits for it, nothing of its process group is left, its folder goes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tree = tmp_path / "tree"
+    (tree / "python" / "sglang").mkdir(parents=True)
+    (tree / "python" / "sglang" / "__init__.py").write_text("")
+    build = tmp_path / "build"
+    env = dict(os.environ, TMPDIR=str(tmp), SGLANG_BACKPORTS_BUILD=str(build))
+    proc = subprocess.Popen(
+        [sys.executable, str(runner.SCRIPTS / "run-tests"), "--tree", str(tree),
+         "--python", sys.executable],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    worker_log = build / "test-results" / "worker-1.log"
+    deadline = time.monotonic() + 60
+    while "importing torch" not in (worker_log.read_text() if worker_log.is_file() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == Exit.INTERRUPTED, out + err
+    assert "interrupted (SIGTERM)" in err
+    # run-tests led its process group, and waited for the worker: nothing of it is left.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+    assert list(tmp.iterdir()) == []
+
+
+def test_an_interrupted_fork_each_ends_and_waits_for_its_children(tmp_path: Path) -> None:
+    """What testrun.worker and racecheck.worker do on Ctrl-C or SIGTERM."""
+    ended: list[str] = []
+
+    def child(job: str) -> int:
+        (tmp_path / job).write_text(str(os.getpid()))
+        time.sleep(60)
+        return 0
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            treefork.fork_each(
+                ["a", "b", "c"], 2, child, lambda _job: None,
+                lambda job, _code, _s: ended.append(job),
+            )  # fmt: skip
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 30
+    assert ended == [] and not (tmp_path / "c").exists()  # two at a time; none ended itself
+    for job in ("a", "b"):
+        with pytest.raises(ChildProcessError):  # ended, and already waited for
+            os.waitpid(int((tmp_path / job).read_text()), os.WNOHANG)
