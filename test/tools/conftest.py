@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if NETWORK_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.network)
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(Path(item.path).stem))
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:
