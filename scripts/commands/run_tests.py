@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from patchset import apply, buildtree, cli, paths
+from patchset import apply, buildtree, cli, lock, paths
 from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, series_for_release
 from patchset.textout import progress
@@ -217,6 +217,9 @@ def main() -> int:
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
+            # An apply that succeeded holds the signals for the rest of the process
+            # (lock.hold_interrupts); this run goes on, and Ctrl-C must still stop it.
+            lock.release_interrupts()
             version = series.manifest.base.version
             if report.already_applied:
                 print(f"series {version}: already applied in {report.where}")

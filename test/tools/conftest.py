@@ -24,12 +24,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from patchset import apply, buildtree, paths, wheel
+from patchset import apply, buildtree, lock, paths, wheel
 from patchset.deploy import series_sha256
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
@@ -59,6 +59,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.network)
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+@pytest.fixture(autouse=True)
+def signals_delivered() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP reach this process and what it starts.
+
+    An apply that succeeds holds them for the rest of its process
+    (patchset.lock.hold_interrupts), and a blocked signal stays blocked in
+    every process started after it. A session fixture that applies here
+    (session_step_trees) would leave this worker, and every command the later
+    tests start from it, deaf to the signals they send; so they are released
+    before each test (after the session fixtures it uses) and after it.
+    """
+    lock.release_interrupts()
+    yield
+    lock.release_interrupts()
 
 
 def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import treefork
-from conftest import SESSION_TREES, RunScript, linked_copy, replace_text
+from conftest import SESSION_TREES, RunScript, SlimSet, linked_copy, replace_text
 from patchset.errors import Exit
 from testrun import runner
 from testrun.outcomes import EXPECTED_FAIL, FAIL, PASS, SKIP, UNEXPECTED_PASS
@@ -167,24 +167,25 @@ def test_tools_run_under_xdist_with_the_groups_and_every_outcome(tmp_path: Path)
     assert len(workers["plain_a"]) == 1 and len(workers["plain_b"]) == 1, workers
 
 
-def test_a_signal_to_run_tests_ends_its_worker_and_removes_its_folder(tmp_path: Path) -> None:
-    """SIGTERM (or Ctrl-C) to run-tests alone while its worker imports: run-tests ends the
-    worker and waits for it, nothing of its process group is left, its folder goes."""
+def test_a_signal_after_the_apply_ends_run_tests_its_worker_and_its_folder(
+    slim_set: SlimSet, tmp_path: Path
+) -> None:
+    """SIGTERM (or Ctrl-C) to run-tests alone once it has applied a series and started
+    its worker: run-tests still hears it (an apply holds the signals of its process),
+    ends the worker and waits for it; nothing of its process group is left, and its
+    temporary folder goes."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    tree = tmp_path / "tree"
-    (tree / "python" / "sglang").mkdir(parents=True)
-    (tree / "python" / "sglang" / "__init__.py").write_text("")
     build = tmp_path / "build"
-    env = dict(os.environ, TMPDIR=str(tmp), SGLANG_BACKPORTS_BUILD=str(build))
+    env = dict(os.environ, TMPDIR=str(tmp), SGLANG_BACKPORTS_BUILD=str(build), **slim_set.env)
     proc = subprocess.Popen(
-        [sys.executable, str(runner.SCRIPTS / "run-tests"), "--tree", str(tree),
-         "--python", sys.executable],
+        [sys.executable, str(runner.SCRIPTS / "run-tests"), "--patch-set", str(slim_set.folder),
+         "--steps-only", "--python", sys.executable],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
     worker_log = build / "test-results" / "worker-1.log"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while "importing torch" not in (worker_log.read_text() if worker_log.is_file() else ""):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
@@ -192,6 +193,7 @@ def test_a_signal_to_run_tests_ends_its_worker_and_removes_its_folder(tmp_path: 
     out, err = proc.communicate(timeout=60)
 
     assert proc.returncode == Exit.INTERRUPTED, out + err
+    assert "series 0.5.15.post1: applied 0002" in out
     assert "interrupted (SIGTERM)" in err
     # run-tests led its process group, and waited for the worker: nothing of it is left.
     with pytest.raises(ProcessLookupError):
