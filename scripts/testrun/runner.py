@@ -39,7 +39,7 @@ class SuiteRun:
     """One pytest process: a suite, or the step suite against one step's tree."""
 
     label: str
-    tests: Path | list[Path]  # a folder, or the test files of a piece of one
+    tests: Path  # the suite's folder
     results: Path  # the folder for this run's outcomes and log
     env: dict[str, str]
     tree: Path | None = None
@@ -61,9 +61,8 @@ class SuiteRun:
         return self.returncode != 0
 
     def pytest_args(self, extra: Sequence[str]) -> list[str]:
-        tests = self.tests if isinstance(self.tests, list) else [self.tests]
         return [
-            *map(str, tests),
+            str(self.tests),
             f"{OPTION}={self.outcomes_file}",
             f"--junitxml={self.results / f'{self.label}.xml'}",
             *extra,
