@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from patchset import apply, buildtree, cli, paths
+from patchset import apply, buildtree, cli, lock, paths
 from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, series_for_release
 from patchset.textout import progress
@@ -21,21 +21,20 @@ Set up and run every test of the project.
    --base), the test environment of its own pins: requirements/<env>.txt
    (torch, torchvision, transformers as that release pins them, and the rest
    of the CPU import closure of decode.py, overlap_utils.py and
-   eagle_disaggregation.py, exact and hashed) plus requirements/test.txt.
+   eagle_disaggregation.py, exact and hashed, with the test tools).
    Releases with the same pins share one environment; each is made once in
-   the cache folder and reused while its stamp matches.
+   the cache folder with uv (pinned in requirements/uv.txt, bootstrapped with
+   pip --require-hashes) and synced to its file on every run.
 2. Apply each release's series to its build tree (as scripts/apply-patches
    does) and lay out one tree per step under build/steps/<release>/.
-3. Start one fork server per environment (testrun.forkserver), which imports
-   torch and the rest once for the whole run; our commands that run Python in
-   that environment (the workers below, pytest on test/tools and the commands
-   its tests start) run as children forked from it. Run pytest on test/steps
-   once per release and step: one worker per environment (all at once,
-   sharing --parallel children) forks a child per tree with that tree first
-   on the import path. A test marked pass_on(...) must fail, with an
-   AssertionError, on the steps that lack its fix (strict xfail). Then run
-   test/tools once, in the default release's environment, split into
-   --parallel pieces of about equal length (by the last run's times).
+3. Run pytest on test/steps once per release and step: one worker per
+   environment (all at once, sharing --parallel children) imports torch and
+   the rest once and forks a child per tree with that tree first on the
+   import path. A test marked pass_on(...) must fail, with an AssertionError,
+   on the steps that lack its fix (strict xfail). Then run test/tools once,
+   in the default release's environment, under pytest-xdist with --parallel
+   workers (--dist loadgroup: the files that share the session's fixtures
+   carry one xdist_group mark and run on one worker).
 4. Print, per release, a table of each step test's outcome per step and the
    race table measured at each step, then each run's verdict.
 
@@ -60,7 +59,7 @@ CODES = {
     Exit.OK: "every pytest run passed",
     Exit.BASE_MISMATCH: "--base names a release no patch set here serves",
     Exit.TESTS_FAILED: "a pytest run failed, or collected no test at all",
-    Exit.SETUP: "a test environment could not be set up (venv, pip, --tree, --python)",
+    Exit.SETUP: "a test environment could not be set up (uv, venv, --tree, --python)",
     **{
         code: f"applying a series failed: {text}"
         for code, text in EXIT_TEXT.items()
@@ -109,7 +108,8 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=min(2, os.cpu_count() or 1),
         metavar="N",
-        help="step runs at once, and pieces of test/tools (default: 2, or 1 on one core)",
+        help="step runs at once, and pytest-xdist workers for test/tools "
+        "(default: 2, or 1 on one core)",
     )
     args = p.parse_args()
     if args.tree and args.tools_only:
@@ -145,8 +145,9 @@ def python_for(args: argparse.Namespace, series: Series, made: dict[str, Path]) 
     if env.name not in made:
         started = time.monotonic()
         created = venv.ensure_venv(env.venv, env.requirements, env.name)
-        state = f"made in {time.monotonic() - started:.0f}s" if created else "up to date"
-        print(f"environment {env.name}: {env.venv} ({state})", flush=True)
+        state = "made" if created else "synced"
+        print(f"environment {env.name}: {env.venv} ({state} in {time.monotonic() - started:.0f}s)",
+              flush=True)  # fmt: skip
         made[env.name] = env.python
     return made[env.name]
 
@@ -216,6 +217,9 @@ def main() -> int:
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
+            # An apply that succeeded holds the signals for the rest of the process
+            # (lock.hold_interrupts); this run goes on, and Ctrl-C must still stop it.
+            lock.release_interrupts()
             version = series.manifest.base.version
             if report.already_applied:
                 print(f"series {version}: already applied in {report.where}")
@@ -234,28 +238,19 @@ def main() -> int:
     by_python: dict[Path, list[SuiteRun]] = {}
     for _title, _headers, runs, python in tables:
         by_python.setdefault(python, []).extend(runs)
-    with_tools = not args.steps_only and not args.tree
-    tools: list[SuiteRun] = []
-    # One fork server per environment for the whole run (testrun.forkserver):
-    # the step runs, the tools' tests and the commands those tests run import
-    # torch and the rest once per environment.
-    with runner.forkservers([*by_python, *([tools_python] if with_tools else [])], results):
-        started = time.monotonic()
-        runner.run_forked(list(by_python.items()), extra, args.parallel)
-        phases["step suites"] = time.monotonic() - started
+    started = time.monotonic()
+    runner.run_forked(list(by_python.items()), extra, args.parallel)
+    phases["step suites"] = time.monotonic() - started
 
-        # test/tools after the step runs: on two cores, running both at once took
-        # longer in all than one after the other (measured; see the README).
-        if with_tools:
-            # With -k one piece: another might select nothing, which pytest calls a failure.
-            kept = paths.cache_dir() / "tools-seconds.json"
-            tools = runner.tool_pieces(results, 1 if args.k else args.parallel, kept)
-            progress(f"test/tools started with {tools_python} in {len(tools)} piece(s)")
-            started = time.monotonic()
-            runner.run_suites(tools_python, tools, extra)
-            phases["test/tools"] = time.monotonic() - started
-            if not args.k:  # a selection's times would make the others look free
-                runner.keep_tool_seconds(results, kept)
+    # test/tools after the step runs: on two cores, running both at once took
+    # longer in all than one after the other (measured; see docs/performance.md).
+    tools: list[SuiteRun] = []
+    if not args.steps_only and not args.tree:
+        tools = [SuiteRun("tools", runner.TOOL_TESTS, results, {})]
+        progress(f"test/tools started with {tools_python}, {args.parallel} xdist worker(s)")
+        started = time.monotonic()
+        runner.run_tools(tools_python, tools[0], extra, args.parallel)
+        phases["test/tools"] = time.monotonic() - started
 
     all_runs: list[SuiteRun] = list(tools)
     for title, headers, runs, _python in tables:

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,11 @@ from typing import Any
 from patchset import buildtree, cli, paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
-from testrun import forkserver
 
-from . import report, writers
+from . import report, worker, writers
 from .catalogue import PLAYS, SCENARIOS
 from .csan import torch_text
 from .races import Race
-from .worker import STARTED as worker_started
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 
@@ -324,34 +323,26 @@ def step_trees(series: Series) -> dict[str, Path]:
 
 
 def run_trees(python: Path, runs: list[TreeRun]) -> float:
-    """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading."""
-    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
-        proc = subprocess.Popen(
-            forkserver.command(
-                python, "racecheck.worker", [tmp, *(str(r.tree) for r in runs)], env
-            ),
-            cwd=SCRIPTS,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+    """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading.
+
+    On this process's own interpreter the trees' children fork from this
+    process; on another one, from a racecheck.worker started with it.
+    """
+
+    def announce(n: int) -> None:
+        tree_run = runs[n]
+        print(
+            f"race-check: {len(SCENARIOS)} scenarios on {tree_run.label} ({tree_run.tree})",
+            flush=True,
         )
-        assert proc.stdout is not None
-        output: list[str] = []
-        for line in proc.stdout:
-            started = line.split()
-            if len(started) == 2 and started[0] == worker_started and started[1].isdigit():
-                tree_run = runs[int(started[1])]
-                print(
-                    f"race-check: {len(SCENARIOS)} scenarios on {tree_run.label} ({tree_run.tree})",
-                    flush=True,
-                )
-            else:
-                output.append(line)
-        returncode = proc.wait()
+
+    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
         outs = [Path(tmp) / f"{n}.json" for n in range(len(runs))]
+        if _same_environment(python):
+            worker.check_trees(Path(tmp), [r.tree for r in runs], announce)
+            returncode, output = 0, []
+        else:
+            returncode, output = _run_worker(python, Path(tmp), runs, announce)
         if returncode != 0 or not all(out.is_file() for out in outs):
             tail = "".join(output[-15:]).strip()
             raise BackportError(
@@ -364,6 +355,41 @@ def run_trees(python: Path, runs: list[TreeRun]) -> float:
         for tree_run, out in zip(runs, outs, strict=True):
             _fill(tree_run, json.loads(out.read_text()))
     return preload_s
+
+
+def _same_environment(python: Path) -> bool:
+    """Is python an interpreter of this process's environment (its bin/ folder's parent)?"""
+    return os.path.realpath(python.absolute().parent.parent) == os.path.realpath(sys.prefix)
+
+
+def _run_worker(
+    python: Path, out_dir: Path, runs: list[TreeRun], announce: Callable[[int], None]
+) -> tuple[int, list[str]]:
+    """python -m racecheck.worker on the trees; (its exit code, what it printed)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.Popen(
+        [str(python), "-m", "racecheck.worker", str(out_dir), *(str(r.tree) for r in runs)],
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    output: list[str] = []
+    try:
+        for line in proc.stdout:
+            started = line.split()
+            if len(started) == 2 and started[0] == worker.STARTED and started[1].isdigit():
+                announce(int(started[1]))
+            else:
+                output.append(line)
+        return proc.wait(), output
+    finally:
+        if proc.poll() is None:  # interrupted: the worker ends its children and itself
+            proc.terminate()
+            proc.wait()
 
 
 def _fill(tree_run: TreeRun, result: dict[str, Any]) -> None:

@@ -3,11 +3,13 @@
     python -m racecheck.worker OUT_DIR TREE [TREE ...]
 
 A process can import only one sglang, so each tree gets its own process. To
-keep the whole check within seconds, this process first imports the heavy
+keep the whole check within seconds, check_trees first imports the heavy
 third-party packages sglang needs (torch, transformers, ...) and then forks
-one child per tree, as many at once as there are cores, printing "started N"
-as it starts the N-th; each child puts TREE/python first on sys.path and imports
-that tree's sglang afresh. OUT_DIR/<n>.json (n: the tree's position) holds
+one child per tree (treefork), as many at once as there are cores; each child
+puts TREE/python first on sys.path and imports that tree's sglang afresh.
+race-check calls check_trees in its own process when it runs on its own
+interpreter, and starts this module (which prints "started N" as it starts the
+N-th tree) for another one. OUT_DIR/<n>.json (n: the tree's position) holds
 either {"sglang": ..., "torch": ..., "barrier": ..., "import_s": ..., "run_s":
 ..., "races": {scenario: [race, ...]}} or {"code": EXIT CODE, "error": ...,
 "next_step": ...} (patchset.errors.Exit: ENVIRONMENT, SCENARIO or INTERNAL).
@@ -17,14 +19,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from patchset.errors import BackportError, Exit
-from testrun.preload import preload, use_tree
+from treefork import fork_each, preload, use_tree
 
 from . import csan, report
 from .catalogue import SCENARIOS
@@ -92,37 +96,40 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print("usage: python -m racecheck.worker OUT_DIR TREE [TREE ...]", file=sys.stderr)
-        return 2
-    out_dir, trees = Path(argv[0]), [Path(t) for t in argv[1:]]
+def check_trees(out_dir: Path, trees: list[Path], started: Callable[[int], None]) -> None:
+    """Every scenario on each tree, in a child forked from this process per tree, into
+    out_dir; started(n) as the n-th tree's child starts."""
     try:
         csan.load()
     except BackportError as err:
         for n in range(len(trees)):
             _write(out_dir / f"{n}.json", _error(err.code, err.problem, err.next_step))
-        return 0
+        return
     _write(out_dir / "preload.json", {"preload_s": round(preload(), 2)})
     # At most one child per core at a time: more would only share the cores
     # and hold more memory (each child imports a whole sglang).
-    slots = max(1, os.cpu_count() or 1)
-    running: set[int] = set()
-    for n, tree in enumerate(trees):
-        if len(running) >= slots:
-            pid, _ = os.wait()
-            running.discard(pid)
-        print(f"{STARTED} {n}", flush=True)
-        pid = os.fork()
-        if pid == 0:
-            os._exit(_child(tree, out_dir / f"{n}.json"))
-        running.add(pid)
-    for pid in running:
-        os.waitpid(pid, 0)
+    fork_each(
+        list(enumerate(trees)),
+        os.cpu_count() or 1,
+        lambda job: _child(job[1], out_dir / f"{job[0]}.json"),
+        lambda job: started(job[0]),
+        lambda _job, _code, _seconds: None,
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: python -m racecheck.worker OUT_DIR TREE [TREE ...]", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    trees = [Path(t) for t in argv[1:]]
+    check_trees(Path(argv[0]), trees, lambda n: print(f"{STARTED} {n}", flush=True))
     return 0
 
 
 def _child(tree: Path, out: Path) -> int:
+    # What the tree's imports print is not the checker's report.
+    os.dup2(2, 1)
     try:
         _write(out, run(tree))
         return 0

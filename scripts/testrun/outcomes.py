@@ -4,7 +4,10 @@ Loaded by test/conftest.py. With --outcomes-json FILE, the run writes
 {"outcomes": {test: outcome}, "properties": {name: value}}. A test that
 carries a strict xfail and whose body raised nothing is an unexpected pass;
 one whose body raised what its xfail allows is an expected failure. The
-outcome comes from the run itself, not from pytest's report wording.
+outcome comes from the run itself, not from pytest's report wording: it is
+decided where the test ran and carried on its report, so that under
+pytest-xdist the process that writes FILE (the controller, which never runs a
+test) reads it from the reports its workers send.
 """
 
 from __future__ import annotations
@@ -36,7 +39,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(OPTION, metavar="FILE", help="write each test's outcome to FILE as JSON")
 
 
+def _outcome(item: pytest.Item, call: pytest.CallInfo[None], rep: pytest.TestReport) -> str:
+    if rep.when != "call":
+        return ERROR if rep.failed else SKIP if rep.skipped and rep.when == "setup" else ""
+    if rep.failed and call.excinfo is None and item.get_closest_marker("xfail") is not None:
+        return UNEXPECTED_PASS
+    if rep.failed:
+        return FAIL
+    if rep.skipped:
+        return EXPECTED_FAIL if hasattr(rep, "wasxfail") else SKIP
+    return PASS
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    """Where the test runs: its outcome, as an attribute that xdist carries to the controller."""
+    report = yield
+    rep: pytest.TestReport = report.get_result()  # type: ignore[attr-defined]
+    rep.testrun_outcome = _outcome(item, call, rep)  # type: ignore[attr-defined]
+
+
 class _Recorder:
+    """In the process that writes the file: every report's outcome and properties."""
+
     def __init__(self, out: Path) -> None:
         self.out = out
         self.outcomes: dict[str, str] = {}
@@ -48,31 +75,12 @@ class _Recorder:
         if previous is None or SEVERITY.index(outcome) < SEVERITY.index(previous):
             self.outcomes[name] = outcome
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, None]:
-        report = yield
-        rep: pytest.TestReport = report.get_result()  # type: ignore[attr-defined]
-        for name, value in rep.user_properties:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
             self.properties[str(name)] = str(value)
-        if rep.when != "call":
-            if rep.failed:
-                self.record(item.nodeid, ERROR)
-            elif rep.skipped and rep.when == "setup":
-                self.record(item.nodeid, SKIP)
-            return
-        marker = item.get_closest_marker("xfail")
-        if rep.failed and call.excinfo is None and marker is not None:
-            self.record(item.nodeid, UNEXPECTED_PASS)
-        elif rep.failed:
-            self.record(item.nodeid, FAIL)
-        elif rep.skipped and hasattr(rep, "wasxfail"):
-            self.record(item.nodeid, EXPECTED_FAIL)
-        elif rep.skipped:
-            self.record(item.nodeid, SKIP)
-        else:
-            self.record(item.nodeid, PASS)
+        outcome = getattr(report, "testrun_outcome", "")
+        if outcome:
+            self.record(report.nodeid, outcome)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -86,7 +94,7 @@ class _Recorder:
 
 def pytest_configure(config: pytest.Config) -> None:
     out = config.getoption(OPTION)
-    if out:
+    if out and not hasattr(config, "workerinput"):  # an xdist worker reports to its controller
         config.pluginmanager.register(_Recorder(Path(out)), "testrun-outcomes")
 
 

@@ -1,17 +1,29 @@
-"""Test environments: one virtual environment per set of pins, kept while its stamp matches.
+"""Test environments, made with uv: one virtual environment per set of pins.
 
 Each sglang release is tested on the torch and transformers it pins. Releases
 with the same pins share an environment: requirements/<name>.txt, exact and
-hashed, with the test tools (pytest, ruff) in the same file, named by the
-pins (torch2.11-tf5.12, ...). The environments live in
-the cache folder (beside the wheels), under a name that carries the digest
-of their requirement files, so every clone on the machine reuses them and a
-changed file gets a fresh one.
+hashed, with the test tools (pip, pytest, pytest-xdist, ruff) in the same
+file, named by the pins (torch2.11-tf5.12, ...). The environments live in the
+cache folder (beside the wheels), under a name that carries the digest of
+their requirement files, so every clone on the machine reuses them and a
+changed file gets a fresh one (two clones with different pins never sync one
+environment back and forth).
+
+uv is pinned by version and sha256 (requirements/uv.txt) and bootstrapped once
+per machine with `pip --require-hashes` into a small venv of its own in the
+cache folder. An environment is made with `uv venv` and, on every run, brought
+to exactly its requirement file by `uv pip sync --require-hashes`: a no-op of
+about a second when it already is, and the repair of one that an interrupted
+install left half-made. uv's cache is in the cache folder too, on the same
+file system as the environments, so it hard-links a torch that another
+environment already has instead of unpacking it again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,7 +36,7 @@ from patchset.paths import PROJECT_ROOT, cache_dir
 from patchset.textout import progress
 
 REQUIREMENTS_DIR = PROJECT_ROOT / "requirements"
-STAMP_NAME = "requirements.sha256"
+UV_PINS = REQUIREMENTS_DIR / "uv.txt"
 PYTHON_VERSION = (3, 11)
 
 
@@ -105,11 +117,42 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure_venv(venv: Path, requirements: Sequence[Path], what: str = "") -> bool:
-    """Make venv hold exactly the requirements; False when its stamp says it already does.
+def uv_binary() -> Path:
+    """The pinned uv, installed on first use into cache/venvs/uv-<digest>/.
 
-    The stamp is written last, so an interrupted install is made afresh next time.
+    Made aside and renamed into place, so two runs at once never see a
+    half-made one; the uv in the wheel is a binary, not a script, so it runs
+    from the renamed folder.
     """
+    home = cache_dir() / "venvs" / f"uv-{requirements_digest([UV_PINS])[:16]}"
+    uv = home / "bin" / "uv"
+    if uv.is_file():
+        return uv
+    progress(f"installing uv into {home} (requirements/uv.txt)")
+    home.parent.mkdir(parents=True, exist_ok=True)
+    aside = home.with_name(f".{home.name}.{os.getpid()}")
+    try:
+        _run_setup([sys.executable, "-m", "venv", "--clear", str(aside)], "python -m venv")
+        install = [str(venv_python(aside)), "-m", "pip", "install", "--no-input", "--quiet"]
+        install += ["--disable-pip-version-check", "--require-hashes", "--no-deps"]
+        _run_setup([*install, "--only-binary", ":all:", "-r", str(UV_PINS)], "pip install uv")
+        _rename_unless_there(aside, home, uv)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    return uv
+
+
+def _rename_unless_there(aside: Path, final: Path, inside: Path) -> None:
+    """aside becomes final, unless another run made final (with inside) meanwhile."""
+    try:
+        aside.rename(final)
+    except OSError:
+        if not inside.exists():
+            raise
+
+
+def ensure_venv(venv: Path, requirements: Sequence[Path], what: str = "") -> bool:
+    """Make venv hold exactly the requirements (uv pip sync); True when it was made anew."""
     missing = [str(p) for p in requirements if not p.is_file()]
     if missing:
         raise BackportError(
@@ -117,25 +160,34 @@ def ensure_venv(venv: Path, requirements: Sequence[Path], what: str = "") -> boo
             f"requirement files missing: {', '.join(missing)}",
             "restore them from git (they are part of the project)",
         )
-    stamp = venv / STAMP_NAME
-    wanted = requirements_digest(requirements)
-    if venv_python(venv).exists() and stamp.is_file() and stamp.read_text().strip() == wanted:
-        return False
-    progress(f"making the virtual environment {venv}{f' ({what})' if what else ''}")
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    _run_setup([sys.executable, "-m", "venv", "--clear", str(venv)], "python -m venv")
-    install = [str(venv_python(venv)), "-m", "pip", "install", "--no-input", "--quiet"]
-    install += ["--disable-pip-version-check", "--require-hashes", "--no-deps"]
-    for path in requirements:
-        install += ["-r", str(path)]
-    _run_setup(install, "pip install")
-    stamp.write_text(wanted + "\n")
-    return True
+    uv = str(uv_binary())
+    env = dict(os.environ, UV_CACHE_DIR=str(cache_dir() / "uv-cache"))
+    created = not venv_python(venv).exists()
+    if created and venv.exists():
+        raise BackportError(
+            Exit.SETUP,
+            f"{venv} exists but is no virtual environment (it has no bin/python)",
+            "remove that folder and run again",
+        )
+    if created:
+        progress(f"making the virtual environment {venv}{f' ({what})' if what else ''}")
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        aside = venv.with_name(f".{venv.name}.{os.getpid()}")
+        try:
+            make = [uv, "venv", "--quiet", "--clear", "--python", sys.executable, str(aside)]
+            _run_setup(make, "uv venv", env)
+            _rename_unless_there(aside, venv, venv_python(venv))
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    sync = [uv, "pip", "sync", "--quiet", "--require-hashes"]
+    sync += ["--python", str(venv_python(venv)), *map(str, requirements)]
+    _run_setup(sync, "uv pip sync", env)
+    return created
 
 
-def _run_setup(command: list[str], what: str) -> None:
+def _run_setup(command: list[str], what: str, env: dict[str, str] | None = None) -> None:
     try:
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run(command, capture_output=True, text=True, env=env)
     except OSError as err:
         raise BackportError(
             Exit.ENVIRONMENT, f"{what} could not start: {err}", "check the Python installation"
@@ -150,15 +202,9 @@ def _run_setup(command: list[str], what: str) -> None:
             "install the venv module (on Debian and Ubuntu: apt install python3.11-venv) "
             "and run again",
         )
-    if "No module named pip" in output:
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            f"the new virtual environment has no pip:\n{output[-800:]}",
-            "install pip for this Python (python3.11 -m ensurepip) and run again",
-        )
     raise BackportError(
         Exit.SETUP,
         f"{what} failed with exit code {result.returncode}:\n{output[-2000:]}",
         "fix what it names (often the network or the package index) and run again; "
-        "the environment is made afresh until one install succeeds",
+        "the next run syncs the environment again",
     )

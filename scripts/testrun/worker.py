@@ -4,24 +4,25 @@
 
 JOBS.json: {"parallel": N, "runs": [{"label", "args", "env", "tree", "log",
 "result"}, ...]}. This process imports torch, transformers and the rest of
-sglang's third-party closure once (testrun.preload; nothing is left to import
-when it runs as a child of a testrun.forkserver), then forks a child per
-run; the child sets the run's environment, puts its tree's python/ first on sys.path,
-sends its output to the run's log and calls pytest.main. Each run's exit code
-goes to its "result" file. A process holds only one sglang, and no sglang is
-imported here before forking, so no run sees another run's tree.
+sglang's third-party closure once, then forks a child per run, N at a time
+(treefork); the child sets the run's environment, puts its tree's python/
+first on sys.path, sends its output to the run's log and calls pytest.main.
+Each run's exit code goes to its "result" file. A process holds only one
+sglang, and no sglang is imported here before forking, so no run sees another
+run's tree. SIGTERM, like Ctrl-C, ends the children still running and waits
+for them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from .preload import preload, use_tree
+from treefork import fork_each, preload, use_tree
 
 
 def _child(run: dict[str, Any]) -> int:
@@ -35,41 +36,28 @@ def _child(run: dict[str, Any]) -> int:
     return int(pytest.main(run["args"]))
 
 
-def _start(run: dict[str, Any]) -> int:
-    pid = os.fork()
-    if pid == 0:
-        code = 3
-        try:
-            code = _child(run)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    return pid
+def _started(run: dict[str, Any]) -> None:
+    print(f"... {run['label']}: pytest started", flush=True)
+
+
+def _ended(run: dict[str, Any], code: int, seconds: float) -> None:
+    Path(run["result"]).write_text(
+        json.dumps({"returncode": code, "seconds": seconds}), encoding="utf-8"
+    )
+    print(f"\n=== {run['label']} (pytest exit {code}) ===", flush=True)
+    sys.stdout.write(Path(run["log"]).read_text(encoding="utf-8", errors="replace"))
+    sys.stdout.flush()
 
 
 def main(jobs_file: str) -> int:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     jobs = json.loads(Path(jobs_file).read_text(encoding="utf-8"))
-    runs: list[dict[str, Any]] = jobs["runs"]
     print(f"... importing torch, transformers and the rest once ({sys.executable})", flush=True)
     print(f"worker: third-party imports took {preload():.1f}s", flush=True)
-    pending = list(runs)
-    active: dict[int, tuple[dict[str, Any], float]] = {}
-    while pending or active:
-        while pending and len(active) < max(1, int(jobs.get("parallel", 1))):
-            run = pending.pop(0)
-            print(f"... {run['label']}: pytest started", flush=True)
-            active[_start(run)] = (run, time.monotonic())
-        pid, status = os.wait()
-        run, started = active.pop(pid)
-        code = os.waitstatus_to_exitcode(status)
-        Path(run["result"]).write_text(
-            json.dumps({"returncode": code, "seconds": time.monotonic() - started}),
-            encoding="utf-8",
-        )
-        print(f"\n=== {run['label']} (pytest exit {code}) ===", flush=True)
-        sys.stdout.write(Path(run["log"]).read_text(encoding="utf-8", errors="replace"))
-        sys.stdout.flush()
+    try:
+        fork_each(jobs["runs"], int(jobs.get("parallel", 1)), _child, _started, _ended)
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

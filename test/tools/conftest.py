@@ -6,6 +6,12 @@ the shared cache, once per run, and every test reuses them; a test that
 needs a wheel which is not cached is marked `network` and, offline, skips
 saying so. Nothing here writes into the project's build/: the whole session
 gets a build folder of its own.
+
+scripts/run-tests runs them under pytest-xdist (--dist loadgroup). Each
+session fixture is made once per worker, so the files that share the costly
+ones carry one xdist_group mark (SESSION_TREES, TORCH_IN_PROCESS) and run on
+one worker; every other file is a group of its own, so that its module
+fixtures are made once too.
 """
 
 from __future__ import annotations
@@ -18,12 +24,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from patchset import apply, buildtree, paths, wheel
+from patchset import apply, buildtree, lock, paths, wheel
 from patchset.deploy import series_sha256
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
@@ -32,6 +38,11 @@ SCRIPTS = paths.PROJECT_ROOT / "scripts"
 # Tools the tests install into scratch environments, exact and hashed.
 TEST_PINS = SCRIPTS.parent / "requirements" / "test.txt"
 NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script", "ours"}
+# The files that use the session's build tree and step trees, our wheel and what
+# pip installs from it.
+SESSION_TREES = pytest.mark.xdist_group("session-trees")
+# The files that import torch (and the racecheck modules over it) in the test process.
+TORCH_IN_PROCESS = pytest.mark.xdist_group("torch-in-process")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,10 +52,29 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("SGLANG_BACKPORTS_BUILD"), True))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if NETWORK_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.network)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
+@pytest.fixture(autouse=True)
+def signals_delivered() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP reach this process and what it starts.
+
+    An apply that succeeds holds them for the rest of its process
+    (patchset.lock.hold_interrupts), and a blocked signal stays blocked in
+    every process started after it. A session fixture that applies here
+    (session_step_trees) would leave this worker, and every command the later
+    tests start from it, deaf to the signals they send; so they are released
+    before each test (after the session fixtures it uses) and after it.
+    """
+    lock.release_interrupts()
+    yield
+    lock.release_interrupts()
 
 
 def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:

@@ -12,11 +12,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, make_venv, pip
+from conftest import SCRIPTS, SESSION_TREES, make_venv, pip
 from patchset import deploy, paths, wheel
 from patchset.apply import git_apply, scratch_copy
 from patchset.errors import Exit
 from patchset.manifest import Series, patch_set_folders, release_key
+
+pytestmark = SESSION_TREES
 
 BASE = "0.5.15.post1"
 OURS = f"{BASE}+pdrace.2"

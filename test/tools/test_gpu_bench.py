@@ -10,7 +10,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import TORCH_IN_PROCESS
 from patchset.errors import Exit
+
+pytestmark = TORCH_IN_PROCESS
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "ci" / "bench_wait_stream.py"

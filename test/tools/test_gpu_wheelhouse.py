@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import TORCH_IN_PROCESS
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_GPU = ROOT / "ci" / "run-gpu"
@@ -20,6 +21,8 @@ from gpustage import layout, plan, stages, wheelhouse  # noqa: E402
 from patchset import paths  # noqa: E402
 from patchset.errors import Exit  # noqa: E402
 from patchset.manifest import Series, sha256_of  # noqa: E402
+
+pytestmark = TORCH_IN_PROCESS
 
 
 def run_gpu(*args: str, build: Path, timeout: int = 120) -> subprocess.CompletedProcess[str]:

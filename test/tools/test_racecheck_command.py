@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, linked_copy, repin, replace_text
+from conftest import SCRIPTS, SESSION_TREES, linked_copy, repin, replace_text
 from patchset.manifest import Series
 from racecheck import cli
 from racecheck.catalogue import PLAYS, SCENARIOS
+
+pytestmark = SESSION_TREES
 
 # The ordering patch 0002 adds to get_new_prebuilt_batch.
 WAIT = "            self.schedule_stream.wait_stream(self.forward_stream)\n"

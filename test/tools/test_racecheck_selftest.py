@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TORCH_IN_PROCESS
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series
 from racecheck import catalogue, csan, report
 from racecheck.races import Race
 from racecheck.sim import SimDevice, SimStream
 from racecheck.watch import BufferWatch, simulated_gpu
+
+pytestmark = TORCH_IN_PROCESS
 
 HERE = Path(__file__).resolve()
 SCRIPTS = HERE.parents[2] / "scripts"

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS
+from conftest import SCRIPTS, SESSION_TREES
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series
 from racecheck import writers
+
+pytestmark = SESSION_TREES
 
 SOURCE = """\
 from functools import partial

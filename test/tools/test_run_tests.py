@@ -1,20 +1,33 @@
-"""scripts/run-tests --tree: the step suite judges an arbitrary sglang tree as the final step.
+"""scripts/run-tests: --tree, and how test/tools runs under pytest-xdist.
 
-A copy of the patched tree passes; the same copy without fix B's wait_stream
+--tree: the step suite judges an arbitrary sglang tree as the final step. A
+copy of the patched tree passes; the same copy without fix B's wait_stream
 line fails, on exactly the test that guards it. Both go to one run (--tree
 twice), so the worker imports torch once for the two.
+
+test/tools runs as run-tests runs it (pytest-xdist, --dist loadgroup, this
+folder's conftest as a plugin): the tests of one xdist_group share a worker,
+a file without a mark is a group of its own, and every outcome the workers
+report reaches the outcome file the controller writes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-from conftest import RunScript, linked_copy, replace_text
+import pytest
+import treefork
+from conftest import SESSION_TREES, RunScript, SlimSet, linked_copy, replace_text
 from patchset.errors import Exit
 from testrun import runner
+from testrun.outcomes import EXPECTED_FAIL, FAIL, PASS, SKIP, UNEXPECTED_PASS
 
 DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
 WAIT_LINE = "self.schedule_stream.wait_stream(self.forward_stream)"
@@ -39,6 +52,7 @@ def row(output: str, test: str) -> list[str]:
     raise AssertionError(f"no row for {test} in:\n{output}")
 
 
+@SESSION_TREES
 def test_removing_the_wait_stream_line_fails_the_suite(
     run_script: RunScript, patched_tree: Path, tmp_path: Path
 ) -> None:
@@ -70,49 +84,149 @@ def test_a_folder_without_sglang_is_refused(run_script: RunScript, tmp_path: Pat
     assert "holds no python/sglang/__init__.py" in result.stderr
 
 
-def tool_files() -> tuple[list[Path], list[Path]]:
-    """test/tools' files, and those of them in no TOGETHER group (a piece may hold one alone)."""
-    files = sorted(runner.TOOL_TESTS.glob("test_*.py"))
-    grouped = {stem for group in runner.TOGETHER for stem in group}
-    return files, [f for f in files if f.stem not in grouped]
+# Two files of the session-trees group, two with no mark; each test records its
+# worker's pid.
+GROUPED = """\
+from conftest import SESSION_TREES
+
+pytestmark = SESSION_TREES
+"""
+RECORD_PID = """
+def test_{n}(record_property):
+    record_property("pid:{name}-{n}", __import__("os").getpid())
+"""
+OUTCOMES = """\
+import pytest
 
 
-def test_a_fresh_checkout_shares_the_tools_out_by_the_times_kept_on_this_machine(
-    tmp_path: Path,
-) -> None:
-    """No times of its own (a fresh clone): the times kept in the cache folder decide."""
-    files, alone = tool_files()
-    heavy = alone[0]
-    kept = tmp_path / "cache" / "tools-seconds.json"
-    kept.parent.mkdir()
-    kept.write_text(json.dumps({f.stem: 1000.0 if f == heavy else 1.0 for f in files}))
-    results = tmp_path / "results"
-    results.mkdir()
-
-    pieces = runner.tool_pieces(results, 2, kept)
-
-    # The heavy file weighs more than all the others: it is a piece on its own.
-    assert [heavy] in [piece.tests for piece in pieces]
-    assert sorted(f for piece in pieces for f in piece.tests) == files
+def test_passes():
+    pass
 
 
-def test_this_checkouts_own_times_come_first_and_are_kept_for_the_next_clone(
-    tmp_path: Path,
-) -> None:
-    files, alone = tool_files()
-    heavy = alone[-1]
-    results = tmp_path / "results"
-    results.mkdir()
-    cases = "".join(
-        f'<testcase classname="tools.{f.stem}" name="t" time="{900 if f == heavy else 2}"/>'
-        for f in files
+@pytest.mark.xfail(strict=True, raises=AssertionError)
+def test_fails_as_it_must():
+    assert False
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError)
+def test_passes_but_must_fail():
+    pass
+
+
+def test_fails():
+    assert False
+
+
+def test_skips():
+    pytest.skip("no")
+"""
+
+
+def test_tools_run_under_xdist_with_the_groups_and_every_outcome(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name, header in (("grouped_a", GROUPED), ("grouped_b", GROUPED), ("plain_a", ""),
+                         ("plain_b", "")):  # fmt: skip
+        tests = "".join(RECORD_PID.format(n=n, name=name) for n in range(4))
+        (suite / f"test_{name}.py").write_text(header + tests)
+    (suite / "test_outcomes.py").write_text(OUTCOMES)
+    out = tmp_path / "outcomes.json"
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(runner.TOOL_TESTS), str(runner.SCRIPTS)])
     )
-    (results / "tools-1.xml").write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
-    kept = tmp_path / "cache" / "tools-seconds.json"
-    kept.parent.mkdir()
-    kept.write_text(json.dumps({f.stem: 1.0 for f in files}))
 
-    assert [heavy] in [piece.tests for piece in runner.tool_pieces(results, 2, kept)]
-    runner.keep_tool_seconds(results, kept)
-    assert json.loads(kept.read_text())[heavy.stem] == 900.0
-    assert list(kept.parent.iterdir()) == [kept]  # no partial file left
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(runner.TOOL_TESTS.parent / "pytest.ini"),
+         "--rootdir", str(suite), "-p", "conftest", "-p", "testrun.outcomes",
+         "-n", "2", "--dist", "loadgroup", f"--outcomes-json={out}", str(suite)],
+        capture_output=True, text=True, env=env, cwd=suite,
+    )  # fmt: skip
+
+    assert result.returncode == 1, result.stdout + result.stderr  # test_fails, and the must-fail
+    data = json.loads(out.read_text())
+    # xdist names each test's group after an @: the mark's, or its file's.
+    groups = {name.split("@")[0]: name.partition("@")[2] for name in data["outcomes"]}
+    assert groups["test_grouped_b::test_3"] == "session-trees"
+    assert groups["test_plain_a::test_0"] == "test_plain_a"
+    assert groups["test_outcomes::test_fails"] == "test_outcomes"
+    outcomes = {name.split("@")[0]: o for name, o in data["outcomes"].items()}
+    assert {k: v for k, v in outcomes.items() if k.startswith("test_outcomes::")} == {
+        "test_outcomes::test_passes": PASS,
+        "test_outcomes::test_fails_as_it_must": EXPECTED_FAIL,
+        "test_outcomes::test_passes_but_must_fail": UNEXPECTED_PASS,
+        "test_outcomes::test_fails": FAIL,
+        "test_outcomes::test_skips": SKIP,
+    }
+    assert sum(o == PASS for o in outcomes.values()) == 1 + 16
+    # Each test recorded its worker's pid: a group's tests, across its files, share one.
+    pids = {name.removeprefix("pid:"): pid for name, pid in data["properties"].items()}
+    assert len(pids) == 16
+    workers = {name: {pids[f"{name}-{n}"] for n in range(4)} for name in
+               ("grouped_a", "grouped_b", "plain_a", "plain_b")}  # fmt: skip
+    assert len(workers["grouped_a"] | workers["grouped_b"]) == 1, workers
+    assert len(workers["plain_a"]) == 1 and len(workers["plain_b"]) == 1, workers
+
+
+def test_a_signal_after_the_apply_ends_run_tests_its_worker_and_its_folder(
+    slim_set: SlimSet, tmp_path: Path
+) -> None:
+    """SIGTERM (or Ctrl-C) to run-tests alone once it has applied a series and started
+    its worker: run-tests still hears it (an apply holds the signals of its process),
+    ends the worker and waits for it; nothing of its process group is left, and its
+    temporary folder goes."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    build = tmp_path / "build"
+    env = dict(os.environ, TMPDIR=str(tmp), SGLANG_BACKPORTS_BUILD=str(build), **slim_set.env)
+    proc = subprocess.Popen(
+        [sys.executable, str(runner.SCRIPTS / "run-tests"), "--patch-set", str(slim_set.folder),
+         "--steps-only", "--python", sys.executable],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    worker_log = build / "test-results" / "worker-1.log"
+    deadline = time.monotonic() + 120
+    while "importing torch" not in (worker_log.read_text() if worker_log.is_file() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == Exit.INTERRUPTED, out + err
+    assert "series 0.5.15.post1: applied 0002" in out
+    assert "interrupted (SIGTERM)" in err
+    # run-tests led its process group, and waited for the worker: nothing of it is left.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+    assert list(tmp.iterdir()) == []
+
+
+def test_an_interrupted_fork_each_ends_and_waits_for_its_children(tmp_path: Path) -> None:
+    """What testrun.worker and racecheck.worker do on Ctrl-C or SIGTERM."""
+    ended: list[str] = []
+
+    def child(job: str) -> int:
+        (tmp_path / job).write_text(str(os.getpid()))
+        time.sleep(60)
+        return 0
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            treefork.fork_each(
+                ["a", "b", "c"], 2, child, lambda _job: None,
+                lambda job, _code, _s: ended.append(job),
+            )  # fmt: skip
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 30
+    assert ended == [] and not (tmp_path / "c").exists()  # two at a time; none ended itself
+    for job in ("a", "b"):
+        with pytest.raises(ChildProcessError):  # ended, and already waited for
+            os.waitpid(int((tmp_path / job).read_text()), os.WNOHANG)
