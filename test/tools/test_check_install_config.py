@@ -61,6 +61,18 @@ def release_env(release: str) -> tuple[Path, Path]:
     return python, tree
 
 
+def run_json(python, tree, script: str):
+    """What script prints as JSON on its last line, run by python with tree importable."""
+    result = subprocess.run(
+        [str(python), "-W", "ignore", "-c", script],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(tree)),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def server_args_script(body: str) -> str:
     return (
         "import argparse, dataclasses, json\n"
@@ -81,14 +93,7 @@ def test_launch_table_is_the_releases_own_parser(release: str):
     script = server_args_script(
         "print(json.dumps({a.dest: [a.option_strings, a.default] for a in p._actions}))"
     )
-    result = subprocess.run(
-        [str(python), "-W", "ignore", "-c", script],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(tree)),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    actions = json.loads(result.stdout.splitlines()[-1])
+    actions = run_json(python, tree, script)
     table = load_releases().launch[release]
     for name in FIELDS:
         if name not in table.flags:
@@ -203,14 +208,7 @@ def server_args_fields() -> dict[str, object]:
         "a = p.parse_args(['--model-path', 'dummy'])\n"
         "print(json.dumps(dataclasses.asdict(ServerArgs.from_cli_args(a)), default=str))"
     )
-    result = subprocess.run(
-        [str(python), "-W", "ignore", "-c", script],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(tree)),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    return run_json(python, tree, script)
 
 
 class Server:
