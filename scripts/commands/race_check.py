@@ -1,5 +1,5 @@
 """Show, on the CPU, which FutureMap stream races each step of the series closes."""
 
-from racecheck.cli import main
+from racecheck.cli import CODES, main
 
-__all__ = ["main"]
+__all__ = ["CODES", "main"]

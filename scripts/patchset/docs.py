@@ -20,17 +20,13 @@ from .paths import PROJECT_ROOT
 README = PROJECT_ROOT / "README.md"
 BEGIN = "<!-- exit codes: made by `PYTHONPATH=scripts python3 -m patchset.docs --write` -->"
 END = "<!-- end of exit codes -->"
-# Each command and where its CODES live: a module of ours, or a script by path.
-COMMANDS = {
-    "apply-patches": "commands.apply_patches",
-    "build-wheel": "commands.build_wheel",
-    "check-install": "commands.check_install",
-    "export-patches": "commands.export_patches",
-    "lint-patches": "commands.lint_patches",
-    "race-check": "racecheck.cli",
-    "review": "commands.review",
-    "run-tests": "commands.run_tests",
-    "ci/run-gpu": "ci/run-gpu",
+# The commands: every launcher in scripts/ (its module in scripts/commands/),
+# and the GPU pipeline's script, read by path.
+LAUNCHERS = sorted(
+    p.name for p in (PROJECT_ROOT / "scripts").iterdir() if p.is_file() and not p.suffix
+)
+COMMANDS = {name: f"commands.{name.replace('-', '_')}" for name in LAUNCHERS} | {
+    "ci/run-gpu": "ci/run-gpu"
 }
 
 

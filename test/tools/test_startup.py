@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS
+from patchset import docs
 from patchset.errors import Exit
 
-COMMANDS = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file() and not p.suffix)
+COMMANDS = docs.LAUNCHERS
 OLD_PYTHONS = ["2.7", "3.6", "3.10"]
 
 
