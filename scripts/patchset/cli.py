@@ -39,6 +39,17 @@ def absolute_path(text: str) -> Path:
     return Path(text).expanduser().absolute()
 
 
+def seconds(text: str) -> float:
+    """argparse type: a number of seconds, more than 0 and less than a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 86_400:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds between 0 and 86400")
+    return value
+
+
 def add_patch_set(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--patch-set",

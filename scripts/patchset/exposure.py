@@ -108,15 +108,18 @@ def parse_with_table(args: list[str], table: LaunchSettings, why: str) -> Settin
     )
 
 
-def from_server_info(url: str, api_key: str | None, table: LaunchSettings | None) -> Settings:
-    """The settings a running server reports at /server_info (after its own adjustments)."""
+def from_server_info(
+    url: str, api_key: str | None, table: LaunchSettings | None, timeout: float = TIMEOUT_S
+) -> Settings:
+    """The settings a running server reports at /server_info (after its own adjustments),
+    waiting at most timeout seconds for its answer."""
     if not url.rstrip("/").endswith("server_info"):
         url = url.rstrip("/") + "/server_info"
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
             body = answer.read()
     except urllib.error.HTTPError as err:
         hint = {
@@ -128,7 +131,7 @@ def from_server_info(url: str, api_key: str | None, table: LaunchSettings | None
     except urllib.error.URLError as err:
         raise _unreachable(url, f"no answer: {err.reason}", _UP) from None
     except TimeoutError:
-        raise _unreachable(url, f"no answer within {TIMEOUT_S:g} s (timed out)", _UP) from None
+        raise _unreachable(url, f"no answer within {timeout:g} s (timed out)", _UP) from None
     except OSError as err:
         raise _unreachable(url, f"no answer: {err}", _UP) from None
     try:
@@ -167,7 +170,7 @@ def _unreachable(url: str, why: str, next_step: str) -> BackportError:
 # arguments (add_cli_args, then from_cli_args). __post_init__ stops at once for a
 # dummy model path, so the handlers it dispatches run here one by one, each that
 # can turn overlap off (by its source) named when it cannot run (no GPU, no model).
-_SERVER_ARGS_PROBE = r"""
+SERVER_ARGS_PROBE = r"""
 import argparse, ast, contextlib, inspect, io, json, logging, os, sys, textwrap
 sys.path[:] = [p for p in sys.path if p != ""]
 request = json.loads(sys.argv[1])
@@ -322,34 +325,47 @@ say({"version": version, "given": given, "torch_build": torch_build, "values": v
 DEFAULT_DEVICE = "cuda"
 
 
-def parse_with_server_args(
-    python: Path, args: list[str], env: dict[str, str], table: LaunchSettings
-) -> Settings:
-    """The settings as python's own sglang parses args; the table where it cannot."""
-    request = {
+def probe_request(args: list[str], env: dict[str, str], table: LaunchSettings) -> dict[str, Any]:
+    """What SERVER_ARGS_PROBE is given (as its one argument, in JSON)."""
+    return {
         "args": args,
         "env": env,
         "fields": list(FIELDS),
         "device": DEFAULT_DEVICE,
         "eagle_family": sorted(table.eagle_family),
     }
+
+
+def parse_with_server_args(
+    python: Path, args: list[str], env: dict[str, str], table: LaunchSettings
+) -> Settings:
+    """The settings as python's own sglang parses args; the table where it cannot."""
+    request = probe_request(args, env, table)
     try:
         result = subprocess.run(
-            [str(python), "-c", _SERVER_ARGS_PROBE, json.dumps(request)],
+            [str(python), "-c", SERVER_ARGS_PROBE, json.dumps(request)],
             capture_output=True,
             text=True,
             timeout=300,
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         return parse_with_table(args, table, f"sglang's ServerArgs could not be run there: {err}")
+    return read_probe(python, args, table, result.returncode, result.stdout, result.stderr)
+
+
+def read_probe(
+    python: Path, args: list[str], table: LaunchSettings, returncode: int, stdout: str, stderr: str
+) -> Settings:
+    """The settings from what SERVER_ARGS_PROBE printed (exit code, stdout, stderr); the
+    table's where it could not import or run sglang's ServerArgs."""
     try:
-        answer = json.loads((result.stdout.strip().splitlines() or [""])[-1])
+        answer = json.loads((stdout.strip().splitlines() or [""])[-1])
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1][:160]
+        last = (stderr.strip().splitlines() or ["no output"])[-1][:160]
         return parse_with_table(
-            args, table, f"sglang's ServerArgs failed there (exit {result.returncode}: {last})"
+            args, table, f"sglang's ServerArgs failed there (exit {returncode}: {last})"
         )
     if "import_error" in answer:
         return parse_with_table(

@@ -179,7 +179,10 @@ def ensure_venv(venv: Path, requirements: Sequence[Path], what: str = "") -> boo
             _rename_unless_there(aside, venv, venv_python(venv))
         finally:
             shutil.rmtree(aside, ignore_errors=True)
-    sync = [uv, "pip", "sync", "--quiet", "--require-hashes"]
+    # --compile-bytecode: every module compiled once, here, on all cores (a no-op once
+    # done). Without it, where PYTHONDONTWRITEBYTECODE is set (as on this project's
+    # machines), every process compiles torch's modules again as it imports them.
+    sync = [uv, "pip", "sync", "--quiet", "--require-hashes", "--compile-bytecode"]
     sync += ["--python", str(venv_python(venv)), *map(str, requirements)]
     _run_setup(sync, "uv pip sync", env)
     return created

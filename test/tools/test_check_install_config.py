@@ -13,14 +13,25 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS
-from patchset import paths
+from patchset import deploy, paths
 from patchset.errors import BackportError, Exit
-from patchset.exposure import FIELDS, HISPARSE_SCENARIO, judge, parse_with_table
+from patchset.exposure import (
+    FIELDS,
+    HISPARSE_SCENARIO,
+    SERVER_ARGS_PROBE,
+    Exposure,
+    judge,
+    parse_with_table,
+    probe_request,
+    read_probe,
+    split_launch_args,
+)
 from patchset.manifest import Releases, load_releases, series_for_release
 from racecheck.catalogue import PLAYS
 from testrun.venv import env_for
@@ -61,18 +72,6 @@ def release_env(release: str) -> tuple[Path, Path]:
     return python, tree
 
 
-def run_json(python, tree, script: str):
-    """What script prints as JSON on its last line, run by python with tree importable."""
-    result = subprocess.run(
-        [str(python), "-W", "ignore", "-c", script],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=str(tree)),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout.splitlines()[-1])
-
-
 def server_args_script(body: str) -> str:
     return (
         "import argparse, dataclasses, json\n"
@@ -81,19 +80,118 @@ def server_args_script(body: str) -> str:
     )
 
 
+ACTIONS = server_args_script(
+    "print(json.dumps({a.dest: [a.option_strings, a.default] for a in p._actions}))"
+)
+FIELDS_SERVED = server_args_script(
+    "a = p.parse_args(['--model-path', 'dummy'])\n"
+    "print(json.dumps(dataclasses.asdict(ServerArgs.from_cli_args(a)), default=str))"
+)
+# The launch arguments played with each release's own ServerArgs (check-install's probe).
+CONFIGURATIONS = {
+    "eagle": DECODE_EAGLE,
+    "mps": "--model-path m --disaggregation-mode decode --device mps",
+    "prefill": "--model-path m --disaggregation-mode prefill",
+    "off": DECODE_EAGLE + " --disable-overlap-schedule",
+    "bad": "--model-path m --tp-size many",
+}
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What one program printed, run as `python -c` with a release's base tree on the path."""
+
+    python: Path
+    tree: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> dict:
+        assert self.returncode == 0, self.stderr[-2000:]
+        return json.loads(self.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Probed]]:
+    """release -> program -> what it printed: the launch table's dump, the served fields
+    and check-install's own ServerArgs probe for each of CONFIGURATIONS.
+
+    One interpreter per test environment runs them all (probe_trees.py: it imports
+    torch and the rest once, then forks per tree and per program), at once for the
+    three environments; a command line each would import them some thirty times.
+    """
+    tmp = tmp_path_factory.mktemp("probe")
+    by_python: dict[Path, list[dict]] = {}
+    trees: dict[str, tuple[Path, Path]] = {}
+    for release in RELEASES:
+        python = env_for(series_for_release(paths.PATCHES_ROOT, release).manifest).python
+        tree = STEPS / release / "base" / "python"
+        if not python.exists() or not (tree / "sglang").is_dir():
+            continue
+        table = load_releases().launch[release]
+        programs = {"actions": [ACTIONS, ""], "fields": [FIELDS_SERVED, ""]}
+        for name, text in CONFIGURATIONS.items():
+            request = probe_request(split_launch_args(text), {}, table)
+            programs[name] = [SERVER_ARGS_PROBE, json.dumps(request)]
+        by_python.setdefault(python, []).append({"tree": str(tree.parent), "programs": programs})
+        trees[str(tree.parent)] = (python, tree)
+    runs = []
+    for n, (python, jobs) in enumerate(by_python.items()):
+        jobs_file, results = tmp / f"jobs-{n}.json", tmp / f"results-{n}.json"
+        jobs_file.write_text(json.dumps(jobs))
+        proc = subprocess.Popen(
+            [str(python), str(Path(__file__).with_name("probe_trees.py")), str(jobs_file),
+             str(results)],
+            env=dict(os.environ, PYTHONPATH=str(SCRIPTS)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        runs.append((proc, results))
+    answers: dict[str, dict[str, Probed]] = {}
+    for proc, results in runs:
+        output = proc.communicate(timeout=900)[0].decode(errors="replace")
+        assert proc.returncode == 0, output[-3000:]
+        for where, programs in json.loads(results.read_text()).items():
+            python, tree = trees[where]
+            release = tree.parent.parent.name
+            answers[release] = {name: Probed(python, tree, **got) for name, got in programs.items()}
+    return answers
+
+
+def probe_of(probed: dict[str, dict[str, Probed]], release: str, name: str) -> Probed:
+    if release not in probed:
+        release_env(release)  # skips, saying what is missing
+    return probed[release][name]
+
+
+def verdict(got: Probed, release: str, config: str) -> Exposure:
+    """check-install --python X --launch-args CONFIG on the release's base, from the
+    probe's answer (what the command does with it, in this process)."""
+    report = deploy.inspect_tree(got.tree, deploy.load_catalog(paths.PATCHES_ROOT))
+    _code, install = report.verdict()
+    content = report.matches[0]  # 0.5.13.post1's files are 0.5.13's: one content, one table
+    assert release in content.name, content
+    table = load_releases().launch[content.release]
+    args = split_launch_args(CONFIGURATIONS[config])
+    settings = read_probe(got.python, args, table, got.returncode, got.stdout, got.stderr)
+    return judge(settings, dict(content.races), table, install, PLAYS)
+
+
+def said(result: Exposure, start: str) -> str:
+    found = [text for text in result.lines if text.startswith(start)]
+    assert found, result.lines
+    return found[0]
+
+
 def test_exit_codes_of_issue_25():
     assert (Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.AMBIGUOUS) == (25, 26, 27)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("release", RELEASES)
-def test_launch_table_is_the_releases_own_parser(release: str):
+def test_launch_table_is_the_releases_own_parser(release: str, probed):
     """Each flag of [launch."X"] as that release spells it, with its default."""
-    python, tree = release_env(release)
-    script = server_args_script(
-        "print(json.dumps({a.dest: [a.option_strings, a.default] for a in p._actions}))"
-    )
-    actions = run_json(python, tree, script)
+    actions = probe_of(probed, release, "actions").json()
     table = load_releases().launch[release]
     for name in FIELDS:
         if name not in table.flags:
@@ -104,50 +202,55 @@ def test_launch_table_is_the_releases_own_parser(release: str):
         assert actions[name][1] == flag.default, (release, name, actions[name])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("release", RELEASES)
-def test_verdicts_with_the_releases_own_server_args(release: str):
-    python, tree = release_env(release)
-    table = load_releases().launch[release]
-    result = check("--python", str(python), "--launch-args", DECODE_EAGLE, tree_on_path=tree)
-    assert f"sglang {release}'s own ServerArgs" in line(result, "configuration parsed by")
-    assert "EAGLE family" in line(result, "speculative algorithm:")
-    if table.war_fast_path:
+def test_verdicts_with_the_releases_own_server_args(release: str, probed):
+    result = verdict(probe_of(probed, release, "eagle"), release, "eagle")
+    assert f"sglang {release}'s own ServerArgs" in said(result, "configuration parsed by")
+    assert "EAGLE family" in said(result, "speculative algorithm:")
+    text = "\n".join(result.lines)
+    if load_releases().launch[release].war_fast_path:
         # the fast path waits on a read-done event; the forward's later writes still race (L3)
-        assert result.returncode == Exit.EXPOSED, result.stdout
-        assert "scenarios L3; buffers output_tokens_buf, topk_p_buf" in result.stdout
+        assert result.code == Exit.EXPOSED, text
+        assert "scenarios L3; buffers output_tokens_buf, topk_p_buf" in text
     else:
         # 0.5.13 waits on the whole forward stream: L5, played with that, is ordered
-        assert result.returncode == Exit.NOT_EXPOSED, result.stdout
-        assert "fallback path (L5 played with it: ordered)" in result.stdout
+        assert result.code == Exit.NOT_EXPOSED, text
+        assert "fallback path (L5 played with it: ordered)" in text
 
     # a configuration that sglang itself adjusts: on mps it turns overlap off
-    mps = check(
-        "--python",
-        str(python),
-        "--launch-args",
-        "--model-path m --disaggregation-mode decode --device mps",
-        tree_on_path=tree,
-    )
-    assert mps.returncode == Exit.NOT_EXPOSED, mps.stdout
-    assert "sglang turned it off (_handle_mps_backends)" in line(mps, "overlap scheduling:")
+    mps = verdict(probe_of(probed, release, "mps"), release, "mps")
+    assert mps.code == Exit.NOT_EXPOSED, mps.lines
+    assert "sglang turned it off (_handle_mps_backends)" in said(mps, "overlap scheduling:")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_prefill_server_and_no_overlap_are_out(release: str, probed):
+    prefill = verdict(probe_of(probed, release, "prefill"), release, "prefill")
+    assert prefill.code == Exit.NOT_EXPOSED, prefill.lines
+    assert "--disaggregation-mode prefill (serving as decode" in said(prefill, "verdict:")
+    off = verdict(probe_of(probed, release, "off"), release, "off")
+    assert off.code == Exit.NOT_EXPOSED, off.lines
+    assert "overlap off (--disable-overlap-schedule" in said(off, "verdict:")
 
 
 @pytest.mark.slow
-def test_prefill_server_and_no_overlap_are_out():
+def test_the_command_runs_the_probe_in_the_interpreter_under_check():
+    """End to end: check-install --python runs the probe there, as a command line."""
     python, tree = release_env(DEFAULT)
-    prefill = check(
-        "--python", str(python), "--launch-args", "--model-path m --disaggregation-mode prefill",
-        tree_on_path=tree,
-    )  # fmt: skip
-    assert prefill.returncode == Exit.NOT_EXPOSED, prefill.stdout
-    assert "--disaggregation-mode prefill (serving as decode" in line(prefill, "verdict:")
-    off = check(
-        "--python", str(python), "--launch-args", DECODE_EAGLE + " --disable-overlap-schedule",
-        tree_on_path=tree,
-    )  # fmt: skip
-    assert off.returncode == Exit.NOT_EXPOSED, off.stdout
-    assert "overlap off (--disable-overlap-schedule" in line(off, "verdict:")
+    result = check("--python", str(python), "--launch-args", DECODE_EAGLE, tree_on_path=tree)
+    assert f"sglang {DEFAULT}'s own ServerArgs" in line(result, "configuration parsed by")
+    assert f"in {python}" in line(result, "configuration parsed by")
+    assert result.returncode == Exit.EXPOSED, result.stdout
+    assert "scenarios L3; buffers output_tokens_buf, topk_p_buf" in line(result, "verdict:")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_arguments_the_release_does_not_parse_are_refused(release: str, probed):
+    with pytest.raises(BackportError) as refused:
+        verdict(probe_of(probed, release, "bad"), release, "bad")
+    assert refused.value.code == Exit.USAGE
+    assert "do not parse as sglang there parses them" in refused.value.problem
+    assert "--tp-size" in refused.value.problem and "many" in refused.value.problem
 
 
 def test_bare_copy_falls_back_to_the_table(tmp_path: Path):
@@ -201,14 +304,9 @@ def test_affected_against_patched_tree():
 
 
 @pytest.fixture(scope="module")
-def server_args_fields() -> dict[str, object]:
+def server_args_fields(probed) -> dict[str, object]:
     """The fields of the default release's real ServerArgs, as /server_info serves them."""
-    python, tree = release_env(DEFAULT)
-    script = server_args_script(
-        "a = p.parse_args(['--model-path', 'dummy'])\n"
-        "print(json.dumps(dataclasses.asdict(ServerArgs.from_cli_args(a)), default=str))"
-    )
-    return run_json(python, tree, script)
+    return probe_of(probed, DEFAULT, "fields").json()
 
 
 class Server:
@@ -282,7 +380,7 @@ def free_port() -> int:
         ({"body": b"{}", "status": 404}, "HTTP 404"),
         ({"body": b"<html>sglang</html>"}, "its answer is not JSON"),
         ({"body": b"[1, 2]"}, "holds no server arguments"),
-        ({"body": b"{}", "delay": 12}, "timed out"),
+        ({"body": b"{}", "delay": 3}, "no answer within 0.5 s (timed out)"),
         (None, "Connection refused"),
     ],
 )
@@ -291,7 +389,9 @@ def test_server_info_bad_answers(server: dict | None, said: str, base_tree: Path
         result = check("--tree", str(base_tree), "--server-info", f"http://127.0.0.1:{free_port()}")
     else:
         with Server(**server) as running:
-            result = check("--tree", str(base_tree), "--server-info", running.url)
+            result = check(
+                "--tree", str(base_tree), "--server-info", running.url, "--timeout", "0.5"
+            )  # fmt: skip
     assert result.returncode == Exit.ENVIRONMENT, result.stdout + result.stderr
     assert said in result.stderr and "next step:" in result.stderr, result.stderr
 
