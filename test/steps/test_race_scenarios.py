@@ -53,7 +53,8 @@ def test_table_row(
     expected = EXPECTED[name][step.name]
     assert cell == expected, (
         f"{name} on {report.step_label(step.name)}: measured '{report.describe(cell)}', "
-        f"expected '{report.describe(expected)}'\n{_races_text(measured[name])}"
+        f"expected '{report.describe(expected)}'\n{_races_text(measured[name])}\n"
+        "if the change is wanted, write the tables with scripts/race-check --write-expected"
     )
 
 

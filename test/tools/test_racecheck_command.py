@@ -1,9 +1,16 @@
-"""scripts/race-check end to end: the step trees, wrong fixes and our installed wheel.
+"""scripts/race-check end to end: the step trees, wrong fixes, our installed wheel, and
+H1 (the hisparse stash) clean because of a host synchronize.
 
 The series is applied to the session's own build folder first. One run
-measures every column (each run imports torch and the rest once, about 20 s
-here): the series' steps (--step all) and, as --tree columns judged as the
-final step, three wrong fixes and what pip installs from our wheel.
+measures every column (each run imports torch and the rest once): the series'
+steps (--step all) and, as --tree columns judged as the final step, three
+wrong fixes, what pip installs from our wheel, and a copy of the patched tree
+whose process_batch_result_prefill lacks the prefill result's
+`copy_done.synchronize()`. The steps are clean on H1; that copy races exactly
+where the [writers] table says the synchronize orders: the forward stream's
+relay write into the request's row and _build_hisparse_decode_batch's stash
+from the schedule stream. So the clean cell of [races.H1] is the
+synchronize's doing, not a path the scenario failed to take.
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, SESSION_TREES, linked_copy, repin, replace_text
 from patchset.manifest import Series
-from racecheck import cli
-from racecheck.catalogue import PLAYS, SCENARIOS
+from racecheck import cli, writers
+from racecheck.catalogue import BY_NAME, PLAYS, SCENARIOS
 
 pytestmark = SESSION_TREES
 
@@ -26,6 +33,16 @@ WAIT = "            self.schedule_stream.wait_stream(self.forward_stream)\n"
 IF_OVERLAP = "        if self.enable_overlap:\n"
 EAGLE = {play.name for play in PLAYS if play.spec}
 DECODE = Path("python", "sglang", "srt", "disaggregation", "decode.py")
+PROCESSOR = Path(
+    "python", "sglang", "srt", "managers", "scheduler_components", "batch_result_processor.py"
+)
+# The host synchronize at the top of process_batch_result_prefill's generation branch.
+SYNCHRONIZE = (
+    "        if self.is_generation:\n"
+    "            if result.copy_done is not None:\n"
+    "                result.copy_done.synchronize()\n"
+)
+HISPARSE_STASH = "srt/managers/scheduler.py Scheduler._build_hisparse_decode_batch stash"
 
 
 def race_check(*args: str) -> subprocess.CompletedProcess[str]:
@@ -67,17 +84,28 @@ def wrong_fix(patched_tree: Path, folder: Path, condition: str | None) -> Path:
     return folder
 
 
+def without_synchronize(patched_tree: Path, folder: Path) -> Path:
+    """A copy of the patched tree whose prefill result processing never waits for copy_done."""
+    linked_copy(patched_tree, folder)
+    processor = folder / PROCESSOR
+    source = processor.read_text()
+    assert source.count(SYNCHRONIZE) == 1, "the prefill result's synchronize moved"
+    replace_text(processor, source.replace(SYNCHRONIZE, "        if self.is_generation:\n"))
+    return folder
+
+
 @pytest.fixture(scope="module")
 def checked(
     patched_tree: Path, installed_tree: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[subprocess.CompletedProcess[str], list[Path]]:
-    """One race-check run over every step and four trees; (its result, the trees)."""
+    """One race-check run over every step and five trees; (its result, the trees)."""
     folder = tmp_path_factory.mktemp("wrong-fixes")
     trees = [
         wrong_fix(patched_tree, folder / "no-wait", None),
         wrong_fix(patched_tree, folder / "one-request", "len(can_run_list) == 1"),
         wrong_fix(patched_tree, folder / "spec-only", "not self.spec_algorithm.is_none()"),
         installed_tree,
+        without_synchronize(patched_tree, folder / "no-sync"),
     ]
     return race_check("--step", "all", *(a for tree in trees for a in ("--tree", str(tree)))), trees
 
@@ -167,3 +195,43 @@ def test_a_tree_is_judged_as_the_manifests_final_step(
     assert "differs from the expected one in: S1 tree" in capsys.readouterr().out
     helped = race_check("--patch-set", str(patch_set), "--help")
     assert "{base,0001,0002,0003,all}" in helped.stdout
+
+
+# --- H1, the hisparse stash ---------------------------------------------------------
+
+
+def test_h1_is_clean_on_every_step(
+    series: Series, checked: tuple[subprocess.CompletedProcess[str], list[Path]]
+) -> None:
+    result, _trees = checked
+    out = result.stdout
+    assert "ok: the measured table is the expected one" in out, out + result.stderr
+    row = next(line for line in out.splitlines() if line.startswith("H1 "))
+    assert row.split()[1 : 1 + len(series.manifest.steps)] == ["clean"] * len(series.manifest.steps)
+    assert all(not cells for cells in series.manifest.races["H1"].values())
+
+
+def test_h1_races_without_the_prefill_results_synchronize(
+    checked: tuple[subprocess.CompletedProcess[str], list[Path]],
+) -> None:
+    result, trees = checked
+    out, tree = result.stdout, trees[4]
+    assert result.returncode == 15, out + result.stderr
+    assert f"FAILED: 1 race(s) in the patched tree {tree}" in out
+    # The copy's block of races: "tree 5: N race(s) (...)" up to the blank line after it.
+    block = sections(out)["tree 5"]
+    assert block.startswith(f"tree 5: 1 race ({tree})"), block
+    lines = block.splitlines()
+    assert lines[1] == "[H1] output_tokens_buf row 3: unordered writes", block
+    assert "first : write on forward_stream" in lines[2]
+    assert "second: write on schedule_stream" in block
+    assert "in _build_hisparse_decode_batch" in block
+    # Only H1 depends on it: every other scenario is as clean as on the patched tree.
+    assert [line for line in lines if line.startswith("[")] == [lines[1]]
+
+
+def test_the_writers_table_names_h1_for_the_hisparse_stash(series: Series) -> None:
+    entry = writers.classification(series.manifest)[HISPARSE_STASH]
+    assert entry["scenarios"] == "H1"
+    assert "copy_done.synchronize()" in entry["order"]
+    assert BY_NAME["H1"].hisparse and BY_NAME["H1"].title == "hisparse stash"

@@ -1,7 +1,7 @@
 """race-check --write-expected / --check-expected: the [races] tables follow a run.
 
-The run itself is what `.ci/run` does (scripts/race-check --check-expected
-over every base and step); here the measured races are given, so each test
+The run itself is every step run of scripts/run-tests (test/steps/
+test_race_scenarios.py asserts each cell); here the measured races are given, so each test
 takes milliseconds: what is written, what is refused, and that a table
 written from the run that measured it is the committed one byte for byte.
 """

@@ -32,7 +32,6 @@ from testrun.outcomes import EXPECTED_FAIL, FAIL, PASS, SKIP, UNEXPECTED_PASS
 DECODE_PY = Path("python/sglang/srt/disaggregation/decode.py")
 WAIT_LINE = "self.schedule_stream.wait_stream(self.forward_stream)"
 GUARD = "test_prebuilt_batch::test_overlap_waits_for_forward_stream_between_prepare_and_process"
-SELECT = "test_prebuilt_batch"
 
 
 def remove_wait_line(tree: Path) -> None:
@@ -54,26 +53,29 @@ def row(output: str, test: str) -> list[str]:
 
 @SESSION_TREES
 def test_removing_the_wait_stream_line_fails_the_suite(
-    run_script: RunScript, patched_tree: Path, tmp_path: Path
+    run_script: RunScript, patched_tree: Path, installed_tree: Path, tmp_path: Path
 ) -> None:
-    """One run, two trees: the patched copy passes; without the wait line it fails."""
+    """One run, three trees: the patched copy passes, and so does what pip installs
+    from our wheel; without the wait line it fails."""
     intact = linked_copy(patched_tree, tmp_path / "intact")
     broken = linked_copy(patched_tree, tmp_path / "broken")
     remove_wait_line(broken)
 
     result = run_script(
         "run-tests", "--tree", str(intact), "--tree", str(broken),
-        "--python", sys.executable, "-k", SELECT,
+        "--tree", str(installed_tree), "--python", sys.executable,
     )  # fmt: skip
 
     assert result.returncode == Exit.TESTS_FAILED, result.stdout + result.stderr
-    assert row(result.stdout, GUARD) == ["pass", "FAIL"]
-    # Only the guard fails: the module still imports and the other cases pass.
+    assert row(result.stdout, GUARD) == ["pass", "FAIL", "pass"]
+    # The module still imports, and its other cases pass.
     assert row(result.stdout, "test_prebuilt_batch::test_without_overlap_nothing_waits") == [
+        "pass",
         "pass",
         "pass",
     ]
     assert re.search(r"^ *tree-1: ok ", result.stdout, re.M), result.stdout
+    assert re.search(r"^ *tree-3: ok ", result.stdout, re.M), result.stdout
     assert "FAILED: tree-2" in result.stdout
 
 
