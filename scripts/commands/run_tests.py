@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from patchset import apply, buildtree, cli, lock, paths
@@ -133,23 +134,50 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
     ]
 
 
-def python_for(args: argparse.Namespace, series: Series, made: dict[str, Path]) -> Path:
-    """The interpreter of a release's test environment, made on first use."""
-    if args.python:
-        if not args.python.is_file():
-            raise BackportError(
-                Exit.SETUP, f"--python {args.python} does not exist", "pass a python binary"
-            )
-        return args.python
-    env = venv.env_for(series.manifest)
-    if env.name not in made:
+class Environments:
+    """The test environments of the releases under test, made or synced at once.
+
+    uv makes each in a thread of its own (downloads, hard links and the bytecode
+    compile run in uv, on every core), while this process applies the series;
+    python() waits for the one it is asked for. With --python, that is every
+    release's interpreter and nothing is made.
+    """
+
+    def __init__(self, args: argparse.Namespace, series: list[Series]) -> None:
+        self.given: Path | None = args.python
+        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="uv")
+        self._made: dict[str, Future[Path]] = {}
+        if self.given is None:
+            venv.uv_binary()  # bootstrapped once, here, before the threads share it
+            for one in series:
+                self._start(venv.env_for(one.manifest))
+
+    def _start(self, env: venv.TestEnv) -> Future[Path]:
+        if env.name not in self._made:
+            self._made[env.name] = self._pool.submit(self._make, env)
+        return self._made[env.name]
+
+    @staticmethod
+    def _make(env: venv.TestEnv) -> Path:
         started = time.monotonic()
         created = venv.ensure_venv(env.venv, env.requirements, env.name)
         state = "made" if created else "synced"
         print(f"environment {env.name}: {env.venv} ({state} in {time.monotonic() - started:.0f}s)",
               flush=True)  # fmt: skip
-        made[env.name] = env.python
-    return made[env.name]
+        return env.python
+
+    def python(self, series: Series) -> Path:
+        """The interpreter of a release's test environment, once it is made."""
+        if self.given is not None:
+            if not self.given.is_file():
+                raise BackportError(
+                    Exit.SETUP, f"--python {self.given} does not exist", "pass a python binary"
+                )
+            return self.given
+        return self._start(venv.env_for(series.manifest)).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def link_default_venv(python: Path, build: Path) -> None:
@@ -187,16 +215,28 @@ def step_header(step: str, series: Series) -> str:
 def main() -> int:
     args = parse_args()
     venv.check_interpreter()
+    chosen = selected_series(args)
+    started = time.monotonic()
+    default = Series.load(paths.DEFAULT_PATCH_DIR)
+    envs = Environments(args, [default, *([] if args.tools_only else chosen)])
+    try:
+        return _run(args, chosen, default, envs, started)
+    finally:
+        envs.close()
+
+
+def _run(
+    args: argparse.Namespace,
+    chosen: list[Series],
+    default: Series,
+    envs: Environments,
+    started: float,
+) -> int:
     build = paths.build_dir()
     results = build / "test-results"
     extra = ["-k", args.k] if args.k else []
-    chosen = selected_series(args)
-    made: dict[str, Path] = {}
     phases: dict[str, float] = {}
-
-    started = time.monotonic()
-    default = Series.load(paths.DEFAULT_PATCH_DIR)
-    tools_python = python_for(args, default, made)
+    tools_python = envs.python(default)
     if not args.python:
         link_default_venv(tools_python, build)
     phases["environments"] = time.monotonic() - started
@@ -213,7 +253,7 @@ def main() -> int:
             for label, tree in tree_labels(args.tree)
         ]
         title = f"--tree (as {series.manifest.base.version} +{final})"
-        tables.append((title, [run.label for run in runs], runs, python_for(args, series, made)))
+        tables.append((title, [run.label for run in runs], runs, envs.python(series)))
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
@@ -232,7 +272,7 @@ def main() -> int:
                 for step, tree in trees.items()
             ]  # fmt: skip
             headers = [step_header(step, series) for step in trees]
-            tables.append((version, headers, runs, python_for(args, series, made)))
+            tables.append((version, headers, runs, envs.python(series)))
     phases["apply and step trees"] = time.monotonic() - started
 
     by_python: dict[Path, list[SuiteRun]] = {}
