@@ -341,17 +341,22 @@ def _commit_series(
     applied: list[str] = []
     tip = base
     for patch in patches:
-        check = index.run("apply", "--cached", "--check", str(patch), check=False)
-        if check.returncode != 0:
-            raise BackportError(
-                Exit.APPLY_FAILED,
-                f"patch {patch.name} did not apply:\n{(check.stdout + check.stderr).strip()}",
-                "this run changed nothing of yours (its work was rolled back); the base "
-                "or the patch differs from what the manifest pins, so refresh the patch "
-                "on the pristine base and run scripts/export-patches",
-            )
-        # From here a failure is git's (objects not writable, disk full): its own reason.
-        index.run("apply", "--cached", str(patch))
+        # One `git apply --cached` (atomic: on failure the index is as it was). Only
+        # when it fails does --check tell a patch that does not fit (ours to
+        # report) from git failing to write (objects not writable, disk full:
+        # git's own reason, raised by the run below).
+        done = index.run("apply", "--cached", str(patch), check=False)
+        if done.returncode != 0:
+            check = index.run("apply", "--cached", "--check", str(patch), check=False)
+            if check.returncode != 0:
+                raise BackportError(
+                    Exit.APPLY_FAILED,
+                    f"patch {patch.name} did not apply:\n{(check.stdout + check.stderr).strip()}",
+                    "this run changed nothing of yours (its work was rolled back); the base "
+                    "or the patch differs from what the manifest pins, so refresh the patch "
+                    "on the pristine base and run scripts/export-patches",
+                )
+            index.run("apply", "--cached", str(patch))
         tree = index.out("write-tree")
         expected = series.manifest.blobs_at(step_of(patch.name))
         produced = _blobs_at(git, tree, series.manifest)

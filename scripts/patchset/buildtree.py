@@ -42,7 +42,27 @@ def read_blob(git: Git, rev: str, path: str) -> bytes | None:
 
 
 def files_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, bytes | None]:
-    return {path: read_blob(git, rev, path) for path in manifest.files}
+    """path -> its bytes at rev (None where rev has no such file), in one git call."""
+    paths = list(manifest.files)
+    asked = "".join(f"{rev}:{path}\n" for path in paths).encode()
+    result = subprocess.run(
+        ["git", "cat-file", "--batch"], cwd=git.cwd, env=git.env(), input=asked,
+        capture_output=True,
+    )  # fmt: skip
+    if result.returncode != 0:  # rev itself unreadable: as read_blob, no file
+        return dict.fromkeys(paths)
+    out, at, found = result.stdout, 0, {}
+    for path in paths:
+        end = out.index(b"\n", at)
+        header = out[at:end].split()
+        at = end + 1
+        if len(header) == 3 and header[2].isdigit():  # "<oid> <type> <size>", then the bytes
+            size = int(header[2])
+            found[path] = out[at : at + size] if header[1] == b"blob" else None
+            at += size + 1
+        else:  # "<rev:path> missing" (or ambiguous): no such file
+            found[path] = None
+    return found
 
 
 def files_of_checkout(series: Series, path: Path) -> dict[str, bytes | None]:
