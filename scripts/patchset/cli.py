@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import atexit  # noqa: F401  (see below)
+import encodings.cp437  # noqa: F401
 import errno
 import signal
 import sys
@@ -14,6 +16,14 @@ from .errors import BackportError, Exit, exit_help
 from .git import GitError
 from .lock import hold_interrupts
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
+
+# atexit and encodings.cp437 are imported above only so that they are imported
+# now: the standard library would import them on first use, in the middle of a
+# run (weakref.finalize, which tempfile's folders use, imports atexit; zipfile
+# decodes old-style member names with cp437). Every command imports this module
+# while the launcher holds SIGINT (scripts/launch.py); a Ctrl-C that landed in
+# one of those late imports would surface inside the import machinery as an
+# "Exception ignored ... KeyboardInterrupt" traceback instead of one line.
 
 
 def parser(
