@@ -236,15 +236,11 @@ def _run(
     results = build / "test-results"
     extra = ["-k", args.k] if args.k else []
     phases: dict[str, float] = {}
-    tools_python = envs.python(default)
-    if not args.python:
-        link_default_venv(tools_python, build)
-    phases["environments"] = time.monotonic() - started
 
     # One entry per table printed at the end: its title, column headers and runs,
-    # and the interpreter of the release's own environment that runs them.
-    tables: list[tuple[str, list[str], list[SuiteRun], Path]] = []
-    started = time.monotonic()
+    # and the release, whose own environment runs them. The environments are
+    # being made meanwhile (Environments), and waited for after the applies.
+    tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
         series = chosen[0]
         final = series.manifest.final_step
@@ -253,7 +249,7 @@ def _run(
             for label, tree in tree_labels(args.tree)
         ]
         title = f"--tree (as {series.manifest.base.version} +{final})"
-        tables.append((title, [run.label for run in runs], runs, envs.python(series)))
+        tables.append((title, [run.label for run in runs], runs, series))
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
@@ -272,12 +268,17 @@ def _run(
                 for step, tree in trees.items()
             ]  # fmt: skip
             headers = [step_header(step, series) for step in trees]
-            tables.append((version, headers, runs, envs.python(series)))
+            tables.append((version, headers, runs, series))
     phases["apply and step trees"] = time.monotonic() - started
 
+    waited = time.monotonic()
+    tools_python = envs.python(default)
+    if not args.python:
+        link_default_venv(tools_python, build)
     by_python: dict[Path, list[SuiteRun]] = {}
-    for _title, _headers, runs, python in tables:
-        by_python.setdefault(python, []).extend(runs)
+    for _title, _headers, runs, series in tables:
+        by_python.setdefault(envs.python(series), []).extend(runs)
+    phases["waiting for the environments"] = time.monotonic() - waited
     started = time.monotonic()
     runner.run_forked(list(by_python.items()), extra, args.parallel)
     phases["step suites"] = time.monotonic() - started
@@ -293,7 +294,7 @@ def _run(
         phases["test/tools"] = time.monotonic() - started
 
     all_runs: list[SuiteRun] = list(tools)
-    for title, headers, runs, _python in tables:
+    for title, headers, runs, _series in tables:
         all_runs += runs
         print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
         print(runner.step_table(runs, headers))
