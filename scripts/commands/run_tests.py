@@ -135,17 +135,20 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
 
 
 class Environments:
-    """The test environments of the releases under test, made or synced at once.
+    """The test environments of the releases under test, made or synced meanwhile.
 
-    uv makes each in a thread of its own (downloads, hard links and the bytecode
-    compile run in uv, on every core), while this process applies the series;
-    python() waits for the one it is asked for. With --python, that is every
+    One thread has uv make them, one after another (downloads, hard links and
+    the bytecode compile run in uv, on every core), while this process applies
+    the series; python() waits for the one it is asked for. One at a time:
+    made at once, two environments with the same torch both download it
+    (neither finds it in uv's cache yet), and a fresh machine's three took
+    130 to 144 s instead of 71 s in all. With --python, that is every
     release's interpreter and nothing is made.
     """
 
     def __init__(self, args: argparse.Namespace, series: list[Series]) -> None:
         self.given: Path | None = args.python
-        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="uv")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uv")
         self._made: dict[str, Future[Path]] = {}
         if self.given is None:
             venv.uv_binary()  # bootstrapped once, here, before the threads share it
