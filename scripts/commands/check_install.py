@@ -104,7 +104,6 @@ def main() -> int:
     p.add_argument(
         "--timeout",
         type=cli.seconds,
-        default=exposure.TIMEOUT_S,
         metavar="SECONDS",
         help=f"how long --server-info waits for the answer (default {exposure.TIMEOUT_S:g})",
     )
@@ -137,7 +136,7 @@ def main() -> int:
         return Exit.OK
     if args.api_key and not args.server_info:
         p.error("--api-key goes with --server-info")
-    if args.timeout != exposure.TIMEOUT_S and not args.server_info:
+    if args.timeout is not None and not args.server_info:
         p.error("--timeout goes with --server-info")
     env = exposure.parse_env(args.env)
     catalog = deploy.load_catalog(paths.PATCHES_ROOT)
@@ -162,7 +161,9 @@ def main() -> int:
     content = report.matches[0]
     table = load_releases(paths.PATCHES_ROOT / RELEASES_NAME).launch.get(content.release)
     if args.server_info:
-        settings = exposure.from_server_info(args.server_info, args.api_key, table, args.timeout)
+        settings = exposure.from_server_info(
+            args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
+        )
     else:
         launch = exposure.split_launch_args(args.launch_args)
         needed = _table(table, content.release)

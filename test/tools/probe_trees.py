@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,6 @@ def _run_program(code: str, arg: str, out: Path, err: Path) -> int:
         except SystemExit as done:
             status = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except BaseException:
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stdout.flush()

@@ -63,11 +63,18 @@ def line(result: subprocess.CompletedProcess[str], start: str) -> str:
     return found[0]
 
 
-def release_env(release: str) -> tuple[Path, Path]:
-    """The release's test interpreter and its unpatched step tree (made by scripts/run-tests)."""
+def release_paths(release: str) -> tuple[Path, Path, bool]:
+    """The release's test interpreter, its unpatched step tree (made by scripts/run-tests),
+    and whether both are there."""
     python = env_for(series_for_release(paths.PATCHES_ROOT, release).manifest).python
     tree = STEPS / release / "base" / "python"
-    if not python.exists() or not (tree / "sglang").is_dir():
+    return python, tree, python.exists() and (tree / "sglang").is_dir()
+
+
+def release_env(release: str) -> tuple[Path, Path]:
+    """release_paths, or the test skips saying what is missing."""
+    python, tree, there = release_paths(release)
+    if not there:
         pytest.skip(f"needs {python} and {tree}: run scripts/run-tests once")
     return python, tree
 
@@ -125,10 +132,9 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Prob
     by_python: dict[Path, list[dict]] = {}
     trees: dict[str, tuple[Path, Path]] = {}
     for release in RELEASES:
-        python = env_for(series_for_release(paths.PATCHES_ROOT, release).manifest).python
-        tree = STEPS / release / "base" / "python"
-        if not python.exists() or not (tree / "sglang").is_dir():
-            continue
+        python, tree, there = release_paths(release)
+        if not there:
+            continue  # its tests skip (probe_of)
         table = load_releases().launch[release]
         programs = {"actions": [ACTIONS, ""], "fields": [FIELDS_SERVED, ""]}
         for name, text in CONFIGURATIONS.items():

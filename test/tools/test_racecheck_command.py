@@ -66,32 +66,38 @@ def raced(section: str) -> set[str]:
     return {f"{s} {r}" for s, r in re.findall(r"^\[(\w+)\] \w+ row (\d+):", section, re.M)}
 
 
+def edited_copy(patched_tree: Path, folder: Path, path: Path, old: str, new: str) -> Path:
+    """A copy of the patched tree (hard links) whose file path has `old`, found there
+    exactly once, replaced by `new`."""
+    linked_copy(patched_tree, folder)
+    edited = folder / path
+    source = edited.read_text()
+    assert source.count(old) == 1, f"{old!r} is not once in {path}: the code moved"
+    replace_text(edited, source.replace(old, new))
+    return folder
+
+
 def wrong_fix(patched_tree: Path, folder: Path, condition: str | None) -> Path:
     """A copy of the patched tree whose wait runs only when condition holds (None: never)."""
-    linked_copy(patched_tree, folder)
-    decode = folder / DECODE
-    source = decode.read_text()
+    source = (patched_tree / DECODE).read_text()
     assert source.count(IF_OVERLAP + "            # A request") == 1, "0002's wait moved"
     assert source.count(WAIT) == 1, "patch 0002's wait_stream is not where this test expects it"
     if condition is None:
-        source = source.replace(WAIT, "            pass\n")
-    else:
-        source = source.replace(
-            IF_OVERLAP + "            # A request",
-            f"        if self.enable_overlap and {condition}:\n            # A request",
-        )
-    replace_text(decode, source)
-    return folder
+        return edited_copy(patched_tree, folder, DECODE, WAIT, "            pass\n")
+    return edited_copy(
+        patched_tree,
+        folder,
+        DECODE,
+        IF_OVERLAP + "            # A request",
+        f"        if self.enable_overlap and {condition}:\n            # A request",
+    )
 
 
 def without_synchronize(patched_tree: Path, folder: Path) -> Path:
     """A copy of the patched tree whose prefill result processing never waits for copy_done."""
-    linked_copy(patched_tree, folder)
-    processor = folder / PROCESSOR
-    source = processor.read_text()
-    assert source.count(SYNCHRONIZE) == 1, "the prefill result's synchronize moved"
-    replace_text(processor, source.replace(SYNCHRONIZE, "        if self.is_generation:\n"))
-    return folder
+    return edited_copy(
+        patched_tree, folder, PROCESSOR, SYNCHRONIZE, "        if self.is_generation:\n"
+    )
 
 
 @pytest.fixture(scope="module")
