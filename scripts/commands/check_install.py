@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from patchset import cli, deploy, exposure, paths
+from checkinstall import exposure, install, zipapp
+from patchset import catalog as catalogs
+from patchset import cli, paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases
 from racecheck.catalogue import PLAYS
@@ -131,7 +133,7 @@ def main() -> int:
     )
     args = p.parse_args()
     if args.zipapp:
-        digest = deploy.build_zipapp(paths.PROJECT_ROOT, args.zipapp)
+        digest = zipapp.build_zipapp(paths.PROJECT_ROOT, args.zipapp)
         print(f"wrote {args.zipapp} (sha256 {digest}); run it as python3 {args.zipapp.name}")
         return Exit.OK
     if args.api_key and not args.server_info:
@@ -139,12 +141,12 @@ def main() -> int:
     if args.timeout is not None and not args.server_info:
         p.error("--timeout goes with --server-info")
     env = exposure.parse_env(args.env)
-    catalog = deploy.load_catalog(paths.PATCHES_ROOT)
+    catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
     python = args.python or Path(sys.executable)
     if args.tree:
-        report = deploy.inspect_tree(args.tree, catalog)
+        report = install.inspect_tree(args.tree, catalog)
     else:
-        report = deploy.inspect_install(python, catalog)
+        report = install.inspect_install(python, catalog)
     print(report.where)
     print(f"distribution: {report.distribution}")
     for state in report.files:

@@ -16,6 +16,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 # The README's import rule: each library may import only these of ours.
 ALLOWED = {
     "patchset": set(),
+    "checkinstall": {"patchset"},
     "treefork": {"patchset"},
     "patchreview": {"patchset"},
     "racecheck": {"patchset", "treefork"},
