@@ -54,6 +54,7 @@ takes the same options. More: docs/check-install.md.
 CODES = [
     Exit.PATCHSET_INVALID, Exit.AFFECTED, Exit.PARTIAL_FIX, Exit.UNKNOWN_CONTENT,
     Exit.NOT_INSTALLED, Exit.MODIFIED, Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.AMBIGUOUS,
+    Exit.EXPOSURE_UNKNOWN,
 ]  # fmt: skip
 WORDING = {
     Exit.OK: "the race is closed: a series of ours applied, or sglang 0.5.19 or later",
@@ -69,6 +70,9 @@ WORDING = {
     "(--launch-args or --server-info; the scenarios and buffers are named)",
     Exit.NOT_EXPOSED: "affected or partial fix, but this configuration does not reach the "
     "race: the setting that keeps it out is named (changing it exposes the deployment)",
+    Exit.EXPOSURE_UNKNOWN: "the configuration could not be fully understood (a config file, "
+    "an option, a value, or the release to read it by): what was not understood is named, "
+    "and the deployment may reach the race",
     Exit.ENVIRONMENT: "--python cannot be run or asked (it crashed, or its answer is not "
     "the JSON this command asks for), a file cannot be read, or --server-info gave no "
     "usable answer (refused, timed out, 401, 404, not JSON)",
