@@ -62,10 +62,17 @@ CODES = {
     Exit.TESTS_FAILED: "a pytest run failed, or collected no test at all",
     Exit.SETUP: "a test environment could not be set up (uv, venv, --tree, --python)",
     **{
-        code: f"applying a series failed: {text}"
-        for code, text in EXIT_TEXT.items()
-        if Exit.DIRTY_TREE <= code <= Exit.BRANCH_EXISTS
-        and code not in (Exit.WOULD_NOT_APPLY, Exit.BASE_MISMATCH)
+        code: f"applying a series failed: {EXIT_TEXT[code]}"
+        for code in (
+            Exit.DIRTY_TREE,
+            Exit.ALREADY_UPSTREAM,
+            Exit.PATCHSET_INVALID,
+            Exit.NOT_A_CHECKOUT,
+            Exit.WHEEL_HASH,
+            Exit.WHEEL_UNAVAILABLE,
+            Exit.APPLY_FAILED,
+            Exit.BRANCH_EXISTS,
+        )
     },
     Exit.LOCKED: EXIT_TEXT[Exit.LOCKED],
 }

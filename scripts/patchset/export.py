@@ -10,7 +10,6 @@ from .buildtree import build_tree_path, default_branch, pristine_tag, series_com
 from .errors import BackportError, Exit
 from .git import Git
 from .manifest import (
-    BASE_STEP,
     MANIFEST_NAME,
     SERIES_NAME,
     Series,
@@ -63,7 +62,8 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
     )  # fmt: skip
     names = [Path(line).name for line in listing.splitlines() if line.strip()]
     revs = series_commits(git, manifest)
-    blobs = {path: {BASE_STEP: by_step[BASE_STEP]} for path, by_step in manifest.blobs.items()}
+    # the base's blob ids are releases.toml's; pin.toml holds each patch's
+    blobs: dict[str, dict[str, str]] = {path: {} for path in manifest.files}
     for name, rev in zip(names, revs, strict=True):
         for path in blobs:
             blob = git.blob_at(rev, path)
@@ -76,7 +76,10 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
             blobs[path][step_of(name)] = blob
     (out / SERIES_NAME).write_text(SERIES_HEADER + "".join(f"{n}\n" for n in names))
     committed = (series.folder / MANIFEST_NAME).read_text(encoding="utf-8")
-    tables = {"patches": {name: sha256_of(out / name) for name in names}, "blobs": blobs}
+    tables = {
+        "patches": {name: sha256_of(out / name) for name in names},
+        "blobs": {path: by_step for path, by_step in blobs.items() if by_step},
+    }
     (out / MANIFEST_NAME).write_text(rewrite_tables(committed, tables), encoding="utf-8")
     return names
 

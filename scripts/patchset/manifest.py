@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
@@ -13,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BackportError, Exit
-from .paths import PATCHES_ROOT
+
+# The registry's names, also where check-install and the catalog import them.
+from .releases import LAUNCH_FLAGS as LAUNCH_FLAGS
+from .releases import RELEASES_NAME, Fix, KnownRelease, Releases, load_releases, writer_rows
+from .releases import LaunchSettings as LaunchSettings
 
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
-RELEASES_NAME = "releases.toml"
 BASE_STEP = "base"
 
 
@@ -193,168 +195,6 @@ def _kind(value: object) -> str:
     return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a value")
 
 
-REPAIR_RELEASES = (
-    "restore it with `git checkout -- patches/releases.toml`, or fix it as the comment "
-    "at its top describes (docs/maintaining.md: adding a release)"
-)
-
-
-@dataclass(frozen=True)
-class Fix:
-    """An upstream fix of the race, by the name releases and steps use (fix-a, fix-b)."""
-
-    name: str
-    pr: int
-    about: str
-    marker: str = ""  # a line the fix adds; in marker_function it means "fixed"
-    marker_function: str = ""
-
-
-@dataclass(frozen=True)
-class KnownRelease:
-    """An sglang release as shipped: the fixes it carries and its files' blob ids."""
-
-    version: str
-    fixes: frozenset[str]
-    blobs: dict[str, str]  # path -> git blob id
-    wheel: WheelPin | None = None
-
-
-# [launch."X.Y.Z"]: the launch settings check-install's verdict reads, by
-# ServerArgs field; a store_true flag's default is false, a value flag's is a
-# string or absent (None).
-LAUNCH_TABLE = "launch"
-LAUNCH_FLAGS = {
-    "disaggregation_mode": str,
-    "disable_overlap_schedule": bool,
-    "speculative_algorithm": str,
-    "device": str,
-    "enable_hisparse": bool,
-    "disable_cuda_graph": bool,
-}
-LAUNCH_OPTIONAL = {"disable_decode_cuda_graph": bool}
-
-
-@dataclass(frozen=True)
-class LaunchFlag:
-    """One launch setting as a release's ServerArgs spells it."""
-
-    field: str  # the ServerArgs field (argparse dest)
-    flag: str  # e.g. --disaggregation-mode
-    default: str | bool | None
-
-
-@dataclass(frozen=True)
-class LaunchSettings:
-    """[launch."X.Y.Z"]: the settings that decide whether a deployment reaches the race,
-    for when that release's own ServerArgs cannot be imported (check-install)."""
-
-    release: str
-    flags: dict[str, LaunchFlag]  # by field
-    eagle_family: frozenset[str]  # --speculative-algorithm values that run the EAGLE path
-    war_barrier_env: bool  # SGLANG_ENABLE_WAR_BARRIER turns the barrier on off CUDA
-    war_fast_path: bool  # the barrier waits on a read-done event after a graph replay
-
-
-def _launch_settings(toml: TomlFile) -> dict[str, LaunchSettings]:
-    """[launch."X.Y.Z"], each checked; a release without one has no table fallback."""
-    tables: dict[str, LaunchSettings] = {}
-    for version in toml.table((LAUNCH_TABLE,), optional=True):
-        keys = (LAUNCH_TABLE, version)
-        flags = {}
-        for name, kind in {**LAUNCH_FLAGS, **LAUNCH_OPTIONAL}.items():
-            key = name.replace("_", "-")
-            if name in LAUNCH_OPTIONAL and key not in toml.table(keys):
-                continue
-            flag = toml.text((*keys, key, "flag"), _FLAG, "a long option (--name)")
-            default = toml.value((*keys, key, "default"), kind, None if kind is str else False)
-            if kind is bool and default is not False:
-                raise toml.refuse((*keys, key, "default"), "of a store_true flag must be false")
-            flags[name] = LaunchFlag(name, flag, default)
-        tables[version] = LaunchSettings(
-            version,
-            flags,
-            frozenset(_strings(toml, (*keys, "eagle-family"))),
-            bool(toml.value((*keys, "war-barrier-env"), bool)),
-            bool(toml.value((*keys, "war-fast-path"), bool)),
-        )
-    return tables
-
-
-def _strings(toml: TomlFile, keys: tuple[str, ...]) -> list[str]:
-    listed = toml.value(keys, list)
-    if not listed or not all(isinstance(item, str) for item in listed):
-        raise toml.refuse(keys, "is not a list of strings")
-    return list(listed)
-
-
-_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
-
-
-@dataclass(frozen=True)
-class Releases:
-    """patches/releases.toml: the facts every release shares (see its header)."""
-
-    path: Path
-    fixes: dict[str, Fix]
-    known: dict[str, KnownRelease]  # oldest first
-    upstream_fixed: WheelPin
-    launch: dict[str, LaunchSettings] = field(default_factory=dict)
-
-    @classmethod
-    def load(cls, path: Path) -> Releases:
-        toml = TomlFile.load(
-            path,
-            "release registry",
-            "restore it with `git checkout -- patches/releases.toml`",
-            REPAIR_RELEASES,
-        )
-        fixes = {
-            name: Fix(
-                name,
-                toml.number(("fixes", name, "pr")),
-                toml.text(("fixes", name, "about")),
-                toml.text(("fixes", name, "marker"), default=""),
-                toml.text(("fixes", name, "marker-function"), default=""),
-            )
-            for name in toml.table(("fixes",))
-        }
-        known: dict[str, KnownRelease] = {}
-        for version in sorted(toml.table(("releases",)), key=release_key):
-            keys = ("releases", version)
-            known[version] = KnownRelease(
-                version,
-                toml.names((*keys, "fixes"), fixes, "[fixes]"),
-                {
-                    file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
-                    for file in toml.table((*keys, "blobs"))
-                },
-                toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None,
-            )
-        fixed = toml.text(("upstream-fixed",))
-        if fixed not in known:
-            raise toml.refuse(("upstream-fixed",), f'= "{fixed}" has no [releases."{fixed}"]')
-        upstream = known[fixed].wheel or toml.wheel_pin(("releases", fixed), fixed)
-        return cls(path, fixes, known, upstream, _launch_settings(toml))
-
-    def release(self, version: str, needed_by: Path) -> KnownRelease:
-        """A known release; refuse one the registry does not have."""
-        if version not in self.known:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f'{self.path} has no [releases."{version}"], the release {needed_by} serves',
-                f'add [releases."{version}"] to {self.path} (docs/maintaining.md: '
-                "adding a release)",
-            )
-        return self.known[version]
-
-
-@functools.cache
-def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
-    """The release registry, read once per process."""
-    return Releases.load(path)
-
-
 @dataclass
 class PinManifest:
     """What the series was made against and what each step must produce."""
@@ -373,6 +213,9 @@ class PinManifest:
     local_version: str = ""
     # [races]: scenario -> step -> the races left open (scripts/race-check writes it)
     races: dict[str, dict[str, tuple[RaceEntry, ...]]] = field(default_factory=dict)
+    # [writers]: releases.toml's rows, with this base's added or replacing them
+    # (scripts/race-check --writers)
+    writers: dict[str, dict[str, str]] = field(default_factory=dict)
     # the unparsed manifest, for facts that only one tool reads
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -472,28 +315,15 @@ class PinManifest:
             for name in toml.table(("patches",))
         }
         steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
-        blobs: dict[str, dict[str, str]] = {}
-        for file in toml.table(("blobs",)):
-            by_step = toml.table(("blobs", file))
-            for step in steps:
-                toml.text(("blobs", file, step), BLOB_ID, "a git blob id")
-            extra = [step for step in by_step if step not in steps]
-            if extra:
-                raise toml.refuse(
-                    ("blobs", file),
-                    f"names steps {', '.join(extra)}, which are not in [patches] "
-                    f"(steps: {', '.join(steps)})",
-                )
-            blobs[file] = {step: by_step[step] for step in steps}
-        if not blobs:
-            raise toml.refuse(("blobs",), "names no file")
+        known = registry.release(version, path)
+        blobs = _step_blobs(toml, known, steps, registry.path)
         if BASE_STEP in toml.table(("step-fixes",)):
             raise toml.refuse(
                 ("step-fixes", BASE_STEP),
                 f'is given here; the base holds what [releases."{version}"] fixes '
                 f"in {registry.path} says, so remove it",
             )
-        step_fixes = {BASE_STEP: registry.release(version, path).fixes}
+        step_fixes = {BASE_STEP: known.fixes}
         for step in toml.table(("step-fixes",)):
             if not STEP_NAME.match(step):
                 raise toml.refuse(("step-fixes", step), "is not a step (four digits, e.g. 0002)")
@@ -506,7 +336,13 @@ class PinManifest:
             for other in toml.table(("same-files",), optional=True)
         }
         for other in same_files:
-            registry.release(other, path)
+            if registry.release(other, path).blobs != known.blobs:
+                raise toml.refuse(
+                    ("same-files", other),
+                    f'is served by this series, but [releases."{other}"] blobs in '
+                    f'{registry.path} differ from [releases."{version}"] blobs; '
+                    "one of them is wrong: hash both wheels (docs/maintaining.md)",
+                )
         return cls(
             release=ReleasePin.from_table(toml, ("sglang",), version),
             patch_hashes=patch_hashes,
@@ -516,8 +352,41 @@ class PinManifest:
             same_files=same_files,
             local_version=toml.text(("build-wheel", "local"), default=""),
             races=_race_tables(toml, steps),
+            writers={**registry.writers, **writer_rows(toml)},
             raw=toml.data,
         )
+
+
+def _step_blobs(
+    toml: TomlFile, known: KnownRelease, steps: list[str], registry: Path
+) -> dict[str, dict[str, str]]:
+    """path -> step -> blob id: the base's from releases.toml, each patch's from [blobs]."""
+    for file in toml.table(("blobs",), optional=True):
+        if file not in known.blobs:
+            raise toml.refuse(
+                ("blobs", file),
+                f'is not a file of [releases."{known.version}"] blobs in {registry}',
+            )
+        if BASE_STEP in toml.table(("blobs", file)):
+            raise toml.refuse(
+                ("blobs", file, BASE_STEP),
+                f'is given here; the base is [releases."{known.version}"] blobs in '
+                f"{registry}, so remove it",
+            )
+    blobs: dict[str, dict[str, str]] = {}
+    for file, base in known.blobs.items():
+        by_step = toml.table(("blobs", file), optional=True)
+        for step in steps[1:]:
+            toml.text(("blobs", file, step), BLOB_ID, "a git blob id")
+        extra = [step for step in by_step if step not in steps]
+        if extra:
+            raise toml.refuse(
+                ("blobs", file),
+                f"names steps {', '.join(extra)}, which are not in [patches] "
+                f"(steps: {', '.join(steps)})",
+            )
+        blobs[file] = {BASE_STEP: base, **{step: by_step[step] for step in steps[1:]}}
+    return blobs
 
 
 def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[RaceEntry, ...]]]:

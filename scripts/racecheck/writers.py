@@ -3,9 +3,10 @@
 A writer is a reference to `future_map.publish` or `future_map.stash` (called,
 or handed on as with functools.partial), an assignment into a relay buffer
 (`x.output_tokens_buf[i] = ...`), or an in-place tensor method called on one.
-The [writers] table of pin.toml says, for each (file, function, what), the
-stream it runs on, the ordering that covers it, and the scenario that plays
-it or the reason none does. No torch and no sglang import: text only.
+The [writers] tables (releases.toml's rows, with a base's pin.toml adding its
+own) say, for each (file, function, what), the stream it runs on, the ordering
+that covers it, and the scenarios that play it or the reason none does. No
+torch and no sglang import: text only.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest
 
+from .catalogue import BY_NAME
 from .races import RELAY_BUFFERS
 
 _METHODS = ("publish", "stash")
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
-_FIELDS = ("stream", "order")
 
 
 @dataclass(frozen=True)
@@ -108,29 +109,34 @@ def _buffer(node: ast.expr) -> str:
     return ""
 
 
+# A row's scenarios: catalogue names separated by spaces, or this word for the
+# in-flight forward that every scenario plays.
+EVERY_SCENARIO = "all"
+
+
 def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
-    """The manifest's [writers] table: key -> {stream, order, scenarios | reason}."""
-    table = manifest.raw.get("writers")
-    if not isinstance(table, dict):
+    """The merged [writers] table (releases.toml's rows and the base's own): key ->
+    {stream, order, scenarios | reason}; every scenario it names is one of the catalogue's."""
+    if not manifest.writers:
         raise BackportError(
             Exit.PATCHSET_INVALID,
-            "the pin manifest has no [writers] table",
-            "classify each FutureMap writer there, as patches/sglang-0.5.15.post1/pin.toml does",
+            "neither patches/releases.toml nor the pin manifest has a [writers] row",
+            "classify each FutureMap writer in [writers] (docs/maintaining.md)",
         )
-    checked: dict[str, dict[str, str]] = {}
-    for key, entry in table.items():
-        if (
-            not isinstance(entry, dict)
-            or any(not isinstance(entry.get(f), str) for f in _FIELDS)
-            or not (entry.get("scenarios") or entry.get("reason"))
-        ):
+    for key, entry in manifest.writers.items():
+        named = entry.get("scenarios", "")
+        unknown = [n for n in named.split() if n not in BY_NAME]
+        if unknown and named != EVERY_SCENARIO:
+            where = "pin.toml" if key in manifest.raw.get("writers", {}) else "releases.toml"
             raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"[writers] {key!r} needs stream, order, and scenarios or a reason",
-                "complete that entry in pin.toml",
+                f"{where} [writers] {key!r}: scenarios = {named!r} names "
+                f"{', '.join(unknown)}, which is not a scenario of "
+                "scripts/racecheck/catalogue.py",
+                f"name scenarios from {' '.join(BY_NAME)}, separated by spaces, or write "
+                f'"{EVERY_SCENARIO}" for the in-flight forward every scenario plays',
             )
-        checked[key] = {k: str(v) for k, v in entry.items()}
-    return checked
+    return manifest.writers
 
 
 def table_rows(found: list[Writer], classes: dict[str, dict[str, Any]]) -> list[list[str]]:

@@ -85,6 +85,8 @@ def test_export_follows_an_edited_commit(
     assert manifest.blobs[DECODE]["0002"] == owned.out("rev-parse", f"HEAD:{DECODE}")
     assert manifest.blobs[DECODE]["0002"] != series.manifest.blobs[DECODE]["0002"]
     assert manifest.blobs_at("base") == series.manifest.blobs_at("base")
+    # the base's blob ids stay releases.toml's: the export does not copy them in
+    assert '"base"' not in (folder / "pin.toml").read_text(encoding="utf-8")
     # The untouched first patch is byte-identical.
     first = series.patch_names[0]
     assert (folder / first).read_bytes() == (series.folder / first).read_bytes()

@@ -50,22 +50,27 @@ DAMAGE = {
         "is not a wheel of sglang 0.5.15.post1",
     ),
     "a blob id that is not one": (
-        '"base" = "2164cade4909b0712654791f05d35dfe137796db"',
-        '"base" = "2164cade"',
-        f'blobs."{DECODE}".base = "2164cade" is not a git blob id',
+        '"0002" = "390495b8d4916143dade4d8a4e41748d8d77a6c7"',
+        '"0002" = "390495b8"',
+        f'blobs."{DECODE}".0002 = "390495b8" is not a git blob id',
     ),
 }
 # the same for patches/releases.toml
 REGISTRY_DAMAGE = {
     "a release's blobs missing": (
-        'fixes = ["fix-a"]\nblobs = {',
-        'fixes = ["fix-a"]\nblob = {',
+        'fixes = ["fix-a"]\nlaunch = "read-done-barrier"\nblobs = {',
+        'fixes = ["fix-a"]\nlaunch = "read-done-barrier"\nblob = {',
         'releases."0.5.16".blobs is missing',
     ),
     "a fix that is not defined": (
         'fixes = ["fix-b"]\nwheel',
         'fixes = ["fix-c"]\nwheel',
         'releases."0.5.19".fixes names fix-c, which [fixes] does not define',
+    ),
+    "a launch profile that is not there": (
+        'launch = "read-done-barrier"\n',
+        'launch = "read-done-barier"\n',
+        'releases."0.5.14".launch = "read-done-barier" names no [launch.read-done-barier]',
     ),
     "the base not there": (
         '[releases."0.5.15.post1"]',

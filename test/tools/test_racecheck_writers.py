@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, SESSION_TREES
+from patchset import paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Series
+from patchset.manifest import PinManifest, Series, load_releases, patch_set_folders
 from racecheck import writers
+from racecheck.catalogue import SCENARIOS
 
 pytestmark = SESSION_TREES
 
@@ -66,7 +69,7 @@ def test_an_unclassified_writer_fails_the_scan(
             "scenarios": "S1",
         }
     }
-    manifest = dataclasses.replace(series.manifest, raw={"writers": known})
+    manifest = dataclasses.replace(series.manifest, writers=known)
     assert writers.main(tree, manifest) == Exit.RACE
     out = capsys.readouterr().out
     assert "Scheduler.run publish | srt/managers/fake.py:6 | forward_stream" in out
@@ -74,10 +77,49 @@ def test_an_unclassified_writer_fails_the_scan(
     assert "FAILED: 4 writer(s)" in out
 
 
-def test_an_entry_without_scenario_or_reason_is_refused(series: Series) -> None:
-    raw = {"writers": {"a b c": {"stream": "s", "order": "o"}}}
-    with pytest.raises(BackportError, match="needs stream, order, and scenarios or a reason"):
-        writers.classification(dataclasses.replace(series.manifest, raw=raw))
+@pytest.mark.parametrize(
+    ("row", "said"),
+    [
+        ('{ stream = "s", order = "o" }', "needs scenarios (what plays it) or a reason"),
+        ('{ stream = "s", scenarios = "S1" }', ".order is missing"),
+        ('{ stream = "s", order = "o", scenario = "S1" }', "has scenario; a row has only"),
+    ],
+)
+def test_a_row_without_its_fields_is_refused(patch_set: Path, row: str, said: str) -> None:
+    pin = patch_set / "pin.toml"
+    text = pin.read_text(encoding="utf-8")
+    pin.write_text(text.replace("[writers]\n", f'[writers]\n"a b c" = {row}\n', 1))
+    with pytest.raises(BackportError, match=re.escape(said)) as raised:
+        PinManifest.load(pin)
+    assert raised.value.code == Exit.PATCHSET_INVALID
+    assert f'{pin}: writers."a b c"' in raised.value.problem
+
+
+@pytest.mark.parametrize("scenarios", ["S1 S99", "every scenario's in-flight forward"])
+def test_a_scenario_the_catalogue_does_not_have_is_refused(series: Series, scenarios: str) -> None:
+    """A row's scenarios are catalogue names (or "all"); free text cannot be checked."""
+    key = "srt/managers/scheduler.py Scheduler.run_batch publish"
+    assert series.manifest.writers[key]["scenarios"] == writers.EVERY_SCENARIO
+    row = {**series.manifest.writers[key], "scenarios": scenarios}
+    damaged = dataclasses.replace(series.manifest, writers={**series.manifest.writers, key: row})
+    with pytest.raises(
+        BackportError, match=re.escape("not a scenario of scripts/racecheck/catalogue.py")
+    ) as raised:
+        writers.classification(damaged)
+    assert raised.value.code == Exit.PATCHSET_INVALID
+    assert f"releases.toml [writers] {key!r}" in raised.value.problem
+
+
+def test_every_release_classifies_against_the_catalogue() -> None:
+    """Each base's merged table: the shared rows and its own, every name a scenario."""
+    shared = load_releases().writers
+    for folder in patch_set_folders(paths.PATCHES_ROOT):
+        manifest = Series.load(folder).manifest
+        classes = writers.classification(manifest)
+        assert set(shared) <= set(classes) and len(classes) > len(shared), folder.name
+        named = {n for row in classes.values() for n in row.get("scenarios", "").split()}
+        assert named - {writers.EVERY_SCENARIO} <= set(SCENARIOS), folder.name
+        assert "H1" in named and writers.EVERY_SCENARIO in named, folder.name
 
 
 @pytest.mark.usefixtures("patched_tree")  # race-check reads the session's build tree

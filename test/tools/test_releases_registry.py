@@ -1,8 +1,9 @@
 """patches/releases.toml: the one place for what every release shares, and who reads it.
 
 Recognition (the manifest's known releases), check-install (which races a
-release leaves open), lint (a base's blob ids agree with its entry) and the
-manifest's own checks all read the registry; no pin.toml repeats it.
+release leaves open, its launch profile), lint (the series' blob ids follow
+from the release's), race-check --writers (the rows every release shares) and
+the manifest's own checks all read the registry; no pin.toml repeats it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from patchset.manifest import (
 )
 
 DECODE = "python/sglang/srt/disaggregation/decode.py"
+OVERLAP = "python/sglang/srt/managers/overlap_utils.py"
 # What only the registry may hold; a pin.toml that repeats it is a copy that can drift.
 SHARED_TABLES = ("known-releases", "upstream-fixed")
 
@@ -42,10 +44,31 @@ def test_every_release_from_0_5_13_to_0_5_23_is_known_once() -> None:
         data = tomllib.loads((folder / "pin.toml").read_text(encoding="utf-8"))
         assert not set(SHARED_TABLES) & set(data), folder.name
         assert BASE_STEP not in data["step-fixes"], folder.name
+        # the base's blob ids are the registry's alone
+        assert all(BASE_STEP not in by_step for by_step in data["blobs"].values()), folder.name
+        # no pin.toml repeats a writer row every release shares
+        assert not set(data["writers"]) & set(registry.writers), folder.name
         manifest = Series.load(folder).manifest
         for release in manifest.releases:
             assert registry.known[release].blobs == manifest.blobs_at(BASE_STEP), release
             assert manifest.step_fixes[BASE_STEP] == registry.known[release].fixes
+            # every release served has launch settings, from a profile it names
+            assert registry.launch[release].release == release
+
+
+def test_launch_profiles_are_said_once() -> None:
+    """Two shapes of [launch] settings, each one table that its releases name."""
+    launch = load_releases().launch
+    profiles = {settings.profile: settings for settings in launch.values()}
+    assert sorted(profiles) == ["read-done-barrier", "whole-stream-barrier"]
+    assert [v for v, s in launch.items() if s.profile == "whole-stream-barrier"] == [
+        "0.5.13",
+        "0.5.13.post1",
+    ]
+    old, new = profiles["whole-stream-barrier"], profiles["read-done-barrier"]
+    assert (old.war_barrier_env, old.war_fast_path) == (False, False)
+    assert (new.war_barrier_env, new.war_fast_path) == (True, True)
+    assert "disable_decode_cuda_graph" in new.flags and "disable_decode_cuda_graph" not in old.flags
 
 
 def test_recognition_names_releases_from_the_registry(tmp_path: Path) -> None:
@@ -63,6 +86,9 @@ def test_recognition_names_releases_from_the_registry(tmp_path: Path) -> None:
     assert apply.nearest_release(other, dict(later)) != "0.5.20"
 
 
+PIN_BLOBS = '"python/sglang/srt/disaggregation/decode.py" = { "0001" = '
+
+
 @pytest.mark.parametrize(
     ("old", "new", "problem"),
     [
@@ -70,9 +96,12 @@ def test_recognition_names_releases_from_the_registry(tmp_path: Path) -> None:
         ("[step-fixes]\n", '[step-fixes]\n"2" = []\n', r"step-fixes\.2 is not a step"),
         ('"0002" = ["fix-b"]\n', '"0002" = ["fix-z"]\n', r"step-fixes\.0002 names fix-z"),
         ('"0002" = ["fix-b"]\n', "", r"step-fixes\.0002 is missing"),
+        # the base's blob ids are releases.toml's: a copy here is refused, not compared
+        (PIN_BLOBS, PIN_BLOBS.replace("{ ", f'{{ "base" = "{"0" * 40}", '), r"\.base is given"),
+        ("[blobs]\n", '[blobs]\n"python/x.py" = { "0001" = "' + "0" * 40 + '" }\n', "not a file"),
     ],
 )
-def test_step_fixes_are_checked_against_the_registry(
+def test_step_fixes_and_blobs_are_checked_against_the_registry(
     patch_set: Path, old: str, new: str, problem: str
 ) -> None:
     pin = patch_set / "pin.toml"
@@ -83,6 +112,22 @@ def test_step_fixes_are_checked_against_the_registry(
         PinManifest.load(pin)
     assert raised.value.code == Exit.PATCHSET_INVALID
     assert str(pin) in raised.value.problem
+
+
+def test_a_same_files_release_whose_blobs_differ_is_refused(tmp_path: Path) -> None:
+    """0.5.13's series serves 0.5.13.post1 only while their files are the same."""
+    registry = load_releases()
+    block = '[releases."0.5.13.post1"]'
+    text = (paths.PATCHES_ROOT / RELEASES_NAME).read_text(encoding="utf-8")
+    entry = text[text.index(block) : text.index('[releases."0.5.14"]')]
+    ours = registry.known["0.5.13.post1"].blobs[DECODE]
+    root = scratch_project(
+        tmp_path, entry, entry.replace(ours, registry.known["0.5.14"].blobs[DECODE])
+    )
+    fewer = Releases.load(root / "patches" / RELEASES_NAME)
+    with pytest.raises(BackportError, match=r'same-files\."0\.5\.13\.post1" is served') as raised:
+        PinManifest.load(paths.PATCHES_ROOT / "sglang-0.5.13" / "pin.toml", fewer)
+    assert raised.value.code == Exit.PATCHSET_INVALID
 
 
 def scratch_project(tmp_path: Path, old: str, new: str) -> Path:
@@ -111,18 +156,29 @@ def command(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_lint_finds_a_base_whose_blobs_disagree_with_the_registry(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        # 0001 does not touch decode.py: its blob at 0001 must be the release's
+        (DECODE, f"does not touch {DECODE}, but [blobs] pins "),
+        # 0001 patches overlap_utils.py: its pre-image must be the release's
+        (OVERLAP, f"{OVERLAP}: pre-image blob "),
+    ],
+)
+def test_lint_finds_a_registry_entry_the_series_contradicts(
+    tmp_path: Path, path: str, said: str
+) -> None:
     registry = load_releases()
-    ours = registry.known["0.5.15.post1"].blobs[DECODE]
-    theirs = registry.known["0.5.15"].blobs[DECODE]
+    ours = registry.known["0.5.15.post1"].blobs[path]
+    theirs = registry.known["0.5.15"].blobs[path]
     block = '[releases."0.5.15.post1"]'
     text = (paths.PATCHES_ROOT / RELEASES_NAME).read_text(encoding="utf-8")
     entry = text[text.index(block) : text.index('[releases."0.5.16"]')]
     root = scratch_project(tmp_path, entry, entry.replace(ours, theirs))
     result = command(root, "lint-patches")
     assert result.returncode == Exit.PATCHSET_INVALID, result.stdout + result.stderr
-    assert "[manifest] [blobs] base holds" in result.stdout
-    assert f'{root / "patches" / RELEASES_NAME} [releases."0.5.15.post1"] blobs' in result.stdout
+    assert said in result.stdout
+    assert f'releases.toml [releases."0.5.15.post1"] has {theirs} at step base' in result.stdout
     # the other bases are not concerned
     assert command(root, "lint-patches", "--patch-set", "patches/sglang-0.5.16").returncode == 0
 
