@@ -18,7 +18,14 @@ from typing import Any
 
 from patchset import buildtree, cli, paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
+from patchset.manifest import (
+    PinManifest,
+    Series,
+    git_blob_id,
+    patch_set_folders,
+    replace_tables,
+    series_for_release,
+)
 
 from . import report, worker, writers
 from .catalogue import PLAYS, SCENARIOS
@@ -83,12 +90,13 @@ WORDING = {
 @dataclass
 class TreeRun:
     label: str  # the column: a step label, or "tree" (numbered when several)
-    step: str  # the step whose expected column judges it
+    step: str  # the step whose expected column judges it; "" for a tree that holds no step
     tree: Path
     expected: report.Table  # the table of the tree's base
     expected_final: str  # the final step of the tree's series
     base: str = ""  # the base's version, in the labels when several bases run
-    given: bool = False  # a --tree (judged as the final step), not a step tree
+    given: bool = False  # a --tree (judged as the step its files hold), not a step tree
+    version: str = ""  # the release whose series judges it
     races: dict[str, list[Race]] = field(default_factory=dict)
     torch: str = ""
     barrier: str = ""
@@ -143,8 +151,9 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         type=cli.absolute_path,
         action="append",
         metavar="DIR",
-        help="a folder holding python/sglang, judged as the final step (repeatable; "
-        "with --step, the trees are columns beside the steps')",
+        help="a folder holding python/sglang: the races open in it, compared with the step "
+        "of the series its files hold, if any (repeatable; with --step, the trees are "
+        "columns beside the steps')",
     )
     tables = p.add_mutually_exclusive_group()
     tables.add_argument(
@@ -242,7 +251,7 @@ def plan_runs(
     chosen: list[Series], step: str | None, given: list[Path], regenerate: bool = False
 ) -> list[TreeRun]:
     """The columns to measure: the chosen steps of each series' build tree (none when
-    only trees are given), then each given tree, judged as its series' final step.
+    only trees are given), then each given tree, judged by the step its files hold.
     regenerate: the tables are to be written, so a scenario or table missing
     from pin.toml is expected clean instead of refused."""
     several = len(chosen) > 1
@@ -272,18 +281,29 @@ def plan_runs(
                 )
                 for s in (manifest.steps if wanted == ALL else [wanted])
             ]
-        runs += [
-            TreeRun(
-                f"tree {n}" if len(given) > 1 else "tree",
-                manifest.final_step,
-                buildtree.check_tree(tree, Exit.ENVIRONMENT),
-                expected,
-                manifest.final_step,
-                given=True,
+        for n, tree in enumerate(given, 1):
+            checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
+            runs.append(
+                TreeRun(
+                    f"tree {n}" if len(given) > 1 else "tree",
+                    step_held(manifest, checked),
+                    checked,
+                    expected,
+                    manifest.final_step,
+                    given=True,
+                    version=manifest.base.version,
+                )
             )
-            for n, tree in enumerate(given, 1)
-        ]
     return runs
+
+
+def step_held(manifest: PinManifest, tree: Path) -> str:
+    """The (latest) step of the series whose files the tree holds, or "" for none."""
+    blobs = {
+        path: git_blob_id((tree / path).read_bytes()) if (tree / path).is_file() else None
+        for path in manifest.files
+    }
+    return next((s for s in reversed(manifest.steps) if manifest.blobs_at(s) == blobs), "")
 
 
 def _label(base: str, text: str) -> str:
@@ -416,8 +436,8 @@ def grid_text(runs: list[TreeRun]) -> str:
         row: dict[str, str] = {}
         for tree_run in runs:
             measured = report.cell_of(tree_run.races[name])
-            expected = tree_run.expected[name][tree_run.step]
             text = report.describe(measured)
+            expected = tree_run.expected[name][tree_run.step] if tree_run.step else measured
             if expected != measured:
                 text = f"{text} [EXPECTED: {report.describe(expected)}]"
             row[_column(tree_run)] = text
@@ -443,22 +463,30 @@ def print_races(tree_run: TreeRun) -> None:
 
 
 def _judged_as_patched(tree_run: TreeRun) -> bool:
-    """A given tree, or the final step when its expected column is clean."""
+    """The final step when its expected column is clean."""
     clean = not any(tree_run.expected[name][tree_run.step] for name in SCENARIOS)
-    return tree_run.given or (tree_run.step == tree_run.expected_final and clean)
+    return tree_run.step == tree_run.expected_final and clean
+
+
+def _differ(tree_run: TreeRun) -> list[str]:
+    """The scenarios whose measured cell is not the expected one (none without a step)."""
+    if not tree_run.step:
+        return []
+    return [
+        name
+        for name in SCENARIOS
+        if report.cell_of(tree_run.races[name]) != tree_run.expected[name][tree_run.step]
+    ]
 
 
 def verdict(runs: list[TreeRun]) -> int:
-    """A table of steps must be the expected one; a patched or given tree must have no race."""
+    """A table of steps must be the expected one; a patched step tree must have no race;
+    a given tree has what it has, and is wrong where the step its files hold expects
+    otherwise."""
     code = Exit.OK
     steps = [r for r in runs if not r.given]
     if steps and not all(_judged_as_patched(r) for r in steps):
-        differ = [
-            f"{name} {r.label}"
-            for r in steps
-            for name in SCENARIOS
-            if report.cell_of(r.races[name]) != r.expected[name][r.step]
-        ]
+        differ = [f"{name} {r.label}" for r in steps for name in _differ(r)]
         if differ:
             print(
                 "FAILED: the measured table differs from the expected one in: " + ", ".join(differ)
@@ -466,17 +494,41 @@ def verdict(runs: list[TreeRun]) -> int:
             code = Exit.RACE
         else:
             print("ok: the measured table is the expected one")
-        patched = [r for r in runs if r.given]
     else:
-        patched = runs
-    for r in patched:
-        count = sum(len(races) for races in r.races.values())
-        if count:
-            print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
-            code = Exit.RACE
-        else:
-            print(f"ok: no race in {r.tree}")
+        for r in steps:
+            count = sum(len(races) for races in r.races.values())
+            if count:
+                print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
+                code = Exit.RACE
+            else:
+                print(f"ok: no race in the patched tree {r.tree}")
+    for r in (r for r in runs if r.given):
+        code = max(code, _given_verdict(r))
     return code
+
+
+def _given_verdict(tree_run: TreeRun) -> int:
+    """What a given tree holds: its open races, and the expectation of its step if any."""
+    open_in = [name for name in SCENARIOS if tree_run.races[name]]
+    count = sum(len(tree_run.races[name]) for name in open_in)
+    if count:
+        print(f"races open in this tree {tree_run.tree}: {count} ({', '.join(open_in)})")
+    else:
+        print(f"ok: no race in this tree {tree_run.tree}")
+    series = f"sglang {tree_run.version}'s series"
+    if not tree_run.step:
+        print(f"  the series' files in it match no step of {series}, so nothing is expected")
+        return Exit.RACE if count else Exit.OK
+    step = report.step_label(tree_run.step)
+    differ = _differ(tree_run)
+    if differ:
+        print(
+            f"  FAILED: the series' files in it are step {step} of {series}, whose "
+            f"[races] table expects otherwise in: {', '.join(differ)}"
+        )
+        return Exit.RACE
+    print(f"  the series' files in it are step {step} of {series}, as its [races] table expects")
+    return Exit.RACE if count else Exit.OK
 
 
 def expected_tables(chosen: list[Series], runs: list[TreeRun], write: bool) -> int:
