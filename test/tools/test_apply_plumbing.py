@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, RunScript, SlimSet, blobs, git, repin, repo_state
+from conftest import SCRIPTS, RunScript, SlimSet, git, repin, repo_state
 from patchset import wheel
 from patchset.errors import Exit
 from patchset.manifest import Series
