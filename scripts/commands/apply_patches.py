@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from patchset import apply, buildtree, cli, paths
+from patchset import apply, buildtree, cli, paths, recognise
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
@@ -64,7 +64,7 @@ def choose_series(args: argparse.Namespace) -> Series:
         return Series.load(args.patch_set)
     if args.sglang:
         files = buildtree.files_at(open_checkout(args.sglang), "HEAD", default_manifest())
-        return apply.identify_series(paths.PATCHES_ROOT, files, str(args.sglang))
+        return recognise.identify_series(paths.PATCHES_ROOT, files, str(args.sglang))
     return series_for_release(paths.PATCHES_ROOT, args.base or paths.DEFAULT_BASE)
 
 

@@ -12,7 +12,6 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from patchset.manifest import (
 from . import report, worker, writers
 from .catalogue import PLAYS, SCENARIOS
 from .csan import torch_text
-from .races import Race
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 
@@ -85,23 +83,6 @@ WORDING = {
     "or holds a wrong entry there",
     Exit.STALE: "(--check-expected) a [races] table is not what the run measured",
 }
-
-
-@dataclass
-class TreeRun:
-    label: str  # the column: a step label, or "tree" (numbered when several)
-    step: str  # the step whose expected column judges it; "" for a tree that holds no step
-    tree: Path
-    expected: report.Table  # the table of the tree's base
-    expected_final: str  # the final step of the tree's series
-    base: str = ""  # the base's version, in the labels when several bases run
-    given: bool = False  # a --tree (judged as the step its files hold), not a step tree
-    version: str = ""  # the release whose series judges it
-    races: dict[str, list[Race]] = field(default_factory=dict)
-    torch: str = ""
-    barrier: str = ""
-    import_s: float = 0.0
-    run_s: float = 0.0
 
 
 ALL = "all"
@@ -224,10 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     for base in dict.fromkeys(r.base for r in runs):
         if base:
             print(f"sglang {base}:")
-        print(grid_text([r for r in runs if r.base == base]))
+        print(report.grid_text([r for r in runs if r.base == base]))
         print()
     for tree_run in runs:
-        print_races(tree_run)
+        report.print_races(tree_run)
     bases_of: dict[str, list[str]] = {}
     for r in runs:
         bases = bases_of.setdefault(r.barrier, [])
@@ -244,18 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
-    return verdict(runs)
+    return report.verdict(runs)
 
 
 def plan_runs(
     chosen: list[Series], step: str | None, given: list[Path], regenerate: bool = False
-) -> list[TreeRun]:
+) -> list[report.TreeRun]:
     """The columns to measure: the chosen steps of each series' build tree (none when
     only trees are given), then each given tree, judged by the step its files hold.
     regenerate: the tables are to be written, so a scenario or table missing
     from pin.toml is expected clean instead of refused."""
     several = len(chosen) > 1
-    runs: list[TreeRun] = []
+    runs: list[report.TreeRun] = []
     for series in chosen:
         manifest = series.manifest
         if regenerate:
@@ -271,7 +252,7 @@ def plan_runs(
             trees = step_trees(series)
             version = manifest.base.version if several else ""
             runs += [
-                TreeRun(
+                report.TreeRun(
                     _label(version, report.step_label(s)),
                     s,
                     trees[s],
@@ -284,7 +265,7 @@ def plan_runs(
         for n, tree in enumerate(given, 1):
             checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
             runs.append(
-                TreeRun(
+                report.TreeRun(
                     f"tree {n}" if len(given) > 1 else "tree",
                     step_held(manifest, checked),
                     checked,
@@ -342,7 +323,7 @@ def step_trees(series: Series) -> dict[str, Path]:
     return buildtree.step_trees(series, build)
 
 
-def run_trees(python: Path, runs: list[TreeRun]) -> float:
+def run_trees(python: Path, runs: list[report.TreeRun]) -> float:
     """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading.
 
     On this process's own interpreter the trees' children fork from this
@@ -383,7 +364,7 @@ def _same_environment(python: Path) -> bool:
 
 
 def _run_worker(
-    python: Path, out_dir: Path, runs: list[TreeRun], announce: Callable[[int], None]
+    python: Path, out_dir: Path, runs: list[report.TreeRun], announce: Callable[[int], None]
 ) -> tuple[int, list[str]]:
     """python -m racecheck.worker on the trees; (its exit code, what it printed)."""
     env = dict(os.environ)
@@ -412,7 +393,7 @@ def _run_worker(
             proc.wait()
 
 
-def _fill(tree_run: TreeRun, result: dict[str, Any]) -> None:
+def _fill(tree_run: report.TreeRun, result: dict[str, Any]) -> None:
     if "error" in result:
         code = Exit(result["code"])
         if code == Exit.INTERNAL:
@@ -430,108 +411,7 @@ def _fill(tree_run: TreeRun, result: dict[str, Any]) -> None:
     tree_run.run_s = result["run_s"]
 
 
-def grid_text(runs: list[TreeRun]) -> str:
-    cells: dict[str, dict[str, str]] = {}
-    for name in SCENARIOS:
-        row: dict[str, str] = {}
-        for tree_run in runs:
-            measured = report.cell_of(tree_run.races[name])
-            text = report.describe(measured)
-            expected = tree_run.expected[name][tree_run.step] if tree_run.step else measured
-            if expected != measured:
-                text = f"{text} [EXPECTED: {report.describe(expected)}]"
-            row[_column(tree_run)] = text
-        cells[name] = row
-    return report.grid([_column(r) for r in runs], cells)
-
-
-def _column(tree_run: TreeRun) -> str:
-    """The run's label without its base (each base has a grid of its own)."""
-    return tree_run.label.removeprefix(f"{tree_run.base} ")
-
-
-def print_races(tree_run: TreeRun) -> None:
-    count = sum(len(races) for races in tree_run.races.values())
-    if not count:
-        print(f"{tree_run.label}: no race\n")
-        return
-    print(f"{tree_run.label}: {count} race{'s' if count != 1 else ''} ({tree_run.tree})")
-    for name, races in tree_run.races.items():
-        for race in races:
-            print(f"[{name}] " + report.race_text(race))
-    print()
-
-
-def _judged_as_patched(tree_run: TreeRun) -> bool:
-    """The final step when its expected column is clean."""
-    clean = not any(tree_run.expected[name][tree_run.step] for name in SCENARIOS)
-    return tree_run.step == tree_run.expected_final and clean
-
-
-def _differ(tree_run: TreeRun) -> list[str]:
-    """The scenarios whose measured cell is not the expected one (none without a step)."""
-    if not tree_run.step:
-        return []
-    return [
-        name
-        for name in SCENARIOS
-        if report.cell_of(tree_run.races[name]) != tree_run.expected[name][tree_run.step]
-    ]
-
-
-def verdict(runs: list[TreeRun]) -> int:
-    """A table of steps must be the expected one; a patched step tree must have no race;
-    a given tree has what it has, and is wrong where the step its files hold expects
-    otherwise."""
-    code = Exit.OK
-    steps = [r for r in runs if not r.given]
-    if steps and not all(_judged_as_patched(r) for r in steps):
-        differ = [f"{name} {r.label}" for r in steps for name in _differ(r)]
-        if differ:
-            print(
-                "FAILED: the measured table differs from the expected one in: " + ", ".join(differ)
-            )
-            code = Exit.RACE
-        else:
-            print("ok: the measured table is the expected one")
-    else:
-        for r in steps:
-            count = sum(len(races) for races in r.races.values())
-            if count:
-                print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
-                code = Exit.RACE
-            else:
-                print(f"ok: no race in the patched tree {r.tree}")
-    for r in (r for r in runs if r.given):
-        code = max(code, _given_verdict(r))
-    return code
-
-
-def _given_verdict(tree_run: TreeRun) -> int:
-    """What a given tree holds: its open races, and the expectation of its step if any."""
-    open_in = [name for name in SCENARIOS if tree_run.races[name]]
-    count = sum(len(tree_run.races[name]) for name in open_in)
-    if count:
-        print(f"races open in this tree {tree_run.tree}: {count} ({', '.join(open_in)})")
-    else:
-        print(f"ok: no race in this tree {tree_run.tree}")
-    series = f"sglang {tree_run.version}'s series"
-    if not tree_run.step:
-        print(f"  the series' files in it match no step of {series}, so nothing is expected")
-        return Exit.RACE if count else Exit.OK
-    step = report.step_label(tree_run.step)
-    differ = _differ(tree_run)
-    if differ:
-        print(
-            f"  FAILED: the series' files in it are step {step} of {series}, whose "
-            f"[races] table expects otherwise in: {', '.join(differ)}"
-        )
-        return Exit.RACE
-    print(f"  the series' files in it are step {step} of {series}, as its [races] table expects")
-    return Exit.RACE if count else Exit.OK
-
-
-def expected_tables(chosen: list[Series], runs: list[TreeRun], write: bool) -> int:
+def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:
     """Compare each base's measured table with its [races] tables; write them if asked.
 
     A final step with a race is refused first, and nothing is written: the

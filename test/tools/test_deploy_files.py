@@ -137,9 +137,7 @@ def test_the_next_build_removes_what_a_killed_build_left(tmp_path: Path, wheel_c
     assert listing(out) == [built.name], f"the killed run's {left.name} is still there"
 
     # only the killed run's marked folder goes: not a look-alike, not a live run's folder
-    marker = kill_when(
-        start_build(out, wheel_cache, {}), out, f".build-wheel-*/{lock.TEMP_MARKER}"
-    )
+    marker = kill_when(start_build(out, wheel_cache, {}), out, f".build-wheel-*/{lock.TEMP_MARKER}")
     left = marker.parent
     made = look_alikes(out, *deploy.BUILD_TEMP)
     with lock.marked_folder(out, *deploy.BUILD_TEMP) as live:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, SESSION_TREES, linked_copy, repin, replace_text
 from patchset.manifest import Series
-from racecheck import cli, writers
+from racecheck import cli, report, writers
 from racecheck.catalogue import BY_NAME, PLAYS, SCENARIOS
 
 pytestmark = SESSION_TREES
@@ -224,11 +224,11 @@ def test_a_tree_is_judged_by_the_step_its_files_hold(
     runs = cli.plan_runs([Series.load(patch_set)], None, [patched_tree])
     assert [(r.label, r.step, r.given) for r in runs] == [("tree", "0003", True)]
     runs[0].races = {name: [] for name in SCENARIOS}
-    assert cli.verdict(runs) == 0
+    assert report.verdict(runs) == 0
     assert f"ok: no race in this tree {patched_tree}" in capsys.readouterr().out
     # Judged by the 0002 column instead, the same tree would be a differing table.
     runs[0].step = "0002"
-    assert cli.verdict(runs) == 15
+    assert report.verdict(runs) == 15
     assert "expects otherwise in: S1" in capsys.readouterr().out
     helped = race_check("--patch-set", str(patch_set), "--help")
     assert "{base,0001,0002,0003,all}" in helped.stdout
