@@ -150,7 +150,7 @@ class Git:
         off = [(f"filter.{n}.{k}", "") for n in names if n for k in ("clean", "smudge", "process")]
         off += [(f"filter.{n}.required", "false") for n in names if n]
         reader = replace(self, extra_env=self.extra_env | config_env(off))
-        pathspec = ["--", self.prefix] if self.prefix else []
+        pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
         listing = reader.run(
             "status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec
         ).stdout

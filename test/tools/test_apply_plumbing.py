@@ -175,7 +175,11 @@ def test_a_repository_owned_by_someone_else_shows_gits_reason(
     spaced = tmp_path / "their sglang"
     checkout.rename(spaced)
     subprocess.run(["chown", "-R", "65534:65534", str(spaced)], check=True)
-    env = {"GIT_CONFIG_GLOBAL": str(tmp_path / "empty-gitconfig")}
+    # A home of its own: no safe.directory of the machine's user applies (the run
+    # removes GIT_CONFIG_GLOBAL from git's environment, so that cannot choose it).
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
     for args in (["--sglang", str(spaced)], ["--check", "--sglang", str(spaced)]):
         result = run_script("apply-patches", *args, env=env)
         assert result.returncode == Exit.ENVIRONMENT, result.stderr
