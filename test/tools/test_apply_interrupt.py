@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import RunScript, SlimSet, blobs, git, repo_state
+from patchset import lock
 from patchset.apply import LOCK_NAME, TEMP_PREFIX
 from patchset.errors import Exit
 from patchset.manifest import Series
@@ -171,3 +172,16 @@ def test_build_tree_survives_a_signal_at_each_git_call(
     assert git(repo, "status", "--porcelain") == ""
     assert sorted(p.name for p in build.iterdir()) == [repo.name]
     assert sorted(p.name for p in tmpdir_of_runs.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_a_sweep_takes_only_this_users_leftovers(tmp_path: Path):
+    """In a shared TMPDIR, another user's folder of ours is never judged, even by root."""
+    made = [lock._make_marked(tmp_path, TEMP_PREFIX, "") for _ in range(2)]
+    for _folder, fd in made:
+        os.close(fd)  # its maker is gone
+    (mine, _), (theirs, _) = made
+    for path in (theirs, *theirs.iterdir()):
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    assert lock.remove_leftovers(tmp_path, TEMP_PREFIX) == [mine]
+    assert not mine.exists() and theirs.is_dir()
