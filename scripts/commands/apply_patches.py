@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from patchset import apply, buildtree, cli, paths
+from patchset import apply, buildtree, cli, paths, recognise
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
@@ -19,9 +19,12 @@ With no arguments: download the pinned sglang wheel of the default release
 (--base VERSION for another served release; sha256-checked, cached), lay its
 sglang/ tree out as python/sglang/ in a git repository under build/, commit and
 tag it as the pristine base, and apply that release's series on a branch.
-With --sglang PATH: recognise which served release your git checkout holds (by
-the git blob ids of the files the series touch) and apply that release's
-series on a new branch; your current branch, index and work tree are left alone.
+With --sglang PATH (the folder of your git checkout that holds python/sglang:
+its top, or where your repository vendors sglang): recognise which served
+release it holds (by the content of the files the series touch, in a sha1 or
+sha256 repository) and apply that release's series on a new branch; your
+current branch, index and work tree are left alone, and no hook or filter
+program of yours runs.
 A second run says "already applied" and exits 0.
 
 One run at a time per build folder or repository: a second one waits (--wait)
@@ -36,7 +39,13 @@ CODES = [
     Exit.NOT_A_CHECKOUT, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
     Exit.WOULD_NOT_APPLY, Exit.BRANCH_EXISTS, Exit.LOCKED,
 ]  # fmt: skip
-WORDING = {Exit.OK: "applied, already applied, or (--check) every patch applies cleanly"}
+WORDING = {
+    Exit.OK: "applied, already applied, or (--check) every patch applies cleanly",
+    Exit.NOT_A_CHECKOUT: "the path is not in a git checkout, or holds no python/sglang (the "
+    "folder that does is named), or a build tree this command did not make",
+    Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
+    "ref is in the way of its name: pass --branch",
+}
 
 
 def branch_name_problem(name: str) -> str | None:
@@ -55,7 +64,7 @@ def choose_series(args: argparse.Namespace) -> Series:
         return Series.load(args.patch_set)
     if args.sglang:
         files = buildtree.files_at(open_checkout(args.sglang), "HEAD", default_manifest())
-        return apply.identify_series(paths.PATCHES_ROOT, files, str(args.sglang))
+        return recognise.identify_series(paths.PATCHES_ROOT, files, str(args.sglang))
     return series_for_release(paths.PATCHES_ROOT, args.base or paths.DEFAULT_BASE)
 
 
@@ -66,7 +75,10 @@ def default_manifest() -> PinManifest:
 def main() -> int:
     p = cli.parser("apply-patches", DESCRIPTION, CODES, WORDING)
     p.add_argument(
-        "--sglang", type=cli.absolute_path, metavar="PATH", help="your sglang git checkout"
+        "--sglang",
+        type=cli.absolute_path,
+        metavar="PATH",
+        help="the folder of your git checkout that holds python/sglang",
     )
     p.add_argument(
         "--check",

@@ -2,158 +2,33 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import shlex
-import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import wheel as wheels
-from .buildtree import build_tree_path, default_branch, pristine_tag, read_blob
+from .buildtree import build_tree_path, default_branch, files_at, pristine_tag
 from .errors import BackportError, Exit
 from .git import PROJECT_IDENTITY, Git, GitError, open_checkout
-from .lock import DEFAULT_WAIT_S, deferred_signals, held, hold_interrupts, release_interrupts
-from .manifest import (
-    BASE_STEP,
-    PinManifest,
-    Series,
-    git_blob_id,
-    patch_set_folders,
-    release_key,
-    step_of,
+from .lock import (
+    DEFAULT_WAIT_S,
+    held,
+    hold_interrupts,
+    marked_folder,
+    release_interrupts,
+    remove_leftovers,
 )
+from .manifest import PinManifest, Series, step_of
 from .patchfile import file_events, touched_paths
-from .paths import DEFAULT_BASE
+from .recognise import blobs_of, locate_step, reader
 
 # The lock of a user's repository: a file in its git folder while a run holds it.
 LOCK_NAME = "sglang-backports.lock"
-
-
-def locate_step(
-    manifest: PinManifest,
-    blobs: dict[str, str | None],
-    read_file: Callable[[str], str | None],
-    where: str,
-) -> str:
-    """Which step of the series the tree is at; refuse a tree that is at none."""
-    for step in reversed(manifest.steps):
-        if blobs == manifest.blobs_at(step):
-            return step
-    raise _mismatch(manifest, blobs, read_file, where)
-
-
-def _mismatch(
-    manifest: PinManifest,
-    blobs: dict[str, str | None],
-    read_file: Callable[[str], str | None],
-    where: str,
-    headline: str = "",
-) -> BackportError:
-    version = manifest.base.version
-    expected = manifest.blobs_at(BASE_STEP)
-    if headline:
-        lines = [headline, f"  (compared with sglang {version}:)"]
-    else:
-        lines = [f"{where} is not sglang {version}, the base this series is pinned to:"]
-    for path, blob in blobs.items():
-        if blob == expected[path]:
-            continue
-        if blob is None:
-            lines.append(f"  {path}: missing")
-            continue
-        same_in = [r for r, files in manifest.known_releases.items() if files.get(path) == blob]
-        known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
-        lines.append(f"  {path}: blob {blob}, expected {expected[path]}{known}")
-
-    looks_like = [r for r, files in manifest.known_releases.items() if files == blobs]
-    fixed = manifest.upstream_fixed.version
-    has_marker = any(fix_in_function(read_file(path) or "", manifest) for path in blobs)
-    if any(release_key(r) >= release_key(fixed) for r in looks_like) or has_marker:
-        named = f"sglang {looks_like[-1]}" if looks_like else f"sglang {fixed} or later"
-        prs = " and ".join(f"#{pr}" for pr in manifest.upstream_prs.values())
-        lines.append(
-            f"It looks like {named}, which already contains the fixes"
-            + (f" (upstream PRs {prs})." if prs else ".")
-        )
-        return BackportError(
-            Exit.ALREADY_UPSTREAM,
-            "\n".join(lines),
-            "no patch is needed: the fixes are already upstream",
-        )
-    if looks_like:
-        lines.append(f"It looks like sglang {looks_like[-1]}.")
-    else:
-        near = nearest_release(manifest, blobs)
-        lines.append(
-            "It matches no sglang release this series knows"
-            + (f"; the nearest is sglang {near}." if near else ".")
-        )
-    return BackportError(
-        Exit.BASE_MISMATCH,
-        "\n".join(lines),
-        "check out the tag of one of those releases; for another release a patch set "
-        "of its own is needed under patches/"
-        if headline
-        else f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
-        "for other releases a patch set of their own is needed under patches/",
-    )
-
-
-def fix_in_function(source: str, manifest: PinManifest) -> bool:
-    """Whether fix B's line sits in the function it belongs to (not elsewhere in the file).
-
-    0.5.13's decode event loop has the same wait_stream line for another reason,
-    so a plain text search would call an unpatched 0.5.13 fixed.
-    """
-    marker, name = manifest.fix_marker, manifest.fix_function
-    if not marker or not name or name not in source:
-        return False
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    return any(
-        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.name == name
-        and marker in (ast.get_source_segment(source, node) or "")
-        for node in ast.walk(tree)
-    )
-
-
-def nearest_release(manifest: PinManifest, blobs: dict[str, str | None]) -> str | None:
-    """The known release that shares most of these files (the newest on a tie)."""
-    scored = [
-        (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(r), r)
-        for r, files in manifest.known_releases.items()
-    ]
-    best = max(scored, default=None)
-    return best[2] if best and best[0] else None
-
-
-def identify_series(root: Path, files: dict[str, bytes | None], where: str) -> Series:
-    """The series (of every patch set under root) whose steps hold these files.
-
-    A tree at any step of a series is recognised by its blob ids, so a checkout
-    of any served release (patched or not) gets that release's series; other
-    trees are refused as the default series refuses them, naming the nearest
-    release or saying the fixes are already upstream.
-    """
-    blobs = _blobs_of(files)
-    every = [Series.load(folder) for folder in patch_set_folders(root)]
-    for series in every:
-        if series.manifest.files != list(files):
-            continue
-        if any(blobs == series.manifest.blobs_at(step) for step in series.manifest.steps):
-            return series
-    served = [release for series in every for release in series.manifest.releases]
-    default = Series.load(root / f"sglang-{DEFAULT_BASE}")
-    headline = f"{where} holds none of the sglang releases served here ({', '.join(served)}):"
-    raise _mismatch(default.manifest, blobs, _reader(files), where, headline)
 
 
 @dataclass
@@ -169,7 +44,9 @@ class ApplyReport:
 
 
 def _blobs_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, str | None]:
-    return git.blobs_at(rev, manifest.files)
+    """The sha1 blob ids of the files' content at rev: the manifest's ids in a
+    repository of any object format (sha256 included)."""
+    return blobs_of(files_at(git, rev, manifest))
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
@@ -189,67 +66,15 @@ def _refuse_unclean(git: Git, where: Path) -> None:
         )
 
 
-def _blobs_of(files: dict[str, bytes | None]) -> dict[str, str | None]:
-    return {path: git_blob_id(data) if data is not None else None for path, data in files.items()}
-
-
-def _reader(files: dict[str, bytes | None]) -> Callable[[str], str | None]:
-    def read(path: str) -> str | None:
-        data = files.get(path)
-        return data.decode("utf-8", "replace") if data is not None else None
-
-    return read
-
-
-def _head_reader(git: Git) -> Callable[[str], str | None]:
-    """Reads HEAD's files only when a refusal needs their text."""
-
-    def read(path: str) -> str | None:
-        data = read_blob(git, "HEAD", path)
-        return data.decode("utf-8", "replace") if data is not None else None
-
-    return read
-
-
 def _patches_after(series: Series, step: str) -> list[Path]:
     steps = series.manifest.steps
     done = steps.index(step)
     return series.patch_paths[done:]
 
 
-# What this command leaves behind only when it is killed: temporary folders
-# named TEMP_PREFIX..., each holding a MARKER file that names the repository
-# it was made for. The next run on that repository removes them (leftovers).
+# Our temporary folders (see lock.marked_folder): in TMPDIR for a user's
+# checkout, beside the build tree for the build folder.
 TEMP_PREFIX = "sglang-backports-apply-"
-MARKER = "made-by-sglang-backports"
-# Earlier versions applied in a temporary worktree of the user's repository,
-# named so; a record of one that a killed run left is still removed.
-OLD_WORKTREE_NAMES = ("sglang-backports-worktree", "tree")
-# What _old_worktree_folder says of a record that points nowhere yet.
-HALF_WRITTEN = Path()
-
-
-def _temp_folder(parent: Path | None, owner: Path) -> Path:
-    # Made and marked in one go, so no folder of ours is ever without its marker.
-    with deferred_signals():
-        tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=parent))
-        (tmp / MARKER).write_text(f"{owner}\n", encoding="utf-8")
-    return tmp
-
-
-def _is_ours(folder: Path, owner: Path) -> bool:
-    """A temporary folder this command made for owner (a repository or build tree)."""
-    if not folder.name.startswith(TEMP_PREFIX):
-        return False
-    try:
-        return (folder / MARKER).read_text(encoding="utf-8").strip() == str(owner)
-    except OSError:
-        return False
-
-
-def _remove_folder(folder: Path) -> None:
-    with deferred_signals():
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def foreign_paths(series: Series) -> BackportError | None:
@@ -296,15 +121,14 @@ def verify(series: Series) -> None:
         raise refusal
 
 
-def _message_of(git: Git, patch: Path) -> tuple[str, dict[str, str]]:
+def _message_of(git: Git, patch: Path, scratch: Path) -> tuple[str, dict[str, str]]:
     """The commit message and author of a patch, read as `git am` reads them."""
-    with tempfile.TemporaryDirectory(prefix="sglang-backports-mailinfo-") as tmp:
-        msg, rest = Path(tmp) / "msg", Path(tmp) / "patch"
-        info = git.run(
-            "mailinfo", "--no-scissors", str(msg), str(rest),
-            input=patch.read_text(encoding="utf-8"),
-        ).stdout  # fmt: skip
-        body = msg.read_text(encoding="utf-8")
+    msg, rest = scratch / "msg", scratch / "patch"
+    info = git.run(
+        "mailinfo", "--no-scissors", str(msg), str(rest),
+        input=patch.read_text(encoding="utf-8"),
+    ).stdout  # fmt: skip
+    body = msg.read_text(encoding="utf-8")
     fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
     message = git.run("stripspace", input=f"{fields.get('Subject', '')}\n\n{body}").stdout
     author = {
@@ -325,18 +149,9 @@ def _commit_series(
     is checked against the manifest. The repository gains only objects, which
     nothing refers to until the caller moves a branch onto the result.
     """
-    index = Git(
-        git.cwd,
-        owned=git.owned,
-        extra_env=git.extra_env
-        | {
-            "GIT_INDEX_FILE": str(scratch / "index"),
-            # A sparse index would need expanding for every patched path.
-            "GIT_CONFIG_COUNT": "1",
-            "GIT_CONFIG_KEY_0": "index.sparse",
-            "GIT_CONFIG_VALUE_0": "false",
-        },
-    )
+    index = replace(git, extra_env=git.extra_env | {"GIT_INDEX_FILE": str(scratch / "index")})
+    # Where sglang is vendored, its paths are the patches' under the prefix.
+    apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
     index.run("read-tree", base)
     applied: list[str] = []
     tip = base
@@ -345,9 +160,9 @@ def _commit_series(
         # when it fails does --check tell a patch that does not fit (ours to
         # report) from git failing to write (objects not writable, disk full:
         # git's own reason, raised by the run below).
-        done = index.run("apply", "--cached", str(patch), check=False)
+        done = index.run(*apply, str(patch), check=False)
         if done.returncode != 0:
-            check = index.run("apply", "--cached", "--check", str(patch), check=False)
+            check = index.run(*apply, "--check", str(patch), check=False)
             if check.returncode != 0:
                 raise BackportError(
                     Exit.APPLY_FAILED,
@@ -356,7 +171,7 @@ def _commit_series(
                     "or the patch differs from what the manifest pins, so refresh the patch "
                     "on the pristine base and run scripts/export-patches",
                 )
-            index.run("apply", "--cached", str(patch))
+            index.run(*apply, str(patch))
         tree = index.out("write-tree")
         expected = series.manifest.blobs_at(step_of(patch.name))
         produced = _blobs_at(git, tree, series.manifest)
@@ -369,8 +184,8 @@ def _commit_series(
                 "this run changed nothing of yours (its work was rolled back); "
                 "regenerate the manifest with scripts/export-patches",
             )
-        message, author = _message_of(git, patch)
-        committer = Git(git.cwd, owned=git.owned, extra_env=git.extra_env | author)
+        message, author = _message_of(git, patch, scratch)
+        committer = replace(git, extra_env=git.extra_env | author)
         tip = committer.run("commit-tree", tree, "-p", tip, input=message).stdout.strip()
         applied.append(patch.name)
     return applied, tip
@@ -396,59 +211,22 @@ def _create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
             "nothing of yours was changed; look at that branch, then delete it or pass "
             "--branch with another name",
         )
+    _refuse_clash(git, branch, where)
     raise GitError(["update-ref", f"refs/heads/{branch}"], result)
 
 
-def remove_leftovers(git: Git, temp_parent: Path | None) -> list[Path]:
-    """Remove what a killed run of this command left for git's repository.
-
-    That is our marked temporary folders (a temporary index and scratch files)
-    and, from earlier versions that applied in a worktree, that worktree's
-    record in the repository's git folder: removed as a file, whether it is
-    whole or a killed `git worktree add` left it half-written, and only when
-    its name and where it points say it is ours. No `git worktree` command
-    runs, and nothing of the user's is pruned.
-    """
-    owner = git.common_dir
-    parent = temp_parent or Path(tempfile.gettempdir())
-    removed: list[Path] = []
-    records = owner / "worktrees"
-    for record in sorted(records.iterdir()) if records.is_dir() else []:
-        folder = _old_worktree_folder(record, owner)
-        if folder is not None:
-            removed.append(record)
-            if folder is not HALF_WRITTEN and folder.exists():
-                removed.append(folder)
-    removed += [folder for folder in parent.glob(TEMP_PREFIX + "*") if _is_ours(folder, owner)]
-    for path in removed:
-        _remove_folder(path)
-    return removed
-
-
-def _old_worktree_folder(record: Path, owner: Path) -> Path | None:
-    """The marked temporary folder of our old worktree that record belongs to, or None.
-
-    A record is ours when git named it after our worktree (the name, maybe a
-    number after it) and it points into a folder named as our temporary
-    folders are (gone, or marked for this repository). A record a killed
-    `git worktree add` left without a target is ours by its full name alone.
-    """
-    name = next((n for n in OLD_WORKTREE_NAMES if record.name.startswith(n)), None)
-    if name is None or not (record.name[len(name) :] or "0").isdigit():
-        return None
-    try:
-        gitdir = (record / "gitdir").read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        gitdir = ""
-    if not gitdir:
-        return HALF_WRITTEN if name == OLD_WORKTREE_NAMES[0] else None
-    tree = Path(gitdir).parent
-    folder = tree.parent
-    if tree.name != name or not folder.name.startswith(TEMP_PREFIX):
-        return None
-    if folder.exists() and not _is_ours(folder, owner):
-        return None
-    return folder
+def _refuse_clash(git: Git, branch: str, where: Path) -> None:
+    """Refuse a branch name that an existing ref keeps git from making (a/b beside a)."""
+    clash = git.ref_clash(branch)
+    if clash:
+        other = branch.replace("/", "-")
+        raise BackportError(
+            Exit.BRANCH_EXISTS,
+            f"branch {branch} cannot be made in {where}: git keeps refs as files and "
+            f"folders, and {clash} is in its way",
+            f"pass --branch with another name (e.g. --branch {shlex.quote(other)}); "
+            "nothing of yours was changed",
+        )
 
 
 def apply_to_checkout(
@@ -478,8 +256,10 @@ def apply_to_checkout(
             f"branch {branch} already exists in {where} and does not hold the patched files",
             next_step,
         )
+    _refuse_clash(git, branch, where)
     head = git.out("rev-parse", "--verify", "HEAD^{commit}")
-    state = locate_step(manifest, _blobs_at(git, head, manifest), _head_reader(git), str(where))
+    files = files_at(git, head, manifest)
+    state = locate_step(manifest, blobs_of(files), reader(files), str(where))
     patches = _patches_after(series, state)
     report.already = [p for p in series.patch_names if p not in {x.name for x in patches}]
     if not patches:
@@ -489,13 +269,14 @@ def apply_to_checkout(
         git.extra_env.update(
             {k: v for k, v in PROJECT_IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
         )
-    scratch = _temp_folder(temp_parent, git.common_dir)
-    try:
+    with marked_folder(temp_parent or _tmpdir(), TEMP_PREFIX) as scratch:
         report.applied, tip = _commit_series(git, series, head, patches, scratch)
         _create_branch(git, branch, tip, where)
-    finally:
-        _remove_folder(scratch)
     return report
+
+
+def _tmpdir() -> Path:
+    return Path(tempfile.gettempdir())
 
 
 def apply_to_user_checkout(
@@ -504,7 +285,7 @@ def apply_to_user_checkout(
     verify(series)
     git = open_checkout(path)
     with held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
-        remove_leftovers(git, None)
+        remove_leftovers(_tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
         return apply_to_checkout(git, series, branch or default_branch(series.manifest), path)
 
@@ -527,8 +308,7 @@ def _lay_out_wheel(series: Series, repo: Path, cache: Path) -> None:
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
     """Make the patched build tree in a marked sibling folder, then rename it into place."""
-    tmp = _temp_folder(repo.parent, repo)
-    try:
+    with marked_folder(repo.parent, TEMP_PREFIX) as tmp:
         aside = tmp / repo.name
         _lay_out_wheel(series, aside, cache)
         git = Git(aside, owned=True)
@@ -547,8 +327,6 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
             release_interrupts()
             raise
         return report
-    finally:
-        _remove_folder(tmp)
 
 
 def apply_to_build_tree(
@@ -562,9 +340,7 @@ def apply_to_build_tree(
         wheels.fetch_wheel(series.manifest.base, cache)
     build.mkdir(parents=True, exist_ok=True)
     with held(build / f".{repo.name}.lock", f"the build tree {repo}", wait_s):
-        for folder in build.glob(TEMP_PREFIX + "*"):
-            if _is_ours(folder, repo) or (folder.is_dir() and not any(folder.iterdir())):
-                _remove_folder(folder)
+        remove_leftovers(build, TEMP_PREFIX)
         if not repo.exists():
             return _build_aside(series, repo, cache)
         git = Git(repo, owned=True)
@@ -574,7 +350,6 @@ def apply_to_build_tree(
                 f"{repo} exists but is not a tree this command made",
                 "move it aside or delete it (it is generated) and run again",
             )
-        remove_leftovers(git, build)
         _refuse_unclean(git, repo)
         branch = default_branch(series.manifest)
         report = apply_to_checkout(git, series, branch, repo, temp_parent=build)
@@ -586,8 +361,7 @@ def apply_to_build_tree(
 @contextmanager
 def scratch_copy(files: dict[str, bytes | None]) -> Iterator[Path]:
     """A temporary folder holding copies of the files, for `git apply` to work on."""
-    with tempfile.TemporaryDirectory(prefix="sglang-backports-scratch-") as tmp:
-        scratch = Path(tmp)
+    with marked_folder(_tmpdir(), "sglang-backports-scratch-") as scratch:
         for path, data in files.items():
             if data is not None:
                 (scratch / path).parent.mkdir(parents=True, exist_ok=True)
@@ -613,7 +387,7 @@ class CheckResult:
 def check_series(series: Series, files: dict[str, bytes | None], where: str) -> list[CheckResult]:
     """Per patch, whether it would apply to these files; touches nothing of theirs."""
     manifest = series.manifest
-    state = locate_step(manifest, _blobs_of(files), _reader(files), where)
+    state = locate_step(manifest, blobs_of(files), reader(files), where)
     pending = {p.name for p in _patches_after(series, state)}
     results: list[CheckResult] = []
     with scratch_copy(files) as scratch:
@@ -660,7 +434,7 @@ def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, di
                 )
             per_step[step_of(patch.name)] = {p: (scratch / p).read_bytes() for p in base_files}
     for step, files in per_step.items():
-        if _blobs_of(dict(files)) != manifest.blobs_at(step):
+        if blobs_of(dict(files)) != manifest.blobs_at(step):
             raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"the files of {where} at step {step} are not the ones "

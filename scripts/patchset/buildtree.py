@@ -6,7 +6,6 @@ Also the one way to read the series' files out of a tree, a checkout or a wheel.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 from . import wheel as wheels
@@ -33,23 +32,16 @@ def series_commits(git: Git, manifest: PinManifest) -> list[str]:
     return git.out("rev-list", "--reverse", range_).split()
 
 
-def read_blob(git: Git, rev: str, path: str) -> bytes | None:
-    """The bytes of path at rev, or None where rev has no such file."""
-    result = subprocess.run(
-        ["git", "show", f"{rev}:{path}"], cwd=git.cwd, env=git.env(), capture_output=True
-    )
-    return result.stdout if result.returncode == 0 else None
-
-
 def files_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, bytes | None]:
-    """path -> its bytes at rev (None where rev has no such file), in one git call."""
+    """path -> its bytes at rev (None where rev has no such file), in one git call.
+
+    The paths are sglang's own; in a repository that vendors sglang they are
+    read under git.prefix.
+    """
     paths = list(manifest.files)
-    asked = "".join(f"{rev}:{path}\n" for path in paths).encode()
-    result = subprocess.run(
-        ["git", "cat-file", "--batch"], cwd=git.cwd, env=git.env(), input=asked,
-        capture_output=True,
-    )  # fmt: skip
-    if result.returncode != 0:  # rev itself unreadable: as read_blob, no file
+    asked = "".join(f"{rev}:{git.prefix}{path}\n" for path in paths).encode()
+    result = git.read("cat-file", "--batch", input=asked)
+    if result.returncode != 0:  # rev itself unreadable: no file
         return dict.fromkeys(paths)
     out, at, found = result.stdout, 0, {}
     for path in paths:

@@ -20,11 +20,12 @@ from . import wheel as wheels
 from .apply import files_per_step
 from .errors import BackportError, Exit
 from .lint import label_problems
+from .lock import marked_folder
 from .manifest import (
     Series,
 )
 
-# build-wheel's temporary folder in --out: prefix and suffix (see wheel.marked_folder).
+# build-wheel's temporary folder in --out: prefix and suffix (see lock.marked_folder).
 BUILD_TEMP = (".build-wheel-", ".tmp")
 
 
@@ -139,7 +140,7 @@ def build_wheel(series: Series, cache: Path, out_dir: Path) -> BuiltWheel:
         )
         # Written aside and renamed into place, so target is never half a wheel. The
         # file is made by open() (through zipfile), so its mode follows the umask.
-        with wheels.marked_folder(out_dir, *BUILD_TEMP) as (tmp, _lock):
+        with marked_folder(out_dir, *BUILD_TEMP) as tmp:
             with zipfile.ZipFile(tmp / target.name, "w") as rebuilt:
                 for member in members:
                     data = changed.get(member.filename)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from .errors import BackportError, Exit
 from .lock import deferred_signals, held_fds
@@ -21,18 +22,28 @@ PROJECT_IDENTITY = {
 }
 
 # Set on every git command: no hook or signing program of the user's runs inside
-# our commands, and no setting of theirs changes what `git am` applies.
+# our commands. Our temporary index is never split (a split index writes
+# sharedindex.* into the repository's git folder) and never sparse (it would
+# need expanding for every patched path); we write no other index.
 SAFE_CONFIG = [
     "core.hooksPath=/dev/null",
     "core.fsmonitor=false",
     "core.autocrlf=false",
+    "core.splitIndex=false",
+    "index.sparse=false",
     "commit.gpgsign=false",
     "tag.gpgsign=false",
-    "am.threeWay=false",
-    "am.keepcr=false",
-    "am.messageId=false",
     "apply.whitespace=warn",
 ]
+# What the top folder of sglang's source holds (the wheel's sglang/ is this).
+SGLANG_PACKAGE = "python/sglang"
+# The only GIT_* variables of the caller's that reach git: who commits, and when.
+# Every other one may point git at other objects, alternates, a common dir, an
+# index, config, a namespace or git's own programs, and the repository we were
+# given would not be the one git works on.
+KEPT_GIT_ENV = frozenset(
+    f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
+)
 
 
 class GitError(RuntimeError):
@@ -55,11 +66,14 @@ class Git:
     cwd: Path
     owned: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Where sglang's top folder (the one holding python/sglang) is inside this
+    # repository: "" or a path ending in "/" (sglang vendored in a subfolder).
+    prefix: str = ""
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-            env.pop(name, None)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEPT_GIT_ENV}
+        # No git of ours writes what it may skip (the refreshed index of `status`).
+        env["GIT_OPTIONAL_LOCKS"] = "0"
         if self.owned:
             env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
             env.update(PROJECT_IDENTITY)
@@ -69,17 +83,27 @@ class Git:
     def run(
         self, *args: str, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        result = self._start(args, input, text=True)
+        if check and result.returncode != 0:
+            raise GitError(list(args), result)
+        return result
+
+    def read(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        """Run git for bytes (file contents), unchecked."""
+        return self._start(args, input, text=False)
+
+    def _start(self, args: tuple[str, ...], input: str | bytes | None, text: bool) -> Any:
         config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
         try:
             # A git cut off half-way can leave a lock file in the repository:
             # an interruption waits for it to end.
             with deferred_signals():
-                result = subprocess.run(
+                return subprocess.run(
                     ["git", *config, *args],
                     cwd=self.cwd,
                     env=self.env(),
                     capture_output=True,
-                    text=True,
+                    text=text,
                     input=input,
                     stdin=None if input is not None else subprocess.DEVNULL,
                     pass_fds=held_fds(),
@@ -90,9 +114,6 @@ class Git:
             raise BackportError(
                 Exit.ENVIRONMENT, "git is not installed (not found on PATH)", "install git"
             ) from err
-        if check and result.returncode != 0:
-            raise GitError(list(args), result)
-        return result
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
@@ -103,16 +124,6 @@ class Git:
 
     def blob_at(self, rev: str, path: str) -> str | None:
         return self.rev(f"{rev}:{path}")
-
-    def blobs_at(self, rev: str, paths: list[str]) -> dict[str, str | None]:
-        """Blob id of each path at rev (None where rev lacks it), in one git call."""
-        listing = self.run("ls-tree", "-r", "-z", "--full-tree", rev, "--", *paths).stdout
-        found = {}
-        for entry in listing.split("\0"):
-            if entry:
-                meta, path = entry.split("\t", 1)
-                found[path] = meta.split()[2]
-        return {path: found.get(path) for path in paths}
 
     @cached_property
     def common_dir(self) -> Path:
@@ -127,8 +138,22 @@ class Git:
         return result.stdout.strip() or None
 
     def dirty_files(self) -> list[str]:
-        """Tracked files with staged or unstaged changes (untracked ones are safe)."""
-        listing = self.run("status", "--porcelain=v1", "-z", "--untracked-files=no").stdout
+        """Tracked files (under prefix) with staged or unstaged changes; untracked ones are safe.
+
+        Read without writing and without running a program of the user's: no
+        index refresh is written (GIT_OPTIONAL_LOCKS), and every filter driver
+        the configuration names is switched off, so a file stored through one
+        is compared as it is on disk (and may be called changed).
+        """
+        keys = self.run("config", "-z", "--name-only", "--get-regexp", r"^filter\.", check=False)
+        names = sorted({key[len("filter.") :].rsplit(".", 1)[0] for key in keys.stdout.split("\0")})
+        off = [(f"filter.{n}.{k}", "") for n in names if n for k in ("clean", "smudge", "process")]
+        off += [(f"filter.{n}.required", "false") for n in names if n]
+        reader = replace(self, extra_env=self.extra_env | config_env(off))
+        pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
+        listing = reader.run(
+            "status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec
+        ).stdout
         # Each entry is "XY path"; a rename adds its old path as a separate entry.
         entries = iter(listing.split("\0"))
         dirty = []
@@ -139,6 +164,13 @@ class Git:
             if entry[0] in "RC":
                 next(entries, None)
         return dirty
+
+    def ref_clash(self, branch: str) -> str | None:
+        """An existing ref that keeps refs/heads/<branch> from being made (a/b beside a)."""
+        ref = f"refs/heads/{branch}"
+        top = "refs/heads/" + branch.split("/", 1)[0]
+        listed = self.run("for-each-ref", "--format=%(refname)", top).stdout.split()
+        return next((r for r in listed if ref.startswith(r + "/") or r.startswith(ref + "/")), None)
 
     def operation_in_progress(self) -> str | None:
         git_dir = Path(self.out("rev-parse", "--absolute-git-dir"))
@@ -153,8 +185,20 @@ class Git:
         return None
 
 
+def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """Config for one git call through the environment (a key may hold "=", unlike -c)."""
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for n, (key, value) in enumerate(pairs):
+        env |= {f"GIT_CONFIG_KEY_{n}": key, f"GIT_CONFIG_VALUE_{n}": value}
+    return env
+
+
 def open_checkout(path: Path) -> Git:
-    """A Git for a user's checkout, refusing a path that is not one."""
+    """A Git for a user's checkout, refusing a path that is not one.
+
+    path is the folder that holds python/sglang: the repository's top folder,
+    or a folder inside it where sglang is vendored (then Git.prefix says where).
+    """
     if not path.is_dir():
         raise BackportError(
             Exit.NOT_A_CHECKOUT,
@@ -178,13 +222,12 @@ def open_checkout(path: Path) -> Git:
             "`git clone https://github.com/sgl-project/sglang && "
             "git -C sglang checkout v0.5.15.post1`, then pass --sglang sglang",
         )
-    top = Path(result.stdout.strip())
-    if top.resolve() != path.resolve():
-        raise BackportError(
-            Exit.NOT_A_CHECKOUT,
-            f"{path} is inside the git checkout {top}, not its top folder",
-            f"pass --sglang {shlex.quote(str(top))}",
-        )
+    top = Path(result.stdout.strip()).resolve()
+    here = path.resolve()
+    if not (here / SGLANG_PACKAGE).is_dir():
+        raise _where_sglang_is(path, here, top)
+    if here != top:
+        git = Git(top, prefix=here.relative_to(top).as_posix() + "/")
     if git.rev("HEAD") is None:
         raise BackportError(
             Exit.NOT_A_CHECKOUT,
@@ -192,3 +235,25 @@ def open_checkout(path: Path) -> Git:
             "check out sglang's pinned tag there first",
         )
     return git
+
+
+def _where_sglang_is(path: Path, here: Path, top: Path) -> BackportError:
+    """The refusal of a path without python/sglang, naming the folder to pass if one is near."""
+    up = [f for f in [here, *here.parents] if f == top or top in f.parents]
+    down = [f.parents[1] for f in sorted(here.glob(f"*/{SGLANG_PACKAGE}"))]
+    down += [f.parents[1] for f in sorted(here.glob(f"*/*/{SGLANG_PACKAGE}"))]
+    found = [f for f in [*up, *down] if (f / SGLANG_PACKAGE).is_dir()]
+    if len(found) == 1:
+        return BackportError(
+            Exit.NOT_A_CHECKOUT,
+            f"{path} holds no {SGLANG_PACKAGE}; sglang's top folder in this repository is "
+            f"{found[0]}",
+            f"pass --sglang {shlex.quote(str(found[0]))}",
+        )
+    listed = f"; these folders of the repository {top} do: {', '.join(map(str, found))}"
+    return BackportError(
+        Exit.NOT_A_CHECKOUT,
+        f"{path} holds no {SGLANG_PACKAGE}" + (listed if found else ""),
+        "pass --sglang with the folder of your git checkout that holds python/sglang "
+        "(sglang's own top folder, or where your repository vendors it)",
+    )

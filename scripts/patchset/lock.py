@@ -1,4 +1,5 @@
-"""One run at a time per target, and no half-made state on an interruption.
+"""One run at a time per target, no half-made state on an interruption, and the one
+kind of temporary folder every command makes (marked_folder).
 
 A target (the build folder, a user's repository) is guarded by an advisory
 fcntl lock on a file next to it. The lock file names its holder so a refused
@@ -11,7 +12,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
+import secrets
+import shutil
 import signal
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -19,12 +24,14 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .errors import BackportError, Exit
+from .textout import progress
 
 # How long a second run waits for the first by default (--wait changes it).
 DEFAULT_WAIT_S = 30.0
 _INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-# The fds of the locks this process holds. Every git we start inherits them, so
-# a git that outlives a killed run still holds the lock until it ends.
+# The fds of the locks this process holds (targets and temporary folders). Every
+# git or pip we start inherits them, so one that outlives a killed run still
+# holds them until it ends.
 _held: list[int] = []
 
 
@@ -123,3 +130,156 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             with suppress(FileNotFoundError):
                 path.unlink()
             os.close(fd)
+
+
+# --- marked temporary folders ------------------------------------------------------
+
+# What a command leaves only when it is killed: a folder named PREFIX<16 hex
+# digits>SUFFIX holding TEMP_MARKER, whose content is TEMP_MARKER_TEXT. The run
+# that made it holds an flock on the marker while it works (and so does every
+# child it starts, through held_fds), so the next run tells a leftover (marked,
+# its maker gone) from a folder a live run is using (locked) and from anything
+# else, and removes only the leftovers. Making a folder and sweeping both hold
+# this user's lock file in the parent, so a sweep also knows that a folder of
+# ours caught half-made (empty, or its marker not yet named) was left by a
+# killed run, not one that is making it now; folders of other users are never
+# judged (in a shared TMPDIR they cannot be read, and root leaves them alone).
+TEMP_MARKER = ".made-by-sglang-backports"
+TEMP_MARKER_TEXT = (
+    b"a temporary folder of sglang-backports; the next run removes it once the run "
+    b"that made it has ended\n"
+)
+_UNNAMED = f"{TEMP_MARKER}.new"
+
+
+def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
+    return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
+
+
+@contextmanager
+def _temp_lock(parent: Path) -> Iterator[None]:
+    path = parent / f".sglang-backports-temp-{os.getuid()}.lock"
+    with held(path, f"the temporary folders in {parent}", DEFAULT_WAIT_S):
+        yield
+
+
+@contextmanager
+def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
+    """A temporary folder in parent, marked and locked, removed when the block ends;
+    first the leftovers of killed runs there (same prefix and suffix) are removed.
+
+    Its lock is among held_fds() while the block runs, so a child process that
+    is started with them (Git.run does) holds it until it ends, even if this
+    process is killed.
+    """
+    made: list[tuple[Path, int]] = []
+    try:
+        with _temp_lock(parent):
+            _sweep(parent, prefix, suffix)
+            with deferred_signals():
+                made.append(_make_marked(parent, prefix, suffix))
+                _held.append(made[0][1])
+        # a signal held while the folder was made lands inside this try: it is removed
+        yield made[0][0]
+    finally:
+        with deferred_signals():
+            for folder, fd in made:
+                _remove_marked(folder)
+                _held.remove(fd)
+                os.close(fd)
+
+
+def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
+    while True:
+        folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
+        try:
+            folder.mkdir(mode=0o700)
+            break
+        except FileExistsError:
+            continue
+    fd = -1
+    try:
+        # Locked before it has its name, so a named marker is locked while its maker lives.
+        fd = os.open(folder / _UNNAMED, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        with suppress(OSError):  # no flock on this file system: no sweep can take it either
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, TEMP_MARKER_TEXT)
+        (folder / _UNNAMED).rename(folder / TEMP_MARKER)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, fd
+
+
+def _remove_marked(folder: Path) -> None:
+    """Remove a folder of ours: its marker last, so a removal cut short stays marked."""
+    with suppress(FileNotFoundError):
+        for entry in folder.iterdir():
+            if entry.name == TEMP_MARKER:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+        (folder / TEMP_MARKER).unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def _is_leftover(folder: Path) -> bool:
+    """Whether folder (named as ours) is a killed run's; call with the parent's lock held."""
+    try:
+        if os.lstat(folder).st_uid != os.getuid():
+            return False
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    if not names:
+        return True  # killed between making the folder and its marker
+    unnamed = names == [_UNNAMED]  # killed before the marker got its name
+    if not unnamed and TEMP_MARKER not in names:
+        return False
+    try:
+        fd = os.open(
+            folder / names[0] if unnamed else folder / TEMP_MARKER,
+            os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+        )
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        text = os.read(fd, len(TEMP_MARKER_TEXT) + 1)
+        if not (TEMP_MARKER_TEXT.startswith(text) if unnamed else text == TEMP_MARKER_TEXT):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its maker lives
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _sweep(parent: Path, prefix: str, suffix: str) -> list[Path]:
+    """Remove the leftovers of killed runs in parent; call with its lock held."""
+    names = _temp_names(prefix, suffix)
+    removed = []
+    for folder in sorted(parent.iterdir()):
+        if not names.fullmatch(folder.name) or folder.is_symlink() or not folder.is_dir():
+            continue
+        if _is_leftover(folder):
+            with deferred_signals():
+                _remove_marked(folder)
+            progress(f"removed {folder}, which a killed run left")
+            removed.append(folder)
+    return removed
+
+
+def remove_leftovers(parent: Path, prefix: str, suffix: str = "") -> list[Path]:
+    """Remove what killed runs left in parent (see marked_folder); returns what went."""
+    names = _temp_names(prefix, suffix)
+    if not parent.is_dir() or not any(names.fullmatch(name) for name in os.listdir(parent)):
+        return []
+    with _temp_lock(parent):
+        return _sweep(parent, prefix, suffix)

@@ -14,6 +14,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from .git import Git
+from .lock import marked_folder
 
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -234,12 +235,12 @@ def parse_patch(path: Path) -> Patch:
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
     """What `git apply FLAGS` says of a patch, run in an empty folder; (output, error)."""
-    with tempfile.TemporaryDirectory(prefix="sglang-backports-numstat-") as scratch:
+    with marked_folder(Path(tempfile.gettempdir()), "sglang-backports-numstat-") as scratch:
         # A missing final newline has a lint rule of its own; git would call it corrupt.
-        copy = Path(scratch) / "patch"
+        copy = scratch / "patch"
         data = path.read_bytes()
         copy.write_bytes(data if data.endswith(b"\n") else data + b"\n")
-        result = Git(Path(scratch), owned=True).run("apply", *flags, str(copy), check=False)
+        result = Git(scratch, owned=True).run("apply", *flags, str(copy), check=False)
     if result.returncode != 0:
         return "", result.stderr.strip() or f"git apply exit {result.returncode}"
     return result.stdout, ""

@@ -12,18 +12,23 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from patchset import buildtree, cli, paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
+from patchset.manifest import (
+    PinManifest,
+    Series,
+    git_blob_id,
+    patch_set_folders,
+    replace_tables,
+    series_for_release,
+)
 
 from . import report, worker, writers
 from .catalogue import PLAYS, SCENARIOS
 from .csan import torch_text
-from .races import Race
 
 SCRIPTS = Path(__file__).resolve().parents[1]
 
@@ -80,22 +85,6 @@ WORDING = {
 }
 
 
-@dataclass
-class TreeRun:
-    label: str  # the column: a step label, or "tree" (numbered when several)
-    step: str  # the step whose expected column judges it
-    tree: Path
-    expected: report.Table  # the table of the tree's base
-    expected_final: str  # the final step of the tree's series
-    base: str = ""  # the base's version, in the labels when several bases run
-    given: bool = False  # a --tree (judged as the final step), not a step tree
-    races: dict[str, list[Race]] = field(default_factory=dict)
-    torch: str = ""
-    barrier: str = ""
-    import_s: float = 0.0
-    run_s: float = 0.0
-
-
 ALL = "all"
 
 
@@ -143,8 +132,9 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         type=cli.absolute_path,
         action="append",
         metavar="DIR",
-        help="a folder holding python/sglang, judged as the final step (repeatable; "
-        "with --step, the trees are columns beside the steps')",
+        help="a folder holding python/sglang: the races open in it, compared with the step "
+        "of the series its files hold, if any (repeatable; with --step, the trees are "
+        "columns beside the steps')",
     )
     tables = p.add_mutually_exclusive_group()
     tables.add_argument(
@@ -215,10 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     for base in dict.fromkeys(r.base for r in runs):
         if base:
             print(f"sglang {base}:")
-        print(grid_text([r for r in runs if r.base == base]))
+        print(report.grid_text([r for r in runs if r.base == base]))
         print()
     for tree_run in runs:
-        print_races(tree_run)
+        report.print_races(tree_run)
     bases_of: dict[str, list[str]] = {}
     for r in runs:
         bases = bases_of.setdefault(r.barrier, [])
@@ -235,18 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
-    return verdict(runs)
+    return report.verdict(runs)
 
 
 def plan_runs(
     chosen: list[Series], step: str | None, given: list[Path], regenerate: bool = False
-) -> list[TreeRun]:
+) -> list[report.TreeRun]:
     """The columns to measure: the chosen steps of each series' build tree (none when
-    only trees are given), then each given tree, judged as its series' final step.
+    only trees are given), then each given tree, judged by the step its files hold.
     regenerate: the tables are to be written, so a scenario or table missing
     from pin.toml is expected clean instead of refused."""
     several = len(chosen) > 1
-    runs: list[TreeRun] = []
+    runs: list[report.TreeRun] = []
     for series in chosen:
         manifest = series.manifest
         if regenerate:
@@ -262,7 +252,7 @@ def plan_runs(
             trees = step_trees(series)
             version = manifest.base.version if several else ""
             runs += [
-                TreeRun(
+                report.TreeRun(
                     _label(version, report.step_label(s)),
                     s,
                     trees[s],
@@ -272,18 +262,29 @@ def plan_runs(
                 )
                 for s in (manifest.steps if wanted == ALL else [wanted])
             ]
-        runs += [
-            TreeRun(
-                f"tree {n}" if len(given) > 1 else "tree",
-                manifest.final_step,
-                buildtree.check_tree(tree, Exit.ENVIRONMENT),
-                expected,
-                manifest.final_step,
-                given=True,
+        for n, tree in enumerate(given, 1):
+            checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
+            runs.append(
+                report.TreeRun(
+                    f"tree {n}" if len(given) > 1 else "tree",
+                    step_held(manifest, checked),
+                    checked,
+                    expected,
+                    manifest.final_step,
+                    given=True,
+                    version=manifest.base.version,
+                )
             )
-            for n, tree in enumerate(given, 1)
-        ]
     return runs
+
+
+def step_held(manifest: PinManifest, tree: Path) -> str:
+    """The (latest) step of the series whose files the tree holds, or "" for none."""
+    blobs = {
+        path: git_blob_id((tree / path).read_bytes()) if (tree / path).is_file() else None
+        for path in manifest.files
+    }
+    return next((s for s in reversed(manifest.steps) if manifest.blobs_at(s) == blobs), "")
 
 
 def _label(base: str, text: str) -> str:
@@ -322,7 +323,7 @@ def step_trees(series: Series) -> dict[str, Path]:
     return buildtree.step_trees(series, build)
 
 
-def run_trees(python: Path, runs: list[TreeRun]) -> float:
+def run_trees(python: Path, runs: list[report.TreeRun]) -> float:
     """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading.
 
     On this process's own interpreter the trees' children fork from this
@@ -363,7 +364,7 @@ def _same_environment(python: Path) -> bool:
 
 
 def _run_worker(
-    python: Path, out_dir: Path, runs: list[TreeRun], announce: Callable[[int], None]
+    python: Path, out_dir: Path, runs: list[report.TreeRun], announce: Callable[[int], None]
 ) -> tuple[int, list[str]]:
     """python -m racecheck.worker on the trees; (its exit code, what it printed)."""
     env = dict(os.environ)
@@ -392,7 +393,7 @@ def _run_worker(
             proc.wait()
 
 
-def _fill(tree_run: TreeRun, result: dict[str, Any]) -> None:
+def _fill(tree_run: report.TreeRun, result: dict[str, Any]) -> None:
     if "error" in result:
         code = Exit(result["code"])
         if code == Exit.INTERNAL:
@@ -410,76 +411,7 @@ def _fill(tree_run: TreeRun, result: dict[str, Any]) -> None:
     tree_run.run_s = result["run_s"]
 
 
-def grid_text(runs: list[TreeRun]) -> str:
-    cells: dict[str, dict[str, str]] = {}
-    for name in SCENARIOS:
-        row: dict[str, str] = {}
-        for tree_run in runs:
-            measured = report.cell_of(tree_run.races[name])
-            expected = tree_run.expected[name][tree_run.step]
-            text = report.describe(measured)
-            if expected != measured:
-                text = f"{text} [EXPECTED: {report.describe(expected)}]"
-            row[_column(tree_run)] = text
-        cells[name] = row
-    return report.grid([_column(r) for r in runs], cells)
-
-
-def _column(tree_run: TreeRun) -> str:
-    """The run's label without its base (each base has a grid of its own)."""
-    return tree_run.label.removeprefix(f"{tree_run.base} ")
-
-
-def print_races(tree_run: TreeRun) -> None:
-    count = sum(len(races) for races in tree_run.races.values())
-    if not count:
-        print(f"{tree_run.label}: no race\n")
-        return
-    print(f"{tree_run.label}: {count} race{'s' if count != 1 else ''} ({tree_run.tree})")
-    for name, races in tree_run.races.items():
-        for race in races:
-            print(f"[{name}] " + report.race_text(race))
-    print()
-
-
-def _judged_as_patched(tree_run: TreeRun) -> bool:
-    """A given tree, or the final step when its expected column is clean."""
-    clean = not any(tree_run.expected[name][tree_run.step] for name in SCENARIOS)
-    return tree_run.given or (tree_run.step == tree_run.expected_final and clean)
-
-
-def verdict(runs: list[TreeRun]) -> int:
-    """A table of steps must be the expected one; a patched or given tree must have no race."""
-    code = Exit.OK
-    steps = [r for r in runs if not r.given]
-    if steps and not all(_judged_as_patched(r) for r in steps):
-        differ = [
-            f"{name} {r.label}"
-            for r in steps
-            for name in SCENARIOS
-            if report.cell_of(r.races[name]) != r.expected[name][r.step]
-        ]
-        if differ:
-            print(
-                "FAILED: the measured table differs from the expected one in: " + ", ".join(differ)
-            )
-            code = Exit.RACE
-        else:
-            print("ok: the measured table is the expected one")
-        patched = [r for r in runs if r.given]
-    else:
-        patched = runs
-    for r in patched:
-        count = sum(len(races) for races in r.races.values())
-        if count:
-            print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
-            code = Exit.RACE
-        else:
-            print(f"ok: no race in {r.tree}")
-    return code
-
-
-def expected_tables(chosen: list[Series], runs: list[TreeRun], write: bool) -> int:
+def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:
     """Compare each base's measured table with its [races] tables; write them if asked.
 
     A final step with a race is refused first, and nothing is written: the

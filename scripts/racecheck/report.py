@@ -1,15 +1,19 @@
-"""Races as data (for the trip between processes), table cells, and readable text."""
+"""Races as data (for the trip between processes), table cells, readable text, and the
+verdict on what a run measured."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RACE_KINDS, PinManifest, RaceEntry
 from patchset.textout import table
 
+from .catalogue import SCENARIOS
 from .races import RELAY_BUFFERS, Access, Race, Site
 
 CLEAN = "clean"
@@ -178,3 +182,124 @@ def _access_from_json(data: Mapping[str, Any]) -> Access:
         code=tuple(Site(f, int(n), fn) for f, n, fn in data["code"]),
         driver=tuple(Site(f, int(n), fn) for f, n, fn in data["driver"]),
     )
+
+
+# --- the columns of a run and the verdict on them ----------------------------------
+
+
+@dataclass
+class TreeRun:
+    label: str  # the column: a step label, or "tree" (numbered when several)
+    step: str  # the step whose expected column judges it; "" for a tree that holds no step
+    tree: Path
+    expected: Table  # the table of the tree's base
+    expected_final: str  # the final step of the tree's series
+    base: str = ""  # the base's version, in the labels when several bases run
+    given: bool = False  # a --tree (judged as the step its files hold), not a step tree
+    version: str = ""  # the release whose series judges it
+    races: dict[str, list[Race]] = field(default_factory=dict)
+    torch: str = ""
+    barrier: str = ""
+    import_s: float = 0.0
+    run_s: float = 0.0
+
+
+def grid_text(runs: list[TreeRun]) -> str:
+    cells: dict[str, dict[str, str]] = {}
+    for name in SCENARIOS:
+        row: dict[str, str] = {}
+        for tree_run in runs:
+            measured = cell_of(tree_run.races[name])
+            text = describe(measured)
+            expected = tree_run.expected[name][tree_run.step] if tree_run.step else measured
+            if expected != measured:
+                text = f"{text} [EXPECTED: {describe(expected)}]"
+            row[_column(tree_run)] = text
+        cells[name] = row
+    return grid([_column(r) for r in runs], cells)
+
+
+def _column(tree_run: TreeRun) -> str:
+    """The run's label without its base (each base has a grid of its own)."""
+    return tree_run.label.removeprefix(f"{tree_run.base} ")
+
+
+def print_races(tree_run: TreeRun) -> None:
+    count = sum(len(races) for races in tree_run.races.values())
+    if not count:
+        print(f"{tree_run.label}: no race\n")
+        return
+    print(f"{tree_run.label}: {count} race{'s' if count != 1 else ''} ({tree_run.tree})")
+    for name, races in tree_run.races.items():
+        for race in races:
+            print(f"[{name}] " + race_text(race))
+    print()
+
+
+def _judged_as_patched(tree_run: TreeRun) -> bool:
+    """The final step when its expected column is clean."""
+    clean = not any(tree_run.expected[name][tree_run.step] for name in SCENARIOS)
+    return tree_run.step == tree_run.expected_final and clean
+
+
+def _differ(tree_run: TreeRun) -> list[str]:
+    """The scenarios whose measured cell is not the expected one (none without a step)."""
+    if not tree_run.step:
+        return []
+    return [
+        name
+        for name in SCENARIOS
+        if cell_of(tree_run.races[name]) != tree_run.expected[name][tree_run.step]
+    ]
+
+
+def verdict(runs: list[TreeRun]) -> int:
+    """A table of steps must be the expected one; a patched step tree must have no race;
+    a given tree has what it has, and is wrong where the step its files hold expects
+    otherwise."""
+    code = Exit.OK
+    steps = [r for r in runs if not r.given]
+    if steps and not all(_judged_as_patched(r) for r in steps):
+        differ = [f"{name} {r.label}" for r in steps for name in _differ(r)]
+        if differ:
+            print(
+                "FAILED: the measured table differs from the expected one in: " + ", ".join(differ)
+            )
+            code = Exit.RACE
+        else:
+            print("ok: the measured table is the expected one")
+    else:
+        for r in steps:
+            count = sum(len(races) for races in r.races.values())
+            if count:
+                print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
+                code = Exit.RACE
+            else:
+                print(f"ok: no race in the patched tree {r.tree}")
+    for r in (r for r in runs if r.given):
+        code = max(code, _given_verdict(r))
+    return code
+
+
+def _given_verdict(tree_run: TreeRun) -> int:
+    """What a given tree holds: its open races, and the expectation of its step if any."""
+    open_in = [name for name in SCENARIOS if tree_run.races[name]]
+    count = sum(len(tree_run.races[name]) for name in open_in)
+    if count:
+        print(f"races open in this tree {tree_run.tree}: {count} ({', '.join(open_in)})")
+    else:
+        print(f"ok: no race in this tree {tree_run.tree}")
+    series = f"sglang {tree_run.version}'s series"
+    if not tree_run.step:
+        print(f"  the series' files in it match no step of {series}, so nothing is expected")
+        return Exit.RACE if count else Exit.OK
+    step = step_label(tree_run.step)
+    differ = _differ(tree_run)
+    if differ:
+        print(
+            f"  FAILED: the series' files in it are step {step} of {series}, whose "
+            f"[races] table expects otherwise in: {', '.join(differ)}"
+        )
+        return Exit.RACE
+    print(f"  the series' files in it are step {step} of {series}, as its [races] table expects")
+    return Exit.RACE if count else Exit.OK

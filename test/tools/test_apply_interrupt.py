@@ -7,25 +7,25 @@ before and say so (exit 130), SIGINT once it exists must end the run as
 applied (exit 0); after SIGKILL the next run must remove what was left and end
 in the patched tree; and the user's repository must hold nothing of ours at
 the end. No git call of a run may be `git worktree` in the user's repository.
+Each run gets a TMPDIR of its own, which must be empty once a run has ended
+on its own: every folder a killed run made there (its temporary index, the
+patches' messages, git's reading of each patch) is removed by the next run.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import RunScript, SlimSet, blobs, git, repo_state
-from patchset.apply import LOCK_NAME, MARKER, OLD_WORKTREE_NAMES, TEMP_PREFIX
+from patchset import lock
+from patchset.apply import LOCK_NAME, TEMP_PREFIX
 from patchset.errors import Exit
 from patchset.manifest import Series
 
 BRANCH = "sglang-backports/0.5.15.post1"
-
-WORKTREE_NAME = OLD_WORKTREE_NAMES[0]
 WRAPPER = """#!/bin/sh
 n=$(( $(cat "$FAULT_COUNT" 2>/dev/null || echo 0) + 1 ))
 echo "$n" > "$FAULT_COUNT"
@@ -33,6 +33,14 @@ echo "$PWD $*" >> "$FAULT_COUNT.log"
 if [ "$n" = "$FAULT_AT" ]; then kill -"$FAULT_SIGNAL" "$PPID"; fi
 exec {git} "$@"
 """
+
+
+@pytest.fixture
+def tmpdir_of_runs(tmp_path: Path) -> Path:
+    """The TMPDIR of every run of a test: what a run leaves there is seen."""
+    folder = tmp_path / "tmpdir"
+    folder.mkdir()
+    return folder
 
 
 @pytest.fixture
@@ -71,60 +79,55 @@ def run_with_fault(
     return result.returncode, result.stderr, int(count.read_text())
 
 
-def our_temp_folders(parent: Path, owner: Path) -> list[Path]:
-    found = []
-    for folder in parent.glob(TEMP_PREFIX + "*"):
-        marker = folder / MARKER
-        if marker.is_file() and marker.read_text().strip() == str(owner):
-            found.append(folder)
-    return found
-
-
-def assert_nothing_of_ours(repo: Path) -> None:
+def assert_nothing_of_ours(repo: Path, tmpdir: Path) -> None:
     common = repo / ".git"
     assert not (common / LOCK_NAME).exists()
     assert not (common / "worktrees").exists() or not list((common / "worktrees").iterdir())
     assert len(git(repo, "worktree", "list").splitlines()) == 1
-    assert our_temp_folders(Path(tempfile.gettempdir()), common) == []
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
 
 
 @pytest.mark.parametrize("signal", ["INT", "KILL"])
 def test_user_checkout_survives_a_signal_at_each_git_call(
-    run_script: RunScript, faulty_git: Path, checkout: Path, series: Series, signal: str
+    run_script: RunScript,
+    faulty_git: Path,
+    tmpdir_of_runs: Path,
+    checkout: Path,
+    series: Series,
+    signal: str,
 ):
+    env = {"TMPDIR": str(tmpdir_of_runs)}
     before = repo_state(checkout)
     config = git(checkout, "config", "--local", "--list")
     final = series.manifest.blobs_at(series.manifest.final_step)
     at = 1
     while True:
         code, stderr, calls = run_with_fault(
-            run_script, faulty_git, signal, at, "--sglang", str(checkout)
+            run_script, faulty_git, signal, at, "--sglang", str(checkout), env=env
         )
         if calls < at:  # the run made fewer calls than `at`: it ended on its own
             assert code == Exit.OK, stderr
             break
-        # Only the refs: a record a kill left half-written makes `git worktree
-        # list` fail until the next run removes it.
         made_branch = BRANCH in git(checkout, "for-each-ref", "--format=%(refname)")
         if signal == "INT" and made_branch:
             # The branch is the run's one change: once made, the run has succeeded.
             assert code == Exit.OK, (at, stderr)
             assert "interrupted" not in stderr, at
-            assert_nothing_of_ours(checkout)
+            assert_nothing_of_ours(checkout, tmpdir_of_runs)
         elif signal == "INT":
             assert code == Exit.INTERRUPTED, (at, stderr)
             assert "interrupted" in stderr
             assert repo_state(checkout) == before, at
-            assert_nothing_of_ours(checkout)
+            assert_nothing_of_ours(checkout, tmpdir_of_runs)
         if made_branch:
             assert blobs(checkout, BRANCH, series) == final, at
         elif signal == "INT":
             at += 1  # rolled back to the state before: a rerun is the first run again
             continue
-        rerun = run_script("apply-patches", "--sglang", str(checkout))
+        rerun = run_script("apply-patches", "--sglang", str(checkout), env=env)
         assert rerun.returncode == Exit.OK, (at, rerun.stderr)
         assert blobs(checkout, BRANCH, series) == final, at
-        assert_nothing_of_ours(checkout)
+        assert_nothing_of_ours(checkout, tmpdir_of_runs)
         assert git(checkout, "config", "--local", "--list") == config
         git(checkout, "branch", "-D", BRANCH)
         assert repo_state(checkout) == before, at
@@ -136,6 +139,7 @@ def test_user_checkout_survives_a_signal_at_each_git_call(
 def test_build_tree_survives_a_signal_at_each_git_call(
     run_script: RunScript,
     faulty_git: Path,
+    tmpdir_of_runs: Path,
     tmp_path: Path,
     series: Series,
     slim_set: SlimSet,
@@ -144,7 +148,7 @@ def test_build_tree_survives_a_signal_at_each_git_call(
     build = tmp_path / "build"
     repo = build / "sglang-0.5.15.post1"
     slim = ("--patch-set", str(slim_set.folder))
-    env = slim_set.env
+    env = slim_set.env | {"TMPDIR": str(tmpdir_of_runs)}
     at = 1
     left: list[Path] = []
     while True:
@@ -156,7 +160,7 @@ def test_build_tree_survives_a_signal_at_each_git_call(
             break
         # Every git call comes before the tree is renamed into place.
         assert not repo.exists(), at
-        left = our_temp_folders(build, repo)
+        left = list(build.glob(TEMP_PREFIX + "*"))
         if signal == "INT":
             assert code == Exit.INTERRUPTED, (at, stderr)
             assert left == [], at
@@ -167,44 +171,17 @@ def test_build_tree_survives_a_signal_at_each_git_call(
     assert blobs(repo, "HEAD", series) == series.manifest.blobs_at(series.manifest.final_step)
     assert git(repo, "status", "--porcelain") == ""
     assert sorted(p.name for p in build.iterdir()) == [repo.name]
+    assert sorted(p.name for p in tmpdir_of_runs.iterdir()) == []
 
 
-def test_our_half_written_worktree_records_are_removed(
-    run_script: RunScript, checkout: Path, series: Series
-):
-    """A SIGKILL inside `git worktree add` leaves a record without its files."""
-    records = checkout / ".git" / "worktrees"
-    only_locked = records / WORKTREE_NAME
-    only_locked.mkdir(parents=True)
-    (only_locked / "locked").write_text("initializing\n")
-    empty_commondir = records / f"{WORKTREE_NAME}1"
-    empty_commondir.mkdir()
-    (empty_commondir / "locked").write_text("initializing\n")
-    gone = Path(tempfile.gettempdir()) / f"{TEMP_PREFIX}gone" / WORKTREE_NAME / ".git"
-    (empty_commondir / "gitdir").write_text(f"{gone}\n")
-    (empty_commondir / "commondir").write_text("")  # killed while git wrote it
-    listed = subprocess.run(["git", "worktree", "list"], cwd=checkout, capture_output=True)
-    assert listed.returncode != 0  # git itself cannot list the worktrees now
-    result = run_script("apply-patches", "--sglang", str(checkout))
-    assert result.returncode == Exit.OK, result.stderr
-    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at(series.manifest.final_step)
-    assert_nothing_of_ours(checkout)
-
-
-def test_only_our_stale_worktree_records_are_removed(
-    run_script: RunScript, checkout: Path, tmp_path: Path, series: Series
-):
-    # The user's own worktree, its folder on a disk that is not mounted now.
-    theirs = tmp_path / "usb" / "wt"
-    git(checkout, "worktree", "add", "-q", "--detach", str(theirs))
-    shutil.rmtree(theirs.parent)
-    # One a killed run of ours left, its temporary folder since deleted.
-    ours = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX)) / "tree"
-    git(checkout, "worktree", "add", "-q", "--detach", str(ours))
-    shutil.rmtree(ours.parent)
-    result = run_script("apply-patches", "--sglang", str(checkout))
-    assert result.returncode == Exit.OK, result.stderr
-    listed = git(checkout, "worktree", "list", "--porcelain")
-    assert str(theirs) in listed
-    assert str(ours) not in listed
-    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at(series.manifest.final_step)
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_a_sweep_takes_only_this_users_leftovers(tmp_path: Path):
+    """In a shared TMPDIR, another user's folder of ours is never judged, even by root."""
+    made = [lock._make_marked(tmp_path, TEMP_PREFIX, "") for _ in range(2)]
+    for _folder, fd in made:
+        os.close(fd)  # its maker is gone
+    (mine, _), (theirs, _) = made
+    for path in (theirs, *theirs.iterdir()):
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    assert lock.remove_leftovers(tmp_path, TEMP_PREFIX) == [mine]
+    assert not mine.exists() and theirs.is_dir()

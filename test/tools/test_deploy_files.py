@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS
-from patchset import deploy, wheel
+from patchset import deploy, lock, wheel
 from patchset.manifest import Series
 
 
@@ -91,14 +91,14 @@ def kill_when(run: subprocess.Popen, folder: Path, pattern: str) -> Path:
 def look_alikes(folder: Path, prefix: str, suffix: str = "") -> list[Path]:
     """Things named like our temporary folders that are not a killed run's: each must
     survive the next run."""
-    text = wheel.TEMP_MARKER_TEXT
+    text = lock.TEMP_MARKER_TEXT
     names = iter(f"{prefix}{n:016x}{suffix}" for n in range(1, 100))
     plain = folder / next(names)
     plain.write_text("a user's file\n")
     made = [plain]
     markers = {
-        wheel.TEMP_MARKER: [None, b"my notes\n", text + b"x"],
-        f"{wheel.TEMP_MARKER}.new": [text],  # beside a file of the user's
+        lock.TEMP_MARKER: [None, b"my notes\n", text + b"x"],
+        f"{lock.TEMP_MARKER}.new": [text],  # beside a file of the user's
     }
     for marker, contents in markers.items():
         for content in contents:
@@ -112,15 +112,15 @@ def look_alikes(folder: Path, prefix: str, suffix: str = "") -> list[Path]:
     # in a folder elsewhere that a link points at
     other_name = folder / f"{prefix}mine{suffix}"
     other_name.mkdir()
-    (other_name / wheel.TEMP_MARKER).write_bytes(text)
+    (other_name / lock.TEMP_MARKER).write_bytes(text)
     elsewhere = folder.parent / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "marker").write_bytes(text)
     linked_marker = folder / next(names)
     linked_marker.mkdir()
-    (linked_marker / wheel.TEMP_MARKER).symlink_to(elsewhere / "marker")
+    (linked_marker / lock.TEMP_MARKER).symlink_to(elsewhere / "marker")
     (elsewhere / "marked").mkdir()
-    (elsewhere / "marked" / wheel.TEMP_MARKER).write_bytes(text)
+    (elsewhere / "marked" / lock.TEMP_MARKER).write_bytes(text)
     link = folder / next(names)
     link.symlink_to(elsewhere / "marked")
     return [*made, other_name, linked_marker, link]
@@ -137,18 +137,16 @@ def test_the_next_build_removes_what_a_killed_build_left(tmp_path: Path, wheel_c
     assert listing(out) == [built.name], f"the killed run's {left.name} is still there"
 
     # only the killed run's marked folder goes: not a look-alike, not a live run's folder
-    marker = kill_when(
-        start_build(out, wheel_cache, {}), out, f".build-wheel-*/{wheel.TEMP_MARKER}"
-    )
+    marker = kill_when(start_build(out, wheel_cache, {}), out, f".build-wheel-*/{lock.TEMP_MARKER}")
     left = marker.parent
     made = look_alikes(out, *deploy.BUILD_TEMP)
-    with wheel.marked_folder(out, *deploy.BUILD_TEMP) as (live, _lock):
+    with lock.marked_folder(out, *deploy.BUILD_TEMP) as live:
         build(out, wheel_cache, {})
-        assert live.is_dir() and (live / wheel.TEMP_MARKER).is_file()
+        assert live.is_dir() and (live / lock.TEMP_MARKER).is_file()
     assert not left.exists()
     assert listing(out) == sorted([built.name, *(p.name for p in made)])
     assert sorted(p.name for p in (tmp_path / "elsewhere").rglob("*")) == [
-        wheel.TEMP_MARKER,
+        lock.TEMP_MARKER,
         "marked",
         "marker",
     ]
@@ -165,12 +163,12 @@ def test_the_next_download_removes_what_a_killed_download_left(
     assert listing(cache) == [pinned], f"the killed download's {left.name} is still there"
 
     (cache / pinned).unlink()
-    marker = kill_when(start_build(out, cache, index), cache, f".download-*/{wheel.TEMP_MARKER}")
+    marker = kill_when(start_build(out, cache, index), cache, f".download-*/{lock.TEMP_MARKER}")
     left = marker.parent
     made = look_alikes(cache, wheel.DOWNLOAD_PREFIX)
-    with wheel.marked_folder(cache, wheel.DOWNLOAD_PREFIX) as (live, _lock):
+    with lock.marked_folder(cache, wheel.DOWNLOAD_PREFIX) as live:
         build(out, cache, index)
-        assert live.is_dir() and (live / wheel.TEMP_MARKER).is_file()
+        assert live.is_dir() and (live / lock.TEMP_MARKER).is_file()
     assert not left.exists()
     assert listing(cache) == sorted([pinned, *(p.name for p in made)])
 
@@ -182,7 +180,7 @@ def test_an_interrupted_build_removes_its_folder(
     out = tmp_path / "dist"
     run = start_build(out, wheel_cache, {})
     deadline = time.monotonic() + 120
-    while not list(out.glob(f".build-wheel-*/{wheel.TEMP_MARKER}")):
+    while not list(out.glob(f".build-wheel-*/{lock.TEMP_MARKER}")):
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()
         time.sleep(0.002)
     run.send_signal(signum)

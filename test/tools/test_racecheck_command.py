@@ -3,10 +3,12 @@ H1 (the hisparse stash) clean because of a host synchronize.
 
 The series is applied to the session's own build folder first. One run
 measures every column (each run imports torch and the rest once): the series'
-steps (--step all) and, as --tree columns judged as the final step, three
-wrong fixes, what pip installs from our wheel, and a copy of the patched tree
-whose process_batch_result_prefill lacks the prefill result's
-`copy_done.synchronize()`. The steps are clean on H1; that copy races exactly
+steps (--step all) and, as --tree columns, three wrong fixes, what pip installs
+from our wheel, a copy of the patched tree whose process_batch_result_prefill
+lacks the prefill result's `copy_done.synchronize()`, and the unpatched base.
+A given tree is reported as it is ("races open in this tree"), compared with
+the column of the step its files hold, and with nothing where they hold none.
+The steps are clean on H1; that copy races exactly
 where the [writers] table says the synchronize orders: the forward stream's
 relay write into the request's row and _build_hisparse_decode_batch's stash
 from the schedule stream. So the clean cell of [races.H1] is the
@@ -23,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, SESSION_TREES, linked_copy, repin, replace_text
 from patchset.manifest import Series
-from racecheck import cli, writers
+from racecheck import cli, report, writers
 from racecheck.catalogue import BY_NAME, PLAYS, SCENARIOS
 
 pytestmark = SESSION_TREES
@@ -102,9 +104,12 @@ def without_synchronize(patched_tree: Path, folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def checked(
-    patched_tree: Path, installed_tree: Path, tmp_path_factory: pytest.TempPathFactory
+    session_step_trees: dict[str, Path],
+    patched_tree: Path,
+    installed_tree: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[subprocess.CompletedProcess[str], list[Path]]:
-    """One race-check run over every step and five trees; (its result, the trees)."""
+    """One race-check run over every step and six trees; (its result, the trees)."""
     folder = tmp_path_factory.mktemp("wrong-fixes")
     trees = [
         wrong_fix(patched_tree, folder / "no-wait", None),
@@ -112,6 +117,7 @@ def checked(
         wrong_fix(patched_tree, folder / "spec-only", "not self.spec_algorithm.is_none()"),
         installed_tree,
         without_synchronize(patched_tree, folder / "no-sync"),
+        session_step_trees["base"],
     ]
     return race_check("--step", "all", *(a for tree in trees for a in ("--tree", str(tree)))), trees
 
@@ -144,7 +150,7 @@ def test_waits_that_depend_on_the_batch_turn_their_cells_red(
     out = result.stdout
     reports = sections(out)
     # 0002 restores the base FutureMap, so without its wait S2 reopens too: base's 48.
-    assert f"FAILED: 48 race(s) in the patched tree {trees[0]}" in out
+    assert f"races open in this tree {trees[0]}: 48 (" in out
     assert "output_tokens_buf row 4: unordered writes" in reports["tree 1"]
     assert "write on forward_stream" in out and "write on schedule_stream" in out
     # A wait only for one-request batches: every multi-request shape is red, by row.
@@ -162,13 +168,38 @@ def test_what_pip_installs_from_our_wheel_has_no_race(
 ) -> None:
     result, trees = checked
     assert sections(result.stdout)["tree 4"].startswith("tree 4: no race"), result.stdout
-    assert f"ok: no race in {trees[3]}" in result.stdout
+    assert f"ok: no race in this tree {trees[3]}\n  the series' files in it are step +0002" in (
+        result.stdout
+    )
 
 
-def test_a_tree_is_judged_as_the_manifests_final_step(
+def test_a_given_tree_is_reported_as_it_is(
+    series: Series, checked: tuple[subprocess.CompletedProcess[str], list[Path]]
+) -> None:
+    """An unpatched tree: its races, as its step expects them; a wrong fix: no expectation."""
+    result, trees = checked
+    out = result.stdout
+    base = sections(out)["tree 6"]
+    assert raced(base) and raced(base) == raced(sections(out)["base"]), base
+    version = series.manifest.base.version
+    assert f"races open in this tree {trees[5]}: " in out
+    assert (
+        f"  the series' files in it are step base of sglang {version}'s series, as its "
+        "[races] table expects"
+    ) in out
+    for tree in trees[:3]:
+        assert f"races open in this tree {tree}: " in out
+    assert out.count(f"  the series' files in it match no step of sglang {version}'s") == 3
+    # No cell of a given tree is held against a step it does not hold: only the copy
+    # without the synchronize, whose series files are step 0002's, is (H1).
+    assert out.count("[EXPECTED: clean]") == 1
+    assert "patched tree" not in out
+
+
+def test_a_tree_is_judged_by_the_step_its_files_hold(
     patch_set: Path, patched_tree: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """With a third patch in the manifest, --tree is judged by the 0003 column."""
+    """With a third patch in the manifest that changes no file, the patched tree holds 0003."""
     pin = patch_set / "pin.toml"
     text = pin.read_text()
     fake = "0003-a-fake-third-step.patch"
@@ -193,12 +224,12 @@ def test_a_tree_is_judged_as_the_manifests_final_step(
     runs = cli.plan_runs([Series.load(patch_set)], None, [patched_tree])
     assert [(r.label, r.step, r.given) for r in runs] == [("tree", "0003", True)]
     runs[0].races = {name: [] for name in SCENARIOS}
-    assert cli.verdict(runs) == 0
-    assert f"ok: no race in {patched_tree}" in capsys.readouterr().out
+    assert report.verdict(runs) == 0
+    assert f"ok: no race in this tree {patched_tree}" in capsys.readouterr().out
     # Judged by the 0002 column instead, the same tree would be a differing table.
-    runs[0].step, runs[0].given = "0002", False
-    assert cli.verdict(runs) == 15
-    assert "differs from the expected one in: S1 tree" in capsys.readouterr().out
+    runs[0].step = "0002"
+    assert report.verdict(runs) == 15
+    assert "expects otherwise in: S1" in capsys.readouterr().out
     helped = race_check("--patch-set", str(patch_set), "--help")
     assert "{base,0001,0002,0003,all}" in helped.stdout
 
@@ -223,7 +254,8 @@ def test_h1_races_without_the_prefill_results_synchronize(
     result, trees = checked
     out, tree = result.stdout, trees[4]
     assert result.returncode == 15, out + result.stderr
-    assert f"FAILED: 1 race(s) in the patched tree {tree}" in out
+    assert f"races open in this tree {tree}: 1 (H1)\n  FAILED: the series' files in it are " in out
+    assert "[races] table expects otherwise in: H1" in out
     # The copy's block of races: "tree 5: N race(s) (...)" up to the blank line after it.
     block = sections(out)["tree 5"]
     assert block.startswith(f"tree 5: 1 race ({tree})"), block

@@ -36,12 +36,12 @@ def races_of(cell: report.Cell) -> list[Race]:
     return out
 
 
-def measured_runs(series: Series, table: report.Table) -> list[cli.TreeRun]:
+def measured_runs(series: Series, table: report.Table) -> list[report.TreeRun]:
     """The columns of one base as a run that measured table would fill them."""
     manifest = series.manifest
     runs = []
     for step in manifest.steps:
-        run = cli.TreeRun(step, step, series.folder, table, manifest.final_step)
+        run = report.TreeRun(step, step, series.folder, table, manifest.final_step)
         run.races = {name: races_of(table[name][step]) for name in SCENARIOS}
         runs.append(run)
     return runs

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from patchset import apply, paths
+from patchset import paths, recognise
 from patchset.errors import BackportError, Exit
 from patchset.manifest import (
     BASE_STEP,
@@ -74,7 +74,7 @@ def test_launch_profiles_are_said_once() -> None:
 def test_recognition_names_releases_from_the_registry(tmp_path: Path) -> None:
     manifest = Series.load(paths.DEFAULT_PATCH_DIR).manifest
     later = load_releases().known["0.5.20"].blobs
-    assert apply.nearest_release(manifest, dict(later)) == "0.5.20"
+    assert recognise.nearest_release(manifest, dict(later)) == "0.5.20"
     # without 0.5.20 in the registry, the same files are not named 0.5.20
     text = (paths.PATCHES_ROOT / RELEASES_NAME).read_text(encoding="utf-8")
     start = text.index('[releases."0.5.20"]\n')
@@ -83,7 +83,7 @@ def test_recognition_names_releases_from_the_registry(tmp_path: Path) -> None:
     fewer = Releases.load(tmp_path / RELEASES_NAME)
     other = PinManifest.load(paths.DEFAULT_PATCH_DIR / "pin.toml", fewer)
     assert "0.5.20" not in other.known_releases
-    assert apply.nearest_release(other, dict(later)) != "0.5.20"
+    assert recognise.nearest_release(other, dict(later)) != "0.5.20"
 
 
 PIN_BLOBS = '"python/sglang/srt/disaggregation/decode.py" = { "0001" = '
