@@ -59,8 +59,7 @@ def python_of(interpreter: Path) -> str:
     if answer[1] != "cpython":
         raise BackportError(
             Exit.USAGE,
-            f"--python {interpreter} is {answer[1]}, not CPython; sglang ships CPython "
-            "wheels only",
+            f"--python {interpreter} is {answer[1]}, not CPython; sglang ships CPython wheels only",
             "pass a CPython interpreter, or --python-version X.Y",
         )
     return f"cp{answer[2]}{answer[3]}"
