@@ -21,7 +21,7 @@ stays the base's. The local label comes from the manifest's [build-wheel]
 table. Same inputs, same bytes: the printed sha256 can be published.
 
 sglang ships one wheel per Python (cp310 to cp313); the manifest pins each
-([sglang.wheels]). Without --python-version, --python or --all the wheel is
+([wheels."<release>"]). Without --python-version, --python or --all the wheel is
 the manifest's own (cp311).
 """
 

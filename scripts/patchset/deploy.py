@@ -127,7 +127,8 @@ def build_wheel(
             Exit.BASE_MISMATCH,
             f"the files of {base.wheel} are not the base's that "
             f"{series.folder / 'pin.toml'} pins ([blobs] base)",
-            "this wheel cannot be patched by this series; check its pin in [sglang.wheels]",
+            "this wheel cannot be patched by this series: check its pin "
+            f'([wheels."{base.version}"] or the default one) against the package index',
         )
     patched = patched_files(series, base_files)
     changed = {

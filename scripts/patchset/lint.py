@@ -220,9 +220,7 @@ def _check_manifest(
 def _check_wheels(report: LintReport, folder: Path, manifest: PinManifest) -> None:
     """Each release served names a wheel for every Python of PYTHONS (the manifest
     has checked the form of each pin already)."""
-    tables = {manifest.base.version: "sglang"}
-    tables |= {version: f'same-files."{version}"' for version in manifest.same_files}
-    for version, table in tables.items():
+    for version in manifest.releases:
         report.checked["wheels"] += 1
         pinned = manifest.for_release(version).release.wheels
         for tag in PYTHONS:
@@ -232,8 +230,8 @@ def _check_wheels(report: LintReport, folder: Path, manifest: PinManifest) -> No
                     None,
                     "wheels",
                     f"sglang {version} pins no wheel for Python 3.{tag[3:]} "
-                    f"([{table}.{WHEELS_TABLE}] {tag}): add its file name and sha256 as the "
-                    "package index lists them (https://pypi.org/simple/sglang/)",
+                    f'([{WHEELS_TABLE}."{version}"] {tag}): add its file name and sha256 as '
+                    "the package index lists them (https://pypi.org/simple/sglang/)",
                 )
 
 

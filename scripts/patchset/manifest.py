@@ -100,15 +100,16 @@ class ReleasePin:
 def _python_wheels(
     toml: TomlFile, keys: tuple[str, ...], version: str, default: WheelPin
 ) -> dict[str, WheelPin]:
-    """[KEYS.wheels]: cpXY = { wheel, sha256 }, the release's wheel for each other Python,
-    each a cpXY-cpXY wheel for the default wheel's platform."""
+    """[wheels."VERSION"]: cpXY = { wheel, sha256 }, the release's wheel for each
+    Python besides the default one (keys' table), each a cpXY-cpXY wheel for the
+    default wheel's platform."""
     python, abi, platform = default.tags
     if python != abi or not PYTHON_TAG.match(python):
         raise toml.refuse(
             (*keys, "wheel"), f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
         )
     wheels = {python: default}
-    table = (*keys, WHEELS_TABLE)
+    table = (WHEELS_TABLE, version)
     for tag in toml.table(table, optional=True):
         key = (*table, tag)
         if not PYTHON_TAG.match(tag):
@@ -559,6 +560,13 @@ class PinManifest:
         }
         for other in same_files:
             registry.release(other, path)
+        for other in toml.table((WHEELS_TABLE,), optional=True):
+            if other != version and other not in same_files:
+                raise toml.refuse(
+                    (WHEELS_TABLE, other),
+                    f"names a release this patch set does not serve (it serves "
+                    f"{', '.join([version, *same_files])})",
+                )
         return cls(
             release=ReleasePin.from_table(toml, ("sglang",), version),
             patch_hashes=patch_hashes,

@@ -154,39 +154,45 @@ DAMAGE = {
     "not a tag": (
         "\ncp312 = {",
         "\npy312 = {",
-        "sglang.wheels.py312 is not a CPython wheel tag (cp310, cp311, ...)",
+        'wheels."0.5.15.post1".py312 is not a CPython wheel tag (cp310, cp311, ...)',
     ),
     "the default again": (
         "\ncp312 = {",
         '\ncp311 = { wheel = "x", sha256 = "y" }\ncp312 = {',
-        "sglang.wheels.cp311 names the Python of sglang.wheel again; remove it",
+        'wheels."0.5.15.post1".cp311 names the Python of sglang.wheel again; remove it',
     ),
     "another Python's file": (
         'cp312 = { wheel = "sglang-0.5.15.post1-cp312-cp312-',
         'cp312 = { wheel = "sglang-0.5.15.post1-cp313-cp313-',
-        'sglang.wheels.cp312.wheel = "sglang-0.5.15.post1-cp313-cp313-manylinux_2_34_x86_64.whl"'
-        " is not a cp312-cp312-manylinux_2_34_x86_64 wheel",
+        'wheels."0.5.15.post1".cp312.wheel = '
+        '"sglang-0.5.15.post1-cp313-cp313-manylinux_2_34_x86_64.whl" '
+        "is not a cp312-cp312-manylinux_2_34_x86_64 wheel",
     ),
     "another release's file": (
         'cp312 = { wheel = "sglang-0.5.15.post1-',
         'cp312 = { wheel = "sglang-0.5.15-',
-        'sglang.wheels.cp312.wheel = "sglang-0.5.15-cp312-cp312-manylinux_2_34_x86_64.whl" '
+        'wheels."0.5.15.post1".cp312.wheel = "sglang-0.5.15-cp312-cp312-manylinux_2_34_x86_64.whl" '
         "is not a wheel of sglang 0.5.15.post1",
     ),
     "no sha256": (
         re.compile(r'(cp310 = \{ wheel = "[^"]+"), sha256 = "[0-9a-f]+"'),
         r"\1",
-        "sglang.wheels.cp310.sha256 is missing",
+        'wheels."0.5.15.post1".cp310.sha256 is missing',
     ),
     "a bad sha256": (
         re.compile(r'(cp313 = \{ wheel = "[^"]+", sha256 = ")[0-9a-f]+"'),
         r'\1abc"',
-        'sglang.wheels.cp313.sha256 = "abc" is not a sha256',
+        'wheels."0.5.15.post1".cp313.sha256 = "abc" is not a sha256',
+    ),
+    "a release not served": (
+        '[wheels."0.5.15.post1"]',
+        '[wheels."0.5.15"]',
+        'wheels."0.5.15" names a release this patch set does not serve (it serves 0.5.15.post1)',
     ),
     "not a table": (
         re.compile(r"cp310 = \{[^}]+\}"),
         'cp310 = "sglang-0.5.15.post1-cp310-cp310-manylinux_2_34_x86_64.whl"',
-        "sglang.wheels.cp310 is a string, not a table",
+        'wheels."0.5.15.post1".cp310 is a string, not a table',
     ),
 }
 
@@ -220,7 +226,7 @@ def test_lint_wants_a_wheel_for_every_python(patch_set: Path):
     assert [(v.rule, v.message) for v in lint.violations] == [
         (
             "wheels",
-            "sglang 0.5.15.post1 pins no wheel for Python 3.13 ([sglang.wheels] cp313): "
+            'sglang 0.5.15.post1 pins no wheel for Python 3.13 ([wheels."0.5.15.post1"] cp313): '
             "add its file name and sha256 as the package index lists them "
             "(https://pypi.org/simple/sglang/)",
         )
