@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from patched_wheel import (
 from patchset import paths
 from patchset.errors import Exit
 from patchset.lint import lint_patch_set
-from patchset.manifest import PinManifest, Series, patch_set_folders
+from patchset.manifest import PinManifest, Series, patch_set_folders, sha256_of
 
 # check-install's launcher needs this Python or newer; an older venv is checked
 # from this interpreter with --python (the probe inside it needs only 3.10).
@@ -29,8 +30,8 @@ CHECK_INSTALL_RUNS_ON = (3, 11)
 PYTHONS = ("cp310", "cp311", "cp312", "cp313")
 
 
-def build(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, SGLANG_BACKPORTS_CACHE=str(paths.cache_dir()))
+def build(out: Path, *args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, SGLANG_BACKPORTS_CACHE=str(cache or paths.cache_dir()))
     return subprocess.run(
         [sys.executable, str(SCRIPTS / "build-wheel"), "--out", str(out), *args],
         capture_output=True,
@@ -133,6 +134,27 @@ def test_a_python_not_pinned_and_a_python_that_cannot_run(tmp_path: Path, series
     assert f"--python {missing} could not be asked its version" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pinned_wheel_whose_files_are_not_the_base_is_refused(
+    patch_set: Path, tmp_path: Path, series: Series
+):
+    """Another Python's wheel is patched only if its three files are the [blobs] base."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    text = (patch_set / "pin.toml").read_text(encoding="utf-8")
+    pin = re.search(r'\ncp312 = \{ wheel = "([^"]+)", sha256 = "([0-9a-f]+)" \}', text)
+    assert pin, "the manifest pins a cp312 wheel"
+    other = cache / pin[1]
+    with zipfile.ZipFile(other, "w") as archive:
+        for path in series.manifest.files:
+            archive.writestr(path.removeprefix("python/"), f"# not {path}\n")
+    (patch_set / "pin.toml").write_text(text.replace(pin[2], sha256_of(other)))
+    out = tmp_path / "out"
+    result = build(out, "--patch-set", str(patch_set), "--python-version", "3.12", cache=cache)
+    assert result.returncode == Exit.BASE_MISMATCH, result.stdout + result.stderr
+    assert f"error: the files of {pin[1]} are not the base's that" in result.stderr
+    assert not out.exists() or not any(out.iterdir())
 
 
 # --- the pins ---------------------------------------------------------------------
