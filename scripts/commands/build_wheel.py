@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import re
+import subprocess
 import zlib
+from pathlib import Path
 
 from patchset import cli, deploy, paths
-from patchset.errors import Exit
-from patchset.manifest import Series, series_for_release
+from patchset.errors import BackportError, Exit
+from patchset.manifest import PYTHON_TAG, Series, series_for_release
 
 DESCRIPTION = """\
 Write dist/sglang-<base>+<local>-<tags>.whl: the pinned, sha256-checked sglang
@@ -15,6 +19,10 @@ wheel with the series applied to its three files. Only those files, the
 every other member is byte-identical and in the same order. sglang.__version__
 stays the base's. The local label comes from the manifest's [build-wheel]
 table. Same inputs, same bytes: the printed sha256 can be published.
+
+sglang ships one wheel per Python (cp310 to cp313); the manifest pins each
+([wheels."<release>"]). Without --python-version, --python or --all the wheel is
+the manifest's own (cp311).
 """
 
 CODES = [
@@ -22,9 +30,47 @@ CODES = [
     Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
 ]  # fmt: skip
 WORDING = {
-    Exit.OK: "the wheel was written (its path and sha256 are printed)",
+    Exit.OK: "the wheel was written (its path and sha256 are printed; with --all, each)",
     Exit.BASE_MISMATCH: "no patch set serves --base, or the wheel's files are not the pinned base",
+    Exit.ENVIRONMENT: "--python cannot be run, or a file or folder cannot be written",
 }
+# What --python PY prints: its implementation and version.
+ASK_PYTHON = "import sys; print(sys.implementation.name, *sys.version_info[:2])"
+
+
+def python_of(interpreter: Path) -> str:
+    """The wheel tag of an interpreter (cp312), asked of it."""
+    try:
+        result = subprocess.run(
+            [str(interpreter), "-I", "-c", ASK_PYTHON], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        result = None
+        detail = str(err)
+    else:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    answer = re.fullmatch(r"(\w+) (\d+) (\d+)\n", result.stdout if result else "")
+    if result is None or result.returncode != 0 or answer is None:
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"--python {interpreter} could not be asked its version: {detail}",
+            "pass the path of a Python interpreter that runs, or --python-version X.Y",
+        )
+    if answer[1] != "cpython":
+        raise BackportError(
+            Exit.USAGE,
+            f"--python {interpreter} is {answer[1]}, not CPython; sglang ships CPython wheels only",
+            "pass a CPython interpreter, or --python-version X.Y",
+        )
+    return f"cp{answer[2]}{answer[3]}"
+
+
+def python_tag(text: str) -> str:
+    """--python-version X.Y as a wheel tag (3.12 -> cp312)."""
+    found = re.fullmatch(r"3\.(\d+)", text)
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Python version X.Y (e.g. 3.12)")
+    return f"cp3{found[1]}"
 
 
 def main() -> int:
@@ -35,6 +81,22 @@ def main() -> int:
         metavar="VERSION",
         help="the sglang release to build for; picks the patch set under patches/ that "
         "serves it (with --patch-set: that folder must serve it)",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--python-version",
+        type=python_tag,
+        metavar="X.Y",
+        help="build the wheel for that Python (3.10 to 3.13; default: the manifest's own, 3.11)",
+    )
+    which.add_argument(
+        "--python",
+        type=cli.absolute_path,
+        metavar="PY",
+        help="build the wheel for the Python of that interpreter (asked for its version)",
+    )
+    which.add_argument(
+        "--all", action="store_true", help="build the wheel of every Python the manifest pins"
     )
     p.add_argument(
         "--out",
@@ -52,11 +114,20 @@ def main() -> int:
             series = series_for_release(args.patch_set.parent, args.base)
             if series.folder != args.patch_set:
                 p.error(f"--patch-set {args.patch_set} does not serve sglang {args.base}")
-    built = deploy.build_wheel(series, paths.cache_dir(), args.out)
-    for member in built.changed:
-        print(f"  changed: {member}")
-    print(f"wheel: {built.path}")
-    print(f"version: {built.version}")
-    print(f"sha256: {built.sha256}")
+    pinned = series.manifest.release.wheels
+    wanted = args.python_version or (python_of(args.python) if args.python else None)
+    if wanted is not None and wanted not in pinned:
+        p.error(
+            f"sglang {series.manifest.base.version} has no wheel for Python "
+            f"3.{PYTHON_TAG.match(wanted)['minor']} pinned (it pins "  # type: ignore[index]
+            f"{', '.join(f'3.{t[3:]}' for t in pinned)})"
+        )
+    for python in list(pinned) if args.all else [wanted]:
+        built = deploy.build_wheel(series, paths.cache_dir(), args.out, python)
+        for member in built.changed:
+            print(f"  changed: {member}")
+        print(f"wheel: {built.path}")
+        print(f"version: {built.version}")
+        print(f"sha256: {built.sha256}")
     print(f"(zlib {zlib.ZLIB_RUNTIME_VERSION}; the same inputs and zlib give the same bytes)")
     return Exit.OK

@@ -22,7 +22,9 @@ from .errors import BackportError, Exit
 from .lint import label_problems
 from .lock import marked_folder
 from .manifest import (
+    BASE_STEP,
     Series,
+    git_blob_id,
 )
 
 # build-wheel's temporary folder in --out: prefix and suffix (see lock.marked_folder).
@@ -94,8 +96,14 @@ def _rewrite_record(
     return "".join(out).encode("utf-8")
 
 
-def build_wheel(series: Series, cache: Path, out_dir: Path) -> BuiltWheel:
-    """Write the patched wheel of series' release into out_dir; same inputs, same bytes."""
+def build_wheel(
+    series: Series, cache: Path, out_dir: Path, python: str | None = None
+) -> BuiltWheel:
+    """Write the patched wheel of series' release into out_dir; same inputs, same bytes.
+
+    python: the CPython tag (cp312) of the pinned wheel to patch; default: the
+    manifest's own wheel.
+    """
     series.verify()
     manifest = series.manifest
     problems = label_problems(manifest)
@@ -105,7 +113,7 @@ def build_wheel(series: Series, cache: Path, out_dir: Path) -> BuiltWheel:
             f"{series.folder / 'pin.toml'}: " + "; ".join(problems),
             "fix the [build-wheel] table (scripts/lint-patches checks it) and run again",
         )
-    base = manifest.base
+    base = manifest.base if python is None else manifest.release.wheels[python]
     source = wheels.fetch_wheel(base, cache)
     name, old_version, tags = base.wheel[: -len(".whl")].split("-", 2)
     version = f"{base.version}+{manifest.local_version}"
@@ -113,6 +121,16 @@ def build_wheel(series: Series, cache: Path, out_dir: Path) -> BuiltWheel:
     record = f"{new_info}RECORD"
 
     base_files = dict(wheels.read_files(source, manifest.files))
+    if {path: git_blob_id(data) for path, data in base_files.items()} != manifest.blobs_at(
+        BASE_STEP
+    ):
+        raise BackportError(
+            Exit.BASE_MISMATCH,
+            f"the files of {base.wheel} are not the base {series.folder.name} patches "
+            f'([releases."{base.version}"] blobs in {manifest.registry.path})',
+            "this wheel cannot be patched by this series: check its pin "
+            f'([wheels."{base.version}"] or the default one) against the package index',
+        )
     patched = patched_files(series, base_files)
     changed = {
         path.removeprefix(wheels.REPO_PREFIX): data

@@ -18,7 +18,9 @@ from .errors import BackportError
 from .manifest import (
     BASE_STEP,
     MANIFEST_NAME,
+    PYTHONS,
     SERIES_NAME,
+    WHEELS_TABLE,
     PinManifest,
     release_key,
     require_folder,
@@ -56,6 +58,7 @@ RULES = {
     "final-newline": "every file of the patch set, and every patched file, ends with a newline",
     "line-endings": "every file of the patch set has LF line endings, byte for byte (no CR)",
     "build-wheel": "[build-wheel] local is a PEP 440 local label; series-sha256 is the series'",
+    "wheels": "every release served pins its wheel for each Python sglang ships (cp310 to cp313)",
     "nothing-checked": "the run checked at least one patch with a diff",
 }
 
@@ -200,6 +203,24 @@ def _check_manifest(
                     "run scripts/export-patches",
                 )
         _check_blob_ids(report, manifest, patch)
+
+
+def _check_wheels(report: LintReport, folder: Path, manifest: PinManifest) -> None:
+    """Each release served names a wheel for every Python of PYTHONS (the manifest
+    has checked the form of each pin already)."""
+    for version in manifest.releases:
+        report.checked["wheels"] += 1
+        pinned = manifest.for_release(version).release.wheels
+        for tag in PYTHONS:
+            if tag not in pinned:
+                report.add(
+                    folder / MANIFEST_NAME,
+                    None,
+                    "wheels",
+                    f"sglang {version} pins no wheel for Python 3.{tag[3:]} "
+                    f'([{WHEELS_TABLE}."{version}"] {tag}): add its file name and sha256 as '
+                    "the package index lists them (https://pypi.org/simple/sglang/)",
+                )
 
 
 def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
@@ -441,6 +462,7 @@ def lint_patch_set(folder: Path) -> LintReport:
         report.checked["build-wheel"] += 1
         for problem in label_problems(manifest):
             report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)
+        _check_wheels(report, folder, manifest)
 
     if not patches or not report.checked["whitespace"]:
         report.add(

@@ -57,24 +57,77 @@ class WheelPin:
     wheel: str
     sha256: str
 
+    @property
+    def tags(self) -> tuple[str, str, str]:
+        """The file name's Python, ABI and platform tags (PEP 427)."""
+        python, abi, platform = self.wheel[: -len(".whl")].split("-")[2:]
+        return python, abi, platform
+
+
+# The Pythons sglang ships a wheel for (Requires-Python >= 3.10), as wheel tags.
+PYTHONS = ("cp310", "cp311", "cp312", "cp313")
+WHEELS_TABLE = "wheels"
+PYTHON_TAG = re.compile(r"^cp3(?P<minor>\d+)$")
+
+
+def python_key(tag: str) -> int:
+    """Sort key of a CPython tag: cp39 < cp310."""
+    found = PYTHON_TAG.match(tag)
+    return int(found["minor"]) if found else -1
+
 
 @dataclass(frozen=True)
 class ReleasePin:
     """A release a patch set serves: its wheel, its git tag and what it pins."""
 
-    wheel: WheelPin
+    wheel: WheelPin  # the default wheel (build-wheel without --python-version)
     tag: str
     torch: str = ""
     transformers: str = ""
+    # CPython tag -> the release's wheel for that Python, the default one included
+    wheels: dict[str, WheelPin] = field(default_factory=dict)
 
     @classmethod
     def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
+        wheel = toml.wheel_pin(keys, version)
         return cls(
-            toml.wheel_pin(keys, version),
+            wheel,
             toml.text((*keys, "tag")),
             toml.text((*keys, "torch"), default=""),
             toml.text((*keys, "transformers"), default=""),
+            _python_wheels(toml, keys, version, wheel),
         )
+
+
+def _python_wheels(
+    toml: TomlFile, keys: tuple[str, ...], version: str, default: WheelPin
+) -> dict[str, WheelPin]:
+    """[wheels."VERSION"]: cpXY = { wheel, sha256 }, the release's wheel for each
+    Python besides the default one (keys' table), each a cpXY-cpXY wheel for the
+    default wheel's platform."""
+    python, abi, platform = default.tags
+    if python != abi or not PYTHON_TAG.match(python):
+        raise toml.refuse(
+            (*keys, "wheel"), f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
+        )
+    wheels = {python: default}
+    table = (WHEELS_TABLE, version)
+    for tag in toml.table(table, optional=True):
+        key = (*table, tag)
+        if not PYTHON_TAG.match(tag):
+            raise toml.refuse(key, "is not a CPython wheel tag (cp310, cp311, ...)")
+        if tag == python:
+            raise toml.refuse(
+                key, f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
+            )
+        pin = toml.wheel_pin(key, version)
+        if pin.tags != (tag, tag, platform):
+            raise toml.refuse(
+                (*key, "wheel"),
+                f"= {json.dumps(pin.wheel)} is not a {tag}-{tag}-{platform} wheel",
+            )
+        wheels[tag] = pin
+    return dict(sorted(wheels.items(), key=lambda item: python_key(item[0])))
 
 
 _REQUIRED: Any = object()
@@ -342,6 +395,13 @@ class PinManifest:
                     f'is served by this series, but [releases."{other}"] blobs in '
                     f'{registry.path} differ from [releases."{version}"] blobs; '
                     "one of them is wrong: hash both wheels (docs/maintaining.md)",
+                )
+        for other in toml.table((WHEELS_TABLE,), optional=True):
+            if other != version and other not in same_files:
+                raise toml.refuse(
+                    (WHEELS_TABLE, other),
+                    f"names a release this patch set does not serve (it serves "
+                    f"{', '.join([version, *same_files])})",
                 )
         return cls(
             release=ReleasePin.from_table(toml, ("sglang",), version),

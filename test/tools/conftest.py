@@ -90,10 +90,11 @@ def fetch_or_skip(pin: WheelPin, cache: Path) -> Path:
 RunScript = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def make_venv(folder: Path) -> Path:
-    """A scratch virtual environment, without a pip of its own (see pip); returns its python."""
+def make_venv(folder: Path, python: Path = Path(sys.executable)) -> Path:
+    """A scratch virtual environment of python, without a pip of its own (see pip);
+    returns its python."""
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(folder)],
+        [str(python), "-m", "venv", "--without-pip", str(folder)],
         check=True,
         capture_output=True,
     )

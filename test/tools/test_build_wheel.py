@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import subprocess
@@ -12,13 +11,12 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, TEST_PINS, make_venv, pip
+from patched_wheel import assert_only_patched_differ, assert_record_right
 from patchset.errors import Exit
-from patchset.manifest import Series, git_blob_id, sha256_of
+from patchset.manifest import Series, sha256_of
 
 BASE = "0.5.15.post1"
 LOCAL = "pdrace.2"
-OLD_INFO = f"sglang-{BASE}.dist-info/"
-NEW_INFO = f"sglang-{BASE}+{LOCAL}.dist-info/"
 
 
 def build(out: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -63,45 +61,11 @@ def test_same_inputs_same_bytes(built: Path, tmp_path: Path, wheel_cache: Path):
 def test_only_the_patched_files_metadata_and_record_differ(
     built: Path, original: Path, series: Series
 ):
-    with zipfile.ZipFile(original) as old, zipfile.ZipFile(built) as new:
-        old_infos, new_infos = old.infolist(), new.infolist()
-        # same members, same order; only the dist-info folder is renamed
-        assert [i.filename.replace(OLD_INFO, NEW_INFO) for i in old_infos] == [
-            i.filename for i in new_infos
-        ]
-        differ = []
-        for a, b in zip(old_infos, new_infos, strict=True):
-            assert (a.date_time, a.compress_type, a.external_attr) == (
-                b.date_time,
-                b.compress_type,
-                b.external_attr,
-            ), a.filename
-            if old.read(a) != new.read(b):
-                differ.append(b.filename)
-        final = series.manifest.blobs_at(series.manifest.final_step)
-        patched = {p.removeprefix("python/") for p in final}
-        for member in patched:
-            assert git_blob_id(new.read(member)) == final[f"python/{member}"]
-        changed_sources = {m for m in patched if new.read(m) != old.read(m)}
-        assert sorted(differ) == sorted(
-            [*changed_sources, NEW_INFO + "METADATA", NEW_INFO + "RECORD"]
-        )
-        # METADATA: the Version line and nothing else
-        old_meta = old.read(OLD_INFO + "METADATA").decode().splitlines()
-        new_meta = new.read(NEW_INFO + "METADATA").decode().splitlines()
-        assert [(a, b) for a, b in zip(old_meta, new_meta, strict=True) if a != b] == [
-            (f"Version: {BASE}", f"Version: {BASE}+{LOCAL}")
-        ]
-        # sglang's own __version__ stays the base's
-        assert new.read("sglang/version.py") == old.read("sglang/version.py")
+    assert_only_patched_differ(built, original, series)
 
 
 def test_record_names_every_member_with_its_hash(built: Path):
-    with zipfile.ZipFile(built) as wheel:
-        rows = list(csv.reader(wheel.read(NEW_INFO + "RECORD").decode().splitlines()))
-        files = [i.filename for i in wheel.infolist() if not i.is_dir()]
-    assert [row[0] for row in rows] == files
-    assert [row for row in rows if row[0] == NEW_INFO + "RECORD"] == [[NEW_INFO + "RECORD", "", ""]]
+    assert_record_right(built)
 
 
 def test_record_validates_with_installer(built: Path, tmp_path: Path):
