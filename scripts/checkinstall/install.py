@@ -12,6 +12,7 @@ import ast
 import base64
 import hashlib
 import json
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass, field
@@ -22,6 +23,10 @@ from patchset.catalog import REPO_PREFIX, Catalog, KnownContent
 from patchset.errors import BackportError, Exit
 from patchset.manifest import git_blob_id
 
+BY_BLOB_ID = "blob id"
+# a file's RECORD state that says it was changed or added after its install
+MODIFIED = ("differs from RECORD", "not in RECORD", "not in installed-files.txt")
+
 
 @dataclass
 class FileState:
@@ -29,8 +34,8 @@ class FileState:
     location: Path
     blob: str | None = None
     sha256: str | None = None
-    # "matches RECORD", "differs from RECORD", "not in RECORD", "editable: not in RECORD"
-    # (judged by content alone), or "-" (no distribution owns the file)
+    # "matches RECORD", "differs from RECORD", "not in RECORD", "editable: not in RECORD",
+    # NO_RECORD, NO_HASH (judged by content alone), or "-" (no distribution owns the file)
     record: str = "-"
 
 
@@ -40,10 +45,16 @@ class InstallReport:
     files: list[FileState]
     distribution: str = ""  # "sglang 0.5.15.post1+pdrace.2 (.../sglang-...dist-info)" or why none
     matches: list[KnownContent] = field(default_factory=list)
+    dist: ProbedDist | None = None  # the one distribution that installs sglang, if any
+    python: str | None = None  # the inspected interpreter (None for --tree)
+    python_version: str | None = None
+    # how the content was named: by the git blob ids of the three files
+    # (catalog.lookup); "code shape" joins when shape.py can judge the code
+    basis: str | None = None
 
     @property
     def modified(self) -> bool:
-        return any(f.record in ("differs from RECORD", "not in RECORD") for f in self.files)
+        return any(f.record in MODIFIED for f in self.files)
 
     @property
     def open(self) -> list[str] | None:
@@ -100,6 +111,7 @@ def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
 def _judge(report: InstallReport, catalog: Catalog) -> InstallReport:
     blobs = {f.path: f.blob for f in report.files}
     report.matches = catalog.lookup(blobs) if all(blobs.values()) else []
+    report.basis = BY_BLOB_ID if report.matches else None
     # a step of our series is named before a release with the same files
     report.matches.sort(key=lambda m: not m.ours)
     return report
@@ -120,11 +132,14 @@ def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
     return _judge(InstallReport(f"sglang tree {package}", files, "none (--tree)"), catalog)
 
 
-# Runs in the inspected interpreter (Python 3.8 or later): finds sglang and
-# every distribution named sglang without importing sglang. find_spec of a
-# top-level package does not execute its __init__.
+# Runs in the inspected interpreter (Python 3.8 or later): finds sglang, and
+# every distribution that installs files under sglang/ (by its RECORD, or an
+# egg-info's installed-files.txt) or says it is sglang, whatever it is named
+# (a fork such as sglang-kt installs the sglang package under another name),
+# without importing sglang: find_spec of a top-level package does not run its
+# __init__.
 _PROBE = r"""
-import json, os, sys
+import json, os, posixpath, re, sys
 sys.path[:] = [p for p in sys.path if p != ""]
 import importlib.metadata as md
 import importlib.util
@@ -132,37 +147,84 @@ out = {"python": sys.version.split()[0]}
 spec = importlib.util.find_spec("sglang")
 locations = list(spec.submodule_search_locations or []) if spec else []
 out["package"] = locations[0] if locations else None
+def listing(dist, info):
+    # (what lists the files, [[path under the site folder, located, mode, hash]])
+    if info and info.endswith(".egg-info"):
+        text = dist.read_text("installed-files.txt")
+        if text is not None:
+            site = os.path.dirname(info)
+            rows = []
+            for line in text.splitlines():
+                if line.strip():
+                    located = os.path.normpath(os.path.join(info, line.strip()))
+                    rows.append([os.path.relpath(located, site).replace(os.sep, "/"),
+                                 located, None, None])
+            return "installed-files.txt", rows
+        return None, []
+    if dist.read_text("RECORD") is None:
+        return None, []
+    return "RECORD", [[posixpath.normpath(f.as_posix()), str(dist.locate_file(f)),
+                       f.hash.mode if f.hash else None, f.hash.value if f.hash else None]
+                      for f in dist.files or []]
 out["dists"], seen = [], set()
-for dist in md.distributions(name="sglang"):
+for dist in md.distributions():
     info = getattr(dist, "_path", None)
     info = os.path.realpath(str(info)) if info is not None else None
     if info in seen:
         continue
+    try:
+        name = dist.metadata.get("Name") or ""
+    except Exception:
+        name = ""
+    listed, rows = listing(dist, info)
+    top = (dist.read_text("top_level.txt") or "").split()
+    owns = any(row[0].split("/")[0] == "sglang" for row in rows)
+    if not (owns or re.sub(r"[-_.]+", "-", name).lower() == "sglang" or "sglang" in top):
+        continue
     seen.add(info)
-    files = dist.files or []
     out["dists"].append({
+        "name": name,
         "version": dist.version or "unknown",
         "info": info,
+        "listing": listed,
         "direct_url": dist.read_text("direct_url.json"),
-        "hooks": [str(dist.locate_file(f)) for f in files
-                  if len(f.parts) == 1 and f.suffix in (".pth", ".py")],
-        "files": {f.as_posix(): [str(dist.locate_file(f)),
-                  f.hash.mode if f.hash else None, f.hash.value if f.hash else None]
-                  for f in files if f.as_posix().startswith("sglang/srt/")},
+        "hooks": [row[1] for row in rows
+                  if "/" not in row[0] and row[0].endswith((".pth", ".py"))],
+        "files": {row[0]: row[1:] for row in rows if row[0].startswith("sglang/srt/")},
     })
 print(json.dumps(out))
 """
 
+LISTINGS = ("RECORD", "installed-files.txt")
+
 
 @dataclass(frozen=True)
 class ProbedDist:
-    """One installed distribution named sglang, as the inspected interpreter sees it."""
+    """One installed distribution that installs the sglang package, as the inspected
+    interpreter sees it."""
 
+    name: str  # as its metadata spells it: sglang, or a fork's own name
     version: str
-    info: str | None  # its .dist-info folder
+    info: str | None  # its .dist-info or .egg-info folder
+    listing: str | None  # what lists its files: RECORD, installed-files.txt, or None
     direct_url: str | None  # the text of its direct_url.json (PEP 610)
     hooks: list[str]  # the .pth files and modules it installs at the top of site-packages
     files: dict[str, list[str | None]]  # sglang/srt/... -> [located path, hash mode, hash]
+
+    @property
+    def fork(self) -> bool:
+        return _normalized(self.name) != "sglang"
+
+    def describe(self) -> str:
+        where = self.info or "an unnamed place"
+        if self.fork:
+            return f"{self.name} {self.version} ({where}; a fork of sglang: not named sglang)"
+        return f"{self.name} {self.version} ({where})"
+
+
+def _normalized(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -222,10 +284,15 @@ def _read_probe(text: str) -> Probe:
                 and all(type(value) in (str, type(None)) for value in entry[1:])
             ):
                 raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
+        listing = _get(item, "listing", (str, type(None)), where)
+        if listing is not None and listing not in LISTINGS:
+            raise _BadAnswer(f"{where}['listing'] is {listing!r}, not one of {LISTINGS}")
         dists.append(
             ProbedDist(
+                _get(item, "name", (str,), where),
                 _get(item, "version", (str,), where),
                 _get(item, "info", (str, type(None)), where),
+                listing,
                 _get(item, "direct_url", (str, type(None)), where),
                 hooks,
                 files,
@@ -331,24 +398,38 @@ def _hook_packages(hooks: list[str]) -> list[Path]:
 SHADOWED = "; it does not own the files found (another copy on sys.path shadows it)"
 
 
+NO_RECORD = "no RECORD: judged by content"
+NO_HASH = "in installed-files.txt (no hash): judged by content"
+
+
 def _check_record(report: InstallReport, dist: ProbedDist) -> None:
     """Each file against the RECORD of the distribution that installed it."""
+    if dist.listing is None:
+        report.distribution += (
+            "; it has no RECORD (as distribution and conda packages ship it), so the files "
+            "are judged by their content alone"
+        )
+        for state in report.files:
+            state.record = NO_RECORD
+        return
     owned = 0
     for state in report.files:
         entry = dist.files.get(state.path.removeprefix(REPO_PREFIX))
         if entry is None:
-            state.record = "not in RECORD"
+            state.record = f"not in {dist.listing}"
             continue
         located, mode, value = entry
         if Path(str(located)).resolve() != state.location.resolve():
             state.record = "-"
             continue
         owned += 1
-        if state.sha256 is None or mode != "sha256":
+        if dist.listing != "RECORD":
+            state.record = NO_HASH
+        elif state.sha256 is None or mode != "sha256":
             state.record = "differs from RECORD"
-            continue
-        digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256)).rstrip(b"=").decode()
-        state.record = "matches RECORD" if digest == value else "differs from RECORD"
+        else:
+            digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256)).rstrip(b"=").decode()
+            state.record = "matches RECORD" if digest == value else "differs from RECORD"
     if not owned and all(s.record == "-" for s in report.files):
         report.distribution += SHADOWED
 
@@ -386,25 +467,33 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         )
     if len(probe.dists) > 1:
         named = "; ".join(
-            f"sglang {d.version} at {d.info or 'an unnamed place'}" for d in probe.dists
+            f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in probe.dists
         )
-        pip = f"{shlex.quote(str(python))} -m pip uninstall --yes sglang"
+        what = (
+            "distributions named sglang"
+            if not any(d.fork for d in probe.dists)
+            else "distributions that install the sglang package"
+        )
+        pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {probe.dists[0].name}"
         raise BackportError(
             Exit.AMBIGUOUS,
-            f"{where} has {len(probe.dists)} distributions named sglang on its path: {named}. "
+            f"{where} has {len(probe.dists)} {what} on its path: {named}. "
             "Which one pip and importlib.metadata take depends on the order of sys.path, "
-            "so the files cannot be judged against a RECORD",
+            "and each may have written some of the files, so the files cannot be judged "
+            "against a RECORD",
             f"keep one of them: `{pip}` removes the first one named; pip leaves one outside "
             "the environment alone (on PYTHONPATH or in a .pth file's folder): take that "
             "folder off the path or delete it; then run again",
         )
     package = Path(probe.package)
     report = InstallReport(f"sglang imported by {where}: {package}", _hash_files(package, catalog))
+    report.python, report.python_version = str(python), probe.python
     if not probe.dists:
         report.distribution = "none: no installed distribution named sglang (no RECORD)"
         return _judge(report, catalog)
     dist = probe.dists[0]
-    report.distribution = f"sglang {dist.version} ({dist.info or 'an unnamed place'})"
+    report.dist = dist
+    report.distribution = dist.describe()
     url = _editable_url(dist)
     if url is None:
         _check_record(report, dist)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 class Exit(IntEnum):
@@ -121,3 +125,11 @@ class BackportError(Exception):
         if self.next_step:
             return f"{self.problem}\nnext step: {self.next_step}"
         return self.problem
+
+
+class GitError(RuntimeError):
+    """A git command that had to succeed did not; cli.run maps it to an exit code."""
+
+    def __init__(self, args: list[str], result: subprocess.CompletedProcess[str]):
+        detail = (result.stderr or result.stdout or "").strip() or f"exit {result.returncode}"
+        super().__init__(f"git {' '.join(args)} failed: {detail}")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from .errors import BackportError, Exit
+from .errors import BackportError, Exit, GitError
 from .lock import deferred_signals, held_fds
 
 # Identity for commits in repositories this project owns (the build tree).
@@ -33,14 +33,6 @@ SAFE_CONFIG = [
     "am.messageId=false",
     "apply.whitespace=warn",
 ]
-
-
-class GitError(RuntimeError):
-    """A git command that had to succeed did not; cli.run maps it to an exit code."""
-
-    def __init__(self, args: list[str], result: subprocess.CompletedProcess[str]):
-        detail = (result.stderr or result.stdout or "").strip() or f"exit {result.returncode}"
-        super().__init__(f"git {' '.join(args)} failed: {detail}")
 
 
 @dataclass
