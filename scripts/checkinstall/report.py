@@ -124,7 +124,11 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
             "settings": config.settings,
             "environment": config.environment,
             "torch_build": config.torch_build,
-            "effects": [line for line in config.lines if not line.startswith("verdict: ")],
+            "effects": [
+                line
+                for line in config.lines
+                if not line.startswith(("verdict: ", "configuration parsed by "))
+            ],
         },
         "error": None,
     }

@@ -158,9 +158,10 @@ def main() -> int:
         p.error("--timeout goes with --server-info")
     try:
         outcome = check(args)
-    except BackportError as err:
+    except (BackportError, OSError) as caught:
         if args.format != "json":
             raise
+        err = caught if isinstance(caught, BackportError) else cli.describe_os_error(caught)
         sys.stdout.write(report.dump(report.error_json(err)))
         print(f"error: {err}", file=sys.stderr)
         return err.code
@@ -188,13 +189,14 @@ def check(args: argparse.Namespace) -> report.Outcome:
         found = install.inspect_install(python, catalog)
     code, verdict = found.verdict()
     configured = args.launch_args or args.server_info
-    if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX, Exit.UNKNOWN_CONTENT):
+    if configured and not found.matches:  # unknown content, modified (24) or not
+        registry = load_releases(root / RELEASES_NAME)
+        return _unknown_content(args, found, verdict, registry, catalog, python, env)
+    if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX):
         if code == Exit.OK and configured:
             verdict += "; whatever the configuration"
         return report.Outcome(found, code, verdict)
     registry = load_releases(root / RELEASES_NAME)
-    if code == Exit.UNKNOWN_CONTENT:
-        return _unknown_content(args, found, verdict, registry, catalog, python, env)
     content = found.matches[0]
     table = registry.launch.get(content.release)
     settings = _settings(args, table, content.release, python, env)
@@ -261,7 +263,8 @@ def _unknown_content(
     version = found.dist.version.split("+")[0] if found.dist else ""
     known = registry.known.get(version)
     as_shipped = [c for c in catalog.lookup(dict(known.blobs)) if not c.ours] if known else []
-    if as_shipped and version in registry.launch:
+    assumed_release = version if as_shipped and version in registry.launch else None
+    if assumed_release:
         shipped = as_shipped[0]
         table = registry.launch[version]
         settings = _settings(args, table, version, python, env)
@@ -290,7 +293,7 @@ def _unknown_content(
             "project knows), so which races they leave open is not known"
         )
     line = f"exposure unknown: {verdict}; {why}"
-    config = _configuration(args, settings, [*lines, f"verdict: {line}"], None)
+    config = _configuration(args, settings, [*lines, f"verdict: {line}"], assumed_release)
     return report.Outcome(found, Exit.EXPOSURE_UNKNOWN, line, config)
 
 
