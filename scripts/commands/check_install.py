@@ -23,10 +23,12 @@ upstream (0.5.19 or later), or unknown content. Each file is also checked
 against the installed distribution's RECORD; an editable install (pip install
 -e: direct_url.json says dir_info.editable) lists only its hooks there, so its
 files are judged by their content, in the folder its .pth file or finder
-module names. Two distributions named sglang on the path are refused: which
-one pip sees depends on the order of sys.path. Needs only Python 3.11's
-standard library: copy scripts/ and patches/ into a container and run
-scripts/check-install with the container's python.
+module names; a distribution without RECORD is judged by content alone. The
+distribution is found by the files it owns, whatever its name (a fork named
+otherwise is named as a fork); two that install sglang on the path are
+refused: which one pip sees depends on the order of sys.path. Needs only
+Python 3.10's standard library: copy scripts/ and patches/ into a container
+and run scripts/check-install with the container's python, or use --zipapp.
 
 The races named are scripts/race-check's scenarios (its --help says what
 each plays); which of them each step of each series leaves open is the
@@ -45,11 +47,15 @@ running server; --env for its environment), an affected or partly fixed
 install gets a verdict per setting: disaggregation mode, overlap scheduling,
 speculative algorithm, device and WAR barrier, hisparse; and exit 25 (this
 configuration reaches the race: scenarios and buffers named) or 26 (it does
-not: the setting that keeps it out named). The launch arguments are parsed by
+not: the setting that keeps it out named). Content no release has is never
+"not exposed": judged as the release its distribution's version names (25),
+else exposure unknown (28). The launch arguments are parsed by
 the interpreter's own sglang ServerArgs where it imports, else by the
 release's [launch] table in patches/releases.toml; the output says which.
 --zipapp OUT writes all of this as one file to copy into a pod: python3 OUT
-takes the same options. More: docs/check-install.md.
+takes the same options and runs from the archive, nothing written. --format
+json prints one JSON object instead of the text (also for a refusal), with
+the same exit codes. More: docs/check-install.md.
 """
 
 CODES = [
@@ -65,8 +71,8 @@ WORDING = {
     Exit.NOT_INSTALLED: "that interpreter (or --tree) has no sglang",
     Exit.MODIFIED: "the race is closed or the content unknown, but the files differ from "
     "the installed distribution's RECORD (an in-place edit pip does not know of)",
-    Exit.AMBIGUOUS: "two or more distributions named sglang on that interpreter's path "
-    "(they are named): remove all but one",
+    Exit.AMBIGUOUS: "two or more distributions that install sglang on that interpreter's "
+    "path (they are named, a fork too): remove all but one",
     Exit.EXPOSED: "affected or partial fix, and this configuration reaches the race "
     "(--launch-args or --server-info; the scenarios and buffers are named)",
     Exit.NOT_EXPOSED: "affected or partial fix, but this configuration does not reach the "
