@@ -283,7 +283,9 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
     report = InstallReport(f"sglang imported by {where}: {package}", _hash_files(package, catalog))
     report.python, report.python_version = str(python), probe.python
     if not probe.dists:
-        report.distribution = "none: no installed distribution named sglang (no RECORD)"
+        report.distribution = (
+            "none: no installed distribution owns sglang/ or is named sglang (no RECORD)"
+        )
         return _judge(report, catalog)
     dist = probe.dists[0]
     report.dist = dist

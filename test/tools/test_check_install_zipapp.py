@@ -101,6 +101,19 @@ def test_it_holds_check_install_and_its_data_only(pyz: Path):
         ), name
 
 
+def test_every_module_it_carries_compiles_on_310(pyz: Path):
+    script = (
+        "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
+        "[compile(z.read(n), n, 'exec') for n in z.namelist() if n.endswith('.py')]; "
+        "print(sum(n.endswith('.py') for n in z.namelist()))"
+    )
+    result = subprocess.run(
+        [str(python_of("3.10")), "-I", "-S", "-c", script, str(pyz)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == sum(n.endswith(".py") for n in zipfile.ZipFile(pyz).namelist())
+
+
 @pytest.mark.parametrize(
     ("step", "args", "code"),
     [
