@@ -1,88 +1,180 @@
 """check-install as one file to copy into a pod (a zipapp).
 
-The archive holds check-install's code and the release data it reads, and
-nothing of the other commands; its bytes depend on those files alone.
+The archive holds check-install's code, the patchset modules it imports and
+the release data it reads, and nothing of the other commands; its bytes
+depend on those files alone. It runs from the archive itself: Python's
+zipimport reads the modules, and the data is read through zipfile.Path, so
+nothing is unpacked and nothing needs to be writable (a pod with
+readOnlyRootFilesystem and no writable /tmp).
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import os
+import stat
+import sys
 import zipfile
+import zipimport
 from pathlib import Path
 
-from patchset.manifest import RELEASES_NAME
+from patchset import paths
+from patchset.errors import BackportError, Exit
+from patchset.manifest import MANIFEST_NAME, RELEASES_NAME, SERIES_NAME
 
-# --- one file to copy into a pod ---------------------------------------------------
+# A folder of data on disk, or the same inside the zipapp (both have iterdir,
+# is_file, read_text, name and /).
+DataRoot = Path | zipfile.Path
 
 # The zipapp's entry: written in syntax every Python reads, so that launch.py can
-# refuse an old one; it unpacks the archive into a folder of its own, runs
-# check-install from there and removes the folder, also after Ctrl-C.
+# refuse an old one. The archive's scripts/ folder goes on sys.path as it is:
+# zipimport imports from inside the archive, with nothing written anywhere.
 ZIPAPP_MAIN = '''\
 """check-install as one file: python3 check-install.pyz [--python PY] [--launch-args ARGS] ..."""
 import os
-import shutil
 import sys
-import tempfile
-import zipfile
 
 
 def main():
-    archive = os.path.dirname(os.path.abspath(__file__))
-    folder = tempfile.mkdtemp(prefix="check-install-")
     try:
-        with zipfile.ZipFile(archive) as files:
-            files.extractall(folder)
-        sys.path.insert(0, os.path.join(folder, "scripts"))
+        archive = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, os.path.join(archive, "scripts"))
         from launch import start
-
-        start("check_install")
     except KeyboardInterrupt:
         sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\\n")
         sys.exit(130)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    start("check_install")
 
 
 main()
 '''
-# What check-install reads, relative to the project: its code and the release data.
-ZIPAPP_FILES = (
+# check-install's own code; the patchset modules it imports are added by import_closure
+CODE = (
     "scripts/launch.py",
     "scripts/commands/__init__.py",
     "scripts/commands/check_install.py",
     "scripts/checkinstall/*.py",
-    "scripts/patchset/*.py",
-    "scripts/racecheck/__init__.py",
-    "scripts/racecheck/catalogue.py",
+)
+# what it reads: the release data and each patch set's manifest and series
+DATA = (
     f"patches/{RELEASES_NAME}",
-    "patches/sglang-*/pin.toml",
-    "patches/sglang-*/series",
+    f"patches/sglang-*/{MANIFEST_NAME}",
+    f"patches/sglang-*/{SERIES_NAME}",
 )
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+PACKAGE = "patchset"
 
 
-def build_zipapp(project: Path, out: Path) -> str:
-    """Write check-install as one zipapp to out; returns its sha256. Same files, same bytes."""
-    members = sorted({path for pattern in ZIPAPP_FILES for path in project.glob(pattern)})
+def _imported(source: Path, package: str) -> set[str]:
+    """The modules of package that source imports, at its top or inside a function."""
+    found = set()
+    inside = source.parent.name == package
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{package}.")}
+        elif isinstance(node, ast.ImportFrom):
+            relative = node.level == 1 and inside
+            if node.module == package or (relative and not node.module):
+                found |= {alias.name for alias in node.names}
+            elif node.module and (node.module.startswith(f"{package}.") or relative):
+                found.add(node.module.split(".")[-1] if not relative else node.module)
+    return found
+
+
+def import_closure(project: Path, sources: list[Path]) -> list[Path]:
+    """The patchset modules that sources import, and those these import, in turn."""
+    folder = project / "scripts" / PACKAGE
+    wanted, todo = {"__init__"}, list(sources)
+    while todo:
+        for name in _imported(todo.pop(), PACKAGE) - wanted:
+            if (folder / f"{name}.py").is_file():
+                wanted.add(name)
+                todo.append(folder / f"{name}.py")
+    return sorted(folder / f"{name}.py" for name in wanted)
+
+
+def members(project: Path) -> list[Path]:
+    """Every file the zipapp holds, besides its __main__.py."""
+    code = sorted({path for pattern in CODE for path in project.glob(pattern)})
+    data = sorted({path for pattern in DATA for path in project.glob(pattern)})
+    return sorted({*code, *import_closure(project, code), *data})
+
+
+def build_zipapp(project: Path) -> bytes:
+    """check-install as one zipapp's bytes. Same files, same bytes."""
     buffer = io.BytesIO()
     buffer.write(b"#!/usr/bin/env python3\n")
     with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
         for name, data in [
             ("__main__.py", ZIPAPP_MAIN.encode()),
-            *((p.relative_to(project).as_posix(), p.read_bytes()) for p in members),
+            *((p.relative_to(project).as_posix(), p.read_bytes()) for p in members(project)),
         ]:
             info = zipfile.ZipInfo(name, ZIP_DATE)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             archive.writestr(info, data)
+    return buffer.getvalue()
+
+
+def _refuse(out: Path, what: str, next_step: str) -> BackportError:
+    return BackportError(
+        Exit.ENVIRONMENT, f"--zipapp {out}: {what}; nothing was written", next_step
+    )
+
+
+def write_zipapp(data: bytes, out: Path | None) -> str:
+    """data to out, or to standard output for None; returns its sha256.
+
+    out must be a regular file or not exist: a symlink (/dev/stdout), a
+    device or a folder is refused rather than replaced by a regular file.
+    """
+    digest = hashlib.sha256(data).hexdigest()
+    if out is None:
+        if sys.stdout.isatty():
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                "--zipapp -: standard output is a terminal, not a file or a pipe",
+                "redirect it: check-install --zipapp - > check-install.pyz, or pipe it, "
+                "e.g. into kubectl exec -i POD -- sh -c 'cat > /tmp/check-install.pyz'",
+            )
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return digest
+    try:
+        mode = out.lstat().st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise _refuse(
+            out,
+            f"a symbolic link (to {os.readlink(out)})",
+            "name the file itself, or use --zipapp - to write to standard output",
+        )
+    if mode is not None and stat.S_ISDIR(mode):
+        raise _refuse(out, "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise _refuse(
+            out,
+            "not a regular file (a device, a pipe or a socket)",
+            "name a regular file, or use --zipapp - to write to standard output",
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        partial.write_bytes(buffer.getvalue())
+        partial.write_bytes(data)
         partial.chmod(0o755)
         os.replace(partial, out)
     finally:
         partial.unlink(missing_ok=True)
-    return hashlib.sha256(buffer.getvalue()).hexdigest()
+    return digest
+
+
+def data_root() -> DataRoot:
+    """Where patches/ is: inside the zipapp when this module was imported from it."""
+    loader = __spec__.loader if __spec__ else None
+    if isinstance(loader, zipimport.zipimporter):
+        return zipfile.Path(loader.archive, "patches/")
+    return paths.PATCHES_ROOT

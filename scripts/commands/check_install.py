@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from checkinstall import exposure, install, zipapp
+from checkinstall import exposure, install, report, zipapp
 from patchset import catalog as catalogs
 from patchset import cli, paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases
-from racecheck.catalogue import PLAYS
+from patchset.manifest import RELEASES_NAME, LaunchSettings, Releases, load_releases, release_key
+from patchset.plays import PLAYS
 
 DESCRIPTION = """\
 Find the sglang that an interpreter would import (importlib.util.find_spec
@@ -22,10 +23,12 @@ upstream (0.5.19 or later), or unknown content. Each file is also checked
 against the installed distribution's RECORD; an editable install (pip install
 -e: direct_url.json says dir_info.editable) lists only its hooks there, so its
 files are judged by their content, in the folder its .pth file or finder
-module names. Two distributions named sglang on the path are refused: which
-one pip sees depends on the order of sys.path. Needs only Python 3.11's
-standard library: copy scripts/ and patches/ into a container and run
-scripts/check-install with the container's python.
+module names; a distribution without RECORD is judged by content alone. The
+distribution is found by the files it owns, whatever its name (a fork named
+otherwise is named as a fork); two that install sglang on the path are
+refused: which one pip sees depends on the order of sys.path. Needs only
+Python 3.10's standard library: copy scripts/ and patches/ into a container
+and run scripts/check-install with the container's python, or use --zipapp.
 
 The races named are scripts/race-check's scenarios (its --help says what
 each plays); which of them each step of each series leaves open is the
@@ -44,11 +47,15 @@ running server; --env for its environment), an affected or partly fixed
 install gets a verdict per setting: disaggregation mode, overlap scheduling,
 speculative algorithm, device and WAR barrier, hisparse; and exit 25 (this
 configuration reaches the race: scenarios and buffers named) or 26 (it does
-not: the setting that keeps it out named). The launch arguments are parsed by
+not: the setting that keeps it out named). Content no release has is never
+"not exposed": judged as the release its distribution's version names (25),
+else exposure unknown (28). The launch arguments are parsed by
 the interpreter's own sglang ServerArgs where it imports, else by the
 release's [launch] table in patches/releases.toml; the output says which.
 --zipapp OUT writes all of this as one file to copy into a pod: python3 OUT
-takes the same options. More: docs/check-install.md.
+takes the same options and runs from the archive, nothing written. --format
+json prints one JSON object instead of the text (also for a refusal), with
+the same exit codes. More: docs/check-install.md.
 """
 
 CODES = [
@@ -64,8 +71,8 @@ WORDING = {
     Exit.NOT_INSTALLED: "that interpreter (or --tree) has no sglang",
     Exit.MODIFIED: "the race is closed or the content unknown, but the files differ from "
     "the installed distribution's RECORD (an in-place edit pip does not know of)",
-    Exit.AMBIGUOUS: "two or more distributions named sglang on that interpreter's path "
-    "(they are named): remove all but one",
+    Exit.AMBIGUOUS: "two or more distributions that install sglang on that interpreter's "
+    "path (they are named, a fork too): remove all but one",
     Exit.EXPOSED: "affected or partial fix, and this configuration reaches the race "
     "(--launch-args or --server-info; the scenarios and buffers are named)",
     Exit.NOT_EXPOSED: "affected or partial fix, but this configuration does not reach the "
@@ -129,50 +136,95 @@ def main() -> int:
         "says where --python runs sglang's ServerArgs, else cuda",
     )
     p.add_argument(
+        "--format",
+        choices=report.FORMATS,
+        default="text",
+        help="text (default), or json: one JSON object on standard output, also for a "
+        "refusal (docs/check-install.md lists its keys); the exit codes are the same",
+    )
+    p.add_argument(
         "--zipapp",
-        type=cli.absolute_path,
+        type=_zipapp_out,
         metavar="OUT",
         help="write check-install, the release data and the manifests as one zipapp "
-        "to OUT and stop (run it as python3 OUT [options])",
+        "to OUT (a regular file, or - for standard output) and stop (run it as "
+        "python3 OUT [options]; it needs nothing writable)",
     )
     args = p.parse_args()
     if args.zipapp:
-        digest = zipapp.build_zipapp(paths.PROJECT_ROOT, args.zipapp)
-        print(f"wrote {args.zipapp} (sha256 {digest}); run it as python3 {args.zipapp.name}")
+        out = None if args.zipapp == "-" else args.zipapp
+        digest = zipapp.write_zipapp(zipapp.build_zipapp(paths.PROJECT_ROOT), out)
+        where = f"wrote {out}" if out else "wrote the zipapp to standard output"
+        name = out.name if out else "check-install.pyz"
+        print(f"{where} (sha256 {digest}); run it as python3 {name}", file=sys.stderr)
         return Exit.OK
     if args.api_key and not args.server_info:
         p.error("--api-key goes with --server-info")
     if args.timeout is not None and not args.server_info:
         p.error("--timeout goes with --server-info")
+    try:
+        outcome = check(args)
+    except (BackportError, OSError) as caught:
+        if args.format != "json":
+            raise
+        err = caught if isinstance(caught, BackportError) else cli.describe_os_error(caught)
+        sys.stdout.write(report.dump(report.error_json(err)))
+        print(f"error: {err}", file=sys.stderr)
+        return err.code
+    if args.format == "json":
+        sys.stdout.write(report.dump(report.as_json(outcome)))
+    else:
+        sys.stdout.write(report.text(outcome))
+    return outcome.code
+
+
+def _zipapp_out(text: str) -> Path | str:
+    """argparse type for --zipapp: - (standard output) or an absolute path."""
+    return text if text == "-" else cli.absolute_path(text)
+
+
+def check(args: argparse.Namespace) -> report.Outcome:
+    """The install judged, and with a configuration its exposure."""
     env = exposure.parse_env(args.env)
-    catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
+    root = zipapp.data_root()
+    catalog = catalogs.load_catalog(root)
     python = args.python or Path(sys.executable)
     if args.tree:
-        report = install.inspect_tree(args.tree, catalog)
+        found = install.inspect_tree(args.tree, catalog)
     else:
-        report = install.inspect_install(python, catalog)
-    print(report.where)
-    print(f"distribution: {report.distribution}")
-    for state in report.files:
-        if state.blob is None:
-            print(f"  {state.path}  missing")
-            continue
-        print(f"  {state.path}  blob {state.blob}  sha256 {state.sha256}  {state.record}")
-    code, verdict = report.verdict()
-    if code not in (Exit.AFFECTED, Exit.PARTIAL_FIX) or not (args.launch_args or args.server_info):
-        if code == Exit.OK and (args.launch_args or args.server_info):
+        found = install.inspect_install(python, catalog)
+    code, verdict = found.verdict()
+    configured = args.launch_args or args.server_info
+    if configured and not found.matches:  # unknown content, modified (24) or not
+        registry = load_releases(root / RELEASES_NAME)
+        return _unknown_content(args, found, verdict, registry, catalog, python, env)
+    if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX):
+        if code == Exit.OK and configured:
             verdict += "; whatever the configuration"
-        print(f"verdict: {verdict}")
-        return code
-    content = report.matches[0]
-    table = load_releases(paths.PATCHES_ROOT / RELEASES_NAME).launch.get(content.release)
+        return report.Outcome(found, code, verdict)
+    registry = load_releases(root / RELEASES_NAME)
+    content = found.matches[0]
+    table = registry.launch.get(content.release)
+    settings = _settings(args, table, content.release, python, env)
+    result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
+    config = _configuration(args, settings, result.lines, content.release)
+    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
+
+
+def _settings(
+    args: argparse.Namespace,
+    table: LaunchSettings | None,
+    release: str,
+    python: Path,
+    env: dict[str, str],
+) -> exposure.Settings:
     if args.server_info:
         settings = exposure.from_server_info(
             args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
         )
     else:
         launch = exposure.split_launch_args(args.launch_args)
-        needed = _table(table, content.release)
+        needed = _table(table, release)
         if args.tree:
             settings = exposure.parse_with_table(
                 launch, needed, "--tree: no interpreter here to run sglang's ServerArgs"
@@ -183,16 +235,79 @@ def main() -> int:
     if args.torch_build:
         settings.torch_build = args.torch_build
         settings.torch_source = f"--torch-build {args.torch_build}"
-    result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
-    print("\n".join(result.lines))
-    return result.code
+    return settings
+
+
+def _configuration(
+    args: argparse.Namespace, settings: exposure.Settings, lines: list[str], release: str | None
+) -> report.Configuration:
+    return report.Configuration(
+        "server-info" if args.server_info else "launch-args",
+        settings.parser,
+        {name: settings.get(name) for name in exposure.FIELDS},
+        dict(settings.env),
+        settings.torch_build,
+        lines,
+        release,
+    )
+
+
+def _unknown_content(
+    args: argparse.Namespace,
+    found: install.InstallReport,
+    verdict: str,
+    registry: Releases,
+    catalog: catalogs.Catalog,
+    python: Path,
+    env: dict[str, str],
+) -> report.Outcome:
+    """Files this project cannot name, with a configuration: which races are open is
+    not known, so the verdict is never "not exposed". Where the distribution's version
+    names a release, the configuration is judged as that release as shipped (every
+    race it has open): exposed if it reaches one, else exposure unknown; with no
+    release to assume, the settings are read and shown, and exposure is unknown."""
+    version = found.dist.version.split("+")[0] if found.dist else ""
+    known = registry.known.get(version)
+    as_shipped = [c for c in catalog.lookup(dict(known.blobs)) if not c.ours] if known else []
+    assumed_release = version if as_shipped and version in registry.launch else None
+    if assumed_release:
+        shipped = as_shipped[0]
+        table = registry.launch[version]
+        settings = _settings(args, table, version, python, env)
+        assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"
+        result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
+        lines = result.lines[:-1]
+        if result.code == Exit.EXPOSED:
+            return report.Outcome(
+                found, Exit.EXPOSED, result.lines[-1].removeprefix("verdict: "),
+                _configuration(args, settings, result.lines, version),
+            )  # fmt: skip
+        why = (
+            f"this configuration would keep sglang {version} as shipped out of the race, "
+            "but the files are not that release's, so which races they leave open is not known"
+        )
+    else:
+        newest = max(registry.launch, key=release_key)
+        settings = _settings(args, registry.launch[newest], newest, python, env)
+        lines = [
+            f"configuration parsed by {settings.parser}, with the flags of sglang {newest} "
+            "(the newest release this project knows the flags of)",
+            *(f"{name}: {settings.get(name)}" for name in exposure.FIELDS),
+        ]
+        why = (
+            "no release can be assumed for these files (their distribution names none this "
+            "project knows), so which races they leave open is not known"
+        )
+    line = f"exposure unknown: {verdict}; {why}"
+    config = _configuration(args, settings, [*lines, f"verdict: {line}"], assumed_release)
+    return report.Outcome(found, Exit.EXPOSURE_UNKNOWN, line, config)
 
 
 def _table(table: LaunchSettings | None, release: str) -> LaunchSettings:
     if table is None:
         raise BackportError(
             Exit.PATCHSET_INVALID,
-            f'{paths.PATCHES_ROOT / RELEASES_NAME} has no [launch."{release}"], so the launch '
+            f'{zipapp.data_root() / RELEASES_NAME} has no [launch."{release}"], so the launch '
             "arguments cannot be read for that release",
             "add the table (docs/check-install.md says how it is measured)",
         )

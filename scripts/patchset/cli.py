@@ -12,9 +12,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .errors import BackportError, Exit, exit_help
-from .git import GitError
-from .lock import hold_interrupts
+from .errors import BackportError, Exit, GitError, exit_help
+from .interrupts import hold_interrupts
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
 
 # atexit and encodings.cp437 are imported above only so that they are imported

@@ -5,6 +5,10 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Iterable
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 class Exit(IntEnum):
@@ -68,7 +72,8 @@ EXIT_TEXT: dict[Exit, str] = {
     Exit.RACE: "a race in the patched or given tree, or the race table differs from "
     "the expected one",
     Exit.ENVIRONMENT: "the environment: a file or folder cannot be read or written (read-only, "
-    "disk full, a file where a folder belongs), git failed, Python is older than 3.11, "
+    "disk full, a file where a folder belongs), git failed, Python is older than 3.11 "
+    "(3.10 for check-install), "
     "or a tool this command needs is missing or not as pinned",
     Exit.SCENARIO: "a race scenario could not run on the tree (import failed or the sglang "
     "API differs)",
@@ -83,7 +88,7 @@ EXIT_TEXT: dict[Exit, str] = {
     "the race (the scenarios and buffers are named)",
     Exit.NOT_EXPOSED: "an affected or partly fixed install, but this configuration does not "
     "reach the race (the setting that keeps it out is named)",
-    Exit.AMBIGUOUS: "two or more distributions named sglang are installed where that "
+    Exit.AMBIGUOUS: "two or more distributions that install sglang are installed where that "
     "interpreter looks: which one owns the files depends on the order of sys.path",
     Exit.EXPOSURE_UNKNOWN: "configuration not understood: exposure unknown (what could not "
     "be read is named; never taken as safe)",
@@ -121,3 +126,11 @@ class BackportError(Exception):
         if self.next_step:
             return f"{self.problem}\nnext step: {self.next_step}"
         return self.problem
+
+
+class GitError(RuntimeError):
+    """A git command that had to succeed did not; cli.run maps it to an exit code."""
+
+    def __init__(self, args: list[str], result: subprocess.CompletedProcess[str]):
+        detail = (result.stderr or result.stdout or "").strip() or f"exit {result.returncode}"
+        super().__init__(f"git {' '.join(args)} failed: {detail}")

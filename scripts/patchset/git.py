@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .errors import BackportError, Exit
+from .errors import BackportError, Exit, GitError
 from .lock import deferred_signals, held_fds
 
 # Identity for commits in repositories this project owns (the build tree).
@@ -44,14 +44,6 @@ SGLANG_PACKAGE = "python/sglang"
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
 )
-
-
-class GitError(RuntimeError):
-    """A git command that had to succeed did not; cli.run maps it to an exit code."""
-
-    def __init__(self, args: list[str], result: subprocess.CompletedProcess[str]):
-        detail = (result.stderr or result.stdout or "").strip() or f"exit {result.returncode}"
-        super().__init__(f"git {' '.join(args)} failed: {detail}")
 
 
 @dataclass

@@ -26,9 +26,12 @@ from pathlib import Path
 from .errors import BackportError, Exit
 from .textout import progress
 
+# hold_interrupts and release_interrupts live in interrupts.py (cli.py needs them
+# without the locks); apply, run-tests and the tests take them from here too
+from .interrupts import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
+
 # How long a second run waits for the first by default (--wait changes it).
 DEFAULT_WAIT_S = 30.0
-_INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 # The fds of the locks this process holds (targets and temporary folders). Every
 # git or pip we start inherits them, so one that outlives a killed run still
 # holds them until it ends.
@@ -48,24 +51,11 @@ def deferred_signals() -> Iterator[None]:
     and the signal is then delivered (and unwinds) as usual. Children inherit
     the mask, so a git started here also runs to its end.
     """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def hold_interrupts() -> None:
-    """Hold SIGINT, SIGTERM and SIGHUP from now on: for a run that has reached its end.
-
-    A signal that comes later stays pending and is never delivered, so the
-    process ends as what it did says (release_interrupts undoes this).
-    """
-    signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
-
-
-def release_interrupts() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)
 
 
 def _holder(path: Path) -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import tomlread
 from .errors import BackportError, Exit
 
 # The registry's names, also where check-install and the catalog import them.
@@ -158,12 +158,12 @@ class TomlFile:
     @classmethod
     def load(cls, path: Path, what: str, missing: str, repair: str) -> TomlFile:
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomlread.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise BackportError(
                 Exit.PATCHSET_INVALID, f"{what} {path} does not exist", missing
             ) from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        except (tomlread.TOMLDecodeError, UnicodeDecodeError) as err:
             raise BackportError(
                 Exit.PATCHSET_INVALID, f"{what} {path} is not valid TOML: {err}", repair
             ) from None
@@ -599,7 +599,12 @@ class Series:
 
 def patch_set_folders(root: Path) -> list[Path]:
     """Every patch set folder under patches/, oldest release first."""
-    folders = [p for p in root.glob("sglang-*") if (p / MANIFEST_NAME).is_file()]
+    if not root.is_dir():
+        return []
+    # iterdir, not glob: the zipapp reads patches/ through zipfile.Path
+    folders = [
+        p for p in root.iterdir() if p.name.startswith("sglang-") and (p / MANIFEST_NAME).is_file()
+    ]
     return sorted(folders, key=lambda p: release_key(p.name.removeprefix("sglang-")))
 
 

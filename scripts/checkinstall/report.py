@@ -1,0 +1,159 @@
+"""check-install's answer, as text for a person or as one JSON object for a fleet job.
+
+Both are written from one Outcome, so they cannot disagree; the JSON object's
+keys are documented in docs/check-install.md ("--format json") and versioned
+by SCHEMA_VERSION: a key is only added within a version, never renamed or
+given another meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from patchset.errors import BackportError, Exit
+
+from .install import InstallReport
+
+SCHEMA = "sglang-backports/check-install"
+SCHEMA_VERSION = 1
+FORMATS = ("text", "json")
+
+
+@dataclass
+class Configuration:
+    """The deployment's configuration as it was read and judged."""
+
+    source: str  # "launch-args" or "server-info"
+    parser: str  # which parser read it, in words
+    settings: dict[str, Any]  # ServerArgs field -> value
+    environment: dict[str, str]  # the server's environment as given (--env)
+    torch_build: str | None
+    # one line per setting and its effect on the race, then the verdict line
+    lines: list[str] = field(default_factory=list)
+    # the release whose table and races the judgement used (None: none could be assumed)
+    release: str | None = None
+
+
+@dataclass
+class Outcome:
+    install: InstallReport
+    code: Exit
+    verdict: str  # the verdict line, without "verdict: "
+    configuration: Configuration | None = None
+
+
+def text(outcome: Outcome) -> str:
+    report = outcome.install
+    lines = [report.where, f"distribution: {report.distribution}"]
+    for state in report.files:
+        if state.blob is None:
+            lines.append(f"  {state.path}  missing")
+        else:
+            lines.append(
+                f"  {state.path}  blob {state.blob}  sha256 {state.sha256}  {state.record}"
+            )
+    if outcome.configuration and outcome.configuration.lines:
+        lines += outcome.configuration.lines
+    else:
+        lines.append(f"verdict: {outcome.verdict}")
+    return "\n".join(lines) + "\n"
+
+
+def _record_match(record: str) -> bool | None:
+    """Whether the file matches its distribution's RECORD: None where nothing says."""
+    if record == "matches RECORD":
+        return True
+    if record.startswith(("differs from", "not in")):
+        return False
+    return None
+
+
+def as_json(outcome: Outcome) -> dict[str, Any]:
+    report, config, dist = outcome.install, outcome.configuration, outcome.install.dist
+    first = report.matches[0] if report.matches else None
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "exit_code": int(outcome.code),
+        "exit_name": outcome.code.name.lower(),
+        "checker_python": sys.version.split()[0],
+        "interpreter": (
+            {"path": report.python, "version": report.python_version} if report.python else None
+        ),
+        "inspected": report.where,
+        "distribution": {
+            "description": report.distribution,
+            "name": dist.name if dist else None,
+            "version": dist.version if dist else None,
+            "info": dist.info if dist else None,
+            "fork": dist.fork if dist else None,
+            "listing": dist.listing if dist else None,
+        },
+        "files": [
+            {
+                "path": state.path,
+                "location": str(state.location),
+                "blob_id": state.blob,
+                "sha256": state.sha256,
+                "record": state.record,
+                "record_match": _record_match(state.record),
+            }
+            for state in report.files
+        ],
+        "verdict": {
+            "text": outcome.verdict,
+            "content": [m.name for m in report.matches],
+            # "blob id": the three files' git blob ids name the content; "code shape"
+            # is the slot for a judgement by the code's shape (patchset/shape.py);
+            # null: nothing this project knows matched
+            "basis": report.basis,
+            "release": first.release if first else None,
+            "ours": first.ours if first else None,
+            "fixes": sorted(first.fixes) if first else [],
+        },
+        "races_open": report.open,
+        "configuration": None
+        if config is None
+        else {
+            "source": config.source,
+            "parser": config.parser,
+            "release": config.release,
+            "settings": config.settings,
+            "environment": config.environment,
+            "torch_build": config.torch_build,
+            "effects": [
+                line
+                for line in config.lines
+                if not line.startswith(("verdict: ", "configuration parsed by "))
+            ],
+        },
+        "error": None,
+    }
+
+
+def error_json(err: BackportError) -> dict[str, Any]:
+    """A refusal as the same object, every key of the verdict null: a fleet job reads
+    exit_code and error, whatever went wrong."""
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "exit_code": int(err.code),
+        "exit_name": Exit(err.code).name.lower(),
+        "checker_python": sys.version.split()[0],
+        "interpreter": None,
+        "inspected": None,
+        "distribution": None,
+        "files": [],
+        "verdict": None,
+        "races_open": None,
+        "configuration": None,
+        "error": {"problem": err.problem, "next_step": err.next_step or None},
+    }
+
+
+def dump(obj: dict[str, Any]) -> str:
+    # settings values come from sglang's ServerArgs: anything not JSON is said as text
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"

@@ -1,0 +1,24 @@
+"""The signals that end a run, held where a run must not be cut short.
+
+Its own module so that cli.py (and with it check-install's zipapp) needs
+nothing of lock.py's file locks.
+"""
+
+from __future__ import annotations
+
+import signal
+
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def hold_interrupts() -> None:
+    """Hold SIGINT, SIGTERM and SIGHUP from now on: for a run that has reached its end.
+
+    A signal that comes later stays pending and is never delivered, so the
+    process ends as what it did says (release_interrupts undoes this).
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+
+
+def release_interrupts() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)

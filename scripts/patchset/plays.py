@@ -1,0 +1,119 @@
+"""The race checker's scenarios as data: what each one admits, what is in flight,
+which barrier runs.
+
+No torch here, so race-check can describe the scenarios (its --help, the
+table) without importing anything heavy; racecheck.scenarios plays them.
+check-install's verdict reads which of them a configuration plays, so they
+live here, where its zipapp carries them without the racecheck package.
+Standard library only, Python 3.10-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EAGLE = "EAGLE"
+# The scheduler's WAR barrier (Scheduler._apply_war_barrier), as each
+# configuration of the overlap loop runs it.
+BARRIERS = {
+    "none": "no barrier (non-CUDA devices: the barrier is off)",
+    "fast": "fast path (waits on the read-done event the forward records after reading its inputs)",
+    "fallback": "fallback (waits on the whole forward stream)",
+}
+
+
+@dataclass(frozen=True)
+class Play:
+    """One scenario: a forward in flight, then a prebuilt batch admitted."""
+
+    name: str
+    title: str
+    spec: str | None  # EAGLE, or None for the non-speculative path
+    prebuilt: tuple[int, ...]  # pool rows of the prebuilt requests admitted
+    finished: tuple[int, ...]  # rows of finished requests the in-flight forward still writes
+    running: tuple[int, ...] = ()  # rows it writes of requests that keep running
+    consumer: bool = False  # a later consumer reads the rows back (publish only)
+    barrier: str | None = None  # played inside the overlap loop with this barrier
+    hisparse: bool = False  # the rows go to hisparse requests prefilled here, not to prebuilt ones
+
+    @property
+    def forward_rows(self) -> tuple[int, ...]:
+        return self.finished + self.running
+
+    @property
+    def text(self) -> str:
+        path = "EAGLE" if self.spec == EAGLE else "non-speculative"
+        reused = sorted(set(self.prebuilt) & set(self.finished))
+        admitted = "hisparse request" if self.hisparse else "prebuilt"
+        parts = [
+            f"{self.title} ({path})",
+            f"{admitted} rows {_rows(self.prebuilt)}",
+            f"in flight: finished rows {_rows(self.finished)}"
+            + (f", running rows {_rows(self.running)}" if self.running else ""),
+            f"rows reused: {_rows(reused) if reused else 'none'}",
+        ]
+        if self.barrier:
+            parts.append(f"loop: barrier, seeding, launch; {BARRIERS[self.barrier]}")
+        if self.hisparse:
+            parts.append(
+                "then its prefill forward, its result processed (staging), the "
+                "transition from staging and _build_hisparse_decode_batch's stash"
+            )
+        return "; ".join(parts)
+
+
+def _rows(rows: tuple[int, ...] | list[int]) -> str:
+    return ", ".join(map(str, rows))
+
+
+def _both(name_eagle: str, name_plain: str, title: str, **shape: object) -> list[Play]:
+    return [
+        Play(name_eagle, title, EAGLE, **shape),  # type: ignore[arg-type]
+        Play(name_plain, title, None, **shape),  # type: ignore[arg-type]
+    ]
+
+
+# S1..S3 are the scenarios of issue 4; S4..S11 vary the batch's shape; L1..L6
+# replay one shape inside the overlap loop with each barrier configuration;
+# H1 plays the hisparse seam of issue 25 (a stash outside the prebuilt path).
+_LOOP_SHAPE = {"prebuilt": (3, 5), "finished": (3,), "running": (0,)}
+PLAYS: tuple[Play, ...] = (
+    Play("S1", "row reuse", EAGLE, prebuilt=(3,), finished=(3,)),
+    Play("S2", "consumer", EAGLE, prebuilt=(5,), finished=(2,), consumer=True),
+    Play("S3", "row reuse", None, prebuilt=(4,), finished=(4,)),
+    *_both("S4", "S5", "two requests, both rows reused", prebuilt=(3, 5), finished=(3, 5)),
+    *_both(
+        "S6",
+        "S7",
+        "two requests, one row reused",
+        prebuilt=(3, 5),
+        finished=(3,),
+        running=(0,),
+    ),
+    *_both(
+        "S8",
+        "S9",
+        "four requests, two rows reused",
+        prebuilt=(1, 2, 4, 6),
+        finished=(2, 6, 7),
+        running=(0,),
+    ),
+    *_both(
+        "S10",
+        "S11",
+        "three requests, no row reused",
+        prebuilt=(1, 4, 5),
+        finished=(2, 6),
+        running=(0,),
+    ),
+    *(
+        play
+        for n, barrier in enumerate(BARRIERS)
+        for play in _both(
+            f"L{2 * n + 1}", f"L{2 * n + 2}", f"loop, {barrier}", barrier=barrier, **_LOOP_SHAPE
+        )
+    ),
+    Play("H1", "hisparse stash", None, prebuilt=(3,), finished=(3,), hisparse=True),
+)
+BY_NAME = {play.name: play for play in PLAYS}
+SCENARIOS = tuple(BY_NAME)
