@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from checkinstall import exposure, install, zipapp
+from checkinstall import exposure, install, launchargs, zipapp
 from patchset import catalog as catalogs
 from patchset import cli, paths
 from patchset.errors import BackportError, Exit
@@ -106,6 +106,20 @@ def main() -> int:
         metavar="URL",
         help="the running server's /server_info (e.g. http://10.0.0.5:30000/server_info)",
     )
+    p.add_argument(
+        "--config",
+        type=cli.absolute_path,
+        metavar="FILE",
+        help="the server's --config YAML file, as copied here (it stands for the one "
+        "--launch-args names, or is added to them); read as the release reads it",
+    )
+    p.add_argument(
+        "--config-root",
+        type=cli.absolute_path,
+        metavar="DIR",
+        help="the server's working folder, as copied here: a relative --config path in "
+        "--launch-args is read from there",
+    )
     p.add_argument("--api-key", metavar="KEY", help="the bearer token --server-info sends")
     p.add_argument(
         "--timeout",
@@ -144,7 +158,11 @@ def main() -> int:
         p.error("--api-key goes with --server-info")
     if args.timeout is not None and not args.server_info:
         p.error("--timeout goes with --server-info")
-    env = exposure.parse_env(args.env)
+    if args.server_info and (args.config or args.config_root):
+        p.error("--config and --config-root go with --launch-args, not --server-info")
+    if args.config_root and args.launch_args is None:
+        p.error("--config-root goes with --launch-args")
+    env = launchargs.parse_env(args.env)
     catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
     python = args.python or Path(sys.executable)
     if args.tree:
@@ -159,8 +177,9 @@ def main() -> int:
             continue
         print(f"  {state.path}  blob {state.blob}  sha256 {state.sha256}  {state.record}")
     code, verdict = report.verdict()
-    if code not in (Exit.AFFECTED, Exit.PARTIAL_FIX) or not (args.launch_args or args.server_info):
-        if code == Exit.OK and (args.launch_args or args.server_info):
+    configured = args.launch_args is not None or args.config or args.server_info
+    if code not in (Exit.AFFECTED, Exit.PARTIAL_FIX) or not configured:
+        if code == Exit.OK and configured:
             verdict += "; whatever the configuration"
         print(f"verdict: {verdict}")
         return code
@@ -171,14 +190,16 @@ def main() -> int:
             args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
         )
     else:
-        launch = exposure.split_launch_args(args.launch_args)
+        launch = launchargs.read_launch_args(args.launch_args or "")
+        words = launchargs.place_config(launch.args, args.config, args.config_root)
+        env.update(launch.env)  # the command's own prefix, over the container's
         needed = _table(table, content.release)
         if args.tree:
-            settings = exposure.parse_with_table(
-                launch, needed, "--tree: no interpreter here to run sglang's ServerArgs"
+            settings = launchargs.parse_with_table(
+                words, needed, "--tree: no interpreter here to run sglang's ServerArgs"
             )
         else:
-            settings = exposure.parse_with_server_args(python, launch, env, needed)
+            settings = exposure.parse_with_server_args(python, words, env, needed)
     settings.env = env
     if args.torch_build:
         settings.torch_build = args.torch_build
