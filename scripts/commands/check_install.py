@@ -43,10 +43,12 @@ With the deployment's configuration (--launch-args, or --server-info of the
 running server; --env for its environment), an affected or partly fixed
 install gets a verdict per setting: disaggregation mode, overlap scheduling,
 speculative algorithm, device and WAR barrier, hisparse; and exit 25 (this
-configuration reaches the race: scenarios and buffers named) or 26 (it does
-not: the setting that keeps it out named). The launch arguments are parsed by
-the interpreter's own sglang ServerArgs where it imports, else by the
-release's [launch] table in patches/releases.toml; the output says which.
+configuration reaches the race: scenarios and buffers named), 26 (it does
+not: the setting that keeps it out named) or 28 (something in it is not
+understood, and named: never taken as safe). The launch arguments are parsed
+by the interpreter's own sglang ServerArgs where it imports, else by the
+release's [launch] table in patches/releases.toml, with a --config YAML file
+merged as sglang merges it; the output says which.
 --zipapp OUT writes all of this as one file to copy into a pod: python3 OUT
 takes the same options. More: docs/check-install.md.
 """
