@@ -25,6 +25,7 @@ from patchset.manifest import LaunchSettings, RaceEntry
 
 from checkinstall import serverinfo
 from checkinstall.launchargs import (
+    DISAGGREGATION_MODES,
     FIELDS,
     Settings,
     env_bool,
@@ -44,6 +45,11 @@ def eagle_family(value: object, table: LaunchSettings) -> bool:
     return isinstance(value, str) and value.upper() in table.eagle_family
 
 
+# the fields /server_info gives as true or false; the others are strings or null
+_SWITCHES = ("disable_overlap_schedule", "enable_hisparse", "disable_cuda_graph",
+             "disable_decode_cuda_graph")  # fmt: skip
+
+
 def from_server_info(
     url: str, api_key: str | None, table: LaunchSettings | None, timeout: float = TIMEOUT_S
 ) -> Settings:
@@ -51,6 +57,18 @@ def from_server_info(
     within one deadline of timeout seconds for its whole answer."""
     info, shown = serverinfo.read_server_info(url, api_key, timeout)
     values = {name: info.get(name) for name in FIELDS}
+    odd = [
+        f"{name} is {value!r}"
+        for name, value in values.items()
+        if value is not None and not isinstance(value, bool if name in _SWITCHES else str)
+    ]
+    if values["disaggregation_mode"] not in DISAGGREGATION_MODES:
+        odd.append(f"disaggregation_mode is {values['disaggregation_mode']!r}")
+    if odd:
+        raise not_understood(
+            f"--server-info {shown} answers values no sglang server has: {'; '.join(odd)}",
+            "point it at the sglang server itself (its host and port)",
+        )
     algorithm = values["speculative_algorithm"]
     eagle = eagle_family(algorithm, table) if table else str(algorithm or "").startswith("EAGLE")
     return Settings(

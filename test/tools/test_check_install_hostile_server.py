@@ -207,6 +207,22 @@ def test_the_path_and_query_are_joined(base: Path, path: str, requested: bytes):
     assert server.requests[0].startswith(requested), server.requests
 
 
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"disaggregation_mode": ["decode"]},
+        {"disaggregation_mode": "Decode"},
+        {"disaggregation_mode": "prefill", "disable_overlap_schedule": "false"},
+    ],
+)
+def test_values_no_server_has_are_not_understood(base: Path, info: dict):
+    """A server's answer decides 26 only with values an sglang server gives."""
+    with RawServer(answer(ok(json.dumps(info).encode()))) as server:
+        code, out, err = ask(base, server.url)
+    assert code == Exit.EXPOSURE_UNKNOWN, out + err
+    assert "answers values no sglang server has" in err, err
+
+
 @pytest.mark.parametrize("key", ["k3y\n", "k3y\r\nX-Evil: 1", "k\x7fy", "k\u00e9\u20acy"])
 def test_a_key_that_breaks_the_header_is_refused_before_sending(base: Path, key: str):
     with RawServer(answer(ok(INFO))) as server:
