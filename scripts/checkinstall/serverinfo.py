@@ -125,8 +125,11 @@ class _Deadline:
 def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
          deadline: _Deadline) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
     """One GET: the status, its reason, the headers and (for 200) the body, capped."""
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=deadline.left())
+    https = parts.scheme == "https"
+    kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    # the port always given: http.client would read one out of an IPv6 address's colons
+    port = parts.port or (443 if https else 80)
+    conn = kind(parts.hostname, port, timeout=deadline.left())
     try:
         conn.connect()
         deadline.sock = conn.sock
