@@ -40,6 +40,8 @@ _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(?:.*/)?python[0-9.]*$")
 _SGLANG = re.compile(r"^(?:.*/)?sglang$")
 _YAML_TIMEOUT_S = 60
+MAX_CONFIG_BYTES = 1 << 20
+_YAML_ALIAS = re.compile(r"(?:^|[\s\[{,:?-])[&*][^\s\]},]", re.M)
 # Reads a YAML file as sglang's ConfigArgumentMerger does (yaml.safe_load), in
 # the interpreter that has PyYAML; prints JSON.
 _YAML_PROGRAM = r"""
@@ -199,6 +201,7 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
     if config is not None:
         if not config.is_file():
             raise not_understood(f"--config {config}: no such file here")
+        _check_config(config)
         if at is None:
             return [*args, CONFIG, str(config)]
         args[at + 1] = str(config)
@@ -218,8 +221,26 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
                 f"--config {args[at + 1]}: {path} is not a file here",
                 "pass --config FILE with a copy of the server's file, or --config-root DIR",
             )
+        _check_config(path)
         args[at + 1] = str(path)
     return args
+
+
+def _check_config(path: Path) -> None:
+    """A config file small and plain enough to read: YAML anchors and aliases can expand
+    a small file into more than memory holds (whoever reads it, sglang too)."""
+    try:
+        size = path.stat().st_size
+        text = path.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace")
+    except OSError as err:
+        raise not_understood(f"--config {path} cannot be read here: {err}") from None
+    if size > MAX_CONFIG_BYTES:
+        raise not_understood(f"--config {path} is {size} bytes, more than a launch config")
+    if _YAML_ALIAS.search(text):
+        raise not_understood(
+            f"--config {path} holds YAML anchors or aliases (&name, *name), not expanded here",
+            "write the values out in a copy of the file, and pass it with --config FILE",
+        )
 
 
 def config_at(args: list[str]) -> int | None:

@@ -22,6 +22,12 @@ DECODE_EAGLE_NO_GRAPHS = (
 )
 
 
+# nine levels of nine aliases: 9**9 strings once expanded, from a file of a few lines
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
 @pytest.fixture(scope="module")
 def base() -> Path:
     return release_env(DEFAULT)[1]
@@ -184,6 +190,8 @@ def test_a_config_file_on_the_command_line(base: Path, decode_yaml: Path):
     [
         ("- not\n- a mapping\n", "holds no mapping at its top"),
         ("disaggregation-mode: [decode\n", "is not YAML sglang reads"),
+        pytest.param(BILLION_LAUGHS, "holds YAML anchors or aliases", id="billion-laughs"),
+        pytest.param("model-path: m\n" + "#" * (2 << 20), "more than a launch config", id="2-MiB"),
     ],
 )
 def test_a_config_file_sglang_refuses(base: Path, tmp_path: Path, text: str, said: str):
