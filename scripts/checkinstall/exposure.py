@@ -10,160 +10,73 @@ race checker's scenario catalogue. Standard library only (check-install).
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
+import os
+import shutil
 import subprocess
-import urllib.error
-import urllib.request
+import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from patchset.errors import BackportError, Exit
-from patchset.manifest import LAUNCH_FLAGS, LaunchSettings, RaceEntry
+from patchset.errors import Exit
+from patchset.manifest import LaunchSettings, RaceEntry
+
+from checkinstall import serverinfo
+from checkinstall.launchargs import (
+    DISAGGREGATION_MODES,
+    FIELDS,
+    Settings,
+    env_bool,
+    not_understood,
+    parse_with_table,
+    refused,
+)
 
 # The hisparse seam (Scheduler._build_hisparse_decode_batch's stash), played by race-check.
 HISPARSE_SCENARIO = "H1"
 WAR_BARRIER_ENV = "SGLANG_ENABLE_WAR_BARRIER"
-FIELDS = (*LAUNCH_FLAGS, "disable_decode_cuda_graph")
 TIMEOUT_S = 10.0
 TORCH_BUILDS = ("cuda", "rocm")
-
-
-@dataclass
-class Settings:
-    """The launch settings that decide whether a deployment reaches the race."""
-
-    values: dict[str, Any]  # ServerArgs field -> value
-    parser: str  # which parser gave them, in words
-    eagle: bool  # the speculative algorithm seeds the EAGLE draft state
-    env: dict[str, str] = field(default_factory=dict)  # the server's environment (--env)
-    turned_off_by: list[str] = field(default_factory=list)  # sglang's handlers that did
-    not_evaluated: list[str] = field(default_factory=list)  # "handler (why)"
-    adjusted: bool = False  # the values are after sglang's own adjustments
-    # the server's torch build: "cuda", "rocm" (HIP: its GPU is "cuda" too, but is_cuda()
-    # is false), or None (not known: taken as CUDA)
-    torch_build: str | None = None
-    torch_source: str = "the torch build not known here: taken as CUDA (--torch-build)"
-
-    def get(self, name: str) -> Any:
-        return self.values.get(name)
-
-
-def split_launch_args(text: str) -> list[str]:
-    """ARGS as a shell would split them, from the first long option on (a leading
-    `python -m sglang.launch_server` is the command, not its arguments)."""
-    try:
-        words = shlex.split(text)
-    except ValueError as err:
-        raise BackportError(
-            Exit.USAGE,
-            f"--launch-args cannot be split as a shell would: {err}",
-            "quote it as the chart or unit does, e.g. --launch-args '--model-path M ...'",
-        ) from None
-    first = next((n for n, word in enumerate(words) if word.startswith("--")), len(words))
-    return words[first:]
-
-
-def parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise BackportError(
-                Exit.USAGE, f"--env {pair!r} is not NAME=VALUE", "pass e.g. --env FOO=1"
-            )
-        env[name] = value
-    return env
 
 
 def eagle_family(value: object, table: LaunchSettings) -> bool:
     return isinstance(value, str) and value.upper() in table.eagle_family
 
 
-def parse_with_table(args: list[str], table: LaunchSettings, why: str) -> Settings:
-    """The settings that matter, parsed with the release's [launch] table; the rest ignored."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    for flag in table.flags.values():
-        if isinstance(flag.default, bool):
-            parser.add_argument(flag.flag, dest=flag.field, action="store_true")
-        else:
-            parser.add_argument(flag.flag, dest=flag.field, default=flag.default)
-    try:
-        known, _rest = parser.parse_known_args(args)
-    except argparse.ArgumentError as err:
-        raise BackportError(
-            Exit.USAGE,
-            f"--launch-args: {err}",
-            "pass the arguments as the launch command has them",
-        ) from None
-    values = {name: getattr(known, name, None) for name in FIELDS}
-    return Settings(
-        values,
-        f'the table [launch."{table.release}"] of releases.toml ({why}); sglang\'s own '
-        "adjustments were not evaluated",
-        eagle_family(values["speculative_algorithm"], table),
-    )
+# the fields /server_info gives as true or false; the others are strings or null
+_SWITCHES = ("disable_overlap_schedule", "enable_hisparse", "disable_cuda_graph",
+             "disable_decode_cuda_graph")  # fmt: skip
 
 
 def from_server_info(
     url: str, api_key: str | None, table: LaunchSettings | None, timeout: float = TIMEOUT_S
 ) -> Settings:
     """The settings a running server reports at /server_info (after its own adjustments),
-    waiting at most timeout seconds for its answer."""
-    if not url.rstrip("/").endswith("server_info"):
-        url = url.rstrip("/") + "/server_info"
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            body = answer.read()
-    except urllib.error.HTTPError as err:
-        hint = {
-            401: "pass the server's key with --api-key KEY",
-            403: "pass the server's key with --api-key KEY",
-            404: "point --server-info at an sglang server's /server_info (0.5.13 and later)",
-        }.get(err.code, "check that the URL is an sglang server's /server_info")
-        raise _unreachable(url, f"it answered HTTP {err.code} {err.reason}", hint) from None
-    except urllib.error.URLError as err:
-        raise _unreachable(url, f"no answer: {err.reason}", _UP) from None
-    except TimeoutError:
-        raise _unreachable(url, f"no answer within {timeout:g} s (timed out)", _UP) from None
-    except OSError as err:
-        raise _unreachable(url, f"no answer: {err}", _UP) from None
-    try:
-        info = json.loads(body)
-    except ValueError:
-        raise _unreachable(
-            url, f"its answer is not JSON (starts {body[:60]!r})", "point it at /server_info"
-        ) from None
-    if isinstance(info, dict) and isinstance(info.get("server_args"), dict):
-        info = info["server_args"]
-    if not isinstance(info, dict) or "disaggregation_mode" not in info:
-        raise _unreachable(
-            url,
-            "its JSON holds no server arguments (no disaggregation_mode)",
-            "point it at an sglang server's /server_info",
-        )
+    within one deadline of timeout seconds for its whole answer."""
+    info, shown = serverinfo.read_server_info(url, api_key, timeout)
     values = {name: info.get(name) for name in FIELDS}
+    odd = [
+        f"{name} is {value!r}"
+        for name, value in values.items()
+        if value is not None and not isinstance(value, bool if name in _SWITCHES else str)
+    ]
+    if values["disaggregation_mode"] not in DISAGGREGATION_MODES:
+        odd.append(f"disaggregation_mode is {values['disaggregation_mode']!r}")
+    if odd:
+        raise not_understood(
+            f"--server-info {shown} answers values no sglang server has: {'; '.join(odd)}",
+            "point it at the sglang server itself (its host and port)",
+        )
     algorithm = values["speculative_algorithm"]
     eagle = eagle_family(algorithm, table) if table else str(algorithm or "").startswith("EAGLE")
     return Settings(
         values,
-        f"the running server's {url} (its values after sglang's own adjustments)",
+        f"the running server's {shown} (its values after sglang's own adjustments)",
         eagle,
         adjusted=True,
     )
-
-
-_UP = "check that the server is up and the URL and port are right (curl URL), then run again"
-
-
-def _unreachable(url: str, why: str, next_step: str) -> BackportError:
-    return BackportError(Exit.ENVIRONMENT, f"--server-info {url}: {why}", next_step)
 
 
 # Runs in the interpreter under check: that release's own ServerArgs parses the
@@ -190,12 +103,21 @@ try:
         ServerArgs = module.ServerArgs
 except BaseException as err:
     say({"import_error": why(err)})
-parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
 ServerArgs.add_cli_args(parser)
+argv = request["args"]
 said = io.StringIO()
+if "--config" in argv:  # as prepare_server_args: the file's settings, then the command's
+    try:
+        with contextlib.redirect_stdout(sys.stderr), contextlib.redirect_stderr(said):
+            from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+    except BaseException as err:
+        say({"config_error": why(err)})
 try:
     with contextlib.redirect_stderr(said):
-        args = parser.parse_args(request["args"])
+        # a model path first, so that one given anywhere (the file too) wins
+        args = parser.parse_args(["--model-path", "dummy", *argv])
 except (SystemExit, argparse.ArgumentError) as err:
     say({"parse_error": (said.getvalue().strip().splitlines() or [str(err)])[-1]})
 model_path = args.model_path
@@ -342,14 +264,28 @@ def parse_with_server_args(
     """The settings as python's own sglang parses args; the table where it cannot."""
     request = probe_request(args, env, table)
     try:
+        scratch = Path(tempfile.mkdtemp(prefix="check-install-probe-"))
+    except OSError as err:
+        why = f"no scratch folder for sglang's handlers to run in: {err}"
+        return parse_with_table(args, table, why, python)
+    # sglang's handlers write where they run (--crash-dump-folder dumps, temporary
+    # files): in a folder of their own, removed afterwards, not the caller's.
+    try:
+        (scratch / "tmp").mkdir()
+        folder = str(scratch / "tmp")
         result = subprocess.run(
             [str(python), "-c", SERVER_ARGS_PROBE, json.dumps(request)],
             capture_output=True,
             text=True,
             timeout=300,
+            cwd=scratch,
+            env=dict(os.environ, TMPDIR=folder, TEMP=folder, TMP=folder),
         )
     except (OSError, subprocess.TimeoutExpired) as err:
-        return parse_with_table(args, table, f"sglang's ServerArgs could not be run there: {err}")
+        why = f"sglang's ServerArgs could not be run there: {err}"
+        return parse_with_table(args, table, why, python)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return read_probe(python, args, table, result.returncode, result.stdout, result.stderr)
 
 
@@ -364,19 +300,18 @@ def read_probe(
         answer = None
     if not isinstance(answer, dict):
         last = (stderr.strip().splitlines() or ["no output"])[-1][:160]
-        return parse_with_table(
-            args, table, f"sglang's ServerArgs failed there (exit {returncode}: {last})"
-        )
+        why = f"sglang's ServerArgs failed there (exit {returncode}: {last})"
+        return parse_with_table(args, table, why, python)
     if "import_error" in answer:
-        return parse_with_table(
-            args, table, f"sglang's ServerArgs cannot be imported there: {answer['import_error']}"
+        why = f"sglang's ServerArgs cannot be imported there: {answer['import_error']}"
+        return parse_with_table(args, table, why, python)
+    if "config_error" in answer:
+        raise not_understood(
+            f"--config: sglang's ConfigArgumentMerger in {python} refuses the file: "
+            f"{answer['config_error']} (a server does not start with it)"
         )
     if "parse_error" in answer:
-        raise BackportError(
-            Exit.USAGE,
-            f"--launch-args do not parse as sglang there parses them: {answer['parse_error']}",
-            "pass the arguments as the launch command has them (with --model-path)",
-        )
+        raise refused(f"there ({python})", f"its ServerArgs parser says: {answer['parse_error']}")
     values = answer["values"]
     settings = Settings(
         values,
@@ -479,7 +414,8 @@ def judge(
     )
     if device == "cuda" and settings.torch_build == "rocm":
         named += f", {settings.torch_source}"
-    barrier_env = settings.env.get(WAR_BARRIER_ENV, "").lower() in ("1", "true", "yes", "on")
+    raw = settings.env.get(WAR_BARRIER_ENV)
+    barrier_env = raw is not None and env_bool(raw) is True
     if device == "cuda" and settings.torch_build != "rocm":
         on = f"is_cuda() ({settings.torch_source})"
     elif barrier_env and table is not None and table.war_barrier_env:
@@ -500,11 +436,18 @@ def judge(
         lines.append(f"device: {named}: the WAR barrier is on, {on}; {barrier} path ({why})")
     else:
         barrier = "none"
-        reason = (
-            f"{WAR_BARRIER_ENV} is set, but this release reads it only on CUDA"
-            if barrier_env
-            else f"is_cuda() is false and {WAR_BARRIER_ENV} is not set (--env)"
-        )
+        if barrier_env:
+            reason = f"{WAR_BARRIER_ENV}={raw} is set, but this release reads it only on CUDA"
+        elif raw is None:
+            reason = f"is_cuda() is false and {WAR_BARRIER_ENV} is not set (--env)"
+        elif env_bool(raw) is False:
+            reason = f"is_cuda() is false and {WAR_BARRIER_ENV}={raw} is false"
+        else:
+            reason = (
+                f"is_cuda() is false, and {WAR_BARRIER_ENV}={raw!r} is no value sglang's "
+                "EnvBool reads (true/1/yes/y, false/0/no/n, any case): sglang warns and "
+                "takes its default, false"
+            )
         lines.append(f"device: {named}: the WAR barrier is off ({reason})")
     loop = [p.name for p in plays if p.barrier == barrier]
     played = loop + ([p.name for p in plays if p.barrier is None] if barrier == "none" else [])
@@ -537,6 +480,8 @@ def judge(
     reaching = (open_ if mode == "decode" else []) + ([HISPARSE_SCENARIO] if hisparse_open else [])
     entries = [entry for name in reaching for entry in races[name]]
     if reaching and overlap_on:
+        if settings.unsettled:
+            lines.append("not understood: " + "; ".join(settings.unsettled))
         lines.append(
             f"verdict: exposed: {install}; this configuration reaches the race: scenarios "
             f"{', '.join(reaching)}; buffers {', '.join(_buffers(entries))}"
@@ -544,6 +489,14 @@ def judge(
         return Exposure(Exit.EXPOSED, lines)
     if not keeps_out:
         keeps_out.append("no scenario this configuration plays is open at this step")
+    if settings.unsettled:
+        lines.append("not understood: " + "; ".join(settings.unsettled))
+        lines.append(
+            f"verdict: exposure unknown: {install}; as read, this configuration would not "
+            f"reach the race ({'; '.join(keeps_out)}), but what was not understood may "
+            "change that"
+        )
+        return Exposure(Exit.EXPOSURE_UNKNOWN, lines)
     lines.append(
         f"verdict: not exposed: {install}; this configuration does not reach the race: "
         + "; ".join(keeps_out)

@@ -24,11 +24,11 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .errors import BackportError, Exit
-from .textout import progress
 
 # hold_interrupts and release_interrupts live in interrupts.py (cli.py needs them
 # without the locks); apply, run-tests and the tests take them from here too
 from .interrupts import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
+from .textout import progress
 
 # How long a second run waits for the first by default (--wait changes it).
 DEFAULT_WAIT_S = 30.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -25,10 +26,10 @@ from checkinstall.exposure import (
     SERVER_ARGS_PROBE,
     Exposure,
     judge,
+    parse_with_server_args,
     parse_with_table,
     probe_request,
     read_probe,
-    split_launch_args,
 )
 from conftest import SCRIPTS
 from patchset import catalog as catalogs
@@ -90,7 +91,8 @@ def server_args_script(body: str) -> str:
 
 
 ACTIONS = server_args_script(
-    "print(json.dumps({a.dest: [a.option_strings, a.default] for a in p._actions}))"
+    "print(json.dumps([[a.dest, a.option_strings, a.default, list(a.choices or [])]\n"
+    "                  for a in p._actions]))"
 )
 FIELDS_SERVED = server_args_script(
     "a = p.parse_args(['--model-path', 'dummy'])\n"
@@ -103,7 +105,21 @@ CONFIGURATIONS = {
     "prefill": "--model-path m --disaggregation-mode prefill",
     "off": DECODE_EAGLE + " --disable-overlap-schedule",
     "bad": "--model-path m --tp-size many",
+    # sglang's prepare_server_args merges a --config YAML first (the command line wins)
+    "config": "--config {yaml}",
+    "config-overridden": "--config {yaml} --disaggregation-mode prefill",
+    "config-not-yaml": "--model-path m --config {txt}",
+    # no --model-path: not an error for the verdict
+    "no-model": "--disaggregation-mode decode --speculative-algorithm EAGLE",
+    "choice": "--model-path m --disaggregation-mode Decode",
 }
+# The decode + EAGLE configuration as a --config file, with the model path in it.
+DECODE_EAGLE_YAML = "model-path: m\ndisaggregation-mode: decode\nspeculative-algorithm: EAGLE\n"
+
+
+def words(config: str, files: Path) -> list[str]:
+    """A configuration's launch arguments, with its files' paths under files."""
+    return shlex.split(config.format(yaml=files / "decode.yaml", txt=files / "decode.txt"))
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,7 @@ class Probed:
 
     python: Path
     tree: Path
+    files: Path  # where the configurations' files are
     returncode: int
     stdout: str
     stderr: str
@@ -131,6 +148,8 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Prob
     three environments; a command line each would import them some thirty times.
     """
     tmp = tmp_path_factory.mktemp("probe")
+    (tmp / "decode.yaml").write_text(DECODE_EAGLE_YAML)
+    (tmp / "decode.txt").write_text(DECODE_EAGLE_YAML)
     by_python: dict[Path, list[dict]] = {}
     trees: dict[str, tuple[Path, Path]] = {}
     for release in RELEASES:
@@ -140,7 +159,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Prob
         table = load_releases().launch[release]
         programs = {"actions": [ACTIONS, ""], "fields": [FIELDS_SERVED, ""]}
         for name, text in CONFIGURATIONS.items():
-            request = probe_request(split_launch_args(text), {}, table)
+            request = probe_request(words(text, tmp), {}, table)
             programs[name] = [SERVER_ARGS_PROBE, json.dumps(request)]
         by_python.setdefault(python, []).append({"tree": str(tree.parent), "programs": programs})
         trees[str(tree.parent)] = (python, tree)
@@ -163,7 +182,9 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Prob
         for where, programs in json.loads(results.read_text()).items():
             python, tree = trees[where]
             release = tree.parent.parent.name
-            answers[release] = {name: Probed(python, tree, **got) for name, got in programs.items()}
+            answers[release] = {
+                name: Probed(python, tree, tmp, **got) for name, got in programs.items()
+            }
     return answers
 
 
@@ -181,8 +202,11 @@ def verdict(got: Probed, release: str, config: str) -> Exposure:
     content = report.matches[0]  # 0.5.13.post1's files are 0.5.13's: one content, one table
     assert release in content.name, content
     table = load_releases().launch[content.release]
-    args = split_launch_args(CONFIGURATIONS[config])
-    settings = read_probe(got.python, args, table, got.returncode, got.stdout, got.stderr)
+    args = words(CONFIGURATIONS[config], got.files)
+    try:
+        settings = read_probe(got.python, args, table, got.returncode, got.stdout, got.stderr)
+    except BackportError as refused:  # the lines say why, so a test can compare them
+        return Exposure(refused.code, [f"verdict: refused: {refused}"])
     return judge(settings, dict(content.races), table, install, PLAYS)
 
 
@@ -198,8 +222,13 @@ def test_exit_codes_of_issue_25():
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_launch_table_is_the_releases_own_parser(release: str, probed):
-    """Each flag of [launch."X"] as that release spells it, with its default."""
-    actions = probe_of(probed, release, "actions").json()
+    """Each flag of [launch."X"] as that release spells it, with its default; no other
+    option sets those fields (the table parser would miss it), --disaggregation-mode's
+    choices are the table parser's, and --model-path (which it also reads) is there."""
+    from checkinstall.launchargs import DISAGGREGATION_MODES, NEUTRAL
+
+    listed = probe_of(probed, release, "actions").json()
+    actions = {dest: [options, default, choices] for dest, options, default, choices in listed}
     table = load_releases().launch[release]
     for name in FIELDS:
         if name not in table.flags:
@@ -208,6 +237,10 @@ def test_launch_table_is_the_releases_own_parser(release: str, probed):
         flag = table.flags[name]
         assert flag.flag in actions[name][0], (release, name, actions[name])
         assert actions[name][1] == flag.default, (release, name, actions[name])
+        setting = {o for dest, options, *_ in listed if dest == name for o in options}
+        assert setting == {flag.flag}, (release, name, setting)
+    assert actions["disaggregation_mode"][2] == list(DISAGGREGATION_MODES)
+    assert set(actions["model_path"][0]) == set(NEUTRAL), actions["model_path"]
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -242,23 +275,79 @@ def test_prefill_server_and_no_overlap_are_out(release: str, probed):
 
 
 @pytest.mark.slow
-def test_the_command_runs_the_probe_in_the_interpreter_under_check():
-    """End to end: check-install --python runs the probe there, as a command line."""
+def test_the_command_runs_the_probe_in_the_interpreter_under_check(tmp_path: Path):
+    """End to end: check-install --python runs the probe there, as a command line; the
+    command as a unit writes it (continued lines, the module, a --config file named
+    relative to the server's folder, which holds the model path) is read as sglang
+    reads it."""
     python, tree = release_env(DEFAULT)
-    result = check("--python", str(python), "--launch-args", DECODE_EAGLE, tree_on_path=tree)
+    (tmp_path / "decode.yaml").write_text(DECODE_EAGLE_YAML)
+    launch = "python3 -m sglang.launch_server \\\n  --config decode.yaml \\\n  --log-level info"
+    result = check(
+        "--python", str(python), "--launch-args", launch, "--config-root", str(tmp_path),
+        tree_on_path=tree,
+    )  # fmt: skip
+    assert result.returncode == Exit.EXPOSED, result.stdout + result.stderr
     assert f"sglang {DEFAULT}'s own ServerArgs" in line(result, "configuration parsed by")
     assert f"in {python}" in line(result, "configuration parsed by")
-    assert result.returncode == Exit.EXPOSED, result.stdout
     assert "scenarios L3; buffers output_tokens_buf, topk_p_buf" in line(result, "verdict:")
+
+
+@pytest.mark.slow
+def test_the_probe_runs_sglangs_handlers_in_a_scratch_folder(tmp_path: Path, monkeypatch):
+    """--crash-dump-folder dumps: sglang's handler makes dumps/<host>/ where it runs; not
+    in the caller's folder, nor in its TMPDIR."""
+    python, tree = release_env(DEFAULT)
+    caller, tmp = tmp_path / "caller", tmp_path / "tmp"
+    caller.mkdir()
+    tmp.mkdir()
+    monkeypatch.chdir(caller)
+    monkeypatch.setenv("PYTHONPATH", str(tree))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    args = shlex.split(DECODE_EAGLE + " --crash-dump-folder dumps")
+    settings = parse_with_server_args(python, args, {}, load_releases().launch[DEFAULT])
+    assert f"sglang {DEFAULT}'s own ServerArgs" in settings.parser, settings.parser
+    assert settings.get("disaggregation_mode") == "decode"
+    assert sorted(caller.iterdir()) == [] and sorted(tmp.iterdir()) == []
 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_arguments_the_release_does_not_parse_are_refused(release: str, probed):
-    with pytest.raises(BackportError) as refused:
-        verdict(probe_of(probed, release, "bad"), release, "bad")
-    assert refused.value.code == Exit.USAGE
-    assert "do not parse as sglang there parses them" in refused.value.problem
-    assert "--tp-size" in refused.value.problem and "many" in refused.value.problem
+    """What sglang's own parser refuses is no configuration a server runs: 28, never 26."""
+    bad = verdict(probe_of(probed, release, "bad"), release, "bad")
+    assert bad.code == Exit.EXPOSURE_UNKNOWN, bad.lines
+    assert "--tp-size" in bad.lines[-1] and "many" in bad.lines[-1], bad.lines
+    choice = verdict(probe_of(probed, release, "choice"), release, "choice")
+    assert choice.code == Exit.EXPOSURE_UNKNOWN, choice.lines
+    assert "invalid choice: 'Decode'" in choice.lines[-1], choice.lines
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_config_file_is_merged_as_the_release_merges_it(release: str, probed):
+    """--config decode.yaml (decode, EAGLE and the model path in the file) is judged as
+    the same options on the command line; the command line's own options win."""
+    eagle = verdict(probe_of(probed, release, "eagle"), release, "eagle")
+    config = verdict(probe_of(probed, release, "config"), release, "config")
+    assert config.code == eagle.code, config.lines
+    assert said(config, "disaggregation mode:").startswith("disaggregation mode: decode")
+    assert "EAGLE family" in said(config, "speculative algorithm:")
+    overridden = verdict(
+        probe_of(probed, release, "config-overridden"), release, "config-overridden"
+    )
+    assert overridden.code == Exit.NOT_EXPOSED, overridden.lines
+    assert "--disaggregation-mode prefill (serving as decode" in said(overridden, "verdict:")
+    # a file sglang's ConfigArgumentMerger refuses: the server does not start with it
+    txt = verdict(probe_of(probed, release, "config-not-yaml"), release, "config-not-yaml")
+    assert txt.code == Exit.EXPOSURE_UNKNOWN, txt.lines
+    assert "ConfigArgumentMerger" in txt.lines[-1] and "YAML" in txt.lines[-1], txt.lines
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_no_model_path_is_not_an_error_for_the_verdict(release: str, probed):
+    eagle = verdict(probe_of(probed, release, "eagle"), release, "eagle")
+    no_model = verdict(probe_of(probed, release, "no-model"), release, "no-model")
+    assert no_model.code == eagle.code, no_model.lines
+    assert no_model.lines[1:] == eagle.lines[1:]
 
 
 def test_bare_copy_falls_back_to_the_table(tmp_path: Path):
@@ -388,7 +477,7 @@ def free_port() -> int:
         ({"body": b"{}", "status": 404}, "HTTP 404"),
         ({"body": b"<html>sglang</html>"}, "its answer is not JSON"),
         ({"body": b"[1, 2]"}, "holds no server arguments"),
-        ({"body": b"{}", "delay": 3}, "no answer within 0.5 s (timed out)"),
+        ({"body": b"{}", "delay": 3}, "no whole answer within 0.5 s (timed out)"),
         (None, "Connection refused"),
     ],
 )

@@ -1,0 +1,151 @@
+"""check-install's flow: the install judged, and with a configuration its exposure.
+
+scripts/commands/check_install.py parses the options and prints; this module
+decides. Standard library only, like the rest of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from patchset import catalog as catalogs
+from patchset.errors import BackportError, Exit
+from patchset.manifest import RELEASES_NAME, LaunchSettings, Releases, load_releases, release_key
+from patchset.plays import PLAYS
+
+from checkinstall import exposure, install, launchargs, report, zipapp
+
+
+def check(args: argparse.Namespace) -> report.Outcome:
+    """The install judged, and with a configuration its exposure."""
+    env = launchargs.parse_env(args.env)
+    root = zipapp.data_root()
+    catalog = catalogs.load_catalog(root)
+    python = args.python or Path(sys.executable)
+    if args.tree:
+        found = install.inspect_tree(args.tree, catalog)
+    else:
+        found = install.inspect_install(python, catalog)
+    code, verdict = found.verdict()
+    configured = args.launch_args is not None or args.config or args.server_info
+    if configured and not found.matches:  # unknown content, modified (24) or not
+        registry = load_releases(root / RELEASES_NAME)
+        return _unknown_content(args, found, verdict, registry, catalog, python, env)
+    if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX):
+        if code == Exit.OK and configured:
+            verdict += "; whatever the configuration"
+        return report.Outcome(found, code, verdict)
+    registry = load_releases(root / RELEASES_NAME)
+    content = found.matches[0]
+    table = registry.launch.get(content.release)
+    settings = _settings(args, table, content.release, python, env)
+    result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
+    config = _configuration(args, settings, result.lines, content.release)
+    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
+
+
+def _settings(
+    args: argparse.Namespace,
+    table: LaunchSettings | None,
+    release: str,
+    python: Path,
+    env: dict[str, str],
+) -> exposure.Settings:
+    if args.server_info:
+        settings = exposure.from_server_info(
+            args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
+        )
+    else:
+        launch = launchargs.read_launch_args(args.launch_args or "")
+        words = launchargs.place_config(launch.args, args.config, args.config_root)
+        env.update(launch.env)  # the command's own prefix, over the container's
+        needed = _table(table, release)
+        if args.tree:
+            settings = launchargs.parse_with_table(
+                words, needed, "--tree: no interpreter here to run sglang's ServerArgs"
+            )
+        else:
+            settings = exposure.parse_with_server_args(python, words, env, needed)
+    settings.env = env
+    if args.torch_build:
+        settings.torch_build = args.torch_build
+        settings.torch_source = f"--torch-build {args.torch_build}"
+    return settings
+
+
+def _configuration(
+    args: argparse.Namespace, settings: exposure.Settings, lines: list[str], release: str | None
+) -> report.Configuration:
+    return report.Configuration(
+        "server-info" if args.server_info else "launch-args",
+        settings.parser,
+        {name: settings.get(name) for name in exposure.FIELDS},
+        dict(settings.env),
+        settings.torch_build,
+        lines,
+        release,
+    )
+
+
+def _unknown_content(
+    args: argparse.Namespace,
+    found: install.InstallReport,
+    verdict: str,
+    registry: Releases,
+    catalog: catalogs.Catalog,
+    python: Path,
+    env: dict[str, str],
+) -> report.Outcome:
+    """Files this project cannot name, with a configuration: which races are open is
+    not known, so the verdict is never "not exposed". Where the distribution's version
+    names a release, the configuration is judged as that release as shipped (every
+    race it has open): exposed if it reaches one, else exposure unknown; with no
+    release to assume, the settings are read and shown, and exposure is unknown."""
+    version = found.dist.version.split("+")[0] if found.dist else ""
+    known = registry.known.get(version)
+    as_shipped = [c for c in catalog.lookup(dict(known.blobs)) if not c.ours] if known else []
+    assumed_release = version if as_shipped and version in registry.launch else None
+    if assumed_release:
+        shipped = as_shipped[0]
+        table = registry.launch[version]
+        settings = _settings(args, table, version, python, env)
+        assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"
+        result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
+        lines = result.lines[:-1]
+        if result.code == Exit.EXPOSED:
+            return report.Outcome(
+                found, Exit.EXPOSED, result.lines[-1].removeprefix("verdict: "),
+                _configuration(args, settings, result.lines, version),
+            )  # fmt: skip
+        why = (
+            f"this configuration would keep sglang {version} as shipped out of the race, "
+            "but the files are not that release's, so which races they leave open is not known"
+        )
+    else:
+        newest = max(registry.launch, key=release_key)
+        settings = _settings(args, registry.launch[newest], newest, python, env)
+        lines = [
+            f"configuration parsed by {settings.parser}, with the flags of sglang {newest} "
+            "(the newest release this project knows the flags of)",
+            *(f"{name}: {settings.get(name)}" for name in exposure.FIELDS),
+        ]
+        why = (
+            "no release can be assumed for these files (their distribution names none this "
+            "project knows), so which races they leave open is not known"
+        )
+    line = f"exposure unknown: {verdict}; {why}"
+    config = _configuration(args, settings, [*lines, f"verdict: {line}"], assumed_release)
+    return report.Outcome(found, Exit.EXPOSURE_UNKNOWN, line, config)
+
+
+def _table(table: LaunchSettings | None, release: str) -> LaunchSettings:
+    if table is None:
+        raise BackportError(
+            Exit.PATCHSET_INVALID,
+            f'{zipapp.data_root() / RELEASES_NAME} has no [launch."{release}"], so the launch '
+            "arguments cannot be read for that release",
+            "add the table (docs/check-install.md says how it is measured)",
+        )
+    return table

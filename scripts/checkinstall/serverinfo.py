@@ -1,0 +1,224 @@
+"""--server-info: a running server's /server_info, read as hostile input.
+
+Whatever answers at the URL may be anything: not HTTP, a body that never ends,
+a drip of one byte a second, headers without end, JSON nested a million deep,
+a redirect to somewhere else. Every such answer ends in exit 16 with the
+reason (never a traceback); the answer is read up to MAX_BYTES, within one
+deadline for the whole exchange; a redirect is followed only within the same
+origin, so the bearer token goes nowhere else; credentials in the URL and a
+key that would break the request are refused before anything is sent.
+Standard library only (check-install).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+from patchset.errors import BackportError, Exit
+
+MAX_BYTES = 1 << 20  # /server_info of a real server is a few KiB
+MAX_REDIRECTS = 3
+_CHUNK = 1 << 16
+_UP = "check that the server is up and the URL and port are right (curl URL), then run again"
+_HINTS = {
+    401: "pass the server's key with --api-key KEY",
+    403: "pass the server's key with --api-key KEY",
+    404: "point --server-info at an sglang server's /server_info (0.5.13 and later)",
+}
+
+
+def _refuse(url: str, why: str, next_step: str = _UP) -> BackportError:
+    return BackportError(Exit.ENVIRONMENT, f"--server-info {url}: {why}", next_step)
+
+
+def _shown(url: str) -> str:
+    """url as it may be printed: without what stands before an @ in its authority."""
+    return repr(re.sub(r"^([^/]*//)[^/?#]*@", r"\1", url))
+
+
+def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
+    """The URL's parts, the request target (its path ending in /server_info, with its
+    query), and the URL as it may be printed."""
+    example = "pass e.g. http://HOST:30000"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as err:
+        raise _refuse(_shown(url), f"not a URL ({err})", example) from None
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise _refuse(
+            _shown(url),
+            "the URL holds credentials (USER:PASSWORD@), which are neither sent nor printed",
+            "pass the URL without them, and a bearer token with --api-key KEY",
+        )
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+        raise _refuse(_shown(url), "the URL holds spaces or control characters", example)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _refuse(_shown(url), "not an http:// or https:// URL with a host", example)
+    path = parts.path.rstrip("/")
+    if not path.endswith("server_info"):
+        path += "/server_info"
+    target = path + (f"?{parts.query}" if parts.query else "")
+    return parts, target, urllib.parse.urlunsplit((parts.scheme, parts.netloc, target, "", ""))
+
+
+def _check_key(api_key: str | None) -> None:
+    if api_key is None:
+        return
+    try:
+        api_key.encode("latin-1")
+    except UnicodeEncodeError:
+        bad = True
+    else:
+        bad = any(ord(c) < 0x20 or ord(c) == 0x7F for c in api_key)
+    if bad:
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            "--api-key holds a control character (a newline?) or a character an HTTP header "
+            "cannot carry; nothing was sent",
+            "pass the key as the server has it, without a trailing newline "
+            "(e.g. --api-key \"$(cat key | tr -d '\\n')\")",
+        )
+
+
+class _Deadline:
+    """One deadline for the whole exchange: when it passes, the socket is shut down, so
+    a read that the server keeps alive one byte at a time ends too."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self.passed = False
+        self.sock: socket.socket | None = None
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def _expire(self) -> None:
+        self.passed = True
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            self.passed = True
+            raise TimeoutError
+        return left
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._timer.cancel()
+
+
+def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
+         deadline: _Deadline) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
+    """One GET: the status, its reason, the headers and (for 200) the body, capped."""
+    https = parts.scheme == "https"
+    kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    # the port always given: http.client would read one out of an IPv6 address's colons
+    port = parts.port or (443 if https else 80)
+    conn = kind(parts.hostname, port, timeout=deadline.left())
+    try:
+        conn.connect()
+        deadline.sock = conn.sock
+        deadline.left()  # it may have passed while connecting
+        conn.request("GET", target, headers=headers)
+        answer = conn.getresponse()
+        if answer.status != 200:
+            return answer.status, answer.reason, answer.headers, b""
+        length = answer.getheader("Content-Length")
+        if length and length.strip().isdigit() and int(length) > MAX_BYTES:
+            raise _TooLarge(f"it announces {int(length)} bytes")
+        body = bytearray()
+        while True:
+            if conn.sock is not None:
+                conn.sock.settimeout(deadline.left())
+            chunk = answer.read(_CHUNK)
+            if not chunk:
+                if deadline.passed:  # the socket was shut down, not the body ended
+                    raise TimeoutError
+                if answer.length:
+                    raise http.client.IncompleteRead(bytes(body), answer.length)
+                return answer.status, answer.reason, answer.headers, bytes(body)
+            body += chunk
+            if len(body) > MAX_BYTES:
+                raise _TooLarge("its body goes on past that")
+    finally:
+        conn.close()
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dict[str, Any], str]:
+    """The server arguments a running server reports at /server_info, and its URL as it
+    may be printed; BackportError (exit 16) for anything else."""
+    parts, target, shown = _target(url)
+    _check_key(api_key)
+    headers = {"Accept": "application/json", "Connection": "close"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    origin = (parts.scheme, parts.hostname, parts.port)
+    with _Deadline(timeout) as deadline:
+        for _hop in range(MAX_REDIRECTS + 1):
+            try:
+                status, reason, answer_headers, body = _get(parts, target, headers, deadline)
+            except _TooLarge as err:
+                raise _refuse(shown, f"its answer is larger than {MAX_BYTES} bytes ({err})",
+                              "point it at an sglang server's /server_info") from None  # fmt: skip
+            except (OSError, http.client.HTTPException, ValueError) as err:
+                if deadline.passed or isinstance(err, TimeoutError):
+                    why = f"no whole answer within {timeout:g} s (timed out)"
+                else:
+                    why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
+                raise _refuse(shown, why[:300]) from None
+            if status not in (301, 302, 303, 307, 308):
+                break
+            location = answer_headers.get("Location", "")
+            moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
+            try:
+                there = (moved.scheme, moved.hostname, moved.port)
+            except ValueError:
+                there = ("", None, None)
+            if there != origin or moved.username or moved.password:
+                where = f"{moved.scheme}://{moved.hostname}:{moved.port or ''}".rstrip(":")
+                raise _refuse(
+                    shown,
+                    f"it redirects (HTTP {status}) to another origin, {where}: not followed, "
+                    "and the token was not sent there",
+                    "pass the URL of the server itself (its host and port)",
+                )
+            target = moved.path + (f"?{moved.query}" if moved.query else "")
+        else:
+            raise _refuse(shown, f"more than {MAX_REDIRECTS} redirects")
+    if status != 200:
+        hint = _HINTS.get(status, "check that the URL is an sglang server's /server_info")
+        raise _refuse(shown, f"it answered HTTP {status} {reason}", hint)
+    try:
+        info = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        what = "nested too deeply" if isinstance(err, RecursionError) else f"starts {body[:60]!r}"
+        raise _refuse(shown, f"its answer is not JSON this command reads ({what})",
+                      "point it at an sglang server's /server_info") from None  # fmt: skip
+    if isinstance(info, dict) and isinstance(info.get("server_args"), dict):
+        info = info["server_args"]
+    if not isinstance(info, dict) or "disaggregation_mode" not in info:
+        raise _refuse(
+            shown,
+            "its JSON holds no server arguments (no disaggregation_mode)",
+            "point it at an sglang server's /server_info",
+        )
+    return info, shown

@@ -1,0 +1,221 @@
+"""check-install --launch-args as operators paste them, read by the release's [launch]
+table (--tree: no interpreter to run sglang's ServerArgs): argparse's rules, sglang's
+refusals, --config files, the environment. A configuration that is not understood is
+exit 28, never 26 ("not exposed")."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from patchset import paths
+from patchset.errors import Exit
+from test_check_install_config import DECODE_EAGLE_YAML, check, release_env
+
+DEFAULT = paths.DEFAULT_BASE
+# the WAR barrier: a decode EAGLE server on an AMD GPU (is_cuda() false), graphs off
+ROCM = ("--torch-build", "rocm")
+DECODE_EAGLE_NO_GRAPHS = (
+    "--model-path m --disaggregation-mode decode --speculative-algorithm EAGLE --disable-cuda-graph"
+)
+
+
+# nine levels of nine aliases: 9**9 strings once expanded, from a file of a few lines
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.fixture(scope="module")
+def base() -> Path:
+    return release_env(DEFAULT)[1]
+
+
+def judged(base: Path, launch: str, *more: str) -> tuple[int, str]:
+    result = check("--tree", str(base), f"--launch-args={launch}", *more)
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("launch", "code", "said"),
+    [
+        # argparse takes a unique start of an option: this is a decode server
+        (
+            "--disaggregation-mo decode --speculative-algorithm EAGLE --device npu",
+            Exit.EXPOSED,
+            "--disaggregation-mo read as --disaggregation-mode",
+        ),
+        # and here overlap would be off, if no other option of sglang starts so: not known
+        (
+            "--disable-overlap --disaggregation-mode decode --device npu",
+            Exit.EXPOSURE_UNKNOWN,
+            "--disable-overlap read as --disable-overlap-schedule",
+        ),
+        # values sglang refuses ("invalid choice"): no server runs with them
+        ("--model-path m --disaggregation-mode Decode", Exit.EXPOSURE_UNKNOWN, "invalid choice"),
+        # a pasted JSON array, a pasted Helm args list
+        (
+            '["--model-path", "m", "--disaggregation-mode", "prefill"]',
+            Exit.EXPOSURE_UNKNOWN,
+            "neither an option nor sglang serve",
+        ),
+        (
+            "- --model-path\n- m\n- --disaggregation-mode\n- prefill",
+            Exit.EXPOSURE_UNKNOWN,
+            "'-' is not an option",
+        ),
+        ("--enable-hisparse=1", Exit.EXPOSURE_UNKNOWN, "--enable-hisparse takes no value"),
+        ("--disaggregation-mode", Exit.EXPOSURE_UNKNOWN, "expects one value"),
+        ("--disable- --device npu", Exit.EXPOSURE_UNKNOWN, "--disable- is ambiguous"),
+        # an option the table does not know may be anything: not "not exposed"
+        (
+            "--model-path m --disaggregation-mode prefill --tp-size 2",
+            Exit.EXPOSURE_UNKNOWN,
+            "options the table does not read (sglang's own parser would take or refuse "
+            "them): --tp-size",
+        ),
+        # another launcher in front: not read as sglang's options
+        (
+            "torchrun --nproc-per-node 2 -m sglang.launch_server --disaggregation-mode prefill",
+            Exit.EXPOSURE_UNKNOWN,
+            "--launch-args start with 'torchrun'",
+        ),
+        (
+            "sglang serve --model-type diffusion --disaggregation-mode decode",
+            Exit.EXPOSURE_UNKNOWN,
+            "--model-type diffusion",
+        ),
+        # the table can still say 26, where every option is its own
+        (
+            "--model-path m --disaggregation-mode prefill",
+            Exit.NOT_EXPOSED,
+            "--disaggregation-mode prefill (serving as decode",
+        ),
+        # the = form, and the last of repeats wins
+        (
+            "--disaggregation-mode=prefill --speculative-algorithm=EAGLE --device=npu "
+            "--disaggregation-mode=decode",
+            Exit.EXPOSED,
+            "disaggregation mode: decode",
+        ),
+        # the forms a shell line takes: the module, continued lines, sglang serve
+        (
+            "python3 -u -m sglang.launch_server \\\n  --disaggregation-mode decode \\\n"
+            "  --device npu",
+            Exit.EXPOSED,
+            "device: npu",
+        ),
+        (
+            "/opt/venv/bin/sglang serve --model-type llm --disaggregation-mode prefill",
+            Exit.NOT_EXPOSED,
+            "disaggregation mode: prefill",
+        ),
+    ],
+)
+def test_the_table_reads_the_options_as_sglang_does(base: Path, launch: str, code: Exit, said: str):
+    got, out = judged(base, launch)
+    assert got == code, out
+    assert said in out, out
+
+
+def test_an_environment_prefix_is_the_servers_environment(base: Path):
+    launch = f"SGLANG_ENABLE_WAR_BARRIER=1 python3 -m sglang.launch_server {DECODE_EAGLE_NO_GRAPHS}"
+    got, out = judged(base, launch, *ROCM)
+    assert "SGLANG_ENABLE_WAR_BARRIER is set" in out, out
+    assert got == Exit.NOT_EXPOSED, out  # the barrier's fallback path orders L5
+
+
+@pytest.mark.parametrize(
+    ("value", "code", "said"),
+    [
+        # sglang's EnvBool: true/1/yes/y in any case; anything else falls back to false
+        ("on", Exit.EXPOSED, "SGLANG_ENABLE_WAR_BARRIER='on' is no value sglang's EnvBool reads"),
+        ("enabled", Exit.EXPOSED, "sglang warns and takes its default, false"),
+        ("y", Exit.NOT_EXPOSED, "SGLANG_ENABLE_WAR_BARRIER is set"),
+        ("YES", Exit.NOT_EXPOSED, "SGLANG_ENABLE_WAR_BARRIER is set"),
+        ("0", Exit.EXPOSED, "SGLANG_ENABLE_WAR_BARRIER=0 is false"),
+    ],
+)
+def test_environment_values_are_read_as_envbool_reads_them(
+    base: Path, value: str, code: Exit, said: str
+):
+    got, out = judged(
+        base, DECODE_EAGLE_NO_GRAPHS, *ROCM, "--env", f"SGLANG_ENABLE_WAR_BARRIER={value}"
+    )
+    assert said in line_of(out, "device:"), out
+    assert got == code, out
+
+
+def line_of(out: str, start: str) -> str:
+    return next((text for text in out.splitlines() if text.startswith(start)), out)
+
+
+@pytest.fixture
+def decode_yaml(tmp_path: Path) -> Path:
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / "conf" / "decode.yaml"
+    path.write_text(DECODE_EAGLE_YAML + "device: npu\n")
+    return path
+
+
+def test_a_config_file_in_the_launch_args(base: Path, decode_yaml: Path):
+    """--config conf/decode.yaml, relative to the server's folder (--config-root)."""
+    root = str(decode_yaml.parent.parent)
+    got, out = judged(base, "--config conf/decode.yaml", "--config-root", root)
+    assert got == Exit.EXPOSED, out
+    assert "disaggregation mode: decode" in out and "EAGLE family" in out, out
+    # the command line's own options come after the file's, and win
+    got, out = judged(base, "--config conf/decode.yaml --disaggregation-mode prefill",
+                      "--config-root", root)  # fmt: skip
+    assert got == Exit.NOT_EXPOSED, out
+    # without the server's folder, a relative path is not read from this one
+    got, out = judged(base, "--config conf/decode.yaml")
+    assert got == Exit.EXPOSURE_UNKNOWN, out
+    assert "pass --config-root DIR" in out, out
+
+
+def test_a_config_file_on_the_command_line(base: Path, decode_yaml: Path):
+    got, out = judged(base, "--config /etc/sglang/decode.yaml", "--config", str(decode_yaml))
+    assert got == Exit.EXPOSED, out
+    got, out = judged(base, "", "--config", str(decode_yaml))
+    assert got == Exit.EXPOSED, out
+    result = check("--tree", str(base), "--config", str(decode_yaml))
+    assert result.returncode == Exit.EXPOSED, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("- not\n- a mapping\n", "holds no mapping at its top"),
+        ("disaggregation-mode: [decode\n", "is not YAML sglang reads"),
+        pytest.param(BILLION_LAUGHS, "holds YAML anchors or aliases", id="billion-laughs"),
+        pytest.param("model-path: m\n" + "#" * (2 << 20), "more than a launch config", id="2-MiB"),
+    ],
+)
+def test_a_config_file_sglang_refuses(base: Path, tmp_path: Path, text: str, said: str):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    got, out = judged(base, "--disaggregation-mode prefill", "--config", str(bad))
+    assert got == Exit.EXPOSURE_UNKNOWN, out
+    assert said in out, out
+
+
+def test_config_with_an_equals_sign_is_not_merged_by_sglang(base: Path, decode_yaml: Path):
+    """prepare_server_args merges only the two words --config PATH: with --config=PATH the
+    server starts without the file's settings; the table cannot vouch for that."""
+    got, out = judged(base, f"--config={decode_yaml} --disaggregation-mode prefill")
+    assert got == Exit.EXPOSURE_UNKNOWN, out
+    assert f"--config={decode_yaml}" in out, out
+
+
+def test_a_config_file_without_pyyaml_is_refused(base: Path, decode_yaml: Path, tmp_path: Path):
+    """--python of an interpreter without PyYAML (nor sglang's dependencies): the file
+    cannot be read as sglang reads it."""
+    python = tmp_path / "python-without-site"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    result = check("--python", str(python), "--config", str(decode_yaml), tree_on_path=base)
+    assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
+    assert "has no PyYAML to read it as sglang does" in result.stderr, result.stderr
