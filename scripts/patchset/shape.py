@@ -179,25 +179,24 @@ def judge(sources: Sources) -> Judgement:
         return Judgement(CANNOT_TELL, f"{ENTRY} never reaches {PROCESS}()", evidence)
     if "unordered" in first or ("unprepared" in first and not full):
         at = first.get("unordered") or first["unprepared"]
-        reason = (
-            f"{PROCESS}() at line {at.line} is reached on a path with no full ordering "
-            f"after {PREPARE}()"
-        )
+        reason = f"{_at(at)} on a path with no full ordering after {PREPARE}()"
         return Judgement(FIX_A_ONLY if fix_a else AFFECTED, reason, evidence)
     if "early" in first:
-        reason = (
-            f"the ordering comes before {PREPARE}(), not between it and {PROCESS}() at "
-            f"line {first['early'].line}"
-        )
+        reason = f"{_at(first['early'])} with the ordering before {PREPARE}(), not after it"
         return Judgement(CANNOT_TELL, reason, evidence)
     if "unprepared" in first:
-        reason = f"{PROCESS}() at line {first['unprepared'].line} is reached without {PREPARE}()"
+        reason = f"{_at(first['unprepared'])} on a path without {PREPARE}()"
         return Judgement(CANNOT_TELL, reason, evidence)
     reason = (
         f"every path with overlap on orders the schedule stream after the forward stream "
         f"between {PREPARE}() and {PROCESS}()"
     )
     return Judgement(FIXED, reason, evidence)
+
+
+def _at(process: Evidence) -> str:
+    where = f"{process.file.removeprefix(PREFIX)}:{process.line}"
+    return f"{process.function} reaches {PROCESS}() at {where}"
 
 
 def judge_tree(tree: Path) -> Judgement:

@@ -110,11 +110,15 @@ def _buffer(node: ast.expr) -> str:
 
 def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
     """The manifest's [writers] table: key -> {stream, order, scenarios | reason}."""
-    table = manifest.raw.get("writers")
+    return checked(manifest.raw.get("writers"), "the pin manifest")
+
+
+def checked(table: object, where: str) -> dict[str, dict[str, str]]:
+    """A [writers] table (a pin.toml's, or patches/upstream-writers.toml's), entries checked."""
     if not isinstance(table, dict):
         raise BackportError(
             Exit.PATCHSET_INVALID,
-            "the pin manifest has no [writers] table",
+            f"{where} has no [writers] table",
             "classify each FutureMap writer there, as patches/sglang-0.5.15.post1/pin.toml does",
         )
     checked: dict[str, dict[str, str]] = {}
@@ -127,7 +131,7 @@ def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"[writers] {key!r} needs stream, order, and scenarios or a reason",
-                "complete that entry in pin.toml",
+                f"complete that entry in {where}",
             )
         checked[key] = {k: str(v) for k, v in entry.items()}
     return checked
