@@ -26,7 +26,7 @@ OVERLAP_ON = {
     "disable_overlap_schedule": False,
 }
 # A file that can hold a piece of the prebuilt path or of its ordering names one of these.
-_CANDIDATE = re.compile(r"forward_stream|prebuilt")
+_CANDIDATE = ("forward_stream", "prebuilt")
 _DEVICE_MODULES = {"torch.cuda", "torch.npu", "torch.xpu", "torch.musa", "device_module"}
 _MAX_DEPTH = 6
 # How the evidence of an ordering that counts for fix B begins.
@@ -102,9 +102,17 @@ class Sources:
     def defining(self, name: str) -> list[str]:
         """The files that may hold the prebuilt path and define a function of this name."""
         if self._candidates is None:
-            self._candidates = [p for p in self._paths() if _CANDIDATE.search(self.text(p) or "")]
+            self._candidates = []
+            for path in self._paths():  # read once; only a candidate's text is kept
+                text = self._texts[path] if path in self._texts else self._read(path)
+                if text is not None and any(word in text for word in _CANDIDATE):
+                    self._texts[path] = text
+                    self._candidates.append(path)
         pattern = re.compile(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}\b", re.M)
-        return [p for p in self._candidates if pattern.search(self.text(p) or "")]
+        word = f"def {name}"
+        return [
+            p for p in self._candidates if word in self._texts[p] and pattern.search(self._texts[p])
+        ]
 
 
 class CannotTell(Exception):
