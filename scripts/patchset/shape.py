@@ -181,6 +181,9 @@ def judge(sources: Sources) -> Judgement:
         at = first.get("unordered") or first["unprepared"]
         reason = f"{_at(at)} on a path with no full ordering after {PREPARE}()"
         return Judgement(FIX_A_ONLY if fix_a else AFFECTED, reason, evidence)
+    if "unsure" in first:
+        reason = f"{_at(first['unsure'])} after a wait between streams this judgement does not know"
+        return Judgement(CANNOT_TELL, reason, evidence)
     if "early" in first:
         reason = f"{_at(first['early'])} with the ordering before {PREPARE}(), not after it"
         return Judgement(CANNOT_TELL, reason, evidence)

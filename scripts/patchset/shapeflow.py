@@ -20,17 +20,16 @@ from pathlib import Path
 PREFIX = "python/sglang/"
 PREPARE, PROCESS = "prepare_for_prebuilt", "process_prebuilt"
 # ServerArgs/Scheduler flags and their value when overlap scheduling is on
-OVERLAP_ON = {
-    "enable_overlap": True,
-    "enable_overlap_schedule": True,
-    "disable_overlap_schedule": False,
-}
+OVERLAP_ON = dict(enable_overlap=True, enable_overlap_schedule=True, disable_overlap_schedule=False)
 # A file that can hold a piece of the prebuilt path or of its ordering names one of these.
 _CANDIDATE = ("forward_stream", "prebuilt")
 _DEVICE_MODULES = {"torch.cuda", "torch.npu", "torch.xpu", "torch.musa", "device_module"}
+# The streams of sglang's overlap scheduler, by the names its scheduler gives them.
+_STREAMS = {"schedule_stream", "forward_stream", "copy_stream", "default_stream"}
 _MAX_DEPTH = 6
-# How the evidence of an ordering that counts for fix B begins.
+# How the evidence of an ordering begins; only FULL counts for fix B.
 FULL = "a full ordering: "
+_SAID = {"full": FULL, "partial": "not fix B: ", "unknown": "unknown: "}
 
 
 @dataclass(frozen=True)
@@ -149,8 +148,7 @@ def short(fn: Fn) -> str:
     return fn.name.rsplit(".", 1)[-1]
 
 
-def text(node: ast.AST) -> str:
-    return ast.unparse(node)
+text = ast.unparse
 
 
 def tail(node: ast.AST) -> str:
@@ -161,31 +159,30 @@ def tail(node: ast.AST) -> str:
 
 
 def ordering(call: ast.Call) -> tuple[str, str] | None:
-    """('full' | 'partial', what) for a call that orders streams, else None."""
+    """('full' | 'partial' | 'unknown', what) for a call that orders streams, else None.
+    unknown: a wait between streams of names sglang does not use."""
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
-    owner = text(func.value)
+    owner, owner_name = text(func.value), tail(func.value)
     if func.attr == "wait_stream" and call.args:
         waited = tail(call.args[0])
-        if waited == "forward_stream" and (
-            tail(func.value) == "schedule_stream" or owner.endswith("current_stream()")
-        ):
+        current = owner.endswith("current_stream()")
+        if waited == "forward_stream" and (owner_name == "schedule_stream" or current):
             return "full", f"{owner}.wait_stream({text(call.args[0])})"
+        if waited not in _STREAMS and (current or owner_name not in _STREAMS):
+            return "unknown", f"{text(call)}: streams of names sglang does not use"
         return "partial", f"{text(call)}: not the schedule stream waiting for the forward stream"
     if func.attr == "synchronize":
         if (
-            tail(func.value) == "forward_stream"
+            owner_name in ("forward_stream", "device_module")
             or owner in _DEVICE_MODULES
             or (isinstance(func.value, ast.Call) and tail(func.value.func) == "get_device_module")
         ):
             return "full", f"{text(call)}: the host waits for the forward stream"
         return "partial", f"{text(call)}: not the forward stream or the device"
     if func.attr == "wait_event":
-        return (
-            "partial",
-            f"{text(call)}: an event covers what came before its record, not later writes",
-        )
+        return "partial", f"{text(call)}: an event covers what came before its record only"
     return None
 
 
@@ -194,6 +191,7 @@ class Trace:
     prepared: bool = False
     waited: bool = False  # a full ordering since prepare_for_prebuilt()
     early: bool = False  # a full ordering before it
+    unsure: bool = False  # since prepare_for_prebuilt(), a wait between unknown streams
     nones: frozenset[str] = frozenset()  # names known to hold None on this path
 
 
@@ -404,9 +402,8 @@ class Flow:
         name = tail(call.func)
         if name == PREPARE:
             self.note(fn, call.lineno, f"{text(call.func)}()")
-            return {
-                (replace(path, prepared=True, waited=False, early=path.early or path.waited), None)
-            }
+            early = path.early or path.waited
+            return {(replace(path, prepared=True, waited=False, early=early, unsure=False), None)}
         if name == PROCESS:
             self.process(call, path, fn)
             return {(path, None)}
@@ -414,18 +411,11 @@ class Flow:
         if found is not None:
             kind, what = found
             where = f" (runs only when {' and '.join(self.conditions)})" if self.conditions else ""
-            self.note(
-                fn,
-                call.lineno,
-                (FULL if kind == "full" else "not fix B: ") + what + where,
-            )
+            self.note(fn, call.lineno, _SAID[kind] + what + where)
             if kind == "full":
-                return {
-                    (
-                        replace(path, waited=True) if path.prepared else replace(path, early=True),
-                        None,
-                    )
-                }
+                path = replace(path, waited=True) if path.prepared else replace(path, early=True)
+            elif kind == "unknown" and path.prepared:
+                path = replace(path, unsure=True)
             return {(path, None)}
         helper = self.helper(call, fn)
         if helper is None:
@@ -439,7 +429,7 @@ class Flow:
         if path.prepared and path.waited:
             kind = "ordered"
         elif path.prepared:
-            kind = "early" if path.early else "unordered"
+            kind = "unsure" if path.unsure else "early" if path.early else "unordered"
         else:
             kind = "unprepared"
         self.outcomes.setdefault((kind, evidence), None)
@@ -486,16 +476,12 @@ class Flow:
             self._relevant[key] = False  # a call cycle is not relevant by itself
             module = self.sources.module(fn.file)
             locals_ = {short(f): f for f in functions(module, fn.file)} if module else {}
-            hit = False
-            for call in body_calls(fn):
-                name = tail(call.func)
-                if name in (PREPARE, PROCESS) or ordering(call) is not None:
-                    hit = True
-                elif name in locals_ and depth < _MAX_DEPTH and locals_[name] is not fn:
-                    hit = self.relevant(locals_[name], depth + 1)
-                if hit:
-                    break
-            self._relevant[key] = hit
+            self._relevant[key] = any(
+                tail(c.func) in (PREPARE, PROCESS)
+                or ordering(c) is not None
+                or (depth < _MAX_DEPTH and self.relevant(locals_.get(tail(c.func), fn), depth + 1))
+                for c in body_calls(fn)
+            )
         return self._relevant[key]
 
 

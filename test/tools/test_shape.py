@@ -186,6 +186,16 @@ FORKS = {
         shape.FIXED,
     ),
     "device synchronized": (WAIT, "            torch.cuda.synchronize()\n", shape.FIXED),
+    "the device module synchronized": (
+        WAIT,
+        "            self.device_module.synchronize()\n",
+        shape.FIXED,
+    ),
+    "streams of other names": (
+        WAIT,
+        "            self.sched_stream.wait_stream(self.model_stream)\n",
+        shape.CANNOT_TELL,
+    ),
     "no wait": (WAIT, WAIT_GONE, shape.AFFECTED),
     "the wait with overlap off": (
         IF_OVERLAP,
