@@ -55,6 +55,8 @@ EAGLE = PREFIX + "srt/speculative/eagle_disaggregation.py"
 MIXIN = PREFIX + "srt/disaggregation/decode_schedule_batch_mixin.py"
 SCHEDULER = PREFIX + "srt/managers/scheduler.py"
 ENTRY = "get_new_prebuilt_batch"
+# The overlap worker's map of fresh future token ids, before FutureMap (0.4.x).
+OLDER_OVERLAP = "self.future_token_ids_map = "
 
 
 @dataclass(frozen=True)
@@ -83,12 +85,19 @@ def _entry(sources: Sources) -> list[Fn]:
     return found
 
 
+def _future_map(sources: Sources) -> dict[str, Fn]:
+    """FutureMap's methods: in overlap_utils.py, else wherever the tree defines the class."""
+    for path in [OVERLAP, *(p for p in sources.defining("FutureMap", "class") if p != OVERLAP)]:
+        module = sources.module(path)
+        methods = {short(f): f for f in functions(module, path) if f.owner == "FutureMap"}
+        if methods:
+            return methods
+    return {}
+
+
 def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
     """Whether FutureMap relays request-pool rows (this race's design), with the evidence."""
-    module = sources.module(OVERLAP)
-    if module is None:
-        raise CannotTell(f"{OVERLAP} is missing", Evidence(OVERLAP, 0, "", "not found"))
-    methods = {short(f): f for f in functions(module, OVERLAP) if f.owner == "FutureMap"}
+    methods = _future_map(sources)
     slots = [
         methods[m] for m in ("alloc_future_indices", "store_to_map_for_new_batch") if m in methods
     ]
@@ -96,12 +105,18 @@ def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
         relay, fn, what = True, methods["publish"], "relays request-pool rows (publish, stash)"
     elif slots:
         relay, fn, what = False, slots[0], "fresh future slots, no publish/stash relay"
+    elif not sources.mentioning("FutureMap") and (older := sources.mentioning(OLDER_OVERLAP)):
+        what = "no FutureMap anywhere; the overlap worker's future_token_ids_map (fresh slots)"
+        return False, [Evidence(older[0], 0, "", what)]
     else:
-        raise CannotTell(
-            "overlap_utils.py has no FutureMap with publish and stash, nor with fresh future "
-            "slots (moved or renamed)"
+        where = (
+            "overlap_utils.py" if sources.module(OVERLAP) else "the tree (overlap_utils.py missing)"
         )
-    evidence = [Evidence(OVERLAP, fn.node.lineno, fn.name, what)]
+        raise CannotTell(
+            f"{where} has no FutureMap with publish and stash, nor with fresh future slots "
+            "(moved or renamed)"
+        )
+    evidence = [Evidence(fn.file, fn.node.lineno, fn.name, what)]
     seeders = {"publish", "stash", "alloc_future_indices", "store_to_map_for_new_batch"}
     seeders.add("build_disagg_draft_input")
     for path, name in ((EAGLE, "build_eagle_disagg_draft_input"), (MIXIN, PROCESS)):
@@ -116,27 +131,26 @@ def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
 
 def _fix_a(sources: Sources) -> Evidence | None:
     """FutureMap.publish's wait on publish_ready before it records the event again."""
-    for fn in named(sources, OVERLAP, "publish", method=True):
-        if fn.owner != "FutureMap":
-            continue
-        calls = [c for c in body_calls(fn) if isinstance(c.func, ast.Attribute)]
-        waits = [
-            c
-            for c in calls
-            if tail(c.func) == "wait_event" and any("publish_ready" in text(a) for a in c.args)
-        ]
-        records = [c.lineno for c in calls if text(c.func).endswith("publish_ready.record")]
-        if waits and records and waits[0].lineno < max(records):
-            what = f"fix A: {text(waits[0])} before publish_ready.record()"
-            return Evidence(OVERLAP, waits[0].lineno, fn.name, what)
+    publish = _future_map(sources).get("publish")
+    if publish is None:
+        return None
+    calls = [c for c in body_calls(publish) if isinstance(c.func, ast.Attribute)]
+    waits = [
+        c
+        for c in calls
+        if tail(c.func) == "wait_event" and any("publish_ready" in text(a) for a in c.args)
+    ]
+    records = [c.lineno for c in calls if text(c.func).endswith("publish_ready.record")]
+    if waits and records and waits[0].lineno < max(records):
+        what = f"fix A: {text(waits[0])} before publish_ready.record()"
+        return Evidence(publish.file, waits[0].lineno, publish.name, what)
     return None
 
 
 def _war_barrier(sources: Sources) -> list[Evidence]:
     """The decode loop's ordering before batch selection: reported, never taken for fix B."""
     found = []
-    module = sources.module(DECODE)
-    for fn in functions(module, DECODE) if module else []:
+    for fn in functions(sources.module(DECODE), DECODE):
         if "event_loop_overlap" in fn.name:
             for call in body_calls(fn):
                 if tail(call.func) == "_apply_war_barrier" or ordering(call):

@@ -22,7 +22,7 @@ PREPARE, PROCESS = "prepare_for_prebuilt", "process_prebuilt"
 # ServerArgs/Scheduler flags and their value when overlap scheduling is on
 OVERLAP_ON = dict(enable_overlap=True, enable_overlap_schedule=True, disable_overlap_schedule=False)
 # A file that can hold a piece of the prebuilt path or of its ordering names one of these.
-_CANDIDATE = ("forward_stream", "prebuilt")
+_CANDIDATE = ("forward_stream", "prebuilt", "FutureMap", "future_token_ids_map")
 _DEVICE_MODULES = {"torch.cuda", "torch.npu", "torch.xpu", "torch.musa", "device_module"}
 # The streams of sglang's overlap scheduler, by the names its scheduler gives them.
 _STREAMS = {"schedule_stream", "forward_stream", "copy_stream", "default_stream"}
@@ -98,8 +98,8 @@ class Sources:
                 ) from err
         return self._modules[path]
 
-    def defining(self, name: str) -> list[str]:
-        """The files that may hold the prebuilt path and define a function of this name."""
+    def mentioning(self, word: str) -> list[str]:
+        """The files that name a piece of the prebuilt path or of FutureMap, and word."""
         if self._candidates is None:
             self._candidates = []
             for path in self._paths():  # read once; only a candidate's text is kept
@@ -107,11 +107,13 @@ class Sources:
                 if text is not None and any(word in text for word in _CANDIDATE):
                     self._texts[path] = text
                     self._candidates.append(path)
-        pattern = re.compile(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}\b", re.M)
-        word = f"def {name}"
-        return [
-            p for p in self._candidates if word in self._texts[p] and pattern.search(self._texts[p])
-        ]
+        return [p for p in self._candidates if word in (self._texts[p] or "")]
+
+    def defining(self, name: str, keyword: str = "def") -> list[str]:
+        """The files that may hold the prebuilt path and define a function (or class) name."""
+        pattern = re.compile(rf"^[ \t]*(?:async[ \t]+)?{keyword}[ \t]+{re.escape(name)}\b", re.M)
+        found = self.mentioning(f"{keyword} {name}")
+        return [p for p in found if pattern.search(self._texts[p] or "")]
 
 
 class CannotTell(Exception):
@@ -128,8 +130,8 @@ class Fn:
     owner: str  # the class, "" for a module function
 
 
-def functions(module: ast.Module, file: str) -> Iterator[Fn]:
-    for node in module.body:
+def functions(module: ast.Module | None, file: str) -> Iterator[Fn]:
+    for node in module.body if module else []:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield Fn(file, node.name, node, "")
         elif isinstance(node, ast.ClassDef):
@@ -475,7 +477,7 @@ class Flow:
         if key not in self._relevant:
             self._relevant[key] = False  # a call cycle is not relevant by itself
             module = self.sources.module(fn.file)
-            locals_ = {short(f): f for f in functions(module, fn.file)} if module else {}
+            locals_ = {short(f): f for f in functions(module, fn.file)}
             self._relevant[key] = any(
                 tail(c.func) in (PREPARE, PROCESS)
                 or ordering(c) is not None
@@ -487,8 +489,7 @@ class Flow:
 
 def named(sources: Sources, path: str, name: str, method: bool | None = None) -> list[Fn]:
     """The functions of this name in path (methods only, or none, as method says)."""
-    module = sources.module(path)
-    found = functions(module, path) if module else []
+    found = functions(sources.module(path), path)
     return [f for f in found if short(f) == name and method in (None, bool(f.owner))]
 
 

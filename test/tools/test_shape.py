@@ -309,6 +309,21 @@ def test_what_cannot_be_read_is_said(patched_tree: Path, tmp_path: Path) -> None
     assert judged.reason.startswith(f"{shape.DECODE} does not parse:"), text_of(judged)
 
 
+def test_futuremap_moved_is_followed_and_missing_is_said(
+    patched_tree: Path, tmp_path: Path
+) -> None:
+    tree = linked_copy(patched_tree, tmp_path / "moved")
+    overlap = tree / shape.OVERLAP
+    overlap.rename(overlap.with_name("future_map.py"))
+    judged = shape.judge_tree(tree)
+    assert judged.verdict == shape.FIXED, text_of(judged)
+    assert "srt/managers/future_map.py:" in text_of(judged)
+    (tree / shape.OVERLAP).with_name("future_map.py").unlink()
+    judged = shape.judge_tree(tree)
+    assert judged.verdict == shape.CANNOT_TELL, text_of(judged)
+    assert judged.reason.startswith("the tree (overlap_utils.py missing) has no FutureMap")
+
+
 def test_a_cherry_pick_onto_a_fork_with_git_am_3way_is_judged_fixed(
     series: Series, wheel_cache: Path, tmp_path: Path
 ) -> None:
