@@ -8,11 +8,20 @@ its zipapp carry it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BackportError, Exit
-from .manifest import RELEASES_NAME, RaceEntry, Series, load_releases, patch_set_folders
+from .manifest import (
+    RELEASES_NAME,
+    RaceEntry,
+    Series,
+    git_blob_id,
+    load_releases,
+    patch_set_folders,
+    release_key,
+)
 
 # the manifests name files as in the repository; in a wheel or an install
 # they sit under sglang/, one folder up
@@ -32,23 +41,65 @@ class KnownContent:
     release: str = ""
     # every scenario's [races] entries at this content's step ([] clean)
     races: tuple[tuple[str, tuple[RaceEntry, ...]], ...] = ()
+    # the patch set folder's name and the step, for a step of one of our series
+    series: str = ""
+    step: str = ""
+
+
+Blobs = dict[str, str | None]  # repository path -> git blob id (None: missing)
+
+
+def blobs_of(files: dict[str, bytes | None]) -> Blobs:
+    """The git blob id of each file (None for a missing one)."""
+    return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
 
 
 @dataclass
 class Catalog:
     by_blobs: dict[tuple[tuple[str, str], ...], list[KnownContent]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    # every known release as shipped: version -> its blob ids
+    releases: dict[str, dict[str, str]] = field(default_factory=dict)
+    # each step's files: patch set folder name -> step -> blob ids
+    steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
     def add(self, blobs: dict[str, str], content: KnownContent) -> None:
         key = tuple(sorted(blobs.items()))
         entries = self.by_blobs.setdefault(key, [])
         if content not in entries:
             entries.append(content)
+        if content.series:
+            self.steps.setdefault(content.series, {})[content.step] = dict(blobs)
 
-    def lookup(self, blobs: dict[str, str | None]) -> list[KnownContent]:
-        return self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
+    def lookup(self, blobs: Blobs) -> list[KnownContent]:
+        """Everything these blob ids are: steps of our series first, then releases."""
+        found = self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
+        return sorted(found, key=lambda content: not content.ours)
+
+    def step_blobs(self, series: str, step: str) -> dict[str, str]:
+        """The blob ids of a step of a series (its files as the manifest pins them)."""
+        return self.steps[series][step]
+
+    def step_of(self, series: str, blobs: Blobs) -> str | None:
+        """Which step of the series these files are at (the last on a tie), or None."""
+        at = [step for step, pinned in self.steps.get(series, {}).items() if pinned == blobs]
+        return at[-1] if at else None
+
+    def releases_with(self, blobs: Blobs) -> list[str]:
+        """The known releases whose files are exactly these, oldest first."""
+        return [version for version, files in self.releases.items() if files == blobs]
+
+    def nearest_release(self, blobs: Blobs) -> str | None:
+        """The known release that shares most of these files (the newest on a tie)."""
+        scored = [
+            (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(v), v)
+            for v, files in self.releases.items()
+        ]
+        best = max(scored, default=None)
+        return best[2] if best and best[0] else None
 
 
+@functools.cache
 def load_catalog(patches_root: Path) -> Catalog:
     """Every content the manifests under patches_root know: each step of each
     series, and each known release (patches/releases.toml), with the races each
@@ -94,11 +145,22 @@ def load_catalog(patches_root: Path) -> Catalog:
             races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
             races_with.setdefault(fixes, races)
             content = KnownContent(
-                name.strip(), prs(fixes), index > 0, open_, manifest.base.version, races
+                name.strip(),
+                prs(fixes),
+                index > 0,
+                open_,
+                manifest.base.version,
+                races,
+                series.folder.name,
+                step,
             )
             catalog.add(manifest.blobs_at(step), content)
     # A served release is already named by its series' base step.
     served_releases = {r for series in all_series for r in series.manifest.releases}
+    catalog.releases = {
+        release.version: dict(release.blobs)
+        for release in sorted(registry.known.values(), key=lambda r: release_key(r.version))
+    }
     for release in registry.known.values():
         if release.version in served_releases:
             continue

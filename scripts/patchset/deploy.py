@@ -1,10 +1,8 @@
-"""Deploy the series: a patched sglang wheel, and what an environment's sglang runs.
+"""Deploy the series: a patched sglang wheel.
 
 build_wheel rewrites the pinned wheel so that only the patched files, the
-.dist-info folder name, METADATA's Version and RECORD change. inspect_install
-and inspect_tree hash the three files an interpreter (or a folder) holds and
-name their content from every manifest under patches/. Standard library only,
-so check-install can be copied into a container and run by its python.
+.dist-info folder name, METADATA's Version and RECORD change. What an
+environment then runs is check-install's business (scripts/checkinstall/).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import csv
 import hashlib
 import io
 import os
-import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,51 +19,13 @@ from pathlib import Path
 from . import wheel as wheels
 from .apply import files_per_step
 from .errors import BackportError, Exit
+from .lint import label_problems
 from .manifest import (
-    PinManifest,
     Series,
 )
 
-BUILD_TABLE = "build-wheel"
 # build-wheel's temporary folder in --out: prefix and suffix (see wheel.marked_folder).
 BUILD_TEMP = (".build-wheel-", ".tmp")
-# PEP 440 local version label, in its normalized form (lower case, dots), so
-# that the file name, the folder name and METADATA spell it the same way.
-LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:\.[a-z0-9]+)*$")
-
-# --- the version label ---------------------------------------------------------
-
-
-def series_sha256(manifest: PinManifest) -> str:
-    """One hash of the whole series: sha256 over its 'name sha256' lines, in order."""
-    lines = "".join(f"{name} {digest}\n" for name, digest in manifest.patch_hashes.items())
-    return hashlib.sha256(lines.encode()).hexdigest()
-
-
-def label_problems(manifest: PinManifest) -> list[str]:
-    """What is wrong with the manifest's [build-wheel] table; empty when it is right."""
-    table = manifest.raw.get(BUILD_TABLE)
-    if not isinstance(table, dict):
-        return [
-            f'no [{BUILD_TABLE}] table: add one with local = "pdrace.N" and '
-            f'series-sha256 = "{series_sha256(manifest)}"'
-        ]
-    problems = []
-    local = table.get("local", "")
-    if not isinstance(local, str) or not LOCAL_LABEL.match(local):
-        problems.append(
-            f"[{BUILD_TABLE}] local = {local!r} is not a PEP 440 local version label in "
-            "normalized form (lower-case letters and digits, joined by dots, e.g. pdrace.2)"
-        )
-    pinned = table.get("series-sha256", "")
-    actual = series_sha256(manifest)
-    if pinned != actual:
-        problems.append(
-            f"[{BUILD_TABLE}] series-sha256 is {pinned!r}, but the series now hashes to "
-            f"{actual}: the series changed, so give the wheel a new label (change local, "
-            f'e.g. raise its number) and set series-sha256 = "{actual}"'
-        )
-    return problems
 
 
 # --- build-wheel -------------------------------------------------------------------
