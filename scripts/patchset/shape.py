@@ -186,6 +186,8 @@ def judge(sources: Sources) -> Judgement:
         fix_a = _fix_a(sources)
     except CannotTell as err:
         return Judgement(CANNOT_TELL, err.reason, err.evidence)
+    except RecursionError:
+        return Judgement(CANNOT_TELL, f"the code around {ENTRY} nests too deeply to be followed")
     evidence = (*flow.found, *([fix_a] if fix_a else []), *design)
     first = {kind: at for kind, at in reversed(flow.outcomes)}
     full = any(e.what.startswith(FULL) for e in flow.found)

@@ -91,7 +91,7 @@ class Sources:
                 return None
             try:
                 self._modules[path] = ast.parse(text, filename=path)
-            except (SyntaxError, ValueError) as err:
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
                 line = getattr(err, "lineno", 0) or 0
                 raise CannotTell(
                     f"{path} does not parse: {err}", Evidence(path, line, "", "parse error")
