@@ -209,8 +209,8 @@ def truth(test: ast.expr, path: Trace) -> bool | None:
     """The condition's value on this path with overlap on; None: either."""
     if isinstance(test, ast.Constant):
         return bool(test.value)
-    if tail(test) in OVERLAP_ON:
-        return OVERLAP_ON[tail(test)]
+    if isinstance(test, ast.Attribute) and test.attr in OVERLAP_ON:  # a local may mean more
+        return OVERLAP_ON[test.attr]
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         inner = truth(test.operand, path)
         return None if inner is None else not inner

@@ -196,6 +196,12 @@ FORKS = {
         "            self.sched_stream.wait_stream(self.model_stream)\n",
         shape.CANNOT_TELL,
     ),
+    "a local named as the flag": (
+        IF_OVERLAP,
+        "        enable_overlap = self.enable_overlap and len(can_run_list) == 1\n"
+        + IF_OVERLAP.replace("self.enable_overlap", "enable_overlap"),
+        shape.AFFECTED,
+    ),
     "no wait": (WAIT, WAIT_GONE, shape.AFFECTED),
     "the wait with overlap off": (
         IF_OVERLAP,
