@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 import zipfile
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .errors import BackportError, Exit
@@ -46,6 +47,29 @@ def _pip_download(pin: WheelPin, dest: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run(command, capture_output=True, text=True, pass_fds=held_fds())
 
 
+def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
+    """pin's wheel, downloaded with pip into the marked folder tmp."""
+    result = _pip_download(pin, tmp)
+    downloaded = tmp / pin.wheel
+    if "No module named pip" in result.stderr:
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"{sys.executable} has no pip, which downloads {pin.wheel}",
+            f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
+            f"into {cache} by hand, and run again",
+        )
+    if result.returncode != 0 or not downloaded.is_file():
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackportError(
+            Exit.WHEEL_UNAVAILABLE,
+            f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
+            f"and it is not in the cache {cache}. pip said: {detail}",
+            "connect to the package index (or set pip's index options), or "
+            f"put the wheel into {cache} by hand",
+        )
+    return downloaded
+
+
 def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     """The pinned wheel from the cache, downloading it once if it is not there."""
     cached = cache / pin.wheel
@@ -58,24 +82,7 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     progress(f"downloading {pin.wheel} with pip into {cache}")
     with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
-        result = _pip_download(pin, tmp)
-        downloaded = tmp / pin.wheel
-        if "No module named pip" in result.stderr:
-            raise BackportError(
-                Exit.ENVIRONMENT,
-                f"{sys.executable} has no pip, which downloads {pin.wheel}",
-                f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
-                f"into {cache} by hand, and run again",
-            )
-        if result.returncode != 0 or not downloaded.is_file():
-            detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise BackportError(
-                Exit.WHEEL_UNAVAILABLE,
-                f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
-                f"and it is not in the cache {cache}. pip said: {detail}",
-                "connect to the package index (or set pip's index options), or "
-                f"put the wheel into {cache} by hand",
-            )
+        downloaded = _download(pin, tmp, cache)
         _check_hash(downloaded, pin, "downloaded")
         # pip copies a wheel it takes from a local folder (--find-links) with that
         # file's mode; the cache gets the mode any new file of this user gets.
@@ -85,6 +92,16 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
         downloaded.chmod(0o666 & ~umask)
         downloaded.replace(cached)
     return cached
+
+
+@contextmanager
+def unpinned_wheel(pin: WheelPin, cache: Path) -> Iterator[Path]:
+    """A wheel no manifest pins yet (pin.sha256 is not checked: the caller records
+    the file's), downloaded into a marked folder of the cache for as long as the
+    block runs; the cache itself keeps pinned wheels only."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
+        yield _download(pin, tmp, cache)
 
 
 def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:

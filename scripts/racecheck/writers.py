@@ -12,7 +12,7 @@ torch and no sglang import: text only.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,20 +127,27 @@ def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
             "neither patches/releases.toml nor the pin manifest has a [writers] row",
             "classify each FutureMap writer in [writers] (docs/maintaining.md)",
         )
-    for key, entry in manifest.writers.items():
+    own = manifest.raw.get("writers", {})
+    return checked(manifest.writers, lambda key: "pin.toml" if key in own else "releases.toml")
+
+
+def checked(
+    rows: dict[str, dict[str, str]], where: Callable[[str], str]
+) -> dict[str, dict[str, str]]:
+    """rows, once each scenario they name is known to be one of the catalogue's."""
+    for key, entry in rows.items():
         named = entry.get("scenarios", "")
         unknown = [n for n in named.split() if n not in BY_NAME]
         if unknown and named != EVERY_SCENARIO:
-            where = "pin.toml" if key in manifest.raw.get("writers", {}) else "releases.toml"
             raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"{where} [writers] {key!r}: scenarios = {named!r} names "
+                f"{where(key)} [writers] {key!r}: scenarios = {named!r} names "
                 f"{', '.join(unknown)}, which is not a scenario of "
                 "scripts/racecheck/catalogue.py",
                 f"name scenarios from {' '.join(BY_NAME)}, separated by spaces, or write "
                 f'"{EVERY_SCENARIO}" for the in-flight forward every scenario plays',
             )
-    return manifest.writers
+    return rows
 
 
 def table_rows(found: list[Writer], classes: dict[str, dict[str, Any]]) -> list[list[str]]:

@@ -24,8 +24,8 @@ VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 # modules it imports, and the release data; never another command's modules
 CODE = {"scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py"}
 PATCHSET = {
-    "__init__", "errors", "cli", "interrupts", "paths", "catalog", "manifest", "releases", "tomlread",
-    "plays", "shape",
+    "__init__", "errors", "cli", "interrupts", "paths", "catalog", "manifest", "releases",
+    "tomlread", "plays", "shape",
 }  # fmt: skip
 NEVER = {"apply", "wheel", "lint", "export", "git", "lock", "deploy", "buildtree", "docs"}
 # run the zipapp as on a read-only root file system: any write, folder made, rename or

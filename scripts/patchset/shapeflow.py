@@ -1,0 +1,498 @@
+"""Reading sglang's code for the shape judgement (patchset/shape.py): its files,
+and the walk of every path through the prebuilt batch's functions.
+
+The walk follows get_new_prebuilt_batch through the helpers it calls (in its
+class, its module, or wherever the tree defines them) and keeps, per path, whether
+prepare_for_prebuilt() ran and whether a full ordering of the schedule stream
+after the forward stream came after it. Overlap is on; every other condition may
+go either way, so a wait under one leaves a path without it. Standard library
+only, Python 3.10 and later.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+PREFIX = "python/sglang/"
+PREPARE, PROCESS = "prepare_for_prebuilt", "process_prebuilt"
+# ServerArgs/Scheduler flags and their value when overlap scheduling is on
+OVERLAP_ON = dict(enable_overlap=True, enable_overlap_schedule=True, disable_overlap_schedule=False)
+# A file that can hold a piece of the prebuilt path or of its ordering names one of these.
+_CANDIDATE = ("forward_stream", "prebuilt", "FutureMap", "future_token_ids_map")
+_DEVICE_MODULES = {"torch.cuda", "torch.npu", "torch.xpu", "torch.musa", "device_module"}
+# The streams of sglang's overlap scheduler, by the names its scheduler gives them.
+_STREAMS = {"schedule_stream", "forward_stream", "copy_stream", "default_stream"}
+_MAX_DEPTH = 6
+# How the evidence of an ordering begins; only FULL counts for fix B.
+FULL = "a full ordering: "
+_SAID = {"full": FULL, "partial": "not fix B: ", "unknown": "unknown: "}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    file: str  # as in the repository: python/sglang/...
+    line: int
+    function: str
+    what: str
+
+    def __str__(self) -> str:
+        where = self.file.removeprefix(PREFIX) + (f":{self.line}" if self.line else "")
+        return f"{where} {self.function}: {self.what}" if self.function else f"{where}: {self.what}"
+
+
+class Sources:
+    """The files of one sglang tree, by repository path (python/sglang/...)."""
+
+    def __init__(self, read: Callable[[str], str | None], paths: Callable[[], list[str]]) -> None:
+        self._read, self._paths = read, paths
+        self._texts: dict[str, str | None] = {}
+        self._modules: dict[str, ast.Module] = {}
+        self._candidates: list[str] | None = None
+
+    @classmethod
+    def from_package(cls, package: Path) -> Sources:
+        """The files of a package folder: a tree's python/sglang, or site-packages/sglang."""
+
+        def read(path: str) -> str | None:
+            try:
+                return (package / path.removeprefix(PREFIX)).read_bytes().decode("utf-8", "replace")
+            except OSError:
+                return None
+
+        def paths() -> list[str]:
+            return sorted(PREFIX + p.relative_to(package).as_posix() for p in package.rglob("*.py"))
+
+        return cls(read, paths)
+
+    @classmethod
+    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
+        """Only the given files (e.g. the three a release is recognised by)."""
+
+        def read(path: str) -> str | None:
+            text = texts.get(path)
+            return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+
+        return cls(read, lambda: sorted(texts))
+
+    def text(self, path: str) -> str | None:
+        if path not in self._texts:
+            self._texts[path] = self._read(path)
+        return self._texts[path]
+
+    def module(self, path: str) -> ast.Module | None:
+        """The parsed file; None when it is absent; CannotTell when it does not parse."""
+        if path not in self._modules:
+            text = self.text(path)
+            if text is None:
+                return None
+            try:
+                self._modules[path] = ast.parse(text, filename=path)
+            except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+                line = getattr(err, "lineno", 0) or 0
+                raise CannotTell(
+                    f"{path} does not parse: {err}", Evidence(path, line, "", "parse error")
+                ) from err
+        return self._modules[path]
+
+    def mentioning(self, word: str) -> list[str]:
+        """The files that name a piece of the prebuilt path or of FutureMap, and word."""
+        if self._candidates is None:
+            self._candidates = []
+            for path in self._paths():  # read once; only a candidate's text is kept
+                text = self._texts[path] if path in self._texts else self._read(path)
+                if text is not None and any(word in text for word in _CANDIDATE):
+                    self._texts[path] = text
+                    self._candidates.append(path)
+        return [p for p in self._candidates if word in (self._texts[p] or "")]
+
+    def defining(self, name: str, keyword: str = "def") -> list[str]:
+        """The files that may hold the prebuilt path and define a function (or class) name."""
+        pattern = re.compile(rf"^[ \t]*(?:async[ \t]+)?{keyword}[ \t]+{re.escape(name)}\b", re.M)
+        found = self.mentioning(f"{keyword} {name}")
+        return [p for p in found if pattern.search(self._texts[p] or "")]
+
+
+class CannotTell(Exception):
+    def __init__(self, reason: str, *evidence: Evidence) -> None:
+        super().__init__(reason)
+        self.reason, self.evidence = reason, evidence
+
+
+@dataclass(frozen=True)
+class Fn:
+    file: str
+    name: str  # Class.method or function
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    owner: str  # the class, "" for a module function
+
+
+def functions(module: ast.Module | None, file: str) -> Iterator[Fn]:
+    for node in module.body if module else []:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield Fn(file, node.name, node, "")
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield Fn(file, f"{node.name}.{item.name}", item, node.name)
+
+
+def body_calls(fn: Fn) -> Iterator[ast.Call]:
+    for stmt in fn.node.body:
+        for call, _ in calls(stmt):
+            yield call
+
+
+def short(fn: Fn) -> str:
+    return fn.name.rsplit(".", 1)[-1]
+
+
+text = ast.unparse
+
+
+def tail(node: ast.AST) -> str:
+    """The last name of an expression: self.forward_stream -> forward_stream."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def ordering(call: ast.Call) -> tuple[str, str] | None:
+    """('full' | 'partial' | 'unknown', what) for a call that orders streams, else None.
+    unknown: a wait between streams of names sglang does not use."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return None
+    owner, owner_name = text(func.value), tail(func.value)
+    if func.attr == "wait_stream" and call.args:
+        waited = tail(call.args[0])
+        current = owner.endswith("current_stream()")
+        if waited == "forward_stream" and (owner_name == "schedule_stream" or current):
+            return "full", f"{owner}.wait_stream({text(call.args[0])})"
+        if waited not in _STREAMS and (current or owner_name not in _STREAMS):
+            return "unknown", f"{text(call)}: streams of names sglang does not use"
+        return "partial", f"{text(call)}: not the schedule stream waiting for the forward stream"
+    if func.attr == "synchronize":
+        if (
+            owner_name in ("forward_stream", "device_module")
+            or owner in _DEVICE_MODULES
+            or (isinstance(func.value, ast.Call) and tail(func.value.func) == "get_device_module")
+        ):
+            return "full", f"{text(call)}: the host waits for the forward stream"
+        return "partial", f"{text(call)}: not the forward stream or the device"
+    if func.attr == "wait_event":
+        return "partial", f"{text(call)}: an event covers what came before its record only"
+    return None
+
+
+@dataclass(frozen=True)
+class Trace:
+    prepared: bool = False
+    waited: bool = False  # a full ordering since prepare_for_prebuilt()
+    early: bool = False  # a full ordering before it
+    unsure: bool = False  # since prepare_for_prebuilt(), a wait between unknown streams
+    nones: frozenset[str] = frozenset()  # names known to hold None on this path
+
+
+@dataclass
+class Out:
+    normal: set[Trace] = field(default_factory=set)
+    returns: set[tuple[Trace, bool]] = field(default_factory=set)  # (path, returned None)
+    breaks: set[Trace] = field(default_factory=set)
+    continues: set[Trace] = field(default_factory=set)
+
+
+def truth(test: ast.expr, path: Trace) -> bool | None:
+    """The condition's value on this path with overlap on; None: either."""
+    if isinstance(test, ast.Constant):
+        return bool(test.value)
+    if isinstance(test, ast.Attribute) and test.attr in OVERLAP_ON:  # a local may mean more
+        return OVERLAP_ON[test.attr]
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = truth(test.operand, path)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        values = [truth(v, path) for v in test.values]
+        decisive = isinstance(test.op, ast.Or)
+        if decisive in values:
+            return decisive
+        return None if None in values else not decisive
+    if isinstance(test, ast.Name) and test.id in path.nones:
+        return False
+    if (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id in path.nones
+        and len(test.ops) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    ):
+        return isinstance(test.ops[0], ast.Is)
+    return None
+
+
+def calls(node: ast.AST, certain: bool = True) -> Iterator[tuple[ast.Call, bool]]:
+    """Calls in node, inner ones first; certain: not under a branch of an expression."""
+    if isinstance(node, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return
+    for name, value in ast.iter_fields(node):
+        children = value if isinstance(value, list) else [value]
+        for index, child in enumerate(children):
+            if not isinstance(child, ast.AST):
+                continue
+            sure = certain and not (
+                (isinstance(node, ast.IfExp) and name in ("body", "orelse"))
+                or (isinstance(node, ast.BoolOp) and index > 0)
+                or isinstance(node, ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp)
+            )
+            yield from calls(child, sure)
+    if isinstance(node, ast.Call):
+        yield node, certain
+
+
+class Flow:
+    """Walks the prebuilt path: every path's state at each process_prebuilt() call."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+        self.found: dict[Evidence, None] = {}  # evidence, in the order met
+        self.outcomes: dict[tuple[str, Evidence], None] = {}
+        self.conditions: list[str] = []  # the unknown conditions around the statement walked
+        self.stack: list[Fn] = []
+        self._relevant: dict[tuple[str, str], bool] = {}
+
+    def note(self, fn: Fn, line: int, what: str) -> Evidence:
+        evidence = Evidence(fn.file, line, fn.name, what)
+        self.found.setdefault(evidence, None)
+        return evidence
+
+    def run(self, fn: Fn, paths: set[Trace]) -> Out:
+        self.stack.append(fn)
+        try:
+            return self.block(fn.node.body, paths, fn)
+        finally:
+            self.stack.pop()
+
+    def block(self, stmts: list[ast.stmt], paths: set[Trace], fn: Fn) -> Out:
+        out = Out()
+        for stmt in stmts:
+            if not paths:
+                break
+            done = self.stmt(stmt, paths, fn)
+            out.returns |= done.returns
+            out.breaks |= done.breaks
+            out.continues |= done.continues
+            paths = done.normal
+        out.normal = paths
+        return out
+
+    def stmt(self, stmt: ast.stmt, paths: set[Trace], fn: Fn) -> Out:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            return Out(paths)
+        if isinstance(stmt, ast.Return):
+            if stmt.value is None:
+                return Out(returns={(p, True) for p in paths})
+            results = self.expr(stmt.value, paths, fn)
+            constant_none = isinstance(stmt.value, ast.Constant) and stmt.value.value is None
+            return Out(returns={(p, bool(none) or constant_none) for p, none in results})
+        if isinstance(stmt, ast.Raise):
+            self.expr(stmt, paths, fn)
+            return Out()
+        if isinstance(stmt, ast.Break):
+            return Out(breaks=paths)
+        if isinstance(stmt, ast.Continue):
+            return Out(continues=paths)
+        if isinstance(stmt, ast.If):
+            return self.branches(stmt.test, [stmt.body, stmt.orelse], paths, fn)
+        if isinstance(stmt, ast.For | ast.AsyncFor | ast.While):
+            return self.loop(stmt, paths, fn)
+        if isinstance(stmt, ast.With | ast.AsyncWith):
+            for item in stmt.items:
+                paths = {p for p, _ in self.expr(item.context_expr, paths, fn)}
+            return self.block(stmt.body, paths, fn)
+        if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            return self.try_(stmt, paths, fn)
+        if type(stmt).__name__ == "Match":
+            paths = {p for p, _ in self.expr(stmt.subject, paths, fn)}  # type: ignore[attr-defined]
+            cases = [case.body for case in stmt.cases]  # type: ignore[attr-defined]
+            return self.branches(None, [*cases, []], paths, fn)
+        results = self.expr(stmt, paths, fn)
+        target = (
+            stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+        )
+        if isinstance(target, ast.Name):
+            name = target.id
+            return Out(
+                {
+                    replace(p, nones=p.nones | {name} if none else p.nones - {name})
+                    for p, none in results
+                }
+            )
+        return Out({p for p, _ in results})
+
+    def branches(
+        self, test: ast.expr | None, bodies: list[list[ast.stmt]], paths: set[Trace], fn: Fn
+    ) -> Out:
+        if test is not None:
+            paths = {p for p, _ in self.expr(test, paths, fn)}
+        truths = {p: (None if test is None else truth(test, p)) for p in paths}
+        said = text(test) if test is not None else "a case matches"
+        out = Out()
+        for index, body in enumerate(bodies):
+            wanted = index == 0 if test is not None else None
+            taken = {p for p, t in truths.items() if t is None or t == wanted}
+            unknown = any(truths[p] is None for p in taken)
+            if unknown:
+                self.conditions.append(said if index == 0 else f"not ({said})")
+            done = self.block(body, taken, fn)
+            if unknown:
+                self.conditions.pop()
+            out.normal |= done.normal
+            out.returns |= done.returns
+            out.breaks |= done.breaks
+            out.continues |= done.continues
+        return out
+
+    def loop(self, stmt: ast.For | ast.AsyncFor | ast.While, paths: set[Trace], fn: Fn) -> Out:
+        head = stmt.iter if not isinstance(stmt, ast.While) else stmt.test
+        paths = {p for p, _ in self.expr(head, paths, fn)}
+        endless = isinstance(stmt, ast.While) and truth(stmt.test, Trace()) is True
+        out, seen, frontier = Out(), set(paths), set(paths)
+        self.conditions.append(f"the loop at line {stmt.lineno} runs")
+        while frontier:  # a finite lattice: ends when no new state appears
+            done = self.block(stmt.body, frontier, fn)
+            out.returns |= done.returns
+            out.breaks |= done.breaks
+            frontier = (done.normal | done.continues) - seen
+            seen |= frontier
+        self.conditions.pop()
+        out.normal = (
+            out.breaks if endless else out.breaks | self.block(stmt.orelse, seen, fn).normal
+        )
+        out.breaks = set()
+        return out
+
+    def try_(self, stmt: ast.stmt, paths: set[Trace], fn: Fn) -> Out:
+        body = self.block(stmt.body, paths, fn)  # type: ignore[attr-defined]
+        out = Out(set(), set(body.returns), set(body.breaks), set(body.continues))
+        for handler in stmt.handlers:  # type: ignore[attr-defined]
+            done = self.block(handler.body, paths | body.normal, fn)
+            out.normal |= done.normal
+            out.returns |= done.returns
+        out.normal |= self.block(stmt.orelse, body.normal, fn).normal  # type: ignore[attr-defined]
+        final = stmt.finalbody  # type: ignore[attr-defined]
+        out.normal = self.block(final, out.normal, fn).normal if final else out.normal
+        return out
+
+    def expr(self, node: ast.AST, paths: set[Trace], fn: Fn) -> set[tuple[Trace, bool | None]]:
+        """The paths after node's calls; with each, whether node's value is None (a helper's)."""
+        results: set[tuple[Trace, bool | None]] = {(p, None) for p in paths}
+        for call, certain in calls(node):
+            after: set[tuple[Trace, bool | None]] = set()
+            for path, _ in results:
+                for new, none in self.call(call, path, fn):
+                    after.add((new, none if call is node or is_value(node, call) else None))
+                if not certain:
+                    after.add((path, None))
+            results = after
+        return results
+
+    def call(self, call: ast.Call, path: Trace, fn: Fn) -> set[tuple[Trace, bool | None]]:
+        name = tail(call.func)
+        if name == PREPARE:
+            self.note(fn, call.lineno, f"{text(call.func)}()")
+            early = path.early or path.waited
+            return {(replace(path, prepared=True, waited=False, early=early, unsure=False), None)}
+        if name == PROCESS:
+            self.process(call, path, fn)
+            return {(path, None)}
+        found = ordering(call)
+        if found is not None:
+            kind, what = found
+            where = f" (runs only when {' and '.join(self.conditions)})" if self.conditions else ""
+            self.note(fn, call.lineno, _SAID[kind] + what + where)
+            if kind == "full":
+                path = replace(path, waited=True) if path.prepared else replace(path, early=True)
+            elif kind == "unknown" and path.prepared:
+                path = replace(path, unsure=True)
+            return {(path, None)}
+        helper = self.helper(call, fn)
+        if helper is None:
+            return {(path, None)}
+        done = self.run(helper, {path})
+        return {(p, True) for p in done.normal} | {(p, none) for p, none in done.returns}
+
+    def process(self, call: ast.Call, path: Trace, fn: Fn) -> None:
+        args = ", ".join(text(a) for a in call.args)
+        evidence = self.note(fn, call.lineno, f"{text(call.func)}({args}) seeds the prebuilt rows")
+        if path.prepared and path.waited:
+            kind = "ordered"
+        elif path.prepared:
+            kind = "unsure" if path.unsure else "early" if path.early else "unordered"
+        else:
+            kind = "unprepared"
+        self.outcomes.setdefault((kind, evidence), None)
+
+    def helper(self, call: ast.Call, fn: Fn) -> Fn | None:
+        """The function a self.NAME(...) or NAME(...) call runs, if it touches the prebuilt path."""
+        func = call.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+        ):
+            name, method = func.attr, True
+        elif isinstance(func, ast.Name):
+            name, method = func.id, False
+        else:
+            return None
+        if len(self.stack) >= _MAX_DEPTH or any(short(f) == name for f in self.stack):
+            return None
+        found = self.defined(name, fn.file, method)
+        same = [f for f in found if f.owner == fn.owner] or found
+        chosen = [f for f in same if self.relevant(f)]
+        if len(chosen) > 1:
+            raise CannotTell(
+                f"{fn.name} calls {name}, which {len(chosen)} functions of the tree define",
+                *(Evidence(f.file, f.node.lineno, f.name, "one of them") for f in chosen),
+            )
+        if chosen:
+            moved = " (another module)" if chosen[0].file != fn.file else ""
+            self.note(chosen[0], chosen[0].node.lineno, f"followed from {fn.name}{moved}")
+        return chosen[0] if chosen else None
+
+    def defined(self, name: str, first: str, method: bool) -> list[Fn]:
+        """Functions (methods or not) of this name: in first's file, else in the tree."""
+        found = named(self.sources, first, name, method)
+        for path in [] if found else self.sources.defining(name):
+            found += named(self.sources, path, name, method) if path != first else []
+        return found
+
+    def relevant(self, fn: Fn, depth: int = 0) -> bool:
+        """Whether fn, or a helper it calls in its own file, prepares, seeds or orders."""
+        key = (fn.file, fn.name)
+        if key not in self._relevant:
+            self._relevant[key] = False  # a call cycle is not relevant by itself
+            module = self.sources.module(fn.file)
+            locals_ = {short(f): f for f in functions(module, fn.file)}
+            self._relevant[key] = any(
+                tail(c.func) in (PREPARE, PROCESS)
+                or ordering(c) is not None
+                or (depth < _MAX_DEPTH and self.relevant(locals_.get(tail(c.func), fn), depth + 1))
+                for c in body_calls(fn)
+            )
+        return self._relevant[key]
+
+
+def named(sources: Sources, path: str, name: str, method: bool | None = None) -> list[Fn]:
+    """The functions of this name in path (methods only, or none, as method says)."""
+    found = functions(sources.module(path), path)
+    return [f for f in found if short(f) == name and method in (None, bool(f.owner))]
+
+
+def is_value(node: ast.AST, call: ast.Call) -> bool:
+    """Whether call's result is node's value: `x = call(...)` or `return call(...)`."""
+    return isinstance(node, ast.Assign | ast.Return | ast.Expr) and node.value is call

@@ -1,0 +1,123 @@
+"""Releases we have not seen: list sglang's newer releases, fetch each wheel, judge it.
+
+A release is judged by the shape of its code (patchset/shape.py) and by the
+writer scan (writers.py) on its whole tree: it passes when it is judged fixed
+and every FutureMap writer in it is classified, by some pin.toml's [writers]
+table or by patches/upstream-writers.toml. Only the code is read: nothing of
+the wheel is imported or installed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchset import paths, shape, wheel
+from patchset.errors import BackportError, Exit
+from patchset.manifest import (
+    Releases,
+    Series,
+    TomlFile,
+    WheelPin,
+    patch_set_folders,
+    release_key,
+    sha256_of,
+    writer_rows,
+)
+
+from . import writers
+
+UPSTREAM_WRITERS = paths.PATCHES_ROOT / "upstream-writers.toml"
+# The wheel every release so far ships for CPython 3.11 on Linux x86_64.
+WHEEL_NAME = "sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
+# Final releases only: what pip installs without --pre.
+_VERSION = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    release: str  # a version, or a wheel file's name
+    wheel: str
+    sha256: str
+    judgement: shape.Judgement
+    unclassified: tuple[writers.Writer, ...]
+
+    @property
+    def passed(self) -> bool:
+        return self.judgement.fixed and not self.unclassified
+
+    def problems(self) -> list[str]:
+        found = []
+        if not self.judgement.fixed:
+            found.append(f"judged {self.judgement.verdict}: {self.judgement.reason}")
+        found += [
+            f"FutureMap writer {w.function} ({w.what}) at {w.file}:{w.line} is classified by "
+            f"no manifest (key {w.key!r})"
+            for w in self.unclassified
+        ]
+        return found
+
+
+def newer_releases(registry: Releases) -> list[str]:
+    """sglang's final releases on the package index newer than the newest the registry knows."""
+    command = [sys.executable, "-m", "pip", "index", "versions", "sglang"]
+    command += ["--disable-pip-version-check", "--only-binary=:all:"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    listed = re.search(r"^Available versions: (.+)$", result.stdout, re.M)
+    if result.returncode != 0 or not listed:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackportError(
+            Exit.WHEEL_UNAVAILABLE,
+            f"could not list sglang's releases with pip ({' '.join(command[1:])}): {detail}",
+            "connect to the package index (or set pip's index options), or name the "
+            "releases with --release",
+        )
+    newest = max(release_key(v) for v in registry.known)
+    versions = {v.strip() for v in listed[1].split(",")}
+    return sorted(
+        (v for v in versions if _VERSION.match(v) and release_key(v) > newest), key=release_key
+    )
+
+
+def classified() -> dict[str, dict[str, str]]:
+    """Every writer key that some manifest classifies: each pin.toml's [writers], and ours."""
+    table: dict[str, dict[str, str]] = {}
+    for folder in patch_set_folders(paths.PATCHES_ROOT):
+        table.update(writers.classification(Series.load(folder).manifest))
+    ours = TomlFile.load(
+        UPSTREAM_WRITERS,
+        "writer table",
+        "restore it with `git checkout -- patches/upstream-writers.toml`",
+        "fix the row the message names (the file's header is the schema)",
+    )
+    table.update(writers.checked(writer_rows(ours), lambda key: str(UPSTREAM_WRITERS)))
+    return table
+
+
+def judge_wheel(release: str, wheel_file: Path, classes: dict[str, dict[str, str]]) -> Verdict:
+    """One wheel's verdict: its tree laid out in a temporary folder, judged, and scanned."""
+    with tempfile.TemporaryDirectory(prefix="watch-releases-") as tmp:
+        wheel.extract_package(wheel_file, Path(tmp))
+        judgement = shape.judge_tree(Path(tmp))
+        found = writers.scan(Path(tmp))
+    unclassified = tuple(w for w in found if w.key not in classes)
+    return Verdict(release, wheel_file.name, sha256_of(wheel_file), judgement, unclassified)
+
+
+@contextmanager
+def release_wheel(version: str, registry: Releases, cache: Path) -> Iterator[Path]:
+    """A release's wheel: the pinned one (hash-checked, cached) if the registry has it,
+    else downloaded for this run only."""
+    known = registry.known.get(version)
+    if known is not None and known.wheel is not None:
+        yield wheel.fetch_wheel(known.wheel, cache)
+        return
+    pin = WheelPin(version, WHEEL_NAME.format(version=version), "")
+    with wheel.unpinned_wheel(pin, cache) as downloaded:
+        yield downloaded

@@ -1,0 +1,153 @@
+"""scripts/watch-releases: 0.5.19 to 0.5.23 pass from their cached wheels; a copy of
+0.5.23 without its wait, or with a FutureMap writer no manifest classifies, fails
+naming the function or the writer."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, fetch_or_skip
+from patchset import paths
+from patchset.errors import BackportError, Exit
+from patchset.manifest import load_releases, release_key
+from racecheck import upstream, writers
+
+REGISTRY = load_releases()
+UPSTREAM = [v for v, known in REGISTRY.known.items() if known.wheel is not None]
+DECODE = "sglang/srt/disaggregation/decode.py"
+WAIT = "            self.schedule_stream.wait_stream(self.forward_stream)\n"
+FORK_RELAY = """\
+class ForkRelay:
+    def seed(self, rows, payload):
+        self.future_map.stash(rows, payload)
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels() -> dict[str, Path]:
+    """0.5.19 to 0.5.23 as releases.toml pins them, from the shared cache (fetched once)."""
+    pins = {v: REGISTRY.known[v].wheel for v in UPSTREAM}
+    return {v: fetch_or_skip(pin, paths.cache_dir()) for v, pin in pins.items() if pin}
+
+
+def watch(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "watch-releases"), *args], capture_output=True, text=True
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def rewheel(
+    source: Path, dest: Path, edit: tuple[str, str, str] | None, add: dict[str, str]
+) -> Path:
+    """A copy of the wheel source: member edit[0] with edit[1] (found once) made edit[2],
+    and the members of add added."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(dest, "w") as new:
+        for member in old.infolist():
+            data = old.read(member)
+            if edit and member.filename == edit[0]:
+                text = data.decode()
+                assert text.count(edit[1]) == 1, f"{edit[1]!r} is not once in {edit[0]}"
+                data = text.replace(edit[1], edit[2]).encode()
+            new.writestr(member, data)
+        for name, text in add.items():
+            new.writestr(name, text)
+    return dest
+
+
+def test_the_releases_after_the_fix_pass_from_their_cached_wheels(wheels: dict[str, Path]) -> None:
+    assert UPSTREAM == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
+    result = watch(*(a for v in UPSTREAM for a in ("--release", v)))
+    assert result.returncode == Exit.OK, result.stdout + result.stderr
+    for version in UPSTREAM:
+        pin = REGISTRY.known[version].wheel
+        assert pin is not None
+        assert f"sglang {version}: {pin.wheel} sha256 {pin.sha256}\n  fixed: " in result.stdout
+    assert result.stdout.count("  ok: judged fixed, every FutureMap writer classified") == 5
+    assert "ok: 5 judged fixed, every FutureMap writer classified" in result.stdout
+
+
+def test_0_5_23_without_its_wait_fails_naming_the_function(
+    wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    copy = rewheel(
+        wheels["0.5.23"], tmp_path / "no-wait.whl", (DECODE, WAIT, "            pass\n"), {}
+    )
+    result = watch("--wheel", str(copy))
+    assert result.returncode == Exit.RACE, result.stdout + result.stderr
+    assert (
+        "  FAILED: judged affected: SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch "
+        "reaches process_prebuilt() at srt/disaggregation/decode.py:"
+    ) in result.stdout
+    assert (
+        "FAILED: 1 of 1 not judged fixed with every writer classified: no-wait.whl" in result.stdout
+    )
+
+
+def test_a_writer_no_manifest_classifies_fails_naming_it(
+    wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    added = {"sglang/srt/managers/fork_relay.py": FORK_RELAY}
+    copy = rewheel(wheels["0.5.23"], tmp_path / "fork.whl", None, added)
+    result = watch("--wheel", str(copy))
+    assert result.returncode == Exit.RACE, result.stdout + result.stderr
+    assert "  fixed: every path with overlap on" in result.stdout
+    assert (
+        "  FAILED: FutureMap writer ForkRelay.seed (stash) at srt/managers/fork_relay.py:3 is "
+        "classified by no manifest (key 'srt/managers/fork_relay.py ForkRelay.seed stash')"
+    ) in result.stdout
+
+
+def test_every_upstream_writer_entry_names_a_writer_of_a_release_after_the_fix(
+    wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    """patches/upstream-writers.toml classifies only what the scan finds and no pin.toml does."""
+    ours = writers.checked(tomllib.loads(upstream.UPSTREAM_WRITERS.read_text())["writers"], "ours")
+    found: set[str] = set()
+    for version, wheel_file in wheels.items():
+        tree = tmp_path / version
+        files = {key.split()[0] for key in ours}
+        with zipfile.ZipFile(wheel_file) as archive:
+            for name in files:
+                member = f"sglang/{name}"
+                if member in archive.namelist():
+                    (tree / "python" / member).parent.mkdir(parents=True, exist_ok=True)
+                    (tree / "python" / member).write_bytes(archive.read(member))
+        found |= {w.key for w in writers.scan(tree)}
+    assert set(ours) <= found
+    every = upstream.classified()
+    served = {k for k in every if k not in ours}
+    assert not set(ours) & served
+
+
+def test_a_damaged_upstream_writers_table_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = tmp_path / "upstream-writers.toml"
+    table.write_text('[writers]\n"a b c" = { stream = "s", order = "o" }\n')
+    monkeypatch.setattr(upstream, "UPSTREAM_WRITERS", table)
+    with pytest.raises(BackportError) as refused:
+        upstream.classified()
+    assert refused.value.code == Exit.PATCHSET_INVALID
+    assert f"complete that entry in {table}" in str(refused.value)
+
+
+@pytest.mark.network
+def test_the_releases_newer_than_the_registry_are_listed_from_the_index() -> None:
+    known = {v: r for v, r in REGISTRY.known.items() if release_key(v) < release_key("0.5.22")}
+    try:
+        newer = upstream.newer_releases(dataclasses.replace(REGISTRY, known=known))
+    except BackportError as err:
+        if err.code != Exit.WHEEL_UNAVAILABLE:
+            raise
+        pytest.skip(f"needs the package index (network): {err.problem}")
+    assert newer[:2] == ["0.5.22", "0.5.23"]
+    assert newer == sorted(newer, key=release_key)
+    assert all(release_key(v) > release_key("0.5.21") for v in newer)
