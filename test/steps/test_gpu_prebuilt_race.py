@@ -74,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # scripts/ or ci/, so it puts them there itself.
 sys.path[:0] = [p for p in (str(ROOT / "ci"), str(ROOT / "scripts")) if p not in sys.path]
 
-from gpustage import contract, evidence, sglang_import  # noqa: E402
+from gpustage import contract, evidence, facts, sglang_import  # noqa: E402
 
 # A rehearsal without a GPU plays the CUDA machine before anything imports sglang.
 PLAYED = os.environ.get(contract.PLAY_CUDA_ENV) == "1"
@@ -422,6 +422,7 @@ class RaceTally:
     sleep_target_ms: float = 0.0
     sleep_cycles: int = 0
     slept_ms: dict[str, float] = field(default_factory=dict)  # measured: median, min, max
+    clocks_warm: str | None = None  # nvidia-smi's clocks, read after the warm-up
 
     def count(self, i: int, reused: RowValues, running: RowValues) -> None:
         """Judge one iteration: the seed won only if every field holds the seed's value.
@@ -462,12 +463,15 @@ class RaceTally:
 
 def run_s1(device: torch.device, iterations: int, sleep_ms: float) -> RaceTally:
     sleep_cycles = calibrate_sleep_cycles(sleep_ms) if sleep_ms else 0
+    clocks = facts.clocks() if sleep_cycles else None  # warm now: the clocks the sleep ran at
     rig = Rig(device, sleep_cycles)
     try:
         with rig.scheduler_surroundings():
             rig.run_once(-1)  # first call pays for lazy imports; not counted
             rig.slept_ms.clear()
-            tally = RaceTally(iterations, sleep_target_ms=sleep_ms, sleep_cycles=sleep_cycles)
+            tally = RaceTally(
+                iterations, sleep_target_ms=sleep_ms, sleep_cycles=sleep_cycles, clocks_warm=clocks
+            )
             for i in range(iterations):
                 tally.count(i, *rig.run_once(i))
             if rig.slept_ms:
@@ -553,6 +557,22 @@ def test_one_hardware_queue_hides_the_race(record_property: Callable[[str, objec
     tally.record(record_property)
     assert tally.running_row_wrong == 0, tally.summary()
     assert tally.seed_won == tally.iterations, tally.summary()
+
+
+def test_without_the_hold_back_the_seed_wins(
+    record_property: Callable[[str, object], None],
+) -> None:
+    """The control of the timing, on the step without the fix: with the forward not held
+    back (sleep 0) its writes are done before the host has seeded, so the seed wins. The
+    race the other tests show needs the forward to be late, as an in-flight one is."""
+    if os.environ.get(contract.NO_SLEEP_ENV) != "1":
+        pytest.skip(contract.NO_SLEEP_ONLY)
+    device = _cuda_or_skip()
+    _refuse_hiding_environment()
+    tally = run_s1(device, s1_iterations(), sleep_ms=0)
+    tally.record(record_property)
+    assert tally.running_row_wrong == 0, tally.summary()
+    assert tally.seed_won >= int(MIN_RACE_SHARE * tally.iterations), tally.summary()
 
 
 def csan_child(iterations: int) -> dict[str, Any]:
