@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from patchset import cli, deploy, exposure, paths
+from checkinstall import exposure, install, zipapp
+from patchset import catalog as catalogs
+from patchset import cli, paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases
 from racecheck.catalogue import PLAYS
@@ -52,6 +54,7 @@ takes the same options. More: docs/check-install.md.
 CODES = [
     Exit.PATCHSET_INVALID, Exit.AFFECTED, Exit.PARTIAL_FIX, Exit.UNKNOWN_CONTENT,
     Exit.NOT_INSTALLED, Exit.MODIFIED, Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.AMBIGUOUS,
+    Exit.EXPOSURE_UNKNOWN,
 ]  # fmt: skip
 WORDING = {
     Exit.OK: "the race is closed: a series of ours applied, or sglang 0.5.19 or later",
@@ -67,6 +70,9 @@ WORDING = {
     "(--launch-args or --server-info; the scenarios and buffers are named)",
     Exit.NOT_EXPOSED: "affected or partial fix, but this configuration does not reach the "
     "race: the setting that keeps it out is named (changing it exposes the deployment)",
+    Exit.EXPOSURE_UNKNOWN: "the configuration could not be fully understood (a config file, "
+    "an option, a value, or the release to read it by): what was not understood is named, "
+    "and the deployment may reach the race",
     Exit.ENVIRONMENT: "--python cannot be run or asked (it crashed, or its answer is not "
     "the JSON this command asks for), a file cannot be read, or --server-info gave no "
     "usable answer (refused, timed out, 401, 404, not JSON)",
@@ -131,7 +137,7 @@ def main() -> int:
     )
     args = p.parse_args()
     if args.zipapp:
-        digest = deploy.build_zipapp(paths.PROJECT_ROOT, args.zipapp)
+        digest = zipapp.build_zipapp(paths.PROJECT_ROOT, args.zipapp)
         print(f"wrote {args.zipapp} (sha256 {digest}); run it as python3 {args.zipapp.name}")
         return Exit.OK
     if args.api_key and not args.server_info:
@@ -139,12 +145,12 @@ def main() -> int:
     if args.timeout is not None and not args.server_info:
         p.error("--timeout goes with --server-info")
     env = exposure.parse_env(args.env)
-    catalog = deploy.load_catalog(paths.PATCHES_ROOT)
+    catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
     python = args.python or Path(sys.executable)
     if args.tree:
-        report = deploy.inspect_tree(args.tree, catalog)
+        report = install.inspect_tree(args.tree, catalog)
     else:
-        report = deploy.inspect_install(python, catalog)
+        report = install.inspect_install(python, catalog)
     print(report.where)
     print(f"distribution: {report.distribution}")
     for state in report.files:

@@ -17,9 +17,10 @@ from pathlib import Path
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
 from patchset.buildtree import build_tree_path, default_branch, pristine_tag, series_commits
+from patchset.catalog import blobs_of, load_catalog
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
-from patchset.manifest import BASE_STEP, Series, WheelPin, git_blob_id
+from patchset.manifest import BASE_STEP, Series, WheelPin
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
 from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
@@ -47,14 +48,16 @@ class StepFiles:
 
 
 def _matches_manifest(series: Series, files: dict[str, dict[str, str]]) -> bool:
-    manifest = series.manifest
-
-    def blobs(step: str) -> dict[str, str]:
-        return {path: git_blob_id(text.encode()) for path, text in files[step].items()}
-
-    return list(files) == manifest.steps and all(
-        blobs(step) == manifest.blobs_at(step) for step in manifest.steps
+    """Whether each step's files are that step's, as the catalog knows them."""
+    catalog = load_catalog(series.folder.parent)
+    return list(files) == series.manifest.steps and all(
+        catalog.step_of(series.folder.name, blobs_of(_encoded(by_path))) == step
+        for step, by_path in files.items()
     )
+
+
+def _encoded(files: dict[str, str]) -> dict[str, bytes | None]:
+    return {path: text.encode() for path, text in files.items()}
 
 
 def _from_build_tree(series: Series, build: Path) -> StepFiles | None:

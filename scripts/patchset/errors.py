@@ -40,6 +40,7 @@ class Exit(IntEnum):
     EXPOSED = 25
     NOT_EXPOSED = 26
     AMBIGUOUS = 27
+    EXPOSURE_UNKNOWN = 28
     INTERRUPTED = 130
 
 
@@ -84,6 +85,8 @@ EXIT_TEXT: dict[Exit, str] = {
     "reach the race (the setting that keeps it out is named)",
     Exit.AMBIGUOUS: "two or more distributions named sglang are installed where that "
     "interpreter looks: which one owns the files depends on the order of sys.path",
+    Exit.EXPOSURE_UNKNOWN: "configuration not understood: exposure unknown (what could not "
+    "be read is named; never taken as safe)",
     Exit.INTERRUPTED: "interrupted (Ctrl-C or a signal); what this run made was removed",
 }
 

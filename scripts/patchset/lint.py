@@ -8,12 +8,12 @@ passes.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .deploy import label_problems
 from .errors import BackportError
 from .manifest import (
     BASE_STEP,
@@ -461,3 +461,43 @@ def lint_patch_set(folder: Path) -> LintReport:
             "must not pass (is the series empty, or the folder wrong?)",
         )
     return report
+
+
+# --- [build-wheel]: the wheel's version label ------------------------------------
+
+BUILD_TABLE = "build-wheel"
+# PEP 440 local version label, in its normalized form (lower case, dots), so
+# that the file name, the folder name and METADATA spell it the same way.
+LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:\.[a-z0-9]+)*$")
+
+
+def series_sha256(manifest: PinManifest) -> str:
+    """One hash of the whole series: sha256 over its 'name sha256' lines, in order."""
+    lines = "".join(f"{name} {digest}\n" for name, digest in manifest.patch_hashes.items())
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def label_problems(manifest: PinManifest) -> list[str]:
+    """What is wrong with the manifest's [build-wheel] table; empty when it is right."""
+    table = manifest.raw.get(BUILD_TABLE)
+    if not isinstance(table, dict):
+        return [
+            f'no [{BUILD_TABLE}] table: add one with local = "pdrace.N" and '
+            f'series-sha256 = "{series_sha256(manifest)}"'
+        ]
+    problems = []
+    local = table.get("local", "")
+    if not isinstance(local, str) or not LOCAL_LABEL.match(local):
+        problems.append(
+            f"[{BUILD_TABLE}] local = {local!r} is not a PEP 440 local version label in "
+            "normalized form (lower-case letters and digits, joined by dots, e.g. pdrace.2)"
+        )
+    pinned = table.get("series-sha256", "")
+    actual = series_sha256(manifest)
+    if pinned != actual:
+        problems.append(
+            f"[{BUILD_TABLE}] series-sha256 is {pinned!r}, but the series now hashes to "
+            f"{actual}: the series changed, so give the wheel a new label (change local, "
+            f'e.g. raise its number) and set series-sha256 = "{actual}"'
+        )
+    return problems

@@ -179,7 +179,9 @@ def run_forked(
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     [str(python), "-m", "testrun.worker", str(jobs_file)],
-                    env=_worker_env(),
+                    # what torch and pytest put in TMPDIR (torchinductor_<user>, ...) goes
+                    # with the run's own folder, also when a signal ends the run
+                    env=_worker_env() | {"TMPDIR": tmp},
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 from patchset import apply, buildtree, lock, paths, wheel
-from patchset.deploy import series_sha256
 from patchset.errors import BackportError, Exit
+from patchset.lint import series_sha256
 from patchset.manifest import PinManifest, Series, WheelPin, sha256_of
 
 SCRIPTS = paths.PROJECT_ROOT / "scripts"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, SESSION_TREES, make_venv, pip
-from patchset import deploy, paths, wheel
+from patchset import catalog as catalogs
+from patchset import paths, wheel
 from patchset.apply import git_apply, scratch_copy
 from patchset.errors import Exit
 from patchset.manifest import Series, patch_set_folders, release_key
@@ -244,7 +245,7 @@ def test_an_unexpected_answer_from_python_is_exit_16_with_the_reason(
 
 
 def test_every_known_release_is_named_with_the_races_it_leaves_open():
-    catalog = deploy.load_catalog(paths.PATCHES_ROOT)
+    catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
     series = Series.load(paths.DEFAULT_PATCH_DIR)
     assert len(series.manifest.known_releases) == 13
     for release, blobs in series.manifest.known_releases.items():
@@ -264,7 +265,7 @@ def test_open_races_per_step_agree_with_the_race_checker_table():
     from racecheck import report
     from racecheck.catalogue import SCENARIOS
 
-    catalog = deploy.load_catalog(paths.PATCHES_ROOT)
+    catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
     for folder in patch_set_folders(paths.PATCHES_ROOT):
         manifest = Series.load(folder).manifest
         expected = report.expected_table(manifest, SCENARIOS)

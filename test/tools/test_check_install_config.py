@@ -18,10 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS
-from patchset import deploy, paths
-from patchset.errors import BackportError, Exit
-from patchset.exposure import (
+from checkinstall import install as installs
+from checkinstall.exposure import (
     FIELDS,
     HISPARSE_SCENARIO,
     SERVER_ARGS_PROBE,
@@ -32,6 +30,10 @@ from patchset.exposure import (
     read_probe,
     split_launch_args,
 )
+from conftest import SCRIPTS
+from patchset import catalog as catalogs
+from patchset import paths
+from patchset.errors import BackportError, Exit
 from patchset.manifest import Releases, load_releases, series_for_release
 from racecheck.catalogue import PLAYS
 from testrun.venv import env_for
@@ -174,7 +176,7 @@ def probe_of(probed: dict[str, dict[str, Probed]], release: str, name: str) -> P
 def verdict(got: Probed, release: str, config: str) -> Exposure:
     """check-install --python X --launch-args CONFIG on the release's base, from the
     probe's answer (what the command does with it, in this process)."""
-    report = deploy.inspect_tree(got.tree, deploy.load_catalog(paths.PATCHES_ROOT))
+    report = installs.inspect_tree(got.tree, catalogs.load_catalog(paths.PATCHES_ROOT))
     _code, install = report.verdict()
     content = report.matches[0]  # 0.5.13.post1's files are 0.5.13's: one content, one table
     assert release in content.name, content

@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+import exit_codes as docs
 import pytest
 from conftest import SCRIPTS
-from patchset import docs
 from patchset.errors import Exit
 
 COMMANDS = docs.LAUNCHERS

@@ -1,7 +1,7 @@
 """Whether a deployment's configuration reaches the race: its launch settings, judged.
 
 The settings come from the launch arguments, parsed by the release's own
-ServerArgs inside the interpreter under check (a probe, like deploy's), or,
+ServerArgs inside the interpreter under check (a probe, like install's), or,
 where that cannot be imported, by the release's [launch] table in
 patches/releases.toml; or from a running server's /server_info. The verdict
 reads the race tables of the install's step ([races] of its pin.toml) and the
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .errors import BackportError, Exit
-from .manifest import LAUNCH_FLAGS, LaunchSettings, RaceEntry
+from patchset.errors import BackportError, Exit
+from patchset.manifest import LAUNCH_FLAGS, LaunchSettings, RaceEntry
 
 # The hisparse seam (Scheduler._build_hisparse_decode_batch's stash), played by race-check.
 HISPARSE_SCENARIO = "H1"

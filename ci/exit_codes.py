@@ -1,9 +1,9 @@
 """The README's exit-code table, made from the one enum and the codes each command declares.
 
-`PYTHONPATH=scripts python3 -m patchset.docs --write` rewrites the table in
-README.md between its two markers; without --write it exits 13 (stale) when
-the README's table differs from a fresh one (test/tools/test_readme.py runs
-that check).
+`python3 ci/exit_codes.py --write` rewrites the table in README.md between its
+two markers; without --write it exits 13 (stale) when the README's table
+differs from a fresh one (test/tools/test_readme.py runs that check). It
+lives here, above every library, because it imports every command.
 """
 
 from __future__ import annotations
@@ -13,12 +13,16 @@ import importlib
 import runpy
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
-from .errors import COMMON, EXIT_TEXT, Exit
-from .paths import PROJECT_ROOT
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "ci")]
+
+from patchset.errors import COMMON, EXIT_TEXT, Exit  # noqa: E402
+from patchset.paths import PROJECT_ROOT  # noqa: E402
 
 README = PROJECT_ROOT / "README.md"
-BEGIN = "<!-- exit codes: made by `PYTHONPATH=scripts python3 -m patchset.docs --write` -->"
+BEGIN = "<!-- exit codes: made by `python3 ci/exit_codes.py --write` -->"
 END = "<!-- end of exit codes -->"
 # The commands: every launcher in scripts/ (its module in scripts/commands/),
 # and the GPU pipeline's script, read by path.
@@ -63,10 +67,9 @@ def with_table(readme: str) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="patchset.docs", description=__doc__)
+    p = argparse.ArgumentParser(prog="ci/exit_codes.py", description=__doc__)
     p.add_argument("--write", action="store_true", help="rewrite README.md's table in place")
     args = p.parse_args()
-    sys.path[:0] = [str(PROJECT_ROOT / "scripts"), str(PROJECT_ROOT / "ci")]
     text = README.read_text(encoding="utf-8")
     fresh = with_table(text)
     if args.write:

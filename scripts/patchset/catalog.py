@@ -1,0 +1,184 @@
+"""The one catalog: which sglang release, series and step a set of files is.
+
+Loaded once from patches/releases.toml and every pin.toml: each step of each
+series and each known release, by the git blob ids of the three files, with
+the races each leaves open. Standard library only, so that check-install and
+its zipapp carry it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import BackportError, Exit
+from .manifest import (
+    RELEASES_NAME,
+    RaceEntry,
+    Series,
+    git_blob_id,
+    load_releases,
+    patch_set_folders,
+    release_key,
+)
+
+# the manifests name files as in the repository; in a wheel or an install
+# they sit under sglang/, one folder up
+REPO_PREFIX = "python/"
+
+
+@dataclass(frozen=True)
+class KnownContent:
+    """One set of the three files this project can name."""
+
+    name: str
+    fixes: frozenset[str]  # upstream pull requests whose fix the files carry
+    ours: bool  # made by one of our series (a step of it), not a release as shipped
+    # the race checker's scenarios left open, from the [races] tables of the manifests
+    open: tuple[str, ...] = ()
+    # the release whose launch settings apply ([launch] of releases.toml)
+    release: str = ""
+    # every scenario's [races] entries at this content's step ([] clean)
+    races: tuple[tuple[str, tuple[RaceEntry, ...]], ...] = ()
+    # the patch set folder's name and the step, for a step of one of our series
+    series: str = ""
+    step: str = ""
+
+
+Blobs = dict[str, str | None]  # repository path -> git blob id (None: missing)
+
+
+def blobs_of(files: dict[str, bytes | None]) -> Blobs:
+    """The git blob id of each file (None for a missing one)."""
+    return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
+
+
+@dataclass
+class Catalog:
+    by_blobs: dict[tuple[tuple[str, str], ...], list[KnownContent]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    # every known release as shipped: version -> its blob ids
+    releases: dict[str, dict[str, str]] = field(default_factory=dict)
+    # each step's files: patch set folder name -> step -> blob ids
+    steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+
+    def add(self, blobs: dict[str, str], content: KnownContent) -> None:
+        key = tuple(sorted(blobs.items()))
+        entries = self.by_blobs.setdefault(key, [])
+        if content not in entries:
+            entries.append(content)
+        if content.series:
+            self.steps.setdefault(content.series, {})[content.step] = dict(blobs)
+
+    def lookup(self, blobs: Blobs) -> list[KnownContent]:
+        """Everything these blob ids are: steps of our series first, then releases."""
+        found = self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
+        return sorted(found, key=lambda content: not content.ours)
+
+    def step_blobs(self, series: str, step: str) -> dict[str, str]:
+        """The blob ids of a step of a series (its files as the manifest pins them)."""
+        return self.steps[series][step]
+
+    def step_of(self, series: str, blobs: Blobs) -> str | None:
+        """Which step of the series these files are at (the last on a tie), or None."""
+        at = [step for step, pinned in self.steps.get(series, {}).items() if pinned == blobs]
+        return at[-1] if at else None
+
+    def releases_with(self, blobs: Blobs) -> list[str]:
+        """The known releases whose files are exactly these, oldest first."""
+        return [version for version, files in self.releases.items() if files == blobs]
+
+    def nearest_release(self, blobs: Blobs) -> str | None:
+        """The known release that shares most of these files (the newest on a tie)."""
+        scored = [
+            (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(v), v)
+            for v, files in self.releases.items()
+        ]
+        best = max(scored, default=None)
+        return best[2] if best and best[0] else None
+
+
+@functools.cache
+def load_catalog(patches_root: Path) -> Catalog:
+    """Every content the manifests under patches_root know: each step of each
+    series, and each known release (patches/releases.toml), with the races each
+    leaves open ([races]; a release not served here: those open at any step
+    that holds the same fixes)."""
+    folders = patch_set_folders(patches_root)
+    if not folders:
+        raise BackportError(
+            Exit.PATCHSET_INVALID,
+            f"no patch set (a folder with pin.toml) under {patches_root}",
+            "run from a copy of the project that has its patches/ folder",
+        )
+    registry = load_releases(patches_root / RELEASES_NAME)
+    all_series = [Series.load(folder, registry) for folder in folders]
+
+    def prs(fixes: frozenset[str]) -> frozenset[str]:
+        return frozenset(f"sgl-project/sglang#{registry.fixes[f].pr}" for f in fixes)
+
+    catalog = Catalog(files=list(all_series[0].manifest.files))
+    open_with: dict[frozenset[str], tuple[str, ...]] = {}
+    races_with: dict[frozenset[str], tuple[tuple[str, tuple[RaceEntry, ...]], ...]] = {}
+    for series in all_series:
+        manifest = series.manifest
+        if not manifest.races:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{series.folder / 'pin.toml'} has no [races] tables, so which races "
+                "its steps leave open is not known",
+                "write them from a run: scripts/race-check --write-expected",
+            )
+        served = ", ".join(manifest.releases)
+        for index, step in enumerate(manifest.steps):
+            if index == 0:
+                name = f"unpatched sglang {served}"
+            elif step == manifest.final_step:
+                label = f"+{manifest.local_version}" if manifest.local_version else ""
+                name = f"sglang {served} with the series {series.folder.name} applied {label}"
+            else:
+                name = f"sglang {served} with {series.folder.name} applied up to patch {step}"
+            fixes, open_ = manifest.step_fixes[step], tuple(manifest.open_races(step))
+            # a race open at any step with these fixes is open with them
+            open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + open_))
+            races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
+            races_with.setdefault(fixes, races)
+            content = KnownContent(
+                name.strip(),
+                prs(fixes),
+                index > 0,
+                open_,
+                manifest.base.version,
+                races,
+                series.folder.name,
+                step,
+            )
+            catalog.add(manifest.blobs_at(step), content)
+    # A served release is already named by its series' base step.
+    served_releases = {r for series in all_series for r in series.manifest.releases}
+    catalog.releases = {
+        release.version: dict(release.blobs)
+        for release in sorted(registry.known.values(), key=lambda r: release_key(r.version))
+    }
+    for release in registry.known.values():
+        if release.version in served_releases:
+            continue
+        if release.fixes not in open_with:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{registry.path}: sglang {release.version} carries "
+                f"{', '.join(sorted(release.fixes)) or 'no fix'}, and no step of a series "
+                "here holds the same fixes, so which races it leaves open is not measured",
+                "serve a release with those fixes (docs/maintaining.md), or correct its fixes",
+            )
+        content = KnownContent(
+            f"sglang {release.version}",
+            prs(release.fixes),
+            False,
+            open_with[release.fixes],
+            release.version,
+            races_with[release.fixes],
+        )
+        catalog.add(release.blobs, content)
+    return catalog
