@@ -28,11 +28,18 @@ def _output(command: list[str]) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def clocks() -> str | None:
+    """The GPU's clocks now, one CSV line per GPU (CLOCKS' fields), or None without nvidia-smi.
+
+    Read at the start (idle) and again by the S1 tests after their warm-up."""
+    return _output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
+
+
 def gather(python: str) -> dict[str, object]:
     versions = _output([python, "-c", VERSIONS])
     return {
         "nvidia_smi": _output(["nvidia-smi"]),
-        "clocks": _output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"]),
+        "clocks": clocks(),
         "python": _output([python, "--version"]),
         "versions": json.loads(versions) if versions else None,
         "git": shutil.which("git"),  # `command -v git`: the runner may have none

@@ -20,19 +20,28 @@ indexing and takes streams and events from ``torch.get_device_module(device)``
 at call time. ``cuda_flags_read`` proves per step that these functions read
 no import-time CUDA flag other than the ones restored here.
 
+Some functions of the path import modules when they run (FutureMap's first
+stash imports spec_utils). Imported then, after the window, such a module
+would see is_cuda() True and import sgl_kernel. ``call_time_imports`` finds
+them in the bytecode (IMPORT_NAME) of the path's functions and of the sglang
+functions they call, and the window imports them too.
+
 This is a test-rig technique on the real modules; nothing is stubbed.
 """
 
 from __future__ import annotations
 
 import ast
+import dis
 import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import CodeType, ModuleType
+from types import CodeType, FunctionType, ModuleType
 
 import torch
 
@@ -128,6 +137,11 @@ def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
         for module_name, _ in PATH_UNDER_TEST:
             if module_name not in modules:
                 modules[module_name] = importlib.import_module(module_name)
+        # What the path imports inside its functions (FutureMap._lazy_init_forward_buf
+        # imports spec_utils on the first stash): imported after the window, with
+        # is_cuda() True, such a module would take its sgl_kernel branch.
+        for name in sorted(set().union(*call_time_imports().values())):
+            modules.setdefault(name, importlib.import_module(name))
     from sglang.srt.utils import common
 
     for module in modules.values():
@@ -180,6 +194,89 @@ def cuda_flags_read() -> dict[str, set[str]]:
     return found
 
 
+def _codes(code: CodeType) -> Iterator[CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield from _codes(const)
+
+
+def _is_package(name: str) -> bool:
+    """Whether name is a package, found without importing it (its parents are imported)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def imports_in(code: CodeType, package: str) -> set[str]:
+    """The modules that the import statements inside code (and its nested code) name."""
+    found: set[str] = set()
+    for each in _codes(code):
+        ops = list(dis.get_instructions(each))
+        for k, op in enumerate(ops):
+            if op.opname != "IMPORT_NAME":
+                continue
+            # compiled as LOAD_CONST level, LOAD_CONST fromlist, IMPORT_NAME name
+            level, fromlist = ops[k - 2].argval, ops[k - 1].argval
+            name = importlib.util.resolve_name("." * level + op.argval, package)
+            found.add(name)
+            if fromlist and _is_package(name):  # `from package import submodule`
+                found |= {
+                    f"{name}.{item}"
+                    for item in fromlist
+                    if item != "*" and importlib.util.find_spec(f"{name}.{item}") is not None
+                }
+    return found
+
+
+def _sglang_function(obj: object) -> FunctionType | None:
+    obj = inspect.unwrap(getattr(obj, "__func__", obj))  # type: ignore[arg-type]
+    if isinstance(obj, FunctionType) and (obj.__module__ or "").startswith("sglang."):
+        return obj
+    return None
+
+
+def _callees(func: FunctionType) -> list[FunctionType]:
+    """sglang functions that func may call: its module's functions and classes (their
+    __init__ and __post_init__) and its own class's methods, by the names it uses."""
+    owner_name = func.__qualname__.rpartition(".")[0]
+    owner = func.__globals__.get(owner_name.partition(".")[0]) if owner_name else None
+    scopes = [func.__globals__, vars(owner) if isinstance(owner, type) else {}]
+    found = []
+    for code in _codes(func.__code__):
+        for name in code.co_names:
+            for scope in scopes:
+                obj = scope.get(name)
+                if isinstance(obj, type) and (obj.__module__ or "").startswith("sglang."):
+                    found += [
+                        f for m in ("__init__", "__post_init__")
+                        if (f := _sglang_function(vars(obj).get(m)))
+                    ]  # fmt: skip
+                elif f := _sglang_function(obj):
+                    found.append(f)
+    return found
+
+
+def call_time_imports() -> dict[str, set[str]]:
+    """function -> the modules it imports when it runs, for every function of the path
+    under test and every sglang function they call (transitively, by name), where any."""
+    todo = [
+        inspect.unwrap(_function(sys.modules[m], q))  # type: ignore[arg-type]
+        for m, q in path_under_test()
+    ]
+    seen: dict[str, set[str]] = {}
+    while todo:
+        func = todo.pop()
+        key = f"{func.__module__}.{func.__qualname__}"
+        if key in seen:
+            continue
+        seen[key] = imports_in(func.__code__, func.__globals__.get("__package__") or "")
+        todo += _callees(func)
+    return {key: found for key, found in seen.items() if found}
+
+
 def _function(module: ModuleType, qualname: str) -> object:
     obj: object = module
     for part in qualname.split("."):
@@ -204,3 +301,36 @@ def path_under_test() -> list[tuple[str, str]]:
             raise
         present.append((module_name, qualname))
     return present
+
+
+class _NoSglKernel(importlib.abc.MetaPathFinder):
+    """Makes sgl_kernel unimportable, as on a runner that has no sglang-kernel wheel."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] == "sgl_kernel":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def play_cuda() -> None:
+    """Play, on a machine without a GPU, the CUDA machine the GPU stages run on.
+
+    torch.cuda.is_available() answers True and the device is an H200's compute
+    capability (9, 0), so sglang's is_cuda() is True as there; pinned host memory,
+    which needs a driver, is plain host memory; sgl_kernel cannot be imported.
+    Everything then imports as the lent machine imports it, and the rig runs the
+    path under test on the CPU device with sglang's CUDA flags set. Nothing of
+    sglang is changed. For one process only (the rehearsal's GPU stages set
+    contract.PLAY_CUDA_ENV); CUDA work itself still needs a GPU.
+    """
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # type: ignore[assignment]
+    real_empty = torch.empty
+
+    def empty(*args: object, pin_memory: bool = False, **kwargs: object) -> torch.Tensor:
+        return real_empty(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    torch.empty = empty  # type: ignore[assignment]
+    if not any(isinstance(f, _NoSglKernel) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoSglKernel())
+    _clear_device_caches()

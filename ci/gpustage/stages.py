@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shlex
@@ -11,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
@@ -149,6 +151,7 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
     from now) or an interrupt stops it with every process it started.
     """
     env = stage_environment(stage, os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # a stage's output reaches the log as it is printed
     end = None if timeout is None else time.monotonic() + timeout
     with log.open("w", encoding="utf-8") as out:
         for part in split_and(stage.command):
@@ -180,7 +183,9 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     sys.stdout.write(line)
+                    sys.stdout.flush()
                     out.write(line)
+                    out.flush()  # the log is current if the machine is lost mid-stage
                 rc = proc.wait()
             except BaseException:
                 stop()
@@ -194,6 +199,44 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
             if rc != 0:
                 return rc
     return 0
+
+
+class _Tee(io.TextIOBase):
+    """Writes to a stream and to a log file, flushing both at once."""
+
+    def __init__(self, stream: io.TextIOBase, log: io.TextIOBase) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        self.log.write(text)
+        self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log.flush()
+
+
+@contextlib.contextmanager
+def tee_output(path: Path) -> Iterator[None]:
+    """Everything printed to stdout and stderr inside also goes to path, as it is printed.
+
+    An exception leaving the block (an internal error) is written there too,
+    before it propagates.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as log:
+        real = sys.stdout, sys.stderr
+        sys.stdout = _Tee(real[0], log)  # type: ignore[assignment]
+        sys.stderr = _Tee(real[1], log)  # type: ignore[assignment]
+        try:
+            yield
+        except BaseException as err:
+            log.write("".join(traceback.format_exception(err)))
+            raise
+        finally:
+            sys.stdout, sys.stderr = real
 
 
 def run_stage(
@@ -348,16 +391,27 @@ def run_all(
     done: dict[str, bool] = {}
     outcomes: list[Outcome] = []
     for stage in stages:
-        outcome = run_stage(stage, done, reports, deadline)
+        try:
+            outcome = run_stage(stage, done, reports, deadline)
+        except Exception as err:  # a bug of ours fails this stage, not the whole run
+            traceback.print_exc()
+            outcome = Outcome(stage.name, False, f"FAIL: internal error: {err!r}", 0.0, stage.kind)
         done[stage.name] = outcome.ok
         outcomes.append(outcome)
     table = summary_table(outcomes)
     code = exit_code(outcomes)
+    measured = None
+    if figures is not None:
+        try:
+            measured = figures()
+        except Exception as err:  # the stage table is kept; the error is said in its place
+            traceback.print_exc()
+            measured = f"## Figures\n\nnot read: {type(err).__name__}: {err}"
+            code = Exit.INTERNAL if code == Exit.OK else code
     verdict = "all stages passed" if code == Exit.OK else "FAILED"
     print(f"\nci/run-gpu summary: {verdict}\n{table}")
     report = f"## ci/run-gpu: {verdict}\n\n{table}\n"
-    if figures is not None:
-        measured = figures()
+    if measured is not None:
         print(f"\n{measured}")
         report += f"\n{measured}\n"
     (reports / SUMMARY_FILE).write_text(report, encoding="utf-8")

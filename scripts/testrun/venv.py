@@ -151,8 +151,12 @@ def _rename_unless_there(aside: Path, final: Path, inside: Path) -> None:
             raise
 
 
-def ensure_venv(venv: Path, requirements: Sequence[Path], what: str = "") -> bool:
-    """Make venv hold exactly the requirements (uv pip sync); True when it was made anew."""
+def ensure_venv(
+    venv: Path, requirements: Sequence[Path], what: str = "", python: str = sys.executable
+) -> bool:
+    """Make venv hold exactly the requirements (uv pip sync); True when it was made anew.
+
+    python is the interpreter the venv is made with (default: this one)."""
     missing = [str(p) for p in requirements if not p.is_file()]
     if missing:
         raise BackportError(
@@ -174,7 +178,7 @@ def ensure_venv(venv: Path, requirements: Sequence[Path], what: str = "") -> boo
         venv.parent.mkdir(parents=True, exist_ok=True)
         aside = venv.with_name(f".{venv.name}.{os.getpid()}")
         try:
-            make = [uv, "venv", "--quiet", "--clear", "--python", sys.executable, str(aside)]
+            make = [uv, "venv", "--quiet", "--clear", "--python", python, str(aside)]
             _run_setup(make, "uv venv", env)
             _rename_unless_there(aside, venv, venv_python(venv))
         finally:

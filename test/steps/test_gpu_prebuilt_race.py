@@ -48,6 +48,7 @@ variables, the torn-row judgement and the rig itself on the CPU device.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -69,10 +70,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 # pytest puts scripts/ on the path (test/pytest.ini); the CSAN child runs this
-# file as a plain script, with only the step tree and the site on PYTHONPATH.
+# file as a plain script, with the step tree and the site on PYTHONPATH but not
+# scripts/ or ci/, so it puts them there itself.
 sys.path[:0] = [p for p in (str(ROOT / "ci"), str(ROOT / "scripts")) if p not in sys.path]
 
-from gpustage import contract, evidence, sglang_import  # noqa: E402
+from gpustage import contract, evidence, facts, sglang_import  # noqa: E402
+
+# A rehearsal without a GPU plays the CUDA machine before anything imports sglang.
+PLAYED = os.environ.get(contract.PLAY_CUDA_ENV) == "1"
+if PLAYED:
+    sglang_import.play_cuda()
 
 
 def _rig_fits() -> str:
@@ -129,12 +136,18 @@ TORN = float("nan")  # RowValues.hidden of a row mixed from two writers
 FIELDS = ("seq_len", "token", "topk_p", "topk_index", "hidden")
 
 
+def real_cuda() -> bool:
+    """Whether a real CUDA device is here (a played one is not)."""
+    return torch.cuda.is_available() and not PLAYED
+
+
 def _cuda_or_skip() -> torch.device:
-    if torch.cuda.is_available():
+    if real_cuda():
         return torch.device("cuda", torch.cuda.current_device())
+    reason = contract.PLAYED_CUDA if PLAYED else contract.NO_CUDA
     if os.environ.get(contract.REQUIRE_CUDA_ENV) == "1":
-        pytest.fail(f"{contract.REQUIRE_CUDA_ENV}=1 but {contract.NO_CUDA}", pytrace=False)
-    pytest.skip(contract.NO_CUDA)
+        pytest.fail(f"{contract.REQUIRE_CUDA_ENV}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 def s1_iterations() -> int:
@@ -409,6 +422,7 @@ class RaceTally:
     sleep_target_ms: float = 0.0
     sleep_cycles: int = 0
     slept_ms: dict[str, float] = field(default_factory=dict)  # measured: median, min, max
+    clocks_warm: str | None = None  # nvidia-smi's clocks, read after the warm-up
 
     def count(self, i: int, reused: RowValues, running: RowValues) -> None:
         """Judge one iteration: the seed won only if every field holds the seed's value.
@@ -449,12 +463,15 @@ class RaceTally:
 
 def run_s1(device: torch.device, iterations: int, sleep_ms: float) -> RaceTally:
     sleep_cycles = calibrate_sleep_cycles(sleep_ms) if sleep_ms else 0
+    clocks = facts.clocks() if sleep_cycles else None  # warm now: the clocks the sleep ran at
     rig = Rig(device, sleep_cycles)
     try:
         with rig.scheduler_surroundings():
             rig.run_once(-1)  # first call pays for lazy imports; not counted
             rig.slept_ms.clear()
-            tally = RaceTally(iterations, sleep_target_ms=sleep_ms, sleep_cycles=sleep_cycles)
+            tally = RaceTally(
+                iterations, sleep_target_ms=sleep_ms, sleep_cycles=sleep_cycles, clocks_warm=clocks
+            )
             for i in range(iterations):
                 tally.count(i, *rig.run_once(i))
             if rig.slept_ms:
@@ -540,6 +557,22 @@ def test_one_hardware_queue_hides_the_race(record_property: Callable[[str, objec
     tally.record(record_property)
     assert tally.running_row_wrong == 0, tally.summary()
     assert tally.seed_won == tally.iterations, tally.summary()
+
+
+def test_without_the_hold_back_the_seed_wins(
+    record_property: Callable[[str, object], None],
+) -> None:
+    """The control of the timing, on the step without the fix: with the forward not held
+    back (sleep 0) its writes are done before the host has seeded, so the seed wins. The
+    race the other tests show needs the forward to be late, as an in-flight one is."""
+    if os.environ.get(contract.NO_SLEEP_ENV) != "1":
+        pytest.skip(contract.NO_SLEEP_ONLY)
+    device = _cuda_or_skip()
+    _refuse_hiding_environment()
+    tally = run_s1(device, s1_iterations(), sleep_ms=0)
+    tally.record(record_property)
+    assert tally.running_row_wrong == 0, tally.summary()
+    assert tally.seed_won >= int(MIN_RACE_SHARE * tally.iterations), tally.summary()
 
 
 def csan_child(iterations: int) -> dict[str, Any]:
@@ -644,11 +677,11 @@ def test_csan_reports_the_race_without_the_fix(
 
 
 def _import_as_on_a_cuda_machine(through_helper: bool) -> dict[str, Any]:
-    """In a forked child: forget sglang, play a CUDA machine, import sglang again."""
+    """In a forked child: forget sglang, play a CUDA machine without sgl_kernel, import
+    sglang again; through the helper, then also what the path imports when it runs."""
     for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
         del sys.modules[name]
-    torch.cuda.is_available = lambda: True
-    torch.cuda.get_device_capability = lambda *a: (9, 0)
+    sglang_import.play_cuda()
     try:
         if through_helper:
             mods = sglang_import.import_modules()
@@ -662,13 +695,22 @@ def _import_as_on_a_cuda_machine(through_helper: bool) -> dict[str, Any]:
             flags = {}
     except ImportError as err:
         return {"import_error": err.name}
-    return {
-        "flags": flags,
-        "available": torch.cuda.is_available(),
-        "sgl_kernel": "sgl_kernel" in sys.modules,
-    }
+    answer: dict[str, Any] = {"flags": flags, "available": torch.cuda.is_available()}
+    if through_helper:
+        # as the path's first call imports them, after the window, with is_cuda() True
+        call_time = sorted(set().union(*sglang_import.call_time_imports().values()))
+        errors = {}
+        for name in call_time:
+            try:
+                importlib.import_module(name)
+            except ImportError as err:
+                errors[name] = str(err)
+        answer.update(call_time=call_time, call_time_errors=errors)
+    answer["sgl_kernel"] = "sgl_kernel" in sys.modules
+    return answer
 
 
+@functools.cache
 def _in_a_fork(through_helper: bool) -> dict[str, Any]:
     """_import_as_on_a_cuda_machine's answer, from a child that leaves this process as it is.
 
@@ -700,17 +742,25 @@ def _once_only(step: StepUnderTest) -> None:
         pytest.skip(contract.ONCE_ONLY)
 
 
+def child_pythonpath(tree: str, environ: Mapping[str, str]) -> str:
+    """The CSAN child's PYTHONPATH: the stage's (the step tree, the wheelhouse's site),
+    less scripts/ and ci/, which the child must put on its import path itself."""
+    ours = {str(ROOT / "scripts"), str(ROOT / "ci"), tree}
+    kept = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
+    return os.pathsep.join([tree, *kept])
+
+
 def test_csan_child_imports_as_a_plain_script(step: StepUnderTest) -> None:
-    """The CSAN child runs this file as a script, with only the step tree on PYTHONPATH
-    (as a GPU stage has it, without the site): it must still import our modules. Without
-    the sanitizer (CSAN needs a driver even to import torch) it gets as far as asking
-    for it, and says so as its JSON answer."""
+    """The CSAN child runs this file as a script, with the stage's PYTHONPATH (the step
+    tree and the site, as a GPU stage has it) less scripts/ and ci/: it must still import
+    our modules and sglang's closure. Without the sanitizer (CSAN needs a driver even to
+    import torch) it gets as far as asking for it, and says so as its JSON answer."""
     _once_only(step)
     import sglang
 
     tree = str(Path(sglang.__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if k != "TORCH_CUDA_SANITIZER"}
-    env.update(PYTHONPATH=tree, CUDA_VISIBLE_DEVICES="")
+    env.update(PYTHONPATH=child_pythonpath(tree, os.environ), CUDA_VISIBLE_DEVICES="")
     result = run_csan_child(env)
     answers = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert result.returncode == 0 and answers, result.stderr[-3000:]
@@ -721,12 +771,13 @@ def test_csan_child_imports_as_a_plain_script(step: StepUnderTest) -> None:
 
 def test_cuda_visible_import_needs_no_sgl_kernel(step: StepUnderTest) -> None:
     """Where CUDA is visible, a plain import needs sgl_kernel; the rig's import does not."""
-    if torch.cuda.is_available():
+    if real_cuda():
         pytest.skip(contract.CUDA_PRESENT)
     _once_only(step)
     results = {helper: _in_a_fork(helper) for helper in (False, True)}
     assert results[False] == {"import_error": "sgl_kernel"}, results
-    assert results[True] == {
+    played = {k: v for k, v in results[True].items() if not k.startswith("call_time")}
+    assert played == {
         "flags": {
             "sglang.srt.managers.overlap_utils": True,
             "sglang.srt.mem_cache.memory_pool": True,
@@ -734,6 +785,21 @@ def test_cuda_visible_import_needs_no_sgl_kernel(step: StepUnderTest) -> None:
         "available": True,
         "sgl_kernel": False,
     }, results
+
+
+def test_call_time_imports_need_no_sgl_kernel(step: StepUnderTest) -> None:
+    """What the path under test imports when it runs (read from the bytecode of its
+    functions and of the sglang functions they call) is imported inside the rig's
+    CUDA-hidden window. Imported at the first stash instead, with is_cuda() True,
+    spec_utils would import sgl_kernel and every S1 stage would fail."""
+    if real_cuda():
+        pytest.skip(contract.CUDA_PRESENT)
+    _once_only(step)
+    answer = _in_a_fork(True)
+    assert "import_error" not in answer, answer
+    assert "sglang.srt.speculative.spec_utils" in answer["call_time"], answer
+    assert answer["call_time_errors"] == {}, answer["call_time_errors"]
+    assert answer["sgl_kernel"] is False, answer
 
 
 def test_path_under_test_reads_no_other_cuda_flag() -> None:

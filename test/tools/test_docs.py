@@ -16,7 +16,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # Our commands as the docs name them; ci/run-gpu has subcommands of its own.
 OURS = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file() and not p.suffix)
-RUN_GPU_SUBCOMMANDS = ("wheelhouse", "step-files")
+RUN_GPU_SUBCOMMANDS = ("wheelhouse", "step-files", "image-double")
 # Other programs whose flags the docs quote; a flag after one of them is not ours.
 FOREIGN = (
     "git", "pip", "uv", "pytest", "python", "python3", "kubectl", "docker", "curl", "ruff",

@@ -91,14 +91,25 @@ def test_the_wait_and_the_idle_gap_are_reported_apart(bench: ModuleType) -> None
     assert result["idle_gap_us"] == pytest.approx(
         {"patched": 54.0, "unpatched": 2.0, "added": 52.0}
     )
-    # at 1 prebuilt batch per step: 4 us and 52 us of a 10,000 us step
-    expected = [(1.0, 4e-4, 5.2e-3), (0.1, 4e-5, 5.2e-4), (0.01, 4e-6, 5.2e-5)]
-    got = [(x["rate"], x["wait"], x["idle_gap"]) for x in result["shares"]]
-    assert [r for r, _, _ in got] == [r for r, _, _ in expected]
-    for (_, wait, gap), (_, want_wait, want_gap) in zip(got, expected, strict=True):
+    # at 1 prebuilt batch per step: 4 us and 52 us of the loop's 10,000 us step, then of
+    # real decode steps of 5, 10 and 30 ms
+    expected = [
+        (step, synthetic, rate, rate * 4.0 / (step * 1e3), rate * 52.0 / (step * 1e3))
+        for step, synthetic in ((10.0, True), (5.0, False), (10.0, False), (30.0, False))
+        for rate in (1.0, 0.1, 0.01)
+    ]
+    got = [
+        (x["step_ms"], x["synthetic"], x["rate"], x["wait"], x["idle_gap"])
+        for x in result["shares"]
+    ]
+    assert [g[:3] for g in got] == [e[:3] for e in expected]
+    for (*_, wait, gap), (*_, want_wait, want_gap) in zip(got, expected, strict=True):
         assert (wait, gap) == (pytest.approx(want_wait), pytest.approx(want_gap))
+    assert got[3][3] == pytest.approx(8e-4)  # 4 us of a 5 ms step
     shown = bench.table({**result, "device": "d", "torch": "t"})
-    assert "the wait itself, us (host)" in shown and "share of a step at 0.1 prebuilt/step" in shown
+    assert "the wait itself, us (host)" in shown
+    assert "share of this loop's step at 0.1 prebuilt/step" in shown
+    assert "share of a 30 ms step at 0.01 prebuilt/step" in shown
 
 
 def test_warmup_runs_before_each_timed_run(bench: ModuleType) -> None:

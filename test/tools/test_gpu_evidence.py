@@ -43,7 +43,8 @@ def test_each_figure_is_judged_against_its_criterion(tmp_path: Path, series: Ser
     evidence.write_criteria(tmp_path)
     all_stale = dict.fromkeys(FIELDS, 200)
     race = {"race": True, "iteration": 0, "buffers": ["new_seq_lens_buf"]}
-    stage_record(tmp_path, "gpu-base", s1=s1(200, 0, all_stale), csan=race)
+    warm = "NVIDIA H200, 580.159.04, P0, 1980 MHz, 1980 MHz, 3201 MHz, 41, 250.00 W"
+    stage_record(tmp_path, "gpu-base", s1={**s1(200, 0, all_stale), "clocks_warm": warm}, csan=race)
     # 0001: seq_len stale in 199, the stash fields split
     split = {"seq_len": 199, "token": 100, "topk_p": 90, "topk_index": 90, "hidden": 80}
     stage_record(tmp_path, "gpu-0001", s1=s1(200, 1, split), csan=race)
@@ -54,7 +55,8 @@ def test_each_figure_is_judged_against_its_criterion(tmp_path: Path, series: Ser
         s1=s1(200, 199, dict.fromkeys(FIELDS, 0), torn=1),
         csan={"race": False, "iterations": 4},
     )
-    stage_record(tmp_path, "control-32", s1=s1(200, 30, dict.fromkeys(FIELDS, 170)))
+    # sleep 0 on the base step: the seed wins in 170 of 200, under the 90 % asked
+    stage_record(tmp_path, "control-sleep-0", s1=s1(200, 170, dict.fromkeys(FIELDS, 30)))
     stage_record(tmp_path, "control-1", s1=s1(200, 200, dict.fromkeys(FIELDS, 0)))
     text = evidence.figures(tmp_path, series.manifest, ["gpu-base", "bench"])
     rows = table_rows(text)
@@ -71,8 +73,11 @@ def test_each_figure_is_judged_against_its_criterion(tmp_path: Path, series: Ser
     ]  # fmt: skip
     assert rows["step 0002: CSAN"] == ["silent over 4 iterations", "silent", "yes"]
     assert rows["step base: measured sleep"][0] == "20.40 ms median (20.10..23.00) for 20 ms asked"
-    # 170 of 200 is under 90 %: the 32-connection control does not give the base's result
-    assert rows["control base, 32 connections: S1 stale per field"][-1] == "NO"
+    assert rows["step base: clocks after the warm-up"] == [warm, "near the max", "reported"]
+    assert "step 0001: clocks after the warm-up" not in rows  # not read: not shown
+    assert rows["control base, sleep 0: S1 seed kept, forward not held back"] == [
+        "170/200 (85.0%); torn rows 0", ">= 90%", "NO"
+    ]  # fmt: skip
     assert rows["control base, 1 connection (hides the race): S1 seed kept"][-1] == "yes"
     assert rows["step 0002, long run: S1 seed kept"][0] == evidence.NOT_RUN
     assert rows["benchmark"] == [evidence.NOT_RUN, "measured", "no"]
@@ -85,15 +90,32 @@ def test_the_benchmark_figures_are_shown_apart(tmp_path: Path, series: Series) -
         "step_ms": 10.0,
         "wait_us": {"median": 4.0, "min": 3.0, "max": 5.0},
         "idle_gap_us": {"patched": 54.0, "unpatched": 2.0, "added": 52.0},
-        "shares": [{"rate": 1.0, "wait": 4e-4, "idle_gap": 5.2e-3}],
+        "shares": [  # as bench_wait_stream.shares(4.0, 52.0, 1.25) writes them
+            {
+                "step_ms": step,
+                "synthetic": step == 1.25,
+                "rate": rate,
+                "wait": rate * 4.0 / (step * 1e3),
+                "idle_gap": rate * 52.0 / (step * 1e3),
+            }
+            for step in (1.25, 5.0, 10.0, 30.0)
+            for rate in (1.0, 0.1, 0.01)
+        ],
     }
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     rows = table_rows(evidence.figures(tmp_path, series.manifest, ["bench"]))
     assert rows["benchmark: the wait itself"][0] == "4.0 us per prebuilt batch (host)"
     assert rows["benchmark: idle gap"][0].startswith("52.0 us per prebuilt batch (GPU idle")
-    assert rows["benchmark: share of a step at 1 prebuilt/step"][0] == (
-        "wait 0.040%, idle gap 0.520%"
+    rates = "at 1 / 0.1 / 0.01 prebuilt/step"
+    # 4 us and 52 us of the loop's 1.25 ms step: overstated beside real decode steps
+    assert rows[f"benchmark: share of the loop's synthetic 1.25 ms step {rates}"][:2] == [
+        "wait 0.320% / 0.032% / 0.003%; idle gap 4.160% / 0.416% / 0.042%",
+        "measured (overstated: real steps are 5 to 30 ms)",
+    ]
+    assert rows[f"benchmark: share of a 5 ms step {rates}"][0] == (
+        "wait 0.080% / 0.008% / 0.001%; idle gap 1.040% / 0.104% / 0.010%"
     )
+    assert rows[f"benchmark: share of a 30 ms step {rates}"][0].startswith("wait 0.013% / ")
 
 
 def test_the_criteria_name_the_thresholds_the_tests_use() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import shutil
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from conftest import TORCH_IN_PROCESS
@@ -89,7 +92,7 @@ def test_offline_dry_run_prints_the_plan(
     final = series.manifest.final_step
     names = ["preflight", "torch-check", "install", "facts", "layout"]
     names += [f"gpu-{s}" for s in series.manifest.steps]
-    names += [f"gpu-{final}-long", "control-32", "control-1", "bench"]
+    names += [f"gpu-{final}-long", "control-sleep-0", "control-1", "bench"]
     positions = [plan.find(f". {n}: ") for n in names]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
     assert "hashes checked" in plan
@@ -280,3 +283,42 @@ def test_a_run_removes_an_earlier_runs_records_and_nothing_else(
     assert "| benchmark " in summary and "not run (no record: see the stage table)" in summary
     with tarfile.open(tmp_path / "gpu.tar.gz") as archive:
         assert "reports/summary.md" in archive.getnames()
+
+
+def _run_gpu_module() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("run_gpu_script", str(RUN_GPU))
+    spec = importlib.util.spec_from_loader("run_gpu_script", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_the_tarball_and_the_log_survive_an_internal_error(
+    fake_wheelhouse: Path, tmp_path: Path, series: Series, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug of ours in the middle of a lent machine's run: the reports are still packed,
+    and the log written as the run went holds what it printed and the trace."""
+    run_gpu_script = _run_gpu_module()
+    step_files = tmp_path / "step-files"
+    layout.write_step_files(series, fake_wheelhouse / series.manifest.base.wheel, step_files)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        print("a stage ran")
+        raise RuntimeError("a bug in the middle of the run")
+
+    monkeypatch.setattr(run_gpu_script.stages, "run_all", broken)
+    monkeypatch.setenv("SGLANG_BACKPORTS_BUILD", str(tmp_path / "build"))
+    tarball, log = tmp_path / "out" / "gpu.tar.gz", tmp_path / "out" / "gpu-run.log"
+    monkeypatch.setattr(sys, "argv", [
+        str(RUN_GPU), "--offline", "--wheelhouse", str(fake_wheelhouse), "--step-files",
+        str(step_files), "--reports", str(tmp_path / "reports"), "--tarball", str(tarball),
+        "--log", str(log),
+    ])  # fmt: skip
+    with pytest.raises(RuntimeError, match="a bug in the middle"):
+        run_gpu_script.main()
+    with tarfile.open(tarball) as archive:
+        assert "reports/criteria.md" in archive.getnames()
+    text = log.read_text(encoding="utf-8")
+    assert "a stage ran\n" in text and "RuntimeError: a bug in the middle of the run" in text
+    assert f"reports packed into {tarball}" in text

@@ -1,0 +1,63 @@
+"""The rehearsal's double of the lent machine's image: Python 3.12 and the image's packages.
+
+The lent H200 runs the GPU stages on its image's own Python 3.12 with what
+that image holds (/work/.library/device/KINDS.md) plus our wheelhouse on
+PYTHONPATH. A rehearsal on our test environment would hide every package the
+wheelhouse lacks, since that environment holds the whole import closure. The
+double holds only image packages (ci/requirements-image-double.txt, hashed,
+made from its .in file: which ones and why), made with the project's pinned uv
+and a Python 3.12 found on this machine (python3.12 on PATH, else pyenv's),
+in the cache folder beside the test environments, so every clone shares it.
+sgl_kernel is not in it; the rehearsal's GPU stages play CUDA
+(sglang_import.play_cuda).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from patchset.errors import BackportError, Exit
+from patchset.paths import PROJECT_ROOT, cache_dir
+from testrun import venv
+
+from . import plan
+
+PINS = PROJECT_ROOT / "ci" / "requirements-image-double.txt"
+PYTHON_VERSION = "3.12"  # the image's Python is 3.12.3
+
+
+def find_python() -> str:
+    """A Python 3.12 that runs: python3.12 on PATH (not a shim that names no version),
+    else the newest of pyenv's 3.12.x."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    pyenv = sorted(
+        root.glob(f"{PYTHON_VERSION}.*/bin/python{PYTHON_VERSION}"),
+        key=lambda p: [int(x) for x in p.parts[-3].split(".") if x.isdigit()],
+        reverse=True,
+    )
+    on_path = shutil.which(f"python{PYTHON_VERSION}")
+    for candidate in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
+        if plan.python_version_of(candidate) == PYTHON_VERSION:
+            return candidate
+    raise BackportError(
+        Exit.ENVIRONMENT,
+        f"no Python {PYTHON_VERSION} runs here (python{PYTHON_VERSION} on PATH: "
+        f"{on_path or 'none'}; {root}: {len(pyenv)} {PYTHON_VERSION}.x): the image double "
+        "needs the image's Python",
+        f"install Python {PYTHON_VERSION} (e.g. `pyenv install {PYTHON_VERSION}`) and run again",
+    )
+
+
+def venv_dir() -> Path:
+    digest = hashlib.sha256(f"python {PYTHON_VERSION}\n".encode() + PINS.read_bytes())
+    return cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
+
+
+def ensure() -> Path:
+    """The double's python, made (or synced to its pins) first."""
+    folder = venv_dir()
+    venv.ensure_venv(folder, [PINS], "the lent machine's image, doubled", python=find_python())
+    return venv.venv_python(folder)
