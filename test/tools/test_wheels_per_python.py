@@ -23,9 +23,6 @@ from patchset.errors import Exit
 from patchset.lint import lint_patch_set
 from patchset.manifest import PinManifest, Series, patch_set_folders, sha256_of
 
-# check-install's launcher needs this Python or newer; an older venv is checked
-# from this interpreter with --python (the probe inside it needs only 3.10).
-CHECK_INSTALL_RUNS_ON = (3, 11)
 # The Pythons sglang ships a wheel for (Requires-Python >= 3.10, cp310 to cp313 on the index).
 PYTHONS = ("cp310", "cp311", "cp312", "cp313")
 
@@ -92,10 +89,8 @@ def test_pip_installs_it_into_that_python_and_check_install_says_patched(
     version = version_of(tag)
     python = make_venv(tmp_path / "venv", interpreter(version))
     pip(python, "install", "--no-deps", "--no-index", "--no-compile", "--quiet", str(built[tag]))
-    if tuple(int(n) for n in version.split(".")) >= CHECK_INSTALL_RUNS_ON:
-        command = [str(python), str(SCRIPTS / "check-install")]
-    else:
-        command = [sys.executable, str(SCRIPTS / "check-install"), "--python", str(python)]
+    # check-install runs on every Python sglang ships for: the venv's own runs it
+    command = [str(python), str(SCRIPTS / "check-install")]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == Exit.OK, result.stdout + result.stderr
     assert f"(Python {version}." in result.stdout.splitlines()[0]
@@ -153,7 +148,7 @@ def test_a_pinned_wheel_whose_files_are_not_the_base_is_refused(
     out = tmp_path / "out"
     result = build(out, "--patch-set", str(patch_set), "--python-version", "3.12", cache=cache)
     assert result.returncode == Exit.BASE_MISMATCH, result.stdout + result.stderr
-    assert f"error: the files of {pin[1]} are not the base's that" in result.stderr
+    assert f"error: the files of {pin[1]} are not the base " in result.stderr
     assert not out.exists() or not any(out.iterdir())
 
 
