@@ -15,7 +15,7 @@ from patchset.errors import BackportError, Exit
 from patchset.manifest import RELEASES_NAME, LaunchSettings, Releases, load_releases, release_key
 from patchset.plays import PLAYS
 
-from checkinstall import exposure, install, launchargs, report, zipapp
+from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
 
 
 def check(args: argparse.Namespace) -> report.Outcome:
@@ -67,7 +67,7 @@ def _settings(
                 words, needed, "--tree: no interpreter here to run sglang's ServerArgs"
             )
         else:
-            settings = exposure.parse_with_server_args(python, words, env, needed)
+            settings = serverargs.parse_with_server_args(python, words, env, needed)
     settings.env = env
     if args.torch_build:
         settings.torch_build = args.torch_build
