@@ -17,7 +17,7 @@ VERSIONS = (
 )
 
 
-def _output(command: list[str]) -> str | None:
+def output(command: list[str]) -> str | None:
     """What the command printed, or None where it is missing or failed."""
     if shutil.which(command[0]) is None and not Path(command[0]).is_file():
         return None
@@ -28,19 +28,24 @@ def _output(command: list[str]) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def python_version(python: str) -> str | None:
+    """X.Y of the Python python names (a path or a name on PATH), or None where it fails."""
+    return output([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+
+
 def clocks() -> str | None:
     """The GPU's clocks now, one CSV line per GPU (CLOCKS' fields), or None without nvidia-smi.
 
     Read at the start (idle) and again by the S1 tests after their warm-up."""
-    return _output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
+    return output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
 
 
 def gather(python: str) -> dict[str, object]:
-    versions = _output([python, "-c", VERSIONS])
+    versions = output([python, "-c", VERSIONS])
     return {
-        "nvidia_smi": _output(["nvidia-smi"]),
+        "nvidia_smi": output(["nvidia-smi"]),
         "clocks": clocks(),
-        "python": _output([python, "--version"]),
+        "python": output([python, "--version"]),
         "versions": json.loads(versions) if versions else None,
         "git": shutil.which("git"),  # `command -v git`: the runner may have none
     }

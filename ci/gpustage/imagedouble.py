@@ -23,7 +23,7 @@ from patchset.errors import BackportError, Exit
 from patchset.paths import PROJECT_ROOT, cache_dir
 from testrun import venv
 
-from . import plan
+from . import facts
 
 PINS = PROJECT_ROOT / "ci" / "requirements-image-double.txt"
 PYTHON_VERSION = "3.12"  # the image's Python is 3.12.3
@@ -40,7 +40,7 @@ def find_python() -> str:
     )
     on_path = shutil.which(f"python{PYTHON_VERSION}")
     for candidate in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
-        if plan.python_version_of(candidate) == PYTHON_VERSION:
+        if facts.python_version(candidate) == PYTHON_VERSION:
             return candidate
     raise BackportError(
         Exit.ENVIRONMENT,
