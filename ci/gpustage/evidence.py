@@ -177,13 +177,8 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
     rows: list[tuple[str, ...]] = []
     found = _json(reports / machine.FILE)
     if found:
-        versions = found.get("versions") or {}
-        machine_is = (
-            f"{versions.get('device') or 'no CUDA device'}; torch {versions.get('torch')}, "
-            f"triton {versions.get('triton')}; git: {found.get('git') or 'none'}"
-        )
         expected = "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
-        rows.append(("machine", machine_is, expected, "reported"))
+        rows.append(("machine", machine.describe(found), expected, "reported"))
         if found.get("clocks"):
             clocks = found["clocks"].replace("\n", "; ")
             rows.append(("clocks before the GPU stages", clocks, "", ""))

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 FILE = "facts.json"
 CLOCKS = "name,driver_version,pstate,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw"
@@ -40,26 +41,25 @@ def clocks() -> str | None:
     return output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
 
 
-def gather(python: str) -> dict[str, object]:
+def describe(found: dict[str, Any]) -> str:
+    """The machine in one line, from what record wrote: device, torch, triton, git."""
+    versions = found.get("versions") or {}
+    return (
+        f"{versions.get('device') or 'no CUDA device'}; torch {versions.get('torch')}, "
+        f"triton {versions.get('triton')}; git: {found.get('git') or 'none'}"
+    )
+
+
+def record(python: str, reports: Path) -> tuple[bool, str]:
+    """Write facts.json into reports; the stage's result line. Missing facts are said, not fatal."""
     versions = output([python, "-c", VERSIONS])
-    return {
+    found = {
         "nvidia_smi": output(["nvidia-smi"]),
         "clocks": clocks(),
         "python": output([python, "--version"]),
         "versions": json.loads(versions) if versions else None,
         "git": shutil.which("git"),  # `command -v git`: the runner may have none
     }
-
-
-def record(python: str, reports: Path) -> tuple[bool, str]:
-    """Write facts.json into reports; the stage's result line. Missing facts are said, not fatal."""
-    found = gather(python)
     reports.mkdir(parents=True, exist_ok=True)
     (reports / FILE).write_text(json.dumps(found, indent=2) + "\n", encoding="utf-8")
-    versions = found["versions"] or {}
-    assert isinstance(versions, dict)
-    gpu = versions.get("device") or "no CUDA device"
-    return True, (
-        f"ok: {gpu}; torch {versions.get('torch')}, triton {versions.get('triton')}; "
-        f"git: {found['git'] or 'none'}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"
-    )
+    return True, f"ok: {describe(found)}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"

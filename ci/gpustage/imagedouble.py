@@ -45,13 +45,9 @@ def find_python() -> str:
     )
 
 
-def venv_dir() -> Path:
-    digest = hashlib.sha256(f"python {PYTHON_VERSION}\n".encode() + PINS.read_bytes())
-    return cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
-
-
 def ensure() -> Path:
     """The double's python, made (or synced to its pins) first."""
-    folder = venv_dir()
+    digest = hashlib.sha256(f"python {PYTHON_VERSION}\n".encode() + PINS.read_bytes())
+    folder = cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
     venv.ensure_venv(folder, [PINS], "the lent machine's image, doubled", python=find_python())
     return venv.venv_python(folder)

@@ -198,6 +198,7 @@ def online(opts: Options) -> list[Stage]:
     manifest = opts.series.manifest
     version = manifest.base.version
     vpy = str(opts.venv / "bin" / "python")
+    wheel = str(paths.cache_dir() / manifest.base.wheel)
     cuda_check = (
         'import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"; '
         'print(torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
@@ -229,13 +230,7 @@ def online(opts: Options) -> list[Stage]:
         Stage(
             "install",
             "the pinned wheel with its full dependencies (its own CUDA torch), and pytest",
-            [
-                vpy,
-                *PIP_INSTALL,
-                str(paths.cache_dir() / manifest.base.wheel),
-                "-r",
-                str(wh.TEST_PINS),
-            ],
+            [vpy, *PIP_INSTALL, wheel, "-r", str(wh.TEST_PINS)],
             needs=("fetch-wheel", "venv"),
         ),
         Stage(
@@ -374,7 +369,7 @@ def _git_less_layout(opts: Options) -> Stage:
     )
 
 
-def facts(opts: Options, offline_mode: bool) -> dict[str, str]:
+def facts(opts: Options) -> dict[str, str]:
     """What the dry run's plan shows above its stages."""
     manifest = opts.series.manifest
     shown = {
@@ -383,7 +378,7 @@ def facts(opts: Options, offline_mode: bool) -> dict[str, str]:
         "python": opts.python,
         "reports": str(opts.reports),
     }
-    if not offline_mode:
+    if opts.venv is not None:
         return shown | {
             "venv": str(opts.venv),
             "wheel": str(paths.cache_dir() / manifest.base.wheel),
