@@ -288,26 +288,19 @@ def offline(opts: Options) -> list[Stage]:
     torch_pin = opts.series.manifest.release.torch or "?"
     gpu = [] if opts.rehearse else ["&&", "nvidia-smi", "-L"]
     cuda = [] if opts.rehearse else ["&&", opts.python, "-c", CUDA_CHECK]
+    policy = "any" if opts.any_torch else "pinned"
     return [
         Stage(
             "preflight",
-            f"Python {version} and "
-            + ("no GPU (rehearsal)" if opts.rehearse else "a CUDA GPU")
-            + " are present",
+            f"Python {version} and {'no GPU (rehearsal)' if opts.rehearse else 'a CUDA GPU'} "
+            "are present",
             [opts.python, "--version", *gpu],
             action=preflight(opts.python, version, need_gpu=not opts.rehearse),
         ),
         Stage(
             "torch-check",
             f"the runner's own torch is the base's pin ({torch_pin}) with a torchvision",
-            [
-                opts.python,
-                "-c",
-                TORCH_CHECK,
-                torch_pin,
-                "any" if opts.any_torch else "pinned",
-                *cuda,
-            ],
+            [opts.python, "-c", TORCH_CHECK, torch_pin, policy, *cuda],
             needs=("preflight",),
             judge=judge_with_warnings,
         ),

@@ -27,51 +27,35 @@ from types import CodeType, FunctionType, ModuleType
 
 import torch
 
-# The modules the GPU test and the benchmark use.
+# A trailing "?" below marks what only some releases have, used where it is there.
+
+# The modules the GPU test and the benchmark use: 0.5.13 has no runtime context.
 MODULES = (
     "sglang.srt.disaggregation.decode",
     "sglang.srt.managers.overlap_utils",
     "sglang.srt.managers.schedule_batch",
     "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.runtime_context",
+    "sglang.srt.runtime_context?",
     "sglang.srt.speculative.eagle_disaggregation",
     "sglang.srt.speculative.spec_info",
 )
 
-# Modules of MODULES that only some releases have: 0.5.13 has no runtime context.
-OPTIONAL_MODULES = frozenset({"sglang.srt.runtime_context"})
-
-# What the S1 rig and the benchmark run: module -> qualified names.
-PATH_UNDER_TEST = {
-    "sglang.srt.managers.overlap_utils": (
-        "FutureMap.__init__",
-        "FutureMap._lazy_init_forward_buf",
-        "FutureMap._maybe_init_dsa_topk_indices_buf",
-        "FutureMap._maybe_init_ngram_bufs",
-        "FutureMap.publish",
-        "FutureMap.stash",
-        "RelayPayload.from_draft_input",
-    ),
-    "sglang.srt.disaggregation.decode": (
-        "SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
-    ),
-    "sglang.srt.disaggregation.decode_schedule_batch_mixin": (
-        "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
-    ),
-    "sglang.srt.speculative.eagle_disaggregation": ("build_eagle_disagg_draft_input",),
-    "sglang.srt.speculative.eagle_info": ("EagleDraftInput.__post_init__",),
-    "sglang.srt.mem_cache.memory_pool": ("ReqToTokenPool.__init__",),
-}
-
-# Functions of PATH_UNDER_TEST that only some releases have, so the path does not run
-# them there: RelayPayload came with 0.5.15, the DSA top-k relay buffer with
-# 0.5.15.post1 and stash's n-gram buffers with 0.5.18.
-OPTIONAL_FUNCTIONS = frozenset(
-    {
-        "FutureMap._maybe_init_dsa_topk_indices_buf",
-        "FutureMap._maybe_init_ngram_bufs",
-        "RelayPayload.from_draft_input",
-    }
+# What the S1 rig and the benchmark run, as module:qualified name. RelayPayload came with
+# 0.5.15, the DSA top-k relay buffer with 0.5.15.post1, stash's n-gram buffers with 0.5.18.
+PATH_UNDER_TEST = (
+    "sglang.srt.managers.overlap_utils:FutureMap.__init__",
+    "sglang.srt.managers.overlap_utils:FutureMap._lazy_init_forward_buf",
+    "sglang.srt.managers.overlap_utils:FutureMap._maybe_init_dsa_topk_indices_buf?",
+    "sglang.srt.managers.overlap_utils:FutureMap._maybe_init_ngram_bufs?",
+    "sglang.srt.managers.overlap_utils:FutureMap.publish",
+    "sglang.srt.managers.overlap_utils:FutureMap.stash",
+    "sglang.srt.managers.overlap_utils:RelayPayload.from_draft_input?",
+    "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
+    "sglang.srt.disaggregation.decode_schedule_batch_mixin:"
+    "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
+    "sglang.srt.speculative.eagle_disaggregation:build_eagle_disagg_draft_input",
+    "sglang.srt.speculative.eagle_info:EagleDraftInput.__post_init__",
+    "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.__init__",
 )
 
 # Module-level flags re-evaluated after the import, by name -> the check that sets them.
@@ -109,11 +93,12 @@ def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
     """The modules, imported with CUDA hidden, their call-time CUDA flags restored."""
     modules: dict[str, ModuleType] = {}
     with cuda_hidden():
-        for name in (*names, *PATH_UNDER_TEST):
+        for entry in (*names, *(entry.partition(":")[0] for entry in PATH_UNDER_TEST)):
+            name = entry.removesuffix("?")
             try:
                 modules.setdefault(name, importlib.import_module(name))
             except ModuleNotFoundError as err:
-                if name not in OPTIONAL_MODULES or err.name != name:
+                if not entry.endswith("?") or err.name != name:
                     raise
         # Imported after the window, with is_cuda() True, what the path imports inside
         # its functions would take its sgl_kernel branch.
@@ -244,17 +229,17 @@ def path_under_test() -> dict[tuple[str, str], FunctionType]:
     optional raises AttributeError: the path changed and the rig must follow it.
     """
     present = {}
-    for module_name, qualnames in PATH_UNDER_TEST.items():
-        for qualname in qualnames:
-            obj: object = importlib.import_module(module_name)
-            try:
-                for part in qualname.split("."):
-                    obj = getattr(obj, part)
-            except AttributeError:
-                if qualname in OPTIONAL_FUNCTIONS:
-                    continue
-                raise
-            present[module_name, qualname] = inspect.unwrap(getattr(obj, "__func__", obj))
+    for entry in PATH_UNDER_TEST:
+        module_name, _, qualname = entry.removesuffix("?").partition(":")
+        obj: object = importlib.import_module(module_name)
+        try:
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            if entry.endswith("?"):
+                continue
+            raise
+        present[module_name, qualname] = inspect.unwrap(getattr(obj, "__func__", obj))
     return present
 
 

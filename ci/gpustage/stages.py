@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,14 +263,9 @@ def run_stage(
 
 def skip_reasons(junit_xml: Path) -> dict[str, str]:
     """test function (with its parameters) -> why it skipped, from pytest's JUnit XML."""
-    if not junit_xml.is_file():
-        return {}
-    reasons = {}
-    for case in ElementTree.parse(junit_xml).iter("testcase"):
-        skipped = case.find("skipped")
-        if skipped is not None:
-            reasons[case.get("name", "")] = skipped.get("message", "")
-    return reasons
+    cases = ElementTree.parse(junit_xml).iter("testcase") if junit_xml.is_file() else ()
+    skips = ((case.get("name", ""), case.find("skipped")) for case in cases)
+    return {name: skip.get("message", "") for name, skip in skips if skip is not None}
 
 
 def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
@@ -285,12 +281,10 @@ def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
         if not report.is_file():
             return False, f"FAIL: no test report (pytest exit {rc})"
         by_test = testrun_outcomes.read_outcomes(report)[0]
-        outcomes = list(by_test.values())
-        counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
-        good = counts.get(testrun_outcomes.PASS, 0)
+        counts = Counter(by_test.values())
+        good, skipped = counts[testrun_outcomes.PASS], counts[testrun_outcomes.SKIP]
         text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
-        skipped = counts.get(testrun_outcomes.SKIP, 0)
-        bad = len(outcomes) - good - counts.get(testrun_outcomes.EXPECTED_FAIL, 0) - skipped
+        bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
         if rc != 0 or bad:
             return False, f"FAIL: {text}"
         reasons = skip_reasons(report.with_suffix(".xml"))
