@@ -143,7 +143,7 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
     env["PYTHONUNBUFFERED"] = "1"  # a stage's output reaches the log as it is printed
     end = None if timeout is None else time.monotonic() + timeout
     with log.open("w", encoding="utf-8") as out:
-        shown = _Tee(sys.stdout, out)
+        both = _Tee(sys.stdout, out)
         for is_and, words in itertools.groupby(stage.command, lambda w: w == "&&"):
             if is_and:
                 continue
@@ -175,7 +175,7 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
             try:
                 assert proc.stdout is not None
                 # line by line: the log is current if the machine is lost mid-stage
-                shown.writelines(proc.stdout)
+                both.writelines(proc.stdout)
                 rc = proc.wait()
             except BaseException:
                 stop()
