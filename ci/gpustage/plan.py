@@ -84,9 +84,10 @@ def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[b
 
 
 def _step_tree(opts: Options, step: str) -> Path:
-    if opts.trees is not None:
-        return layout.tree_path(opts.trees, opts.series, step) / "python"
-    return paths.build_dir() / "steps" / opts.series.manifest.base.version / step / "python"
+    """The folder that holds step's sglang: the git-less trees, else build/steps/ as
+    patchset.buildtree lays it out."""
+    root = opts.trees or paths.build_dir() / "steps"
+    return layout.tree_path(root, opts.series, step) / "python"
 
 
 def _gpu_stages(opts: Options) -> list[Stage]:
