@@ -1,10 +1,9 @@
 """What a GPU run measured, each figure beside its expected value; the criteria; the tarball.
 
-The success criteria are fixed here, before any run (issue 23), and written
-into the reports folder before the first stage. The figures come from what
-the stages left there: each pytest stage's outcome file (the S1 tally with its
-measured sleep, the CSAN report, kept as recorded properties), bench.json and
-facts.json.
+The success criteria are fixed here, before any run, and written into the
+reports folder before the first stage. The figures come from what the stages
+left there: each pytest stage's outcome file (the S1 tally with its measured
+sleep, the CSAN report, kept as recorded properties), bench.json and facts.json.
 """
 
 from __future__ import annotations
