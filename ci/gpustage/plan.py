@@ -15,6 +15,7 @@ from patchset.errors import BackportError
 from patchset.manifest import Series
 from testrun.outcomes import OPTION as OUTCOMES_OPTION
 from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
+from testrun.venv import PYTHON_VERSION
 
 from . import contract, evidence, layout
 from . import facts as machine
@@ -24,7 +25,8 @@ from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_war
 ROOT = paths.PROJECT_ROOT
 GPU_TEST = ROOT / "test" / "steps" / "test_gpu_prebuilt_race.py"
 BENCH = ROOT / "ci" / "bench_wait_stream.py"
-VENV_PYTHON = "3.11"  # the online venv installs the cp311 wheel with its dependencies
+# the online venv installs the pinned wheel, built for the test environments' Python
+VENV_PYTHON = ".".join(map(str, PYTHON_VERSION))
 LONG_S1_ITERATIONS = 1000  # the fixed step's long run, beside every step's 200
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 # The least time each kind of GPU stage needs on an H200 (imports, S1, the CSAN
