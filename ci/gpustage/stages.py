@@ -97,10 +97,7 @@ def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
 
 
 def rel(path: Path) -> str:
-    try:
-        return str(path.relative_to(PROJECT_ROOT))
-    except ValueError:
-        return str(path)
+    return str(path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path)
 
 
 def shell_line(stage: Stage) -> str:
