@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patchset import buildtree
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.buildtree import build_tree_path, default_branch, pristine_tag, series_commits
 from patchset.catalog import blobs_of, load_catalog
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
@@ -51,30 +51,24 @@ class StepFiles:
 
 def _from_build_tree(series: Series, build: Path) -> StepFiles | None:
     """The build tree's files, when it holds exactly this series (the catalog says so)."""
-    repo = build_tree_path(series, build)
+    repo = buildtree.build_tree_path(series, build)
     if not (repo / ".git").exists():
         return None
     git = Git(repo, owned=True)
     manifest = series.manifest
-    tag, branch = pristine_tag(manifest), default_branch(manifest)
+    tag, branch = buildtree.pristine_tag(manifest), buildtree.default_branch(manifest)
     if git.rev(tag) is None or git.rev(f"refs/heads/{branch}") is None:
         return None
-    revs = [tag, *series_commits(git, manifest)]
+    revs = [tag, *buildtree.series_commits(git, manifest)]
     if len(revs) != len(manifest.steps):
         return None
+    catalog = load_catalog(series.folder.parent)
     files: dict[str, dict[str, str]] = {}
     for step, rev in zip(manifest.steps, revs, strict=True):
-        files[step] = {}
-        for path in manifest.files:
-            result = git.run("show", f"{rev}:{path}", check=False)
-            if result.returncode != 0:
-                return None
-            files[step][path] = result.stdout
-    catalog = load_catalog(series.folder.parent)
-    for step, by_path in files.items():
-        blobs = blobs_of({path: text.encode() for path, text in by_path.items()})
-        if catalog.step_of(series.folder.name, blobs) != step:
+        found = buildtree.files_at(git, rev, manifest)
+        if None in found.values() or catalog.step_of(series.folder.name, blobs_of(found)) != step:
             return None
+        files[step] = _decoded(found)  # type: ignore[arg-type]
     return StepFiles(f"build tree {repo} ({tag}..{branch})", files)
 
 
