@@ -34,10 +34,12 @@ def main() -> int:
         diff = export.stale_diff(series, paths.build_dir())
         if diff:
             sys.stdout.write(diff)
-            raise BackportError(
-                Exit.STALE,
-                f"the patch set in {series.folder} is stale (diff above)",
-                "run scripts/export-patches and commit the result",
+            return cli.report(
+                BackportError(
+                    Exit.STALE,
+                    f"the patch set in {series.folder} is stale (diff above)",
+                    "run scripts/export-patches and commit the result",
+                )
             )
         print(f"up to date: {series.folder} matches a fresh export")
         return Exit.OK

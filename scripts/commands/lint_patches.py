@@ -36,9 +36,11 @@ def main() -> int:
     if report.ok:
         print(f"lint ok: {summary}")
         return Exit.OK
-    raise BackportError(
-        Exit.PATCHSET_INVALID,
-        f"{len(report.violations)} problems in {summary}",
-        "fix each line above; patch content is changed on the patched branch and "
-        "re-exported with scripts/export-patches",
+    return cli.report(
+        BackportError(
+            Exit.PATCHSET_INVALID,
+            f"{len(report.violations)} problems in {summary}",
+            "fix each line above; patch content is changed on the patched branch and "
+            "re-exported with scripts/export-patches",
+        )
     )
