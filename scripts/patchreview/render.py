@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import textwrap
+from pathlib import Path
 
 from .notes import Note
 from .review import FileChange, FunctionComparison, FunctionSource, PatchReview, Review
@@ -13,6 +14,7 @@ FOLD_CONTEXT = 3
 # the class of a line of the cumulative diff (HTML), by its first characters
 DIFF_CLASSES = (("--- ", "file"), ("+++ ", "file"), ("@@", "hunk"), ("+", "add"), ("-", "del"))
 
+CSS = (Path(__file__).parent / "review.css").read_text(encoding="utf-8")
 _e = html.escape
 
 # --- shared --------------------------------------------------------------------
@@ -193,58 +195,6 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
 
 
 # --- HTML ----------------------------------------------------------------------
-
-CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328;
-  margin: 0 auto; max-width: 1500px; padding: 16px 24px 48px; background: #fff; }
-h1 { font-size: 22px; margin: 8px 0 4px; }
-h2 { font-size: 18px; margin: 32px 0 8px; padding-bottom: 4px; border-bottom: 2px solid #d0d7de; }
-h3 { font-size: 15px; margin: 0 0 6px; }
-h3.fn { font-size: 16px; margin: 28px 0 4px; padding: 6px 10px; background: #f6f8fa;
-  border-left: 4px solid #0969da; }
-h2 code, h3 code { font-size: inherit; }
-.lead { color: #57606a; max-width: 1000px; }
-code, pre, td.code { font: 12px/1.45 ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
-.meta { color: #57606a; margin: 2px 0; }
-.summary { border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 14px; margin: 12px 0;
-  background: #f6f8fa; }
-.summary.bad { border-color: #cf222e; background: #ffebe9; }
-.card { border: 1px solid #d0d7de; border-radius: 6px; padding: 12px 16px; margin: 12px 0; }
-.badge { display: inline-block; padding: 0 8px; border-radius: 10px; font-size: 12px;
-  font-weight: 600; border: 1px solid; margin-right: 6px; }
-.ok { color: #1a7f37; border-color: #1a7f37; background: #dafbe1; }
-.bad { color: #a40e26; border-color: #cf222e; background: #ffebe9; }
-.neutral { color: #57606a; border-color: #afb8c1; background: #f6f8fa; }
-.why p { margin: 6px 0; max-width: 900px; }
-pre.stat, pre.diff { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 6px;
-  padding: 8px 10px; overflow-x: auto; margin: 6px 0; }
-pre.diff .add { background: #e6ffec; display: block; }
-pre.diff .del { background: #ffebe9; display: block; }
-pre.diff .hunk { color: #8250df; display: block; }
-pre.diff .file { font-weight: 700; display: block; }
-table.sbs { width: 100%; border-collapse: collapse; table-layout: fixed; margin: 8px 0;
-  border: 1px solid #d0d7de; }
-table.sbs col.ln { width: 48px; }
-table.sbs th { background: #f6f8fa; text-align: left; padding: 6px 8px; font-weight: 600;
-  border-bottom: 1px solid #d0d7de; }
-table.sbs td { padding: 0 6px; vertical-align: top; }
-td.ln { color: #8c959f; text-align: right; user-select: none; border-right: 1px solid #eaeef2; }
-td.code { white-space: pre-wrap; word-break: break-word; }
-td.code.mid { border-right: 2px solid #d0d7de; }
-tr.changed td.left { background: #ffebe9; }
-tr.changed td.right { background: #e6ffec; }
-tr.changed td.empty { background: #f6f8fa; }
-td.uncovered { outline: 2px solid #cf222e; outline-offset: -2px; }
-tr.note td { background: #fff8c5; font: 12px/1.4 system-ui, sans-serif; padding: 3px 8px;
-  border-top: 1px solid #d4a72c; }
-tr.note.ok td { background: #ddf4ff; border-top-color: #54aeff; }
-tr.note.bad td { background: #ffebe9; border-top-color: #cf222e; font-weight: 600; }
-tr.fold td { background: #f6f8fa; color: #57606a; text-align: center; font-size: 12px;
-  padding: 2px; border-top: 1px dashed #d0d7de; border-bottom: 1px dashed #d0d7de; }
-ol.notes li { margin: 4px 0 8px; max-width: 1000px; }
-table.sig { border-collapse: collapse; margin: 6px 0; }
-table.sig td, table.sig th { border: 1px solid #d0d7de; padding: 2px 8px; text-align: left; }
-"""
 
 
 def _paragraphs(text: str) -> str:
@@ -437,7 +387,7 @@ def _page(title: str, body: str) -> str:
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+        f"<title>{_e(title)}</title><style>\n{CSS}</style></head><body>{body}</body></html>\n"
     )
 
 
