@@ -16,26 +16,19 @@ from testrun import runner, venv
 from testrun.runner import SuiteRun
 
 DESCRIPTION = """\
-Set up and run every test of the project.
+Set up and run every test of the project (docs/testing.md says how).
 
-1. For every sglang release served under patches/ (or the ones named with
-   --base), the test environment of its own pins: requirements/<env>.txt
-   (torch, torchvision, transformers as that release pins them, and the rest
-   of the CPU import closure of decode.py, overlap_utils.py and
-   eagle_disaggregation.py, exact and hashed, with the test tools).
-   Releases with the same pins share one environment; each is made once in
-   the cache folder with uv (pinned in requirements/uv.txt, bootstrapped with
-   pip --require-hashes) and synced to its file on every run.
+1. For every sglang release served under patches/ (or those named with --base),
+   make or sync the test environment of its own pins: requirements/<env>.txt,
+   exact and hashed, made with uv (requirements/uv.txt) in the cache folder;
+   releases with the same pins share one environment.
 2. Apply each release's series to its build tree (as scripts/apply-patches
    does) and lay out one tree per step under build/steps/<release>/.
-3. Run pytest on test/steps once per release and step: one worker per
-   environment (all at once, sharing --parallel children) imports torch and
-   the rest once and forks a child per tree with that tree first on the
-   import path. A test marked pass_on(...) must fail, with an AssertionError,
-   on the steps that lack its fix (strict xfail). Then run test/tools once,
-   in the default release's environment, under pytest-xdist with --parallel
-   workers (--dist loadgroup: the files that share the session's fixtures
-   carry one xdist_group mark and run on one worker).
+3. Run pytest on test/steps once per release and step, in children forked
+   after the heavy imports, --parallel at once. A test marked pass_on(...)
+   must fail, with an AssertionError, on the steps that lack its fix (strict
+   xfail). Then run test/tools once, in the default release's environment,
+   with --parallel pytest-xdist workers.
 4. Print, per release, a table of each step test's outcome per step and the
    race table measured at each step, then each run's verdict.
 

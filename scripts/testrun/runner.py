@@ -1,12 +1,7 @@
 """One pytest run per suite and per sglang tree, and the tables of their outcomes.
 
-test/tools runs once, under pytest-xdist: long-lived workers, each importing
-what its tests need once; the files that share the session's fixtures carry
-an xdist_group mark (test/tools/conftest.py). test/steps runs once per step of
-every series under test; those runs go to testrun.worker, which imports the
-heavy third-party modules once per environment and forks a child per tree
-(treefork), so a module imported for one tree never leaks into another and
-each tree pays only for its own sglang.
+test/tools runs once, under pytest-xdist; test/steps runs once per step, each run
+in a child that testrun.worker forks after the heavy imports (docs/testing.md).
 """
 
 from __future__ import annotations

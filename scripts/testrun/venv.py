@@ -1,17 +1,9 @@
 """Test environments, made with uv: one virtual environment per set of pins.
 
-Each sglang release is tested on the torch and transformers it pins; releases
-with the same pins share requirements/<name>.txt (exact and hashed, the test
-tools included) and one environment. It lives in the cache folder under a name
-that carries the digest of its requirement files, so every clone on the machine
-reuses it and a changed file gets a fresh one instead of two clones syncing one
-environment back and forth.
-
-uv is pinned by version and sha256 (requirements/uv.txt), bootstrapped once per
-machine with `pip --require-hashes`. `uv pip sync --require-hashes` runs on every
-run: a no-op of about a second when the environment is right, the repair of one
-an interrupted install left half-made. uv's cache sits beside the environments,
-on the same file system, so a torch another environment has is hard-linked.
+Releases with the same torch and transformers pins share requirements/<name>.txt
+and one environment in the cache folder, named by the digest of its requirement
+files, so every clone reuses it and a changed file gets a fresh one.
+docs/testing.md says how they are made, kept and shared.
 """
 
 from __future__ import annotations
