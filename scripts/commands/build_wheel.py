@@ -106,14 +106,13 @@ def main() -> int:
         help="output folder (default: dist/)",
     )
     args = p.parse_args()
-    if args.base and args.patch_set == paths.DEFAULT_PATCH_DIR:
-        series = series_for_release(paths.PATCHES_ROOT, args.base)
+    if args.base:
+        # the default --patch-set names the folder of patch sets to pick from
+        series = series_for_release(args.patch_set.parent, args.base)
+        if args.patch_set not in (series.folder, paths.DEFAULT_PATCH_DIR):
+            p.error(f"--patch-set {args.patch_set} does not serve sglang {args.base}")
     else:
         series = Series.load(args.patch_set)
-        if args.base:
-            series = series_for_release(args.patch_set.parent, args.base)
-            if series.folder != args.patch_set:
-                p.error(f"--patch-set {args.patch_set} does not serve sglang {args.base}")
     pinned = series.manifest.release.wheels
     wanted = args.python_version or (python_of(args.python) if args.python else None)
     if wanted is not None and wanted not in pinned:

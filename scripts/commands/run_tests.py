@@ -226,14 +226,15 @@ def _run(
     # being made meanwhile (Environments), and waited for after the applies.
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
-        series = chosen[0]
-        final = series.manifest.final_step
+        series, final = chosen[0], chosen[0].manifest.final_step
+        trees = tree_labels(args.tree)
         runs = [
             SuiteRun(label, runner.STEP_TESTS, results, runner.step_env(series, final, tree), tree)
-            for label, tree in tree_labels(args.tree).items()
+            for label, tree in trees.items()
         ]
-        title = f"--tree (as {series.manifest.base.version} +{final})"
-        tables.append((title, [run.label for run in runs], runs, series))
+        tables.append(
+            (f"--tree (as {series.manifest.base.version} +{final})", list(trees), runs, series)
+        )
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
@@ -270,15 +271,14 @@ def _run(
 
     # test/tools after the step runs: on two cores, running both at once took
     # longer in all than one after the other (measured; see docs/performance.md).
-    tools: list[SuiteRun] = []
+    all_runs: list[SuiteRun] = []
     if not args.steps_only and not args.tree:
-        tools = [SuiteRun("tools", runner.TOOL_TESTS, results, {})]
+        all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, results, {}))
         progress(f"test/tools started with {tools_python}, {args.parallel} xdist worker(s)")
         started = time.monotonic()
-        runner.run_tools(tools_python, tools[0], extra, args.parallel)
+        runner.run_tools(tools_python, all_runs[0], extra, args.parallel)
         phases["test/tools"] = time.monotonic() - started
 
-    all_runs: list[SuiteRun] = list(tools)
     for title, headers, runs, _series in tables:
         all_runs += runs
         print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
