@@ -206,20 +206,28 @@ def _badge(cls: str, text: str) -> str:
     return f'<span class="badge {cls}">{text}</span>'
 
 
+def _code(text: str | None) -> str:
+    return f"<code>{_e(text) if text is not None else '(absent)'}</code>"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    """A small table of HTML cells: the signature's, and the one of every base."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="sig"><tr>{head}</tr>{body}</table>'
+
+
 def _patch_html(patch: PatchReview) -> str:
     status_class = "ok" if patch.status.split(" ")[0] in {"Backport", "Submitted"} else "neutral"
     touched = "".join(
-        f"<li><code>{_e(c.path)}</code>: "
-        + ", ".join(f"<code>{_e(f)}</code>" for f in c.functions)
-        + "</li>"
+        f"<li>{_code(c.path)}: " + ", ".join(_code(f) for f in c.functions) + "</li>"
         for c in patch.files
     )
     return (
         f'<div class="card"><h3>{_e(patch.name)}</h3>'
         f'<div class="meta"><b>{_e(patch.subject)}</b></div>'
         f'<div class="meta">{_badge(status_class, f"Upstream-Status: {_e(patch.status)}")}'
-        f" PR <code>{_e(patch.pr)}</code> · released in "
-        f"sglang <code>{_e(patch.release)}</code></div>"
+        f" PR {_code(patch.pr)} · released in sglang {_code(patch.release)}</div>"
         f'<div class="why">{_paragraphs(patch.why)}</div>'
         f"<div><b>Touches</b><ul>{touched}</ul></div>"
         f'<pre class="stat">{_e(chr(10).join(diffstat(patch.files)))}</pre></div>'
@@ -230,7 +238,7 @@ def _cumulative_html(review: Review) -> str:
     parts: list[str] = []
     for path, lines in review.cumulative.items():
         if not lines:
-            parts.append(f'<p class="meta"><code>{_e(path)}</code>: no net change</p>')
+            parts.append(f'<p class="meta">{_code(path)}: no net change</p>')
             continue
         spans = []
         for line in lines:
@@ -319,24 +327,15 @@ def _function_html(function: FunctionComparison, base_version: str, anchor: str)
     )
     sig = ""
     if function.signature:
-        rows = "".join(
-            f"<tr><td><code>{_e(c.param)}</code></td>"
-            + "".join(
-                f"<td><code>{_e(value) if value is not None else '(absent)'}</code></td>"
-                for value in (c.ours, c.upstream)
-            )
-            + (
-                f"<td>[{numbers[c.note]}] {_e(c.note.title)}</td>"
+        rows = []
+        for c in function.signature:
+            why = (
+                f"[{numbers[c.note]}] {_e(c.note.title)}"
                 if c.note
-                else f"<td>{_badge('bad', 'UNEXPLAINED')}</td>"
+                else _badge("bad", "UNEXPLAINED")
             )
-            + "</tr>"
-            for c in function.signature
-        )
-        sig = (
-            '<table class="sig"><tr><th>parameter</th><th>ours</th>'
-            f"<th>{_e(function.upstream_version)}</th><th>why</th></tr>{rows}</table>"
-        )
+            rows.append([_code(c.param), _code(c.ours), _code(c.upstream), why])
+        sig = _table(["parameter", "ours", _e(function.upstream_version), "why"], rows)
     notes = "".join(
         f'<li value="{n}"><b>{_e(note.title)}</b> <span class="meta">(bases: '
         f"{_e(note.bases)})</span><br>{_e(note.why)}</li>"
@@ -347,8 +346,8 @@ def _function_html(function: FunctionComparison, base_version: str, anchor: str)
         for note in function.stale_notes
     )
     return (
-        f'<h3 id="{_e(anchor)}" class="fn"><code>{_e(function.qualname)}</code></h3>'
-        f'<div class="meta"><code>{_e(function.path)}</code> · ours is '
+        f'<h3 id="{_e(anchor)}" class="fn">{_code(function.qualname)}</h3>'
+        f'<div class="meta">{_code(function.path)} · ours is '
         f"{_e(_net_change(function, base_version))} · {badge}</div>"
         f"{sig}"
         + (f'<ol class="notes">{notes}</ol>' if notes else "")
@@ -360,7 +359,7 @@ def _function_html(function: FunctionComparison, base_version: str, anchor: str)
 def _review_html(review: Review, prefix: str = "") -> str:
     """The body of one base's review; prefix keeps anchors apart on a page of several."""
     toc = " · ".join(
-        f'<a href="#{_e(prefix + f.qualname)}"><code>{_e(f.qualname.rsplit(".", 1)[-1])}</code></a>'
+        f'<a href="#{_e(prefix + f.qualname)}">{_code(f.qualname.rsplit(".", 1)[-1])}</a>'
         for f in review.functions
     )
     return (
@@ -400,19 +399,16 @@ def render_html(review: Review) -> str:
 
 def render_all_html(reviews: list[Review]) -> str:
     """Every base's review on one page, a table of the bases first."""
-    rows = "".join(
-        f'<tr><td><a href="#sglang-{_e(r.base_version)}">{_e(r.base_version)}</a></td>'
-        f"<td>{len(r.patches)}</td><td>{r.differences}</td><td>{r.notes}</td>"
-        f"<td>{r.unexplained}</td><td>{r.stale}</td>"
-        f"<td>{_badge('ok', 'ok') if r.ok else _badge('bad', 'not ok')}</td></tr>"
+    rows = [
+        [
+            f'<a href="#sglang-{_e(r.base_version)}">{_e(r.base_version)}</a>',
+            *map(str, (len(r.patches), r.differences, r.notes, r.unexplained, r.stale)),
+            _badge("ok", "ok") if r.ok else _badge("bad", "not ok"),
+        ]
         for r in reviews
-    )
+    ]
+    table = _table(["base", "patches", "differences", "notes", "unexplained", "stale", ""], rows)
     upstream = reviews[0].upstream_version if reviews else ""
-    table = (
-        '<table class="sig"><tr><th>base</th><th>patches</th><th>differences</th>'
-        "<th>notes</th><th>unexplained</th><th>stale</th><th></th></tr>"
-        f"{rows}</table>"
-    )
     sections = "".join(
         f'<h1 id="sglang-{_e(r.base_version)}">sglang {_e(r.base_version)} backport series</h1>'
         + _review_html(r, prefix=f"{r.base_version}-")
