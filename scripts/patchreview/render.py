@@ -17,8 +17,6 @@ DIFF_CLASSES = (("--- ", "file"), ("+++ ", "file"), ("@@", "hunk"), ("+", "add")
 CSS = (Path(__file__).parent / "review.css").read_text(encoding="utf-8")
 _e = html.escape
 
-# --- shared --------------------------------------------------------------------
-
 
 def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
