@@ -14,12 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.errors import BackportError, Exit
+from patchset.lock import marked_folder
 from patchset.manifest import PinManifest, sha256_of
 from patchset.paths import PROJECT_ROOT
 from testrun import venv
@@ -105,13 +105,13 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
         return out / MANIFEST
     out.mkdir(parents=True, exist_ok=True)
     pins = wanted_pins(manifest)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".download-") as tmp:
+    with marked_folder(out, ".download-") as tmp:
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), "utf-8")
         command = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
             "--disable-pip-version-check", "--python-version", python_version,
-            *(f"--platform={p}" for p in PLATFORMS), "--dest", tmp, "-r", str(requirements),
+            *(f"--platform={p}" for p in PLATFORMS), "--dest", str(tmp), "-r", str(requirements),
         ]  # fmt: skip
         print(f"$ {' '.join(command)}", flush=True)
         result = subprocess.run(command)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patchset.lock import marked_folder
 from patchset.manifest import Series
 from patchset.paths import PROJECT_ROOT
 from patchset.textout import table
@@ -138,7 +139,7 @@ def run_forked(
     groups = [(python, runs) for python, runs in groups if runs]
     if not groups:
         return
-    with tempfile.TemporaryDirectory(prefix="run-tests-") as tmp:
+    with marked_folder(Path(tempfile.gettempdir()), "sglang-backports-run-tests-") as tmp:
         workers: list[tuple[subprocess.Popen[bytes], Path]] = []
         results: dict[SuiteRun, Path] = {}
         for g, (python, runs) in enumerate(groups):
@@ -158,7 +159,7 @@ def run_forked(
                     [str(python), "-m", "testrun.worker", str(jobs_file)],
                     # what torch and pytest put in TMPDIR (torchinductor_<user>, ...) goes
                     # with the run's own folder, also when a signal ends the run
-                    env=_clean_env(PYTHONPATH=str(SCRIPTS), TMPDIR=tmp),
+                    env=_clean_env(PYTHONPATH=str(SCRIPTS), TMPDIR=str(tmp)),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )
