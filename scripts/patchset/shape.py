@@ -1,20 +1,17 @@
-"""Judge sglang's prebuilt FutureMap race by the shape of its code (ast), not its bytes.
-
-For files that match no known release: a fork, a cherry-pick, a release not yet
-seen. What is read:
+"""Judge sglang's prebuilt FutureMap race by the shape of its code (ast), not its bytes:
+for a fork, a cherry-pick, a release not yet seen. What is read:
 - the design: FutureMap relays request-pool rows (publish/stash), or hands out
   fresh future slots (alloc_future_indices, store_to_map_for_new_batch: before
   the race);
 - fix B: on every path get_new_prebuilt_batch takes with overlap on (through the
-  helpers it calls, followed where they are defined), a full ordering of the
-  schedule stream after the forward stream (schedule_stream.wait_stream(
-  forward_stream), a synchronize of the forward stream or of the device) after
-  prepare_for_prebuilt() and before process_prebuilt(). Any condition other than
-  overlap is taken as possibly false, so a wait under one is not fix B;
+  helpers it calls), a full ordering of the schedule stream after the forward
+  stream (schedule_stream.wait_stream(forward_stream), a synchronize of the
+  forward stream or the device) after prepare_for_prebuilt() and before
+  process_prebuilt(); a wait under any other condition is not fix B;
 - fix A: FutureMap.publish waits on publish_ready before recording it again;
-- the WAR barrier of the decode loop, reported as found, never taken for fix B.
+- the WAR barrier of the decode loop, reported, never taken for fix B.
 Anything short of a clear fix-B shape is never "fixed". Standard library only,
-Python 3.10 and later (check-install's zipapp carries it).
+Python 3.10 and later.
 """
 
 from __future__ import annotations

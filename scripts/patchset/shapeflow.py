@@ -1,19 +1,18 @@
-"""Reading sglang's code for the shape judgement (patchset/shape.py): its files,
-and the walk of every path through the prebuilt batch's functions.
+"""Reading sglang's code for the shape judgement (patchset/shape.py): its files, and
+the walk of every path through the prebuilt batch's functions.
 
-The walk follows get_new_prebuilt_batch through the helpers it calls (in its
-class, its module, or wherever the tree defines them) and keeps, per path, whether
-prepare_for_prebuilt() ran and whether a full ordering of the schedule stream
-after the forward stream came after it. Overlap is on; every other condition may
-go either way, so a wait under one leaves a path without it. Standard library
-only, Python 3.10 and later.
+The walk follows get_new_prebuilt_batch through the helpers it calls (wherever the
+tree defines them) and keeps, per path, whether prepare_for_prebuilt() ran and a
+full ordering of the schedule stream after the forward stream came after it.
+Overlap is on; any other condition may go either way. Standard library only,
+Python 3.10 and later.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -67,16 +66,6 @@ class Sources:
             return sorted(PREFIX + p.relative_to(package).as_posix() for p in package.rglob("*.py"))
 
         return cls(read, paths)
-
-    @classmethod
-    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
-        """Only the given files (e.g. the three a release is recognised by)."""
-
-        def read(path: str) -> str | None:
-            text = texts.get(path)
-            return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-
-        return cls(read, lambda: sorted(texts))
 
     def text(self, path: str) -> str | None:
         if path not in self._texts:
@@ -141,9 +130,7 @@ def functions(module: ast.Module | None, file: str) -> Iterator[Fn]:
 
 
 def body_calls(fn: Fn) -> Iterator[ast.Call]:
-    for stmt in fn.node.body:
-        for call, _ in calls(stmt):
-            yield call
+    return (call for stmt in fn.node.body for call, _ in calls(stmt))
 
 
 def short(fn: Fn) -> str:
@@ -203,6 +190,11 @@ class Out:
     returns: set[tuple[Trace, bool]] = field(default_factory=set)  # (path, returned None)
     breaks: set[Trace] = field(default_factory=set)
     continues: set[Trace] = field(default_factory=set)
+
+    def add(self, done: Out, *kinds: str) -> None:
+        """done's paths of each kind (all of them by default) join this one's."""
+        for kind in kinds or ("normal", "returns", "breaks", "continues"):
+            getattr(self, kind).update(getattr(done, kind))
 
 
 def truth(test: ast.expr, path: Trace) -> bool | None:
@@ -282,9 +274,7 @@ class Flow:
             if not paths:
                 break
             done = self.stmt(stmt, paths, fn)
-            out.returns |= done.returns
-            out.breaks |= done.breaks
-            out.continues |= done.continues
+            out.add(done, "returns", "breaks", "continues")
             paths = done.normal
         out.normal = paths
         return out
@@ -350,10 +340,7 @@ class Flow:
             done = self.block(body, taken, fn)
             if unknown:
                 self.conditions.pop()
-            out.normal |= done.normal
-            out.returns |= done.returns
-            out.breaks |= done.breaks
-            out.continues |= done.continues
+            out.add(done)
         return out
 
     def loop(self, stmt: ast.For | ast.AsyncFor | ast.While, paths: set[Trace], fn: Fn) -> Out:
@@ -364,8 +351,7 @@ class Flow:
         self.conditions.append(f"the loop at line {stmt.lineno} runs")
         while frontier:  # a finite lattice: ends when no new state appears
             done = self.block(stmt.body, frontier, fn)
-            out.returns |= done.returns
-            out.breaks |= done.breaks
+            out.add(done, "returns", "breaks")
             frontier = (done.normal | done.continues) - seen
             seen |= frontier
         self.conditions.pop()
@@ -379,9 +365,7 @@ class Flow:
         body = self.block(stmt.body, paths, fn)  # type: ignore[attr-defined]
         out = Out(set(), set(body.returns), set(body.breaks), set(body.continues))
         for handler in stmt.handlers:  # type: ignore[attr-defined]
-            done = self.block(handler.body, paths | body.normal, fn)
-            out.normal |= done.normal
-            out.returns |= done.returns
+            out.add(self.block(handler.body, paths | body.normal, fn), "normal", "returns")
         out.normal |= self.block(stmt.orelse, body.normal, fn).normal  # type: ignore[attr-defined]
         final = stmt.finalbody  # type: ignore[attr-defined]
         out.normal = self.block(final, out.normal, fn).normal if final else out.normal
