@@ -33,7 +33,8 @@ MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
 BASE_STEP = "base"
 STEP_NAME = re.compile(r"^\d{4}$")
-REPAIR = "restore it with `git checkout -- patches/`, or regenerate it with scripts/export-patches"
+RESTORE = "restore it with `git checkout -- patches/`"
+REGENERATE = "regenerate it with scripts/export-patches"
 # A [races] entry: (kind, buffers, rows); every buffer races in every row, kind
 # being the first access and the second.
 RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
@@ -207,7 +208,7 @@ class PinManifest:
         """
         registry = registry or load_releases()
         missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
-        toml = TomlFile.load(path, "pin manifest", missing, REPAIR)
+        toml = TomlFile.load(path, "pin manifest", missing, f"{RESTORE}, or {REGENERATE}")
         version = toml.text(("sglang", "version"))
         patch_hashes = {
             name: toml.text(("patches", name), SHA256, "a sha256")
@@ -356,14 +357,15 @@ def replace_tables(text: str, tables: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _invalid(problem: str, next_step: str) -> BackportError:
+    return BackportError(Exit.PATCHSET_INVALID, problem, next_step)
+
+
 def require_folder(folder: Path) -> None:
     """Refuse a patch set folder that does not exist."""
     if not folder.is_dir():
-        raise BackportError(
-            Exit.PATCHSET_INVALID,
-            f"patch set folder {folder} does not exist",
-            "pass --patch-set with a folder under patches/",
-        )
+        problem = f"patch set folder {folder} does not exist"
+        raise _invalid(problem, "pass --patch-set with a folder under patches/")
 
 
 @dataclass(frozen=True)
@@ -388,11 +390,7 @@ class Series:
         manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"{series_file} does not exist",
-                "regenerate it with scripts/export-patches",
-            )
+            raise _invalid(f"{series_file} does not exist", REGENERATE)
         lines = series_file.read_text(encoding="utf-8").splitlines()
         names = [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
         return cls(folder=folder, patch_names=names, manifest=manifest)
@@ -401,29 +399,20 @@ class Series:
         """Refuse a series whose patch files differ from the manifest's hashes."""
         expected = list(self.manifest.patch_hashes)
         if self.patch_names != expected:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"{self.folder / SERIES_NAME} lists {self.patch_names}, but the "
-                f"manifest pins {expected}",
-                "restore the patch set with `git checkout -- patches/`, or "
-                "regenerate it with scripts/export-patches",
-            )
+            problem = f"{self.folder / SERIES_NAME} lists {self.patch_names}, but the manifest "
+            problem += f"pins {expected}"
+            restore = "restore the patch set with `git checkout -- patches/`"
+            raise _invalid(problem, f"{restore}, or {REGENERATE}")
         for path in self.patch_paths:
             if not path.is_file():
-                raise BackportError(
-                    Exit.PATCHSET_INVALID,
-                    f"patch {path} is named in the series but does not exist",
-                    "restore it with `git checkout -- patches/`",
-                )
+                raise _invalid(f"patch {path} is named in the series but does not exist", RESTORE)
             actual, pinned = sha256_of(path), self.manifest.patch_hashes[path.name]
             if actual != pinned:
-                raise BackportError(
-                    Exit.PATCHSET_INVALID,
-                    f"patch {path.name} has sha256 {actual}, but the manifest "
-                    f"pins {pinned}: the file was changed after it was exported",
-                    "restore it with `git checkout -- patches/`, or, if the change "
-                    "is wanted, make it on the patched branch and run "
-                    "scripts/export-patches",
+                raise _invalid(
+                    f"patch {path.name} has sha256 {actual}, but the manifest pins {pinned}: "
+                    "the file was changed after it was exported",
+                    f"{RESTORE}, or, if the change is wanted, make it on the patched branch "
+                    "and run scripts/export-patches",
                 )
 
     def for_release(self, version: str) -> Series:
