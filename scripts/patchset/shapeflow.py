@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,28 +44,21 @@ class Evidence:
 
 
 class Sources:
-    """The files of one sglang tree, by repository path (python/sglang/...)."""
+    """The files of one sglang package folder (a tree's python/sglang, or
+    site-packages/sglang), by repository path (python/sglang/...)."""
 
-    def __init__(self, read: Callable[[str], str | None], paths: Callable[[], list[str]]) -> None:
-        self._read, self._paths = read, paths
+    def __init__(self, package: Path) -> None:
+        self.package = package
         self._texts: dict[str, str | None] = {}
         self._modules: dict[str, ast.Module] = {}
         self._candidates: list[str] | None = None
 
-    @classmethod
-    def from_package(cls, package: Path) -> Sources:
-        """The files of a package folder: a tree's python/sglang, or site-packages/sglang."""
-
-        def read(path: str) -> str | None:
-            try:
-                return (package / path.removeprefix(PREFIX)).read_bytes().decode("utf-8", "replace")
-            except OSError:
-                return None
-
-        def paths() -> list[str]:
-            return sorted(PREFIX + p.relative_to(package).as_posix() for p in package.rglob("*.py"))
-
-        return cls(read, paths)
+    def _read(self, path: str) -> str | None:
+        try:
+            data = (self.package / path.removeprefix(PREFIX)).read_bytes()
+        except OSError:
+            return None
+        return data.decode("utf-8", "replace")
 
     def text(self, path: str) -> str | None:
         if path not in self._texts:
@@ -91,7 +84,9 @@ class Sources:
         """The files that name a piece of the prebuilt path or of FutureMap, and word."""
         if self._candidates is None:
             self._candidates = []
-            for path in self._paths():  # read once; only a candidate's text is kept
+            package = self.package
+            found = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py"))
+            for path in (PREFIX + name for name in found):  # read once; keep candidates' text
                 text = self._texts[path] if path in self._texts else self._read(path)
                 if text is not None and any(word in text for word in _CANDIDATE):
                     self._texts[path] = text
