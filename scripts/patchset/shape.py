@@ -32,6 +32,7 @@ from .shapeflow import (
     Sources,
     Trace,
     body_calls,
+    defined,
     functions,
     named,
     ordering,
@@ -74,9 +75,7 @@ def _entry(sources: Sources) -> list[Fn]:
     """get_new_prebuilt_batch: in decode.py, else wherever the tree defines it."""
     if sources.module(DECODE) is None:
         raise CannotTell(f"{DECODE} is missing", Evidence(DECODE, 0, "", "not found"))
-    found = named(sources, DECODE, ENTRY)
-    for path in [] if found else sources.defining(ENTRY):
-        found += named(sources, path, ENTRY) if path != DECODE else []
+    found = defined(sources, ENTRY, DECODE)
     if not found:
         raise CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
     return found
@@ -95,9 +94,8 @@ def _future_map(sources: Sources) -> dict[str, Fn]:
 def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
     """Whether FutureMap relays request-pool rows (this race's design), with the evidence."""
     methods = _future_map(sources)
-    slots = [
-        methods[m] for m in ("alloc_future_indices", "store_to_map_for_new_batch") if m in methods
-    ]
+    fresh = ("alloc_future_indices", "store_to_map_for_new_batch")
+    slots = [methods[m] for m in fresh if m in methods]
     if "publish" in methods and "stash" in methods:
         relay, fn, what = True, methods["publish"], "relays request-pool rows (publish, stash)"
     elif slots:
@@ -114,8 +112,7 @@ def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
             "(moved or renamed)"
         )
     evidence = [Evidence(fn.file, fn.node.lineno, fn.name, what)]
-    seeders = {"publish", "stash", "alloc_future_indices", "store_to_map_for_new_batch"}
-    seeders.add("build_disagg_draft_input")
+    seeders = {"publish", "stash", *fresh, "build_disagg_draft_input"}
     for path, name in ((EAGLE, "build_eagle_disagg_draft_input"), (MIXIN, PROCESS)):
         if sources.module(path) is None:
             evidence.append(Evidence(path, 0, "", "not found"))
@@ -132,11 +129,8 @@ def _fix_a(sources: Sources) -> Evidence | None:
     if publish is None:
         return None
     calls = [c for c in body_calls(publish) if isinstance(c.func, ast.Attribute)]
-    waits = [
-        c
-        for c in calls
-        if tail(c.func) == "wait_event" and any("publish_ready" in text(a) for a in c.args)
-    ]
+    ready = [c for c in calls if any("publish_ready" in text(a) for a in c.args)]
+    waits = [c for c in ready if tail(c.func) == "wait_event"]
     records = [c.lineno for c in calls if text(c.func).endswith("publish_ready.record")]
     if waits and records and waits[0].lineno < max(records):
         what = f"fix A: {text(waits[0])} before publish_ready.record()"

@@ -209,15 +209,10 @@ def truth(test: ast.expr, path: Trace) -> bool | None:
         return None if None in values else not decisive
     if isinstance(test, ast.Name) and test.id in path.nones:
         return False
-    if (
-        isinstance(test, ast.Compare)
-        and isinstance(test.left, ast.Name)
-        and test.left.id in path.nones
-        and len(test.ops) == 1
-        and isinstance(test.comparators[0], ast.Constant)
-        and test.comparators[0].value is None
-    ):
-        return isinstance(test.ops[0], ast.Is)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name):
+        right = test.comparators[0]
+        if test.left.id in path.nones and isinstance(right, ast.Constant) and right.value is None:
+            return isinstance(test.ops[0], ast.Is)
     return None
 
 
@@ -305,18 +300,13 @@ class Flow:
             cases = [case.body for case in stmt.cases]  # type: ignore[attr-defined]
             return self.branches(None, [*cases, []], paths, fn)
         results = self.expr(stmt, paths, fn)
-        target = (
-            stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+        if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+            return Out({p for p, _ in results})
+        name = {targets[0].id}  # it holds None on a path where the value is None
+        return Out(
+            {replace(p, nones=p.nones | name if none else p.nones - name) for p, none in results}
         )
-        if isinstance(target, ast.Name):
-            name = target.id
-            return Out(
-                {
-                    replace(p, nones=p.nones | {name} if none else p.nones - {name})
-                    for p, none in results
-                }
-            )
-        return Out({p for p, _ in results})
 
     def branches(
         self, test: ast.expr | None, bodies: list[list[ast.stmt]], paths: set[Trace], fn: Fn
@@ -418,19 +408,15 @@ class Flow:
     def helper(self, call: ast.Call, fn: Fn) -> Fn | None:
         """The function a self.NAME(...) or NAME(...) call runs, if it touches the prebuilt path."""
         func = call.func
-        if (
-            isinstance(func, ast.Attribute)
-            and isinstance(func.value, ast.Name)
-            and func.value.id == "self"
-        ):
-            name, method = func.attr, True
-        elif isinstance(func, ast.Name):
+        if isinstance(func, ast.Name):
             name, method = func.id, False
+        elif isinstance(func, ast.Attribute) and text(func.value) == "self":
+            name, method = func.attr, True
         else:
             return None
         if len(self.stack) >= _MAX_DEPTH or any(short(f) == name for f in self.stack):
             return None
-        found = self.defined(name, fn.file, method)
+        found = defined(self.sources, name, fn.file, method)
         same = [f for f in found if f.owner == fn.owner] or found
         chosen = [f for f in same if self.relevant(f)]
         if len(chosen) > 1:
@@ -442,13 +428,6 @@ class Flow:
             moved = " (another module)" if chosen[0].file != fn.file else ""
             self.note(chosen[0], chosen[0].node.lineno, f"followed from {fn.name}{moved}")
         return chosen[0] if chosen else None
-
-    def defined(self, name: str, first: str, method: bool) -> list[Fn]:
-        """Functions (methods or not) of this name: in first's file, else in the tree."""
-        found = named(self.sources, first, name, method)
-        for path in [] if found else self.sources.defining(name):
-            found += named(self.sources, path, name, method) if path != first else []
-        return found
 
     def relevant(self, fn: Fn, depth: int = 0) -> bool:
         """Whether fn, or a helper it calls in its own file, prepares, seeds or orders."""
@@ -464,6 +443,15 @@ class Flow:
                 for c in body_calls(fn)
             )
         return self._relevant[key]
+
+
+def defined(sources: Sources, name: str, first: str, method: bool | None = None) -> list[Fn]:
+    """The functions of this name (methods only, or none, as method says): in first's
+    file, else wherever the tree defines them."""
+    found = named(sources, first, name, method)
+    for path in [] if found else sources.defining(name):
+        found += named(sources, path, name, method) if path != first else []
+    return found
 
 
 def named(sources: Sources, path: str, name: str, method: bool | None = None) -> list[Fn]:
