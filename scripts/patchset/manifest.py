@@ -202,10 +202,8 @@ class PinManifest:
 
     @classmethod
     def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
-        """Read and check pin.toml: every key a command reads is there and well formed.
-
-        registry: the release facts (default: the project's patches/releases.toml).
-        """
+        """Read and check pin.toml: every key a command reads is there and well formed;
+        registry: the release facts (default: the project's patches/releases.toml)."""
         registry = registry or load_releases()
         missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
         toml = TomlFile.load(path, "pin manifest", missing, f"{RESTORE}, or {REGENERATE}")
@@ -323,11 +321,8 @@ def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[
 
 
 def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
-    """text with the key lines of each named table replaced, the rest kept as written.
-
-    Comments, other tables and hand-written keys stay byte for byte; a table
-    that is missing is added at the end.
-    """
+    """text with the key lines of each named table replaced; comments, other tables and
+    hand-written keys stay byte for byte, and a missing table is added at the end."""
 
     def toml_value(value: str | dict[str, str]) -> str:
         if isinstance(value, str):
@@ -382,10 +377,8 @@ class Series:
 
     @classmethod
     def load(cls, folder: Path, registry: Releases | None = None) -> Series:
-        """Read the series and its manifest without checking patch hashes.
-
-        registry: the release facts (default: the project's patches/releases.toml).
-        """
+        """Read the series and its manifest (registry: as PinManifest.load's) without
+        checking patch hashes."""
         require_folder(folder)
         manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
         series_file = folder / SERIES_NAME
