@@ -247,17 +247,18 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
     if pr and not PR_VALUE.match(pr.value) and not (pr_none and word in STATUSES_WITHOUT_PR):
         hint = f" ('none' is only for {' or '.join(STATUSES_WITHOUT_PR)})" if pr_none else ""
         bad("Upstream-PR", f"{pr.value!r} is not owner/repo#NUMBER or a GitHub pull URL{hint}")
-    release = given["Upstream-Release"].value if "Upstream-Release" in given else None
+    if "Upstream-Release" not in given:
+        return
+    release = given["Upstream-Release"].value
+    newer = base_version is None or release_key(release) > release_key(base_version)
     if release == "none":
         if word == "Backport":
             bad("Upstream-Release", "a Backport must name the release that has the fix")
-    elif release is not None and not RELEASE_VALUE.match(release):
+    elif not RELEASE_VALUE.match(release):
         bad("Upstream-Release", f"{release!r} is not a version like 0.5.19 (or 'none')")
-    elif release and word == "Backport" and release_key(release) <= release_key(base_version or ""):
-        problem = (
-            f"is not newer than the pinned base {base_version}, so the base already has this fix"
-        )
-        bad("Upstream-Release", f"{release} {problem}")
+    elif word == "Backport" and not newer:
+        problem = f"{release} is not newer than the pinned base {base_version}"
+        bad("Upstream-Release", f"{problem}, so the base already has this fix")
 
 
 def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
