@@ -211,4 +211,4 @@ def _at(process: Evidence) -> str:
 
 def judge_tree(tree: Path) -> Judgement:
     """A folder holding python/sglang."""
-    return judge(Sources(tree / "python" / "sglang"))
+    return judge(Sources.from_package(tree / "python" / "sglang"))

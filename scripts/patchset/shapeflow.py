@@ -53,6 +53,10 @@ class Sources:
         self._modules: dict[str, ast.Module] = {}
         self._candidates: list[str] | None = None
 
+    @classmethod
+    def from_package(cls, package: Path) -> Sources:  # the name check-install calls
+        return cls(package)
+
     def _read(self, path: str) -> str | None:
         try:
             data = (self.package / path.removeprefix(PREFIX)).read_bytes()
