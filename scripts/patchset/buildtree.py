@@ -13,6 +13,8 @@ from .errors import BackportError, Exit
 from .git import Git, open_checkout
 from .manifest import PinManifest, Series
 
+Files = dict[str, bytes | None]  # path -> its bytes, None where there is no such file
+
 
 def build_tree_path(series: Series, build: Path) -> Path:
     return build / f"sglang-{series.manifest.base.version}"
@@ -32,7 +34,7 @@ def series_commits(git: Git, manifest: PinManifest) -> list[str]:
     return git.out("rev-list", "--reverse", range_).split()
 
 
-def files_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, bytes | None]:
+def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
     """path -> its bytes at rev (None where rev has no such file), in one git call.
 
     The paths are sglang's own; in a repository that vendors sglang they are
@@ -57,13 +59,11 @@ def files_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, bytes | Non
     return found
 
 
-def files_of_checkout(series: Series, path: Path) -> dict[str, bytes | None]:
+def files_of_checkout(series: Series, path: Path) -> Files:
     return files_at(open_checkout(path), "HEAD", series.manifest)
 
 
-def files_of_build_tree(
-    series: Series, build: Path, cache: Path
-) -> tuple[dict[str, bytes | None], str]:
+def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[Files, str]:
     """The touched files of the build tree if it exists, else of the pinned wheel."""
     repo = build_tree_path(series, build)
     if repo.is_dir():
@@ -72,30 +72,21 @@ def files_of_build_tree(
     return dict(wheels.read_files(wheel, series.manifest.files)), str(wheel)
 
 
-def step_revisions(series: Series, repo: Path) -> dict[str, str]:
-    """step name -> commit in the build tree: 'base', then one per patch."""
-    git = Git(repo, owned=True)
-    manifest = series.manifest
-    revs = series_commits(git, manifest)
-    return dict(zip(manifest.steps, [git.rev(pristine_tag(manifest)) or "", *revs], strict=True))
-
-
 def step_trees(series: Series, build: Path) -> dict[str, Path]:
     """step -> folder whose python/ holds that step's sglang package.
 
     The build tree must already be patched (scripts/apply-patches). Each step is
     a detached git worktree of it under build/steps/<version>/, reused while its
     commit is unchanged. The build tree is ours, so pruning its worktree records
-    touches nothing of a user's.
+    (of step folders someone deleted) touches nothing of a user's.
     """
-    repo = build_tree_path(series, build)
-    git = Git(repo, owned=True)
-    root = build / "steps" / series.manifest.base.version
-    # Forget step worktrees whose folders someone deleted, so they can be made again.
+    manifest = series.manifest
+    git = Git(build_tree_path(series, build), owned=True)
+    revs = [git.rev(pristine_tag(manifest)) or "", *series_commits(git, manifest)]
     git.run("worktree", "prune")
     trees: dict[str, Path] = {}
-    for step, rev in step_revisions(series, repo).items():
-        tree = root / step
+    for step, rev in zip(manifest.steps, revs, strict=True):
+        tree = build / "steps" / manifest.base.version / step
         if tree.is_dir() and Git(tree, owned=True).rev("HEAD") == rev:
             trees[step] = tree
             continue

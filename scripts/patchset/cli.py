@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import atexit  # noqa: F401  (see below)
+
+# Imported now, while the launcher holds SIGINT, not on first use mid-run
+# (weakref.finalize imports atexit; zipfile decodes old member names with cp437):
+# a Ctrl-C inside a late import prints an "Exception ignored" traceback.
+import atexit  # noqa: F401
 import encodings.cp437  # noqa: F401
 import errno
 import signal
@@ -15,14 +19,6 @@ from pathlib import Path
 from .errors import BackportError, Exit, GitError, exit_help
 from .interrupts import hold_interrupts
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
-
-# atexit and encodings.cp437 are imported above only so that they are imported
-# now: the standard library would import them on first use, in the middle of a
-# run (weakref.finalize, which tempfile's folders use, imports atexit; zipfile
-# decodes old-style member names with cp437). Every command imports this module
-# while the launcher holds SIGINT (scripts/launch.py); a Ctrl-C that landed in
-# one of those late imports would surface inside the import machinery as an
-# "Exception ignored ... KeyboardInterrupt" traceback instead of one line.
 
 
 def parser(
@@ -69,15 +65,16 @@ def add_patch_set(p: argparse.ArgumentParser) -> None:
     )
 
 
+_ELSEWHERE = "SGLANG_BACKPORTS_BUILD or SGLANG_BACKPORTS_CACHE"
 _OS_NEXT_STEP = {
     errno.ENOSPC: "free some disk space there and run again",
     errno.EDQUOT: "free some disk space there and run again",
-    errno.EROFS: "make that folder writable, or point SGLANG_BACKPORTS_BUILD or "
-    "SGLANG_BACKPORTS_CACHE at a writable folder, and run again",
+    errno.EROFS: f"make that folder writable, or point {_ELSEWHERE} at a writable folder, "
+    "and run again",
     errno.EACCES: "make that path readable and writable for this user, or point "
-    "SGLANG_BACKPORTS_BUILD or SGLANG_BACKPORTS_CACHE elsewhere, and run again",
-    errno.EPERM: "make that path writable for this user, or point SGLANG_BACKPORTS_BUILD "
-    "or SGLANG_BACKPORTS_CACHE elsewhere, and run again",
+    f"{_ELSEWHERE} elsewhere, and run again",
+    errno.EPERM: f"make that path writable for this user, or point {_ELSEWHERE} elsewhere, "
+    "and run again",
     errno.ENOTDIR: "a file stands where a folder belongs: move it aside and run again",
     errno.EEXIST: "move that path aside and run again",
 }
@@ -95,18 +92,12 @@ def describe_os_error(err: OSError) -> BackportError:
     )
 
 
-def describe_git_error(err: GitError) -> BackportError:
-    return BackportError(
-        Exit.ENVIRONMENT,
-        str(err),
-        "check that git works in that folder (`git status` there) and run again; "
-        "what this run made was removed",
-    )
-
-
 def _terminate(signum: int, _frame: object) -> None:
     """SIGTERM and SIGHUP unwind like Ctrl-C, so every cleanup on the way runs."""
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+REMOVED = "what this run made was removed"
 
 
 def report(err: BackportError) -> int:
@@ -123,12 +114,13 @@ def run(main: Callable[[], int]) -> None:
     except BackportError as err:
         code = report(err)
     except GitError as err:
-        code = report(describe_git_error(err))
+        next_step = "check that git works in that folder (`git status` there) and run again"
+        code = report(BackportError(Exit.ENVIRONMENT, str(err), f"{next_step}; {REMOVED}"))
     except OSError as err:
         code = report(describe_os_error(err))
     except KeyboardInterrupt as err:
         what = str(err) or "SIGINT"
-        print(f"interrupted ({what}); what this run made was removed", file=sys.stderr)
+        print(f"interrupted ({what}); {REMOVED}", file=sys.stderr)
         code = Exit.INTERRUPTED
     except Exception:
         traceback.print_exc()

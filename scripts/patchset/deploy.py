@@ -21,17 +21,11 @@ from .apply import files_per_step
 from .errors import BackportError, Exit
 from .lint import label_problems
 from .lock import marked_folder
-from .manifest import (
-    BASE_STEP,
-    Series,
-    git_blob_id,
-)
+from .manifest import BASE_STEP, Series, git_blob_id
 
 # build-wheel's temporary folder in --out: prefix and suffix (see lock.marked_folder).
 BUILD_TEMP = (".build-wheel-", ".tmp")
-
-
-# --- build-wheel -------------------------------------------------------------------
+NOT_PINNED = "this is not the wheel the manifest pins; delete it from the cache and run again"
 
 
 @dataclass(frozen=True)
@@ -47,11 +41,6 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest.decode()}"
 
 
-def patched_files(series: Series, base_files: dict[str, bytes]) -> dict[str, bytes]:
-    """The touched files after the whole series, checked against the manifest."""
-    return files_per_step(series, base_files)[series.manifest.final_step]
-
-
 def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
     """METADATA with its Version header changed; the rest byte for byte."""
     header_end = data.find(b"\n\n")
@@ -59,11 +48,8 @@ def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
     line = f"Version: {old}".encode()
     lines = header.split(b"\n")
     if line not in lines:
-        raise BackportError(
-            Exit.WHEEL_HASH,
-            f"the wheel's METADATA has no line {line.decode()!r}",
-            "this is not the wheel the manifest pins; delete it from the cache and run again",
-        )
+        problem = f"the wheel's METADATA has no line {line.decode()!r}"
+        raise BackportError(Exit.WHEEL_HASH, problem, NOT_PINNED)
     lines[lines.index(line)] = f"Version: {new}".encode()
     return b"\n".join(lines) + (b"" if header_end < 0 else data[header_end:])
 
@@ -71,10 +57,8 @@ def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
 def _rewrite_record(
     data: bytes, rename: dict[str, str], changed: dict[str, bytes], record: str
 ) -> bytes:
-    """RECORD with renamed paths and new hash and size for each changed member.
-
-    Lines of members that did not change stay byte for byte.
-    """
+    """RECORD with renamed paths and new hash and size for each changed member; the
+    lines of members that did not change stay byte for byte."""
     out = []
     for line in data.decode("utf-8").splitlines(keepends=True):
         row = next(csv.reader([line]))
@@ -121,9 +105,8 @@ def build_wheel(
     record = f"{new_info}RECORD"
 
     base_files = dict(wheels.read_files(source, manifest.files))
-    if {path: git_blob_id(data) for path, data in base_files.items()} != manifest.blobs_at(
-        BASE_STEP
-    ):
+    base_blobs = {path: git_blob_id(data) for path, data in base_files.items()}
+    if base_blobs != manifest.blobs_at(BASE_STEP):
         raise BackportError(
             Exit.BASE_MISMATCH,
             f"the files of {base.wheel} are not the base {series.folder.name} patches "
@@ -131,12 +114,8 @@ def build_wheel(
             "this wheel cannot be patched by this series: check its pin "
             f'([wheels."{base.version}"] or the default one) against the package index',
         )
-    patched = patched_files(series, base_files)
-    changed = {
-        path.removeprefix(wheels.REPO_PREFIX): data
-        for path, data in patched.items()
-        if data != base_files[path]
-    }
+    patched = files_per_step(series, base_files)[manifest.final_step].items()
+    changed = {p.removeprefix(wheels.REPO_PREFIX): d for p, d in patched if d != base_files[p]}
 
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}-{version}-{tags}.whl"
@@ -144,11 +123,8 @@ def build_wheel(
         members = original.infolist()
         names = [m.filename for m in members]
         if f"{old_info}RECORD" not in names or f"{old_info}METADATA" not in names:
-            raise BackportError(
-                Exit.WHEEL_HASH,
-                f"{source} has no {old_info}RECORD or METADATA",
-                "this is not the wheel the manifest pins; delete it from the cache and run again",
-            )
+            problem = f"{source} has no {old_info}RECORD or METADATA"
+            raise BackportError(Exit.WHEEL_HASH, problem, NOT_PINNED)
         rename = {n: new_info + n[len(old_info) :] for n in names if n.startswith(old_info)}
         changed[f"{old_info}METADATA"] = _metadata_with_version(
             original.read(f"{old_info}METADATA"), base.version, version
@@ -175,15 +151,10 @@ def build_wheel(
 
 
 def _copy_info(member: zipfile.ZipInfo, rename: dict[str, str]) -> zipfile.ZipInfo:
-    """A fresh ZipInfo with the member's name (renamed), date, mode and compression.
-
-    Everything zipfile would otherwise take from the clock or the platform is
-    set from the original, so the output depends on the inputs alone.
-    """
+    """A fresh ZipInfo with the member's name (renamed), date, mode and compression:
+    what zipfile would take from the clock or the platform is the original's, so the
+    output depends on the inputs alone."""
     info = zipfile.ZipInfo(rename.get(member.filename, member.filename), member.date_time)
-    info.compress_type = member.compress_type
-    info.external_attr = member.external_attr
-    info.create_system = member.create_system
-    info.comment = member.comment
-    info.extra = member.extra
+    for name in ("compress_type", "external_attr", "create_system", "comment", "extra"):
+        setattr(info, name, getattr(member, name))
     return info

@@ -9,36 +9,20 @@ from pathlib import Path
 from .buildtree import build_tree_path, default_branch, pristine_tag, series_commits
 from .errors import BackportError, Exit
 from .git import Git
-from .manifest import (
-    MANIFEST_NAME,
-    SERIES_NAME,
-    Series,
-    rewrite_tables,
-    sha256_of,
-    step_of,
-)
+from .manifest import MANIFEST_NAME, SERIES_NAME, Series, rewrite_tables, sha256_of, step_of
 
 # Flags that make `git format-patch` output a function of the commits alone
 # (electron's export uses the same idea): no commit ids, full blob ids, no
 # version signature, no [PATCH n/m] subject prefix, a fixed diffstat width.
 FORMAT_PATCH_FLAGS = [
-    "--zero-commit",
-    "--full-index",
-    "--no-signature",
-    "--keep-subject",
-    "--no-numbered",
-    "--no-thread",
-    "--no-cover-letter",
-    "--no-attach",
-    "--stat=80",
-    "--no-renames",
-    "--abbrev=40",
-    "--src-prefix=a/",
-    "--dst-prefix=b/",
-]
+    "--zero-commit", "--full-index", "--no-signature", "--keep-subject", "--no-numbered",
+    "--no-thread", "--no-cover-letter", "--no-attach", "--stat=80", "--no-renames",
+    "--abbrev=40", "--src-prefix=a/", "--dst-prefix=b/",
+]  # fmt: skip
 SERIES_HEADER = (
     "# Applied in this order by scripts/apply-patches; regenerate with scripts/export-patches.\n"
 )
+KEEP_FILES = "the series must keep the three patched files"
 
 
 def export_to(series: Series, repo: Path, out: Path) -> list[str]:
@@ -68,11 +52,8 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
         for path in blobs:
             blob = git.blob_at(rev, path)
             if blob is None:
-                raise BackportError(
-                    Exit.PATCHSET_INVALID,
-                    f"{path} does not exist after {name}",
-                    "the series must keep the three patched files",
-                )
+                problem = f"{path} does not exist after {name}"
+                raise BackportError(Exit.PATCHSET_INVALID, problem, KEEP_FILES)
             blobs[path][step_of(name)] = blob
     (out / SERIES_NAME).write_text(SERIES_HEADER + "".join(f"{n}\n" for n in names))
     committed = (series.folder / MANIFEST_NAME).read_text(encoding="utf-8")
@@ -102,15 +83,9 @@ def stale_diff(series: Series, build: Path) -> str:
     committed = _exported_files(series.folder)
     chunks: list[bytes] = []
     for name in sorted(set(fresh) | set(committed)):
-        old = committed.get(name, b"").splitlines(keepends=True)
-        new = fresh.get(name, b"").splitlines(keepends=True)
-        chunks += difflib.diff_bytes(
-            difflib.unified_diff,
-            old,
-            new,
-            f"committed/{name}".encode(),
-            f"exported/{name}".encode(),
-        )
+        old, new = (files.get(name, b"").splitlines(keepends=True) for files in (committed, fresh))
+        names = f"committed/{name}".encode(), f"exported/{name}".encode()
+        chunks += difflib.diff_bytes(difflib.unified_diff, old, new, *names)
     # Shown as text, with each carriage return made visible.
     return b"".join(chunks).decode("utf-8", "replace").replace("\r", "\\r")
 

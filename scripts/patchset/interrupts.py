@@ -12,11 +12,9 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def hold_interrupts() -> None:
-    """Hold SIGINT, SIGTERM and SIGHUP from now on: for a run that has reached its end.
-
-    A signal that comes later stays pending and is never delivered, so the
-    process ends as what it did says (release_interrupts undoes this).
-    """
+    """Hold SIGINT, SIGTERM and SIGHUP from now on, for a run that has reached its end: a
+    later signal stays pending, so the process ends as what it did says (release_interrupts
+    undoes this)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
 
 

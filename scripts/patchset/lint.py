@@ -27,17 +27,11 @@ from .manifest import (
     sha256_of,
     step_of,
 )
-from .patchfile import Patch, line_naming, parse_patch, touched_paths
+from .patchfile import Patch, Trailer, line_naming, parse_patch, touched_paths
 
 # Yocto's list; the patch set uses the word only, or the word and "[detail]".
-UPSTREAM_STATUSES = (
-    "Pending",
-    "Submitted",
-    "Denied",
-    "Inappropriate",
-    "Backport",
-    "Inactive-Upstream",
-)
+UPSTREAM_STATUSES = ("Pending", "Submitted", "Denied", "Inappropriate", "Backport")
+UPSTREAM_STATUSES += ("Inactive-Upstream",)
 REQUIRED_TRAILERS = ("Upstream-Status", "Upstream-PR", "Upstream-Release")
 # Statuses for which no upstream pull request exists to name.
 STATUSES_WITHOUT_PR = ("Pending", "Inappropriate")
@@ -70,8 +64,11 @@ class Violation:
     rule: str
     message: str
 
-    def render(self, root: Path | None = None) -> str:
-        shown = _display(self.path, root)
+    def render(self) -> str:
+        try:
+            shown = str(self.path.resolve().relative_to(Path.cwd().resolve()))
+        except ValueError:
+            shown = str(self.path)
         where = f"{shown}:{self.line}" if self.line else shown
         return f"{where}: [{self.rule}] {self.message}"
 
@@ -92,145 +89,92 @@ class LintReport:
         self.violations.append(Violation(path, line, rule, message))
 
 
-def _display(path: Path, root: Path | None) -> str:
-    base = root or Path.cwd()
-    try:
-        return str(path.resolve().relative_to(base.resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _read_series(report: LintReport, series_file: Path) -> list[tuple[str, int]]:
+def _read_series(report: LintReport, folder: Path) -> tuple[list[tuple[str, int]], list[Path]]:
+    """The series' (name, line) entries, and the listed patches that exist, once each."""
+    series_file = folder / SERIES_NAME
     if not series_file.is_file():
         report.add(series_file, None, "series", "the series file does not exist")
-        return []
-    entries: list[tuple[str, int]] = []
-    for number, line in enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1):
-        name = line.strip()
-        if name and not name.startswith("#"):
-            entries.append((name, number))
-    return entries
-
-
-def _check_series(report: LintReport, folder: Path, entries: list[tuple[str, int]]) -> list[Path]:
-    """Series rule; returns the listed patches that exist, once each, in order."""
-    series_file = folder / SERIES_NAME
+        return [], []
+    lines = enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1)
+    entries = [(line.strip(), n) for n, line in lines if line.strip()[:1] not in ("", "#")]
     seen: dict[str, int] = {}
     existing: list[Path] = []
     for name, number in entries:
         report.checked["series"] += 1
         if name in seen:
-            report.add(
-                series_file,
-                number,
-                "series",
-                f"{name} is listed again (first on line {seen[name]}); list each patch once",
-            )
+            problem = f"{name} is listed again (first on line {seen[name]}); list each patch once"
+            report.add(series_file, number, "series", problem)
             continue
         seen[name] = number
         if "/" in name or not (folder / name).is_file():
-            report.add(
-                series_file,
-                number,
-                "series",
-                f"{name} is listed but there is no such file in {folder.name}/",
-            )
-            continue
-        existing.append(folder / name)
+            problem = f"{name} is listed but there is no such file in {folder.name}/"
+            report.add(series_file, number, "series", problem)
+        else:
+            existing.append(folder / name)
     for path in sorted(folder.glob("*.patch")):
         report.checked["series"] += 1
         if path.name not in seen:
-            report.add(
-                path,
-                None,
-                "series",
-                "this patch file is not listed in series; list it, or delete it",
-            )
-    return existing
-
-
-def _load_manifest(report: LintReport, folder: Path) -> PinManifest | None:
-    try:
-        manifest = PinManifest.load(folder / MANIFEST_NAME)
-    except BackportError as err:
-        report.add(folder / MANIFEST_NAME, None, "manifest", err.problem)
-        return None
-    report.checked["manifest"] += 1
-    return manifest
+            problem = "this patch file is not listed in series; list it, or delete it"
+            report.add(path, None, "series", problem)
+    return entries, existing
 
 
 def _check_manifest(
-    report: LintReport,
-    folder: Path,
-    manifest: PinManifest,
-    entries: list[tuple[str, int]],
-    patches: list[Patch],
+    report: LintReport, manifest: PinManifest, entries: list[tuple[str, int]], patches: list[Patch]
 ) -> None:
-    pin = folder / MANIFEST_NAME
+    pin = report.folder / MANIFEST_NAME
     listed = [name for name, _ in entries]
     pinned = list(manifest.patch_hashes)
     for name, number in entries:
         if name not in manifest.patch_hashes:
-            report.add(
-                folder / SERIES_NAME,
-                number,
-                "manifest",
-                f"{name} has no sha256 in {MANIFEST_NAME} [patches]; run scripts/export-patches",
+            problem = (
+                f"{name} has no sha256 in {MANIFEST_NAME} [patches]; run scripts/export-patches"
             )
+            report.add(report.folder / SERIES_NAME, number, "manifest", problem)
     for name in pinned:
         if name not in listed:
             report.add(pin, None, "manifest", f"[patches] pins {name}, which series does not list")
-    common = [n for n in listed if n in manifest.patch_hashes]
-    if common != [n for n in pinned if n in listed]:
-        report.add(
-            pin,
-            None,
-            "manifest",
-            f"[patches] orders the patches {pinned}, series orders them {listed}",
-        )
+    if [n for n in listed if n in pinned] != [n for n in pinned if n in listed]:
+        problem = f"[patches] orders the patches {pinned}, series orders them {listed}"
+        report.add(pin, None, "manifest", problem)
     for patch in patches:
         pinned_hash = manifest.patch_hashes.get(patch.path.name)
         if pinned_hash is not None:
             report.checked["manifest"] += 1
             actual = sha256_of(patch.path)
             if actual != pinned_hash:
-                report.add(
-                    patch.path,
-                    None,
-                    "manifest",
-                    f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; "
-                    "if the change is wanted, make it on the patched branch and "
-                    "run scripts/export-patches",
+                problem = (
+                    f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
+                    "change is wanted, make it on the patched branch and run scripts/export-patches"
                 )
+                report.add(patch.path, None, "manifest", problem)
         _check_blob_ids(report, manifest, patch)
-
-
-def _check_wheels(report: LintReport, folder: Path, manifest: PinManifest) -> None:
-    """Each release served names a wheel for every Python of PYTHONS (the manifest
-    has checked the form of each pin already)."""
-    for version in manifest.releases:
+    for version in manifest.releases:  # the manifest has checked each pin's form already
         report.checked["wheels"] += 1
         pinned = manifest.for_release(version).release.wheels
-        for tag in PYTHONS:
-            if tag not in pinned:
-                report.add(
-                    folder / MANIFEST_NAME,
-                    None,
-                    "wheels",
-                    f"sglang {version} pins no wheel for Python 3.{tag[3:]} "
-                    f'([{WHEELS_TABLE}."{version}"] {tag}): add its file name and sha256 as '
-                    "the package index lists them (https://pypi.org/simple/sglang/)",
-                )
+        for tag in [tag for tag in PYTHONS if tag not in pinned]:
+            problem = (
+                f"sglang {version} pins no wheel for Python 3.{tag[3:]} "
+                f'([{WHEELS_TABLE}."{version}"] {tag}): add its file name and sha256 as '
+                "the package index lists them (https://pypi.org/simple/sglang/)"
+            )
+            report.add(pin, None, "wheels", problem)
+
+
+def _step_before(manifest: PinManifest, patch: Patch) -> tuple[str, str] | None:
+    """(the step a patch brings the tree to, the step before it); None off the manifest."""
+    step = step_of(patch.path.name)
+    if step not in manifest.steps[1:]:
+        return None
+    return step, manifest.steps[manifest.steps.index(step) - 1]
 
 
 def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
     """The full index lines of a patch must name the manifest's blobs of its step, and
     a file the patch does not touch keeps its blob id across the step."""
-    step = step_of(patch.path.name)
-    if step not in manifest.steps[1:]:
+    if not (steps := _step_before(manifest, patch)):
         return
-    before = manifest.steps[manifest.steps.index(step) - 1]
-    # the base's blob ids are the release's
+    step, before = steps
     pins = {s: "[blobs] pins" for s in manifest.steps}
     pins[BASE_STEP] = f'{manifest.registry.path.name} [releases."{manifest.base.version}"] has'
     touched = {diff.path: diff for diff in patch.files}
@@ -259,14 +203,12 @@ def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -
         report.add(patch.path, None, "allow-list", f"git cannot read this patch: {problem}")
     for path in dict.fromkeys(touched):
         if path not in allowed:
-            report.add(
-                patch.path,
-                line_naming(patch, path),
-                "allow-list",
-                f"touches {path}, which is not one of the files this series "
-                f"may change ({', '.join(sorted(allowed))}); add it to the "
-                "manifest's [blobs] only if the fix really needs it",
+            problem = (
+                f"touches {path}, which is not one of the files this series may change "
+                f"({', '.join(sorted(allowed))}); add it to the manifest's [blobs] only if "
+                "the fix really needs it"
             )
+            report.add(patch.path, line_naming(patch, path), "allow-list", problem)
 
 
 def _check_description(report: LintReport, patch: Patch) -> None:
@@ -274,204 +216,142 @@ def _check_description(report: LintReport, patch: Patch) -> None:
     if not patch.subject:
         report.add(patch.path, 1, "description", "no Subject: header")
     if not patch.description:
-        report.add(
-            patch.path,
-            patch.subject_line or 1,
-            "description",
-            "no description: say in the message body why the patch exists and "
-            "when it can be dropped",
-        )
+        problem = "no description: say in the message body why the patch exists and when it can "
+        problem += "be dropped"
+        report.add(patch.path, patch.subject_line or 1, "description", problem)
 
 
 def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) -> None:
     report.checked["trailers"] += 1
-    where = patch.subject_line or 1
-    values: dict[str, str] = {}
+    given: dict[str, Trailer] = {}
     for key in REQUIRED_TRAILERS:
         found = patch.trailer(key)
         if not found:
-            report.add(
-                patch.path,
-                where,
-                "trailers",
-                f"no {key}: trailer (put it in the last paragraph of the message)",
-            )
+            problem = f"no {key}: trailer (put it in the last paragraph of the message)"
+            report.add(patch.path, patch.subject_line or 1, "trailers", problem)
             continue
         for extra in found[1:]:
             report.add(patch.path, extra.line, "trailers", f"{key}: given more than once")
-        values[key] = found[0].value
+        given[key] = found[0]
 
-    lines = {t.key.lower(): t.line for t in patch.trailers}
-    status = values.get("Upstream-Status")
-    word = None
-    if status is not None:
-        match = STATUS_VALUE.match(status)
-        word = match["word"] if match else None
-        if word not in UPSTREAM_STATUSES:
-            report.add(
-                patch.path,
-                lines["upstream-status"],
-                "trailers",
-                f"Upstream-Status: {status!r} is not one of {', '.join(UPSTREAM_STATUSES)}",
-            )
-            word = None
-    pr = values.get("Upstream-PR")
-    pr_allowed_none = pr == "none" and word in STATUSES_WITHOUT_PR
-    if pr is not None and not PR_VALUE.match(pr) and not pr_allowed_none:
-        hint = f" ('none' is only for {' or '.join(STATUSES_WITHOUT_PR)})" if pr == "none" else ""
-        report.add(
-            patch.path,
-            lines["upstream-pr"],
-            "trailers",
-            f"Upstream-PR: {pr!r} is not owner/repo#NUMBER or a GitHub pull URL{hint}",
-        )
-    release = values.get("Upstream-Release")
-    if release is None:
+    def bad(key: str, problem: str) -> None:
+        report.add(patch.path, given[key].line, "trailers", f"{key}: {problem}")
+
+    status = given.get("Upstream-Status")
+    match = STATUS_VALUE.match(status.value) if status else None
+    word = match["word"] if match and match["word"] in UPSTREAM_STATUSES else None
+    if status and word is None:
+        bad("Upstream-Status", f"{status.value!r} is not one of {', '.join(UPSTREAM_STATUSES)}")
+    pr = given.get("Upstream-PR")
+    pr_none = pr is not None and pr.value == "none"
+    if pr and not PR_VALUE.match(pr.value) and not (pr_none and word in STATUSES_WITHOUT_PR):
+        hint = f" ('none' is only for {' or '.join(STATUSES_WITHOUT_PR)})" if pr_none else ""
+        bad("Upstream-PR", f"{pr.value!r} is not owner/repo#NUMBER or a GitHub pull URL{hint}")
+    if "Upstream-Release" not in given:
         return
-    line = lines["upstream-release"]
+    release = given["Upstream-Release"].value
+    newer = base_version is None or release_key(release) > release_key(base_version)
     if release == "none":
         if word == "Backport":
-            report.add(
-                patch.path,
-                line,
-                "trailers",
-                "Upstream-Release: a Backport must name the release that has the fix",
-            )
-        return
-    if not RELEASE_VALUE.match(release):
-        report.add(
-            patch.path,
-            line,
-            "trailers",
-            f"Upstream-Release: {release!r} is not a version like 0.5.19 (or 'none')",
-        )
-    elif (
-        word == "Backport"
-        and base_version is not None
-        and release_key(release) <= release_key(base_version)
-    ):
-        report.add(
-            patch.path,
-            line,
-            "trailers",
-            f"Upstream-Release: {release} is not newer than the pinned base "
-            f"{base_version}, so the base already has this fix",
-        )
+            bad("Upstream-Release", "a Backport must name the release that has the fix")
+    elif not RELEASE_VALUE.match(release):
+        bad("Upstream-Release", f"{release!r} is not a version like 0.5.19 (or 'none')")
+    elif word == "Backport" and not newer:
+        problem = f"{release} is not newer than the pinned base {base_version}"
+        bad("Upstream-Release", f"{problem}, so the base already has this fix")
 
 
 def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
     """A Backport's PR and release are those releases.toml gives the fix its step adds."""
-    step = step_of(patch.path.name)
-    if step not in manifest.steps[1:] or not patch.trailer("Upstream-Status"):
+    status = patch.trailer("Upstream-Status")
+    if not (steps := _step_before(manifest, patch)) or not status:
         return
-    if not patch.trailer("Upstream-Status")[0].value.startswith("Backport"):
+    if not status[0].value.startswith("Backport"):
         return
-    before = manifest.steps[manifest.steps.index(step) - 1]
+    step, before = steps
     registry = manifest.registry
     for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
         report.checked["trailers"] += 1
-        fix = registry.fixes[name]
         first = next((r for r, k in registry.known.items() if name in k.fixes), None)
-        expected = {"Upstream-PR": f"sgl-project/sglang#{fix.pr}", "Upstream-Release": first}
+        expected = {
+            "Upstream-PR": f"sgl-project/sglang#{registry.fixes[name].pr}",
+            "Upstream-Release": first,
+        }
         for key, value in expected.items():
             found = patch.trailer(key)
             if found and value is not None and found[0].value != value:
-                report.add(
-                    patch.path,
-                    found[0].line,
-                    "trailers",
+                problem = (
                     f"{key}: {found[0].value}, but {registry.path.name} says {name} "
-                    f"(what step {step} adds, [step-fixes]) is {value}",
+                    f"(what step {step} adds, [step-fixes]) is {value}"
                 )
+                report.add(patch.path, found[0].line, "trailers", problem)
 
 
-def _check_whitespace(report: LintReport, patch: Patch) -> None:
+def _check_lines(report: LintReport, patch: Patch) -> None:
+    """No added line ends in whitespace; no patched file ends without a newline."""
     for diff in patch.files:
-        for hunk in diff.hunks:
-            for line in hunk.lines:
-                if line.kind != "+":
-                    continue
-                report.checked["whitespace"] += 1
-                if line.text != line.text.rstrip():
-                    report.add(
-                        patch.path,
-                        line.patch_line,
-                        "whitespace",
-                        f"added line {diff.path}:{line.new_line} ends in whitespace",
-                    )
+        for line in (line for hunk in diff.hunks for line in hunk.lines if line.kind == "+"):
+            report.checked["whitespace"] += 1
+            if line.text != line.text.rstrip():
+                problem = f"added line {diff.path}:{line.new_line} ends in whitespace"
+                report.add(patch.path, line.patch_line, "whitespace", problem)
+        for number in diff.new_lacks_final_newline:
+            problem = f"after this patch {diff.path} would end without a newline"
+            report.add(patch.path, number, "final-newline", problem)
 
 
-def _check_final_newline(report: LintReport, path: Path) -> None:
+def _check_file_bytes(report: LintReport, path: Path) -> None:
     if not path.is_file():
         return
     report.checked["final-newline"] += 1
     report.checked["line-endings"] += 1
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
-        report.add(
-            path, data.count(b"\n") + 1, "final-newline", "no newline at the end of the file"
-        )
+        line = data.count(b"\n") + 1
+        report.add(path, line, "final-newline", "no newline at the end of the file")
     if b"\r" in data:
-        report.add(
-            path,
-            data[: data.index(b"\r")].count(b"\n") + 1,
-            "line-endings",
+        problem = (
             "a carriage return (CRLF line endings?): this file must be byte-exact LF; "
-            "a clone with core.autocrlf=true rewrites it unless .gitattributes says -text",
+            "a clone with core.autocrlf=true rewrites it unless .gitattributes says -text"
         )
-
-
-def _check_patched_newline(report: LintReport, patch: Patch) -> None:
-    for diff in patch.files:
-        for number in diff.new_lacks_final_newline:
-            report.add(
-                patch.path,
-                number,
-                "final-newline",
-                f"after this patch {diff.path} would end without a newline",
-            )
+        report.add(path, data[: data.index(b"\r")].count(b"\n") + 1, "line-endings", problem)
 
 
 def lint_patch_set(folder: Path) -> LintReport:
     """Run every rule on one patch set folder."""
     require_folder(folder)
     report = LintReport(folder)
-    entries = _read_series(report, folder / SERIES_NAME)
-    paths = _check_series(report, folder, entries)
-    manifest = _load_manifest(report, folder)
-    for path in (folder / SERIES_NAME, folder / MANIFEST_NAME):
-        _check_final_newline(report, path)
-
-    patches: list[Patch] = []
-    for path in paths:
-        patch = parse_patch(path)
-        patches.append(patch)
-        report.patches.append(path.name)
-        _check_final_newline(report, path)
+    entries, paths = _read_series(report, folder)
+    try:
+        manifest: PinManifest | None = PinManifest.load(folder / MANIFEST_NAME)
+        report.checked["manifest"] += 1
+    except BackportError as err:
+        report.add(folder / MANIFEST_NAME, None, "manifest", err.problem)
+        manifest = None
+    for path in (folder / SERIES_NAME, folder / MANIFEST_NAME, *paths):
+        _check_file_bytes(report, path)
+    patches = [parse_patch(path) for path in paths]
+    for patch in patches:
+        report.patches.append(patch.path.name)
         _check_description(report, patch)
         _check_trailers(report, patch, manifest.base.version if manifest else None)
-        _check_whitespace(report, patch)
-        _check_patched_newline(report, patch)
+        _check_lines(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
             _check_upstream_facts(report, manifest, patch)
         if not any(diff.hunks for diff in patch.files):
-            report.add(path, None, "nothing-checked", "this patch changes no file")
+            report.add(patch.path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:
-        _check_manifest(report, folder, manifest, entries, patches)
+        _check_manifest(report, manifest, entries, patches)
         report.checked["build-wheel"] += 1
         for problem in label_problems(manifest):
             report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)
-        _check_wheels(report, folder, manifest)
-
     if not patches or not report.checked["whitespace"]:
-        report.add(
-            folder,
-            None,
-            "nothing-checked",
-            "no patch with added lines was checked; a lint that checks nothing "
-            "must not pass (is the series empty, or the folder wrong?)",
+        problem = (
+            "no patch with added lines was checked; a lint that checks nothing must not "
+            "pass (is the series empty, or the folder wrong?)"
         )
+        report.add(folder, None, "nothing-checked", problem)
     return report
 
 
@@ -492,10 +372,11 @@ def series_sha256(manifest: PinManifest) -> str:
 def label_problems(manifest: PinManifest) -> list[str]:
     """What is wrong with the manifest's [build-wheel] table; empty when it is right."""
     table = manifest.raw.get(BUILD_TABLE)
+    actual = series_sha256(manifest)
     if not isinstance(table, dict):
         return [
             f'no [{BUILD_TABLE}] table: add one with local = "pdrace.N" and '
-            f'series-sha256 = "{series_sha256(manifest)}"'
+            f'series-sha256 = "{actual}"'
         ]
     problems = []
     local = table.get("local", "")
@@ -505,7 +386,6 @@ def label_problems(manifest: PinManifest) -> list[str]:
             "normalized form (lower-case letters and digits, joined by dots, e.g. pdrace.2)"
         )
     pinned = table.get("series-sha256", "")
-    actual = series_sha256(manifest)
     if pinned != actual:
         problems.append(
             f"[{BUILD_TABLE}] series-sha256 is {pinned!r}, but the series now hashes to "

@@ -1,10 +1,9 @@
 """One run at a time per target, no half-made state on an interruption, and the one
 kind of temporary folder every command makes (marked_folder).
 
-A target (the build folder, a user's repository) is guarded by an advisory
-fcntl lock on a file next to it. The lock file names its holder so a refused
-run can say who it waits for; it is removed when the holder is done, and the
-OS drops the lock itself when a holder is killed.
+A target (the build folder, a user's repository) is guarded by an flock on a file
+next to it that names its holder, so a refused run can say whom it waits for; the
+holder removes the file when done, and the OS drops the lock of a killed one.
 """
 
 from __future__ import annotations
@@ -25,16 +24,15 @@ from pathlib import Path
 
 from .errors import BackportError, Exit
 
-# hold_interrupts and release_interrupts live in interrupts.py (cli.py needs them
-# without the locks); apply, run-tests and the tests take them from here too
+# re-exported: apply, run-tests and the tests take them from here
 from .interrupts import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
 from .textout import progress
 
 # How long a second run waits for the first by default (--wait changes it).
 DEFAULT_WAIT_S = 30.0
-# The fds of the locks this process holds (targets and temporary folders). Every
-# git or pip we start inherits them, so one that outlives a killed run still
-# holds them until it ends.
+_UNNAMED_HOLDER = "a process that has not written its name yet"
+# The fds of the locks this process holds; every git or pip we start inherits them,
+# so one that outlives a killed run still holds them until it ends.
 _held: list[int] = []
 
 
@@ -44,12 +42,10 @@ def held_fds() -> tuple[int, ...]:
 
 @contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP until the block ends.
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, then deliver them.
 
-    A git command killed half-way can leave a lock file or half a ref behind,
-    and a cleanup cut short leaves what it was removing; both finish first,
-    and the signal is then delivered (and unwinds) as usual. Children inherit
-    the mask, so a git started here also runs to its end.
+    A git killed half-way leaves a lock file or half a ref, a cleanup cut short
+    what it was removing. Children inherit the mask, so they run to their end too.
     """
     old = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
@@ -59,11 +55,9 @@ def deferred_signals() -> Iterator[None]:
 
 
 def _holder(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        text = ""
-    return text or "a process that has not written its name yet"
+    with suppress(OSError):
+        return path.read_text(encoding="utf-8", errors="replace").strip() or _UNNAMED_HOLDER
+    return _UNNAMED_HOLDER
 
 
 def _try_lock(path: Path) -> int | None:
@@ -78,14 +72,11 @@ def _try_lock(path: Path) -> int | None:
         raise
     # The holder before us may have removed the file after we opened it: then
     # our lock is on a file nobody else will find, so take the new one.
-    try:
-        same = os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        same = False
-    if not same:
-        os.close(fd)
-        return _try_lock(path)
-    return fd
+    with suppress(FileNotFoundError):
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            return fd
+    os.close(fd)
+    return _try_lock(path)
 
 
 @contextmanager
@@ -122,18 +113,13 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             os.close(fd)
 
 
-# --- marked temporary folders ------------------------------------------------------
-
-# What a command leaves only when it is killed: a folder named PREFIX<16 hex
-# digits>SUFFIX holding TEMP_MARKER, whose content is TEMP_MARKER_TEXT. The run
-# that made it holds an flock on the marker while it works (and so does every
-# child it starts, through held_fds), so the next run tells a leftover (marked,
-# its maker gone) from a folder a live run is using (locked) and from anything
-# else, and removes only the leftovers. Making a folder and sweeping both hold
-# this user's lock file in the parent, so a sweep also knows that a folder of
-# ours caught half-made (empty, or its marker not yet named) was left by a
-# killed run, not one that is making it now; folders of other users are never
-# judged (in a shared TMPDIR they cannot be read, and root leaves them alone).
+# A temporary folder is named PREFIX<16 hex digits>SUFFIX and holds TEMP_MARKER
+# (content TEMP_MARKER_TEXT), flocked by its maker and every child (held_fds). So
+# the next run tells a killed run's leftover (marked, unlocked) from a live run's
+# folder (locked) and from anything else, and removes only leftovers. Making and
+# sweeping both hold this user's lock in the parent, so a folder caught half-made
+# (empty, or its marker not yet named) is a killed run's; other users' folders
+# are never judged (in a shared TMPDIR they cannot be read; root leaves them).
 TEMP_MARKER = ".made-by-sglang-backports"
 TEMP_MARKER_TEXT = (
     b"a temporary folder of sglang-backports; the next run removes it once the run "
@@ -157,11 +143,8 @@ def _temp_lock(parent: Path) -> Iterator[None]:
 def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
     """A temporary folder in parent, marked and locked, removed when the block ends;
     first the leftovers of killed runs there (same prefix and suffix) are removed.
-
-    Its lock is among held_fds() while the block runs, so a child process that
-    is started with them (Git.run does) holds it until it ends, even if this
-    process is killed.
-    """
+    Its lock is among held_fds(), so a child started with them (Git.run) holds it
+    until it ends, even if this process is killed."""
     made: list[tuple[Path, int]] = []
     try:
         with _temp_lock(parent):
@@ -182,11 +165,9 @@ def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
     while True:
         folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
-        try:
+        with suppress(FileExistsError):
             folder.mkdir(mode=0o700)
             break
-        except FileExistsError:
-            continue
     fd = -1
     try:
         # Locked before it has its name, so a named marker is locked while its maker lives.
@@ -230,11 +211,9 @@ def _is_leftover(folder: Path) -> bool:
     unnamed = names == [_UNNAMED]  # killed before the marker got its name
     if not unnamed and TEMP_MARKER not in names:
         return False
+    marker = folder / (_UNNAMED if unnamed else TEMP_MARKER)
     try:
-        fd = os.open(
-            folder / names[0] if unnamed else folder / TEMP_MARKER,
-            os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-        )
+        fd = os.open(marker, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:

@@ -5,22 +5,44 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import tomlread
 from .errors import BackportError, Exit
+from .releases import (
+    BLOB_ID,
+    RELEASES_NAME,
+    SHA256,
+    KnownRelease,
+    Releases,
+    TomlFile,
+    WheelPin,
+    kind_of,
+    load_releases,
+    release_key,
+    spell_key,
+    writer_rows,
+)
 
-# The registry's names, also where check-install and the catalog import them.
+# The registry's names, also where check-install, the catalog and racecheck import them.
 from .releases import LAUNCH_FLAGS as LAUNCH_FLAGS
-from .releases import RELEASES_NAME, Fix, KnownRelease, Releases, load_releases, writer_rows
 from .releases import LaunchSettings as LaunchSettings
 
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
 BASE_STEP = "base"
+STEP_NAME = re.compile(r"^\d{4}$")
+RESTORE = "restore it with `git checkout -- patches/`"
+REGENERATE = "regenerate it with scripts/export-patches"
+# A [races] entry: (kind, buffers, rows); every buffer races in every row, kind
+# being the first access and the second.
+RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
+RACE_KINDS = ("write/write", "write/read", "read/write")
+# The Pythons sglang ships a wheel for (Requires-Python >= 3.10), as wheel tags.
+PYTHONS = ("cp310", "cp311", "cp312", "cp313")
+WHEELS_TABLE = "wheels"
+PYTHON_TAG = re.compile(r"^cp3(?P<minor>\d+)$")
 
 
 def sha256_of(path: Path) -> str:
@@ -38,44 +60,6 @@ def step_of(patch_name: str) -> str:
     return patch_name.split("-", 1)[0]
 
 
-def release_key(release: str) -> tuple[int, ...]:
-    """Sort key for sglang release names: 0.5.13 < 0.5.13.post1 < 0.5.14."""
-    return tuple(int(part) for part in re.findall(r"\d+", release))
-
-
-# A [races] entry: (kind, buffers, rows); every buffer races in every row, kind
-# being the first access and the second.
-RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
-RACE_KINDS = ("write/write", "write/read", "read/write")
-
-
-@dataclass(frozen=True)
-class WheelPin:
-    """One released sglang wheel, named and hashed."""
-
-    version: str
-    wheel: str
-    sha256: str
-
-    @property
-    def tags(self) -> tuple[str, str, str]:
-        """The file name's Python, ABI and platform tags (PEP 427)."""
-        python, abi, platform = self.wheel[: -len(".whl")].split("-")[2:]
-        return python, abi, platform
-
-
-# The Pythons sglang ships a wheel for (Requires-Python >= 3.10), as wheel tags.
-PYTHONS = ("cp310", "cp311", "cp312", "cp313")
-WHEELS_TABLE = "wheels"
-PYTHON_TAG = re.compile(r"^cp3(?P<minor>\d+)$")
-
-
-def python_key(tag: str) -> int:
-    """Sort key of a CPython tag: cp39 < cp310."""
-    found = PYTHON_TAG.match(tag)
-    return int(found["minor"]) if found else -1
-
-
 @dataclass(frozen=True)
 class ReleasePin:
     """A release a patch set serves: its wheel, its git tag and what it pins."""
@@ -90,13 +74,9 @@ class ReleasePin:
     @classmethod
     def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
         wheel = toml.wheel_pin(keys, version)
-        return cls(
-            wheel,
-            toml.text((*keys, "tag")),
-            toml.text((*keys, "torch"), default=""),
-            toml.text((*keys, "transformers"), default=""),
-            _python_wheels(toml, keys, version, wheel),
-        )
+        tag = toml.text((*keys, "tag"))
+        pins = [toml.text((*keys, key), default="") for key in ("torch", "transformers")]
+        return cls(wheel, tag, *pins, _python_wheels(toml, keys, version, wheel))
 
 
 def _python_wheels(
@@ -107,145 +87,22 @@ def _python_wheels(
     default wheel's platform."""
     python, abi, platform = default.tags
     if python != abi or not PYTHON_TAG.match(python):
-        raise toml.refuse(
-            (*keys, "wheel"), f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
-        )
+        problem = f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
+        raise toml.refuse((*keys, "wheel"), problem)
     wheels = {python: default}
-    table = (WHEELS_TABLE, version)
-    for tag in toml.table(table, optional=True):
-        key = (*table, tag)
+    for tag in toml.table((WHEELS_TABLE, version), optional=True):
+        key = (WHEELS_TABLE, version, tag)
         if not PYTHON_TAG.match(tag):
             raise toml.refuse(key, "is not a CPython wheel tag (cp310, cp311, ...)")
         if tag == python:
-            raise toml.refuse(
-                key, f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
-            )
+            problem = f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
+            raise toml.refuse(key, problem)
         pin = toml.wheel_pin(key, version)
         if pin.tags != (tag, tag, platform):
-            raise toml.refuse(
-                (*key, "wheel"),
-                f"= {json.dumps(pin.wheel)} is not a {tag}-{tag}-{platform} wheel",
-            )
+            problem = f"= {json.dumps(pin.wheel)} is not a {tag}-{tag}-{platform} wheel"
+            raise toml.refuse((*key, "wheel"), problem)
         wheels[tag] = pin
-    return dict(sorted(wheels.items(), key=lambda item: python_key(item[0])))
-
-
-_REQUIRED: Any = object()
-BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-# PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
-WHEEL_NAME = re.compile(
-    r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)-(?P<python>[a-z]+\d+)-[^-]+-[^-]+\.whl$"
-)
-STEP_NAME = re.compile(r"^\d{4}$")
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def spell_key(keys: tuple[str, ...]) -> str:
-    """A key path as TOML writes it: blobs."python/sglang/x.py".0002."""
-    return ".".join(k if _BARE_KEY.match(k) else json.dumps(k) for k in keys)
-
-
-@dataclass(frozen=True)
-class TomlFile:
-    """A parsed TOML file read by key path; a missing or wrong value is refused
-    (exit 6) with the key and the file, never a KeyError."""
-
-    path: Path
-    data: dict[str, Any]
-    repair: str  # the next step for a damaged file
-
-    @classmethod
-    def load(cls, path: Path, what: str, missing: str, repair: str) -> TomlFile:
-        try:
-            data = tomlread.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise BackportError(
-                Exit.PATCHSET_INVALID, f"{what} {path} does not exist", missing
-            ) from None
-        except (tomlread.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise BackportError(
-                Exit.PATCHSET_INVALID, f"{what} {path} is not valid TOML: {err}", repair
-            ) from None
-        return cls(path, data, repair)
-
-    def refuse(self, keys: tuple[str, ...], problem: str) -> BackportError:
-        return BackportError(
-            Exit.PATCHSET_INVALID, f"{self.path}: {spell_key(keys)} {problem}", self.repair
-        )
-
-    def value(self, keys: tuple[str, ...], kind: type, default: Any = _REQUIRED) -> Any:
-        node: Any = self.data
-        for depth, key in enumerate(keys):
-            if not isinstance(node, dict):
-                raise self.refuse(keys[:depth], f"is {_kind(node)}, not a table")
-            if key not in node:
-                if default is not _REQUIRED:
-                    return default
-                raise self.refuse(keys[: depth + 1], "is missing")
-            node = node[key]
-        if not isinstance(node, kind) or isinstance(node, bool) is not (kind is bool):
-            raise self.refuse(keys, f"is {_kind(node)}, not {_KINDS[kind]}")
-        return node
-
-    def table(self, keys: tuple[str, ...], optional: bool = False) -> dict[str, Any]:
-        return dict(self.value(keys, dict, {} if optional else _REQUIRED))
-
-    def text(
-        self,
-        keys: tuple[str, ...],
-        pattern: re.Pattern[str] | None = None,
-        what: str = "",
-        default: Any = _REQUIRED,
-    ) -> str:
-        text = self.value(keys, str, default)
-        if pattern is not None and not pattern.match(text):
-            raise self.refuse(keys, f"= {json.dumps(text)} is not {what}")
-        return str(text)
-
-    def names(
-        self, keys: tuple[str, ...], defined: Mapping[str, object], where: str
-    ) -> frozenset[str]:
-        """A list of names, each one that where defines."""
-        listed = self.value(keys, list)
-        unknown = [
-            n if isinstance(n, str) else json.dumps(n)
-            for n in listed
-            if not isinstance(n, str) or n not in defined
-        ]
-        if unknown:
-            raise self.refuse(keys, f"names {', '.join(unknown)}, which {where} does not define")
-        return frozenset(listed)
-
-    def number(self, keys: tuple[str, ...]) -> int:
-        return int(self.value(keys, int))
-
-    def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
-        """The table's wheel (a wheel file name of that sglang version) and sha256."""
-        wheel = self.text((*keys, "wheel"), WHEEL_NAME, "a wheel file name (PEP 427)")
-        name = WHEEL_NAME.match(wheel)
-        assert name is not None
-        if (name["name"], name["version"]) != ("sglang", version):
-            raise self.refuse(
-                (*keys, "wheel"),
-                f"= {json.dumps(wheel)} is not a wheel of sglang {version}",
-            )
-        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
-
-
-_KINDS: dict[type, str] = {
-    dict: "a table",
-    str: "a string",
-    int: "an integer",
-    list: "a list",
-    bool: "a boolean",
-}
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a value")
+    return dict(sorted(wheels.items(), key=lambda item: int(item[0][3:])))
 
 
 @dataclass
@@ -283,19 +140,14 @@ class PinManifest:
         return {version: known.blobs for version, known in self.registry.known.items()}
 
     @property
-    def _marked_fix(self) -> Fix | None:
-        return next((fix for fix in self.registry.fixes.values() if fix.marker), None)
-
-    @property
     def fix_marker(self) -> str:
         """The line the fix adds; a tree that holds it in fix_function needs no patch."""
-        fix = self._marked_fix
-        return fix.marker if fix else ""
+        return next((fix.marker for fix in self.registry.fixes.values() if fix.marker), "")
 
     @property
     def fix_function(self) -> str:
-        fix = self._marked_fix
-        return fix.marker_function if fix else ""
+        fixes = self.registry.fixes.values()
+        return next((fix.marker_function for fix in fixes if fix.marker), "")
 
     @property
     def upstream_prs(self) -> dict[str, int]:
@@ -350,18 +202,11 @@ class PinManifest:
 
     @classmethod
     def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
-        """Read and check pin.toml: every key a command reads is there and well formed.
-
-        registry: the release facts (default: the project's patches/releases.toml).
-        """
+        """Read and check pin.toml: every key a command reads is there and well formed;
+        registry: the release facts (default: the project's patches/releases.toml)."""
         registry = registry or load_releases()
-        toml = TomlFile.load(
-            path,
-            "pin manifest",
-            "pass --patch-set with a folder under patches/ that holds pin.toml",
-            "restore it with `git checkout -- patches/`, or regenerate it "
-            "with scripts/export-patches",
-        )
+        missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
+        toml = TomlFile.load(path, "pin manifest", missing, f"{RESTORE}, or {REGENERATE}")
         version = toml.text(("sglang", "version"))
         patch_hashes = {
             name: toml.text(("patches", name), SHA256, "a sha256")
@@ -376,14 +221,12 @@ class PinManifest:
                 f'is given here; the base holds what [releases."{version}"] fixes '
                 f"in {registry.path} says, so remove it",
             )
-        step_fixes = {BASE_STEP: known.fixes}
         for step in toml.table(("step-fixes",)):
             if not STEP_NAME.match(step):
                 raise toml.refuse(("step-fixes", step), "is not a step (four digits, e.g. 0002)")
-        for step in steps[1:]:
-            step_fixes[step] = toml.names(
-                ("step-fixes", step), registry.fixes, f"{registry.path} [fixes]"
-            )
+        where = f"{registry.path} [fixes]"
+        step_fixes = {BASE_STEP: known.fixes}
+        step_fixes |= {s: toml.names(("step-fixes", s), registry.fixes, where) for s in steps[1:]}
         same_files = {
             other: ReleasePin.from_table(toml, ("same-files", other), other)
             for other in toml.table(("same-files",), optional=True)
@@ -396,13 +239,11 @@ class PinManifest:
                     f'{registry.path} differ from [releases."{version}"] blobs; '
                     "one of them is wrong: hash both wheels (docs/maintaining.md)",
                 )
+        served = ", ".join([version, *same_files])
         for other in toml.table((WHEELS_TABLE,), optional=True):
             if other != version and other not in same_files:
-                raise toml.refuse(
-                    (WHEELS_TABLE, other),
-                    f"names a release this patch set does not serve (it serves "
-                    f"{', '.join([version, *same_files])})",
-                )
+                problem = f"names a release this patch set does not serve (it serves {served})"
+                raise toml.refuse((WHEELS_TABLE, other), problem)
         return cls(
             release=ReleasePin.from_table(toml, ("sglang",), version),
             patch_hashes=patch_hashes,
@@ -421,18 +262,13 @@ def _step_blobs(
     toml: TomlFile, known: KnownRelease, steps: list[str], registry: Path
 ) -> dict[str, dict[str, str]]:
     """path -> step -> blob id: the base's from releases.toml, each patch's from [blobs]."""
+    release = f'[releases."{known.version}"] blobs in {registry}'
     for file in toml.table(("blobs",), optional=True):
         if file not in known.blobs:
-            raise toml.refuse(
-                ("blobs", file),
-                f'is not a file of [releases."{known.version}"] blobs in {registry}',
-            )
+            raise toml.refuse(("blobs", file), f"is not a file of {release}")
         if BASE_STEP in toml.table(("blobs", file)):
-            raise toml.refuse(
-                ("blobs", file, BASE_STEP),
-                f'is given here; the base is [releases."{known.version}"] blobs in '
-                f"{registry}, so remove it",
-            )
+            problem = f"is given here; the base is {release}, so remove it"
+            raise toml.refuse(("blobs", file, BASE_STEP), problem)
     blobs: dict[str, dict[str, str]] = {}
     for file, base in known.blobs.items():
         by_step = toml.table(("blobs", file), optional=True)
@@ -449,6 +285,18 @@ def _step_blobs(
     return blobs
 
 
+def _race_entry(entry: dict[str, Any]) -> RaceEntry | None:
+    """One [races] entry { kind, buffers, rows }, or None when it is not one."""
+    if entry.get("kind") not in RACE_KINDS:
+        return None
+    buffers, rows = entry.get("buffers"), entry.get("rows")
+    if not isinstance(buffers, list) or not all(isinstance(b, str) for b in buffers):
+        return None
+    if not isinstance(rows, list) or not all(type(r) is int for r in rows):
+        return None
+    return entry["kind"], tuple(buffers), tuple(rows)
+
+
 def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[RaceEntry, ...]]]:
     """[races]: every scenario lists every step; each entry is {kind, buffers, rows}."""
     races: dict[str, dict[str, tuple[RaceEntry, ...]]] = {}
@@ -458,48 +306,35 @@ def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[
         for step in steps:
             keys = ("races", scenario, step)
             entries = []
-            for n, entry in enumerate(toml.value(keys, list)):
+            for n, entry in enumerate(toml.value(keys, list), 1):
                 if not isinstance(entry, dict):
-                    raise toml.refuse(keys, f"entry {n + 1} is {_kind(entry)}, not a table")
-                kind = entry.get("kind")
-                buffers, rows = entry.get("buffers"), entry.get("rows")
-                if (
-                    kind not in RACE_KINDS
-                    or not isinstance(buffers, list)
-                    or not all(isinstance(b, str) for b in buffers)
-                    or not isinstance(rows, list)
-                    or not all(isinstance(r, int) and not isinstance(r, bool) for r in rows)
-                ):
+                    raise toml.refuse(keys, f"entry {n} is {kind_of(entry)}, not a table")
+                if (checked := _race_entry(entry)) is None:
                     raise toml.refuse(
                         keys,
-                        f"entry {n + 1} is not {{ kind = one of {', '.join(RACE_KINDS)}, "
+                        f"entry {n} is not {{ kind = one of {', '.join(RACE_KINDS)}, "
                         "rows = [integers], buffers = [strings] }",
                     )
-                entries.append((kind, tuple(buffers), tuple(rows)))
+                entries.append(checked)
             races[scenario][step] = tuple(entries)
     return races
 
 
-def _toml_value(value: str | dict[str, str]) -> str:
-    if isinstance(value, dict):
+def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
+    """text with the key lines of each named table replaced; comments, other tables and
+    hand-written keys stay byte for byte, and a missing table is added at the end."""
+
+    def toml_value(value: str | dict[str, str]) -> str:
+        if isinstance(value, str):
+            return json.dumps(value)
         pairs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
         return f"{{ {pairs} }}"
-    return json.dumps(value)
 
-
-def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
-    """text with the key lines of each named table replaced, the rest kept as written.
-
-    Comments, other tables and hand-written keys stay byte for byte; a table
-    that is missing is added at the end.
-    """
-    return replace_tables(
-        text,
-        {
-            name: [f"{json.dumps(key)} = {_toml_value(value)}" for key, value in entries.items()]
-            for name, entries in tables.items()
-        },
-    )
+    lines = {
+        name: [f"{json.dumps(key)} = {toml_value(value)}" for key, value in entries.items()]
+        for name, entries in tables.items()
+    }
+    return replace_tables(text, lines)
 
 
 def replace_tables(text: str, tables: dict[str, list[str]]) -> str:
@@ -510,22 +345,22 @@ def replace_tables(text: str, tables: dict[str, list[str]]) -> str:
         if header not in lines:
             lines += ["", header, *body]
             continue
-        start = lines.index(header) + 1
-        end = start
+        start = end = lines.index(header) + 1
         while end < len(lines) and lines[end].strip() and lines[end][0] not in "#[":
             end += 1
         lines[start:end] = body
     return "\n".join(lines) + "\n"
 
 
+def _invalid(problem: str, next_step: str) -> BackportError:
+    return BackportError(Exit.PATCHSET_INVALID, problem, next_step)
+
+
 def require_folder(folder: Path) -> None:
     """Refuse a patch set folder that does not exist."""
     if not folder.is_dir():
-        raise BackportError(
-            Exit.PATCHSET_INVALID,
-            f"patch set folder {folder} does not exist",
-            "pass --patch-set with a folder under patches/",
-        )
+        problem = f"patch set folder {folder} does not exist"
+        raise _invalid(problem, "pass --patch-set with a folder under patches/")
 
 
 @dataclass(frozen=True)
@@ -542,54 +377,35 @@ class Series:
 
     @classmethod
     def load(cls, folder: Path, registry: Releases | None = None) -> Series:
-        """Read the series and its manifest without checking patch hashes.
-
-        registry: the release facts (default: the project's patches/releases.toml).
-        """
+        """Read the series and its manifest (registry: as PinManifest.load's) without
+        checking patch hashes."""
         require_folder(folder)
         manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"{series_file} does not exist",
-                "regenerate it with scripts/export-patches",
-            )
-        names = [
-            line.strip()
-            for line in series_file.read_text(encoding="utf-8").splitlines()
-            if line.strip() and not line.lstrip().startswith("#")
-        ]
+            raise _invalid(f"{series_file} does not exist", REGENERATE)
+        lines = series_file.read_text(encoding="utf-8").splitlines()
+        names = [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
         return cls(folder=folder, patch_names=names, manifest=manifest)
 
     def verify(self) -> None:
         """Refuse a series whose patch files differ from the manifest's hashes."""
         expected = list(self.manifest.patch_hashes)
         if self.patch_names != expected:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"{self.folder / SERIES_NAME} lists {self.patch_names}, but the "
-                f"manifest pins {expected}",
-                "restore the patch set with `git checkout -- patches/`, or "
-                "regenerate it with scripts/export-patches",
-            )
+            problem = f"{self.folder / SERIES_NAME} lists {self.patch_names}, but the manifest "
+            problem += f"pins {expected}"
+            restore = "restore the patch set with `git checkout -- patches/`"
+            raise _invalid(problem, f"{restore}, or {REGENERATE}")
         for path in self.patch_paths:
             if not path.is_file():
-                raise BackportError(
-                    Exit.PATCHSET_INVALID,
-                    f"patch {path} is named in the series but does not exist",
-                    "restore it with `git checkout -- patches/`",
-                )
-            actual = sha256_of(path)
-            pinned = self.manifest.patch_hashes[path.name]
+                raise _invalid(f"patch {path} is named in the series but does not exist", RESTORE)
+            actual, pinned = sha256_of(path), self.manifest.patch_hashes[path.name]
             if actual != pinned:
-                raise BackportError(
-                    Exit.PATCHSET_INVALID,
-                    f"patch {path.name} has sha256 {actual}, but the manifest "
-                    f"pins {pinned}: the file was changed after it was exported",
-                    "restore it with `git checkout -- patches/`, or, if the change "
-                    "is wanted, make it on the patched branch and run "
-                    "scripts/export-patches",
+                raise _invalid(
+                    f"patch {path.name} has sha256 {actual}, but the manifest pins {pinned}: "
+                    "the file was changed after it was exported",
+                    f"{RESTORE}, or, if the change is wanted, make it on the patched branch "
+                    "and run scripts/export-patches",
                 )
 
     def for_release(self, version: str) -> Series:
@@ -618,29 +434,28 @@ def series_for_release(root: Path, version: str) -> Series:
             served[release] = series.for_release(release)
     if version in served:
         return served[version]
+    known = sorted(served, key=release_key)
     fixed = registry.upstream_fixed.version
-    if re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version) and release_key(version) >= release_key(
-        fixed
-    ):
+    is_release = re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version)
+    if is_release and release_key(version) >= release_key(fixed):
         raise BackportError(
             Exit.ALREADY_UPSTREAM,
             f"sglang {version} already contains both fixes (they are upstream from "
             f"sglang {fixed} on): no patch is needed",
             "run that release as it is; this project serves the releases before it "
-            f"({', '.join(sorted(served, key=release_key))})",
+            f"({', '.join(known)})",
         )
-    known = sorted(served, key=release_key)
-    nearest = min(known, key=lambda r: _distance(r, version)) if known else "none"
+
+    def distance(release: str) -> tuple[int, ...]:
+        ka, kb = release_key(release), release_key(version)
+        width = max(len(ka), len(kb))
+        ka, kb = ka + (0,) * (width - len(ka)), kb + (0,) * (width - len(kb))
+        return tuple(abs(x - y) for x, y in zip(ka, kb, strict=True))
+
+    nearest = min(known, key=distance) if known else "none"
     raise BackportError(
         Exit.BASE_MISMATCH,
         f"no patch set here serves sglang {version!r}; the nearest release served is "
         f"{nearest} (served: {', '.join(known)})",
         "pass --base with one of the releases served, or --patch-set DIR",
     )
-
-
-def _distance(a: str, b: str) -> tuple[int, ...]:
-    ka, kb = release_key(a), release_key(b)
-    width = max(len(ka), len(kb))
-    ka, kb = ka + (0,) * (width - len(ka)), kb + (0,) * (width - len(kb))
-    return tuple(abs(x - y) for x, y in zip(ka, kb, strict=True))

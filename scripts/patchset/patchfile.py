@@ -77,9 +77,7 @@ class Patch:
     text: str
     subject: str | None
     subject_line: int | None
-    # message body without the subject and the trailers: the "why"
-    body: list[str]
-    body_start: int | None
+    body: list[str]  # the message without the subject and the trailers: the "why"
     trailers: list[Trailer]
     files: list[FileDiff]
 
@@ -92,15 +90,10 @@ class Patch:
 
 
 def _strip_diff_prefix(path: str) -> str:
-    for prefix in ("a/", "b/"):
-        if path.startswith(prefix):
-            return path[len(prefix) :]
-    return path
+    return path[2:] if path.startswith(("a/", "b/")) else path
 
 
-def _split_message(
-    lines: list[str], start: int, end: int
-) -> tuple[list[str], int | None, list[Trailer]]:
+def _split_message(lines: list[str], start: int, end: int) -> tuple[list[str], list[Trailer]]:
     """Body and trailers of the message lines [start, end) (0-based)."""
     # The trailer block is the last paragraph, if every line of it is Key: value.
     last = end
@@ -109,20 +102,11 @@ def _split_message(
     first = last
     while first > start and lines[first - 1].strip():
         first -= 1
-    block = lines[first:last]
-    trailers: list[Trailer] = []
-    if block and all(TRAILER.match(line) for line in block):
-        for offset, line in enumerate(block):
-            match = TRAILER.match(line)
-            assert match
-            trailers.append(Trailer(match[1], match[2].strip(), first + offset + 1))
-        body_end = first
-    else:
-        body_end = last
-    while start < body_end and not lines[start].strip():
-        start += 1
-    body = lines[start:body_end]
-    return body, (start + 1 if body else None), trailers
+    found = [TRAILER.match(line) for line in lines[first:last]]
+    if not found or not all(found):
+        return lines[start:last], []
+    trailers = [Trailer(m[1], m[2].strip(), first + n + 1) for n, m in enumerate(found) if m]
+    return lines[start:first], trailers
 
 
 def parse_patch(path: Path) -> Patch:
@@ -130,107 +114,64 @@ def parse_patch(path: Path) -> Patch:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-
     # Mail headers end at the first blank line (after the mbox "From " line);
     # the email package unfolds them and decodes RFC 2047 words (=?UTF-8?q?...?=).
-    i = 1 if lines and lines[0].startswith("From ") else 0
-    header_start = i
-    while i < len(lines) and lines[i].strip():
-        i += 1
-    message_start = i
-    headers = HeaderParser(policy=email.policy.default).parsestr(
-        "\n".join(lines[header_start:message_start]) + "\n\n"
-    )
-    raw_subject = headers.get("Subject")
+    header_start = start = 1 if lines and lines[0].startswith("From ") else 0
+    while start < len(lines) and lines[start].strip():
+        start += 1
+    header = "\n".join(lines[header_start:start]) + "\n\n"
+    raw_subject = HeaderParser(policy=email.policy.default).parsestr(header).get("Subject")
     subject = " ".join(str(raw_subject).split()) if raw_subject is not None else None
-    subject_line = next(
-        (n + 1 for n in range(header_start, message_start) if lines[n].startswith("Subject:")),
-        None,
-    )
-
+    subject_lines = (n + 1 for n in range(header_start, start) if lines[n].startswith("Subject:"))
     # The message ends at the '---' before the diffstat, or at the first diff.
-    message_end = len(lines)
-    for j in range(message_start, len(lines)):
-        if lines[j] == "---" or lines[j].startswith("diff --git "):
-            message_end = j
-            break
-    body, body_start, trailers = _split_message(lines, message_start, message_end)
+    end = start
+    while end < len(lines) and lines[end] != "---" and not lines[end].startswith("diff --git "):
+        end += 1
+    body, trailers = _split_message(lines, start, end)
+    files = _file_diffs(lines, end)
+    return Patch(path, text, subject, next(subject_lines, None), body, trailers, files)
 
+
+def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
+    """The `diff --git` sections from lines[start] on, with every hunk line numbered."""
     files: list[FileDiff] = []
-    current: FileDiff | None = None
     hunk: Hunk | None = None
-    old_no = new_no = 0
-    old_left = new_left = 0
+    old_no = new_no = old_left = new_left = 0
     last_kind = ""
-    for j in range(message_end, len(lines)):
-        line = lines[j]
-        number = j + 1
-        if hunk is not None and current is not None and (old_left > 0 or new_left > 0):
-            kind = line[:1] if line else " "
-            if kind == "+":
-                hunk.lines.append(PatchLine("+", line[1:], number, None, new_no))
-                new_no += 1
-                new_left -= 1
-                last_kind = kind
-                continue
-            if kind == "-":
-                hunk.lines.append(PatchLine("-", line[1:], number, old_no, None))
-                old_no += 1
-                old_left -= 1
-                last_kind = kind
-                continue
-            if kind == " ":
-                hunk.lines.append(PatchLine(" ", line[1:], number, old_no, new_no))
-                old_no += 1
-                new_no += 1
-                old_left -= 1
-                new_left -= 1
-                last_kind = kind
-                continue
-        if line.startswith("\\") and current is not None:
-            if last_kind in "+ " and last_kind:
-                current.new_lacks_final_newline.append(number)
-            continue
-        if line.startswith("diff --git "):
+    for number, line in enumerate(lines[start:], start + 1):
+        kind = line[:1] or " "
+        if hunk is not None and (old_left > 0 or new_left > 0) and kind in "+- ":
+            old = None if kind == "+" else old_no
+            new = None if kind == "-" else new_no
+            hunk.lines.append(PatchLine(kind, line[1:], number, old, new))
+            if old is not None:
+                old_no, old_left = old_no + 1, old_left - 1
+            if new is not None:
+                new_no, new_left = new_no + 1, new_left - 1
+            last_kind = kind
+        elif line.startswith("diff --git "):
             parts = line.split(" ")
-            old, new = (parts[2], parts[3]) if len(parts) >= 4 else ("", "")
-            current = FileDiff(_strip_diff_prefix(old), _strip_diff_prefix(new), number)
-            files.append(current)
+            names = [_strip_diff_prefix(p) for p in parts[2:4]] if len(parts) >= 4 else ["", ""]
+            files.append(FileDiff(*names, number))
             hunk = None
+        elif not files:
             continue
-        if current is None:
-            continue
-        index = INDEX_LINE.match(line)
-        if index and hunk is None:
-            current.old_blob, current.new_blob = index[1], index[2]
-            current.index_line = number
-            continue
-        if line.startswith("--- ") and hunk is None:
-            path_ = line[4:].strip()
-            current.old_path = "/dev/null" if path_ == "/dev/null" else _strip_diff_prefix(path_)
-            continue
-        if line.startswith("+++ ") and hunk is None:
-            path_ = line[4:].strip()
-            current.new_path = "/dev/null" if path_ == "/dev/null" else _strip_diff_prefix(path_)
-            continue
-        header = HUNK_HEADER.match(line)
-        if header:
+        elif line.startswith("\\"):
+            if last_kind in ("+", " "):
+                files[-1].new_lacks_final_newline.append(number)
+        elif hunk is None and (index := INDEX_LINE.match(line)):
+            files[-1].old_blob, files[-1].new_blob = index[1], index[2]
+            files[-1].index_line = number
+        elif hunk is None and line.startswith("--- "):
+            files[-1].old_path = _strip_diff_prefix(line[4:].strip())
+        elif hunk is None and line.startswith("+++ "):
+            files[-1].new_path = _strip_diff_prefix(line[4:].strip())
+        elif header := HUNK_HEADER.match(line):
             old_no, new_no = int(header[1]), int(header[3])
-            old_left = int(header[2]) if header[2] is not None else 1
-            new_left = int(header[4]) if header[4] is not None else 1
-            hunk = Hunk()
-            current.hunks.append(hunk)
-            last_kind = ""
-    return Patch(
-        path=path,
-        text=text,
-        subject=subject,
-        subject_line=subject_line,
-        body=body,
-        body_start=body_start,
-        trailers=trailers,
-        files=files,
-    )
+            old_left, new_left = int(header[2] or 1), int(header[4] or 1)
+            hunk, last_kind = Hunk(), ""
+            files[-1].hunks.append(hunk)
+    return files
 
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:

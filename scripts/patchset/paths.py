@@ -20,11 +20,9 @@ def build_dir() -> Path:
 
 def cache_dir() -> Path:
     """Downloaded wheels, kept across clones; SGLANG_BACKPORTS_CACHE moves it."""
-    override = os.environ.get("SGLANG_BACKPORTS_CACHE")
-    if override:
+    if override := os.environ.get("SGLANG_BACKPORTS_CACHE"):
         return Path(override)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
         return Path(xdg) / "sglang-backports"
     if not os.environ.get("HOME"):
         raise BackportError(

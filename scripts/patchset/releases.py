@@ -1,4 +1,5 @@
-"""patches/releases.toml: the facts every sglang release shares, read and checked once."""
+"""patches/releases.toml: the facts every sglang release shares, read and checked once;
+and TomlFile, the checked reader of every data file under patches/."""
 
 from __future__ import annotations
 
@@ -7,19 +8,139 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+from . import tomlread
 from .errors import BackportError, Exit
 from .paths import PATCHES_ROOT
-
-if TYPE_CHECKING:
-    from .manifest import TomlFile, WheelPin
 
 RELEASES_NAME = "releases.toml"
 REPAIR_RELEASES = (
     "restore it with `git checkout -- patches/releases.toml`, or fix it as the comment "
     "at its top describes (docs/maintaining.md: adding a release)"
 )
+BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
+WHEEL_NAME = re.compile(
+    r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)-(?P<python>[a-z]+\d+)-[^-]+-[^-]+\.whl$"
+)
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_REQUIRED: Any = object()
+_KINDS: dict[type, str] = {
+    bool: "a boolean",  # before int: a bool is an int too
+    dict: "a table",
+    str: "a string",
+    int: "an integer",
+    list: "a list",
+}
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """Sort key for sglang release names: 0.5.13 < 0.5.13.post1 < 0.5.14."""
+    return tuple(int(part) for part in re.findall(r"\d+", release))
+
+
+def spell_key(keys: tuple[str, ...]) -> str:
+    """A key path as TOML writes it: blobs."python/sglang/x.py".0002."""
+    return ".".join(k if _BARE_KEY.match(k) else json.dumps(k) for k in keys)
+
+
+def kind_of(value: object) -> str:
+    return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), "a value")
+
+
+@dataclass(frozen=True)
+class WheelPin:
+    """One released sglang wheel, named and hashed."""
+
+    version: str
+    wheel: str
+    sha256: str
+
+    @property
+    def tags(self) -> tuple[str, str, str]:
+        """The file name's Python, ABI and platform tags (PEP 427)."""
+        python, abi, platform = self.wheel[: -len(".whl")].split("-")[2:]
+        return python, abi, platform
+
+
+@dataclass(frozen=True)
+class TomlFile:
+    """A parsed TOML file read by key path; a missing or wrong value is refused
+    (exit 6) with the key and the file, never a KeyError."""
+
+    path: Path
+    data: dict[str, Any]
+    repair: str  # the next step for a damaged file
+
+    @classmethod
+    def load(cls, path: Path, what: str, missing: str, repair: str) -> TomlFile:
+        try:
+            data = tomlread.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            problem, next_step = f"{what} {path} does not exist", missing
+        except (tomlread.TOMLDecodeError, UnicodeDecodeError) as err:
+            problem, next_step = f"{what} {path} is not valid TOML: {err}", repair
+        else:
+            return cls(path, data, repair)
+        raise BackportError(Exit.PATCHSET_INVALID, problem, next_step)
+
+    def refuse(self, keys: tuple[str, ...], problem: str) -> BackportError:
+        return BackportError(
+            Exit.PATCHSET_INVALID, f"{self.path}: {spell_key(keys)} {problem}", self.repair
+        )
+
+    def value(self, keys: tuple[str, ...], kind: type, default: Any = _REQUIRED) -> Any:
+        node: Any = self.data
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict):
+                raise self.refuse(keys[:depth], f"is {kind_of(node)}, not a table")
+            if key not in node:
+                if default is not _REQUIRED:
+                    return default
+                raise self.refuse(keys[: depth + 1], "is missing")
+            node = node[key]
+        if not isinstance(node, kind) or isinstance(node, bool) is not (kind is bool):
+            raise self.refuse(keys, f"is {kind_of(node)}, not {_KINDS[kind]}")
+        return node
+
+    def table(self, keys: tuple[str, ...], optional: bool = False) -> dict[str, Any]:
+        return dict(self.value(keys, dict, {} if optional else _REQUIRED))
+
+    def text(
+        self,
+        keys: tuple[str, ...],
+        pattern: re.Pattern[str] | None = None,
+        what: str = "",
+        default: Any = _REQUIRED,
+    ) -> str:
+        text = self.value(keys, str, default)
+        if pattern is not None and not pattern.match(text):
+            raise self.refuse(keys, f"= {json.dumps(text)} is not {what}")
+        return str(text)
+
+    def names(self, keys: tuple[str, ...], defined: dict[str, Any], where: str) -> frozenset[str]:
+        """A list of names, each one that where defines."""
+        listed = self.value(keys, list)
+        unknown = [
+            n if isinstance(n, str) else json.dumps(n)
+            for n in listed
+            if not isinstance(n, str) or n not in defined
+        ]
+        if unknown:
+            raise self.refuse(keys, f"names {', '.join(unknown)}, which {where} does not define")
+        return frozenset(listed)
+
+    def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
+        """The table's wheel (a wheel file name of that sglang version) and sha256."""
+        wheel = self.text((*keys, "wheel"), WHEEL_NAME, "a wheel file name (PEP 427)")
+        name = WHEEL_NAME.match(wheel)
+        assert name is not None
+        if (name["name"], name["version"]) != ("sglang", version):
+            problem = f"= {json.dumps(wheel)} is not a wheel of sglang {version}"
+            raise self.refuse((*keys, "wheel"), problem)
+        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
 
 
 @dataclass(frozen=True)
@@ -98,14 +219,8 @@ def _launch_profile(toml: TomlFile, name: str) -> LaunchSettings:
     eagle = toml.value((*keys, "eagle-family"), list)
     if not eagle or not all(isinstance(item, str) for item in eagle):
         raise toml.refuse((*keys, "eagle-family"), "is not a list of strings")
-    return LaunchSettings(
-        "",
-        flags,
-        frozenset(eagle),
-        bool(toml.value((*keys, "war-barrier-env"), bool)),
-        bool(toml.value((*keys, "war-fast-path"), bool)),
-        name,
-    )
+    war_env, war_fast = (toml.value((*keys, k), bool) for k in ("war-barrier-env", "war-fast-path"))
+    return LaunchSettings("", flags, frozenset(eagle), war_env, war_fast, name)
 
 
 # [writers] rows: "FILE FUNCTION WHAT" = { stream, order, scenarios | reason }.
@@ -146,9 +261,6 @@ class Releases:
 
     @classmethod
     def load(cls, path: Path) -> Releases:
-        # manifest.py re-exports this module's names, so its reader comes in here
-        from .manifest import BLOB_ID, TomlFile, release_key
-
         toml = TomlFile.load(
             path,
             "release registry",
@@ -158,7 +270,7 @@ class Releases:
         fixes = {
             name: Fix(
                 name,
-                toml.number(("fixes", name, "pr")),
+                toml.value(("fixes", name, "pr"), int),
                 toml.text(("fixes", name, "about")),
                 toml.text(("fixes", name, "marker"), default=""),
                 toml.text(("fixes", name, "marker-function"), default=""),
@@ -172,15 +284,13 @@ class Releases:
         launch: dict[str, LaunchSettings] = {}
         for version in sorted(toml.table(("releases",)), key=release_key):
             keys = ("releases", version)
-            known[version] = KnownRelease(
-                version,
-                toml.names((*keys, "fixes"), fixes, "[fixes]"),
-                {
-                    file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
-                    for file in toml.table((*keys, "blobs"))
-                },
-                toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None,
-            )
+            fixed = toml.names((*keys, "fixes"), fixes, "[fixes]")
+            blobs = {
+                file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
+                for file in toml.table((*keys, "blobs"))
+            }
+            wheel = toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None
+            known[version] = KnownRelease(version, fixed, blobs, wheel)
             profile = toml.text((*keys, LAUNCH_TABLE), default="")
             if profile and profile not in profiles:
                 raise toml.refuse(
@@ -190,10 +300,10 @@ class Releases:
                 )
             if profile:
                 launch[version] = replace(profiles[profile], release=version)
-        fixed = toml.text(("upstream-fixed",))
-        if fixed not in known:
-            raise toml.refuse(("upstream-fixed",), f'= "{fixed}" has no [releases."{fixed}"]')
-        upstream = known[fixed].wheel or toml.wheel_pin(("releases", fixed), fixed)
+        first = toml.text(("upstream-fixed",))
+        if first not in known:
+            raise toml.refuse(("upstream-fixed",), f'= "{first}" has no [releases."{first}"]')
+        upstream = known[first].wheel or toml.wheel_pin(("releases", first), first)
         return cls(path, fixes, known, upstream, launch, writer_rows(toml))
 
     def release(self, version: str, needed_by: Path) -> KnownRelease:

@@ -1,20 +1,17 @@
-"""Judge sglang's prebuilt FutureMap race by the shape of its code (ast), not its bytes.
-
-For files that match no known release: a fork, a cherry-pick, a release not yet
-seen. What is read:
+"""Judge sglang's prebuilt FutureMap race by the shape of its code (ast), not its bytes:
+for a fork, a cherry-pick, a release not yet seen. What is read:
 - the design: FutureMap relays request-pool rows (publish/stash), or hands out
   fresh future slots (alloc_future_indices, store_to_map_for_new_batch: before
   the race);
 - fix B: on every path get_new_prebuilt_batch takes with overlap on (through the
-  helpers it calls, followed where they are defined), a full ordering of the
-  schedule stream after the forward stream (schedule_stream.wait_stream(
-  forward_stream), a synchronize of the forward stream or of the device) after
-  prepare_for_prebuilt() and before process_prebuilt(). Any condition other than
-  overlap is taken as possibly false, so a wait under one is not fix B;
+  helpers it calls), a full ordering of the schedule stream after the forward
+  stream (schedule_stream.wait_stream(forward_stream), a synchronize of the
+  forward stream or the device) after prepare_for_prebuilt() and before
+  process_prebuilt(); a wait under any other condition is not fix B;
 - fix A: FutureMap.publish waits on publish_ready before recording it again;
-- the WAR barrier of the decode loop, reported as found, never taken for fix B.
+- the WAR barrier of the decode loop, reported, never taken for fix B.
 Anything short of a clear fix-B shape is never "fixed". Standard library only,
-Python 3.10 and later (check-install's zipapp carries it).
+Python 3.10 and later.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from .shapeflow import (
     Sources,
     Trace,
     body_calls,
+    defined,
     functions,
     named,
     ordering,
@@ -77,9 +75,7 @@ def _entry(sources: Sources) -> list[Fn]:
     """get_new_prebuilt_batch: in decode.py, else wherever the tree defines it."""
     if sources.module(DECODE) is None:
         raise CannotTell(f"{DECODE} is missing", Evidence(DECODE, 0, "", "not found"))
-    found = named(sources, DECODE, ENTRY)
-    for path in [] if found else sources.defining(ENTRY):
-        found += named(sources, path, ENTRY) if path != DECODE else []
+    found = defined(sources, ENTRY, DECODE)
     if not found:
         raise CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
     return found
@@ -98,9 +94,8 @@ def _future_map(sources: Sources) -> dict[str, Fn]:
 def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
     """Whether FutureMap relays request-pool rows (this race's design), with the evidence."""
     methods = _future_map(sources)
-    slots = [
-        methods[m] for m in ("alloc_future_indices", "store_to_map_for_new_batch") if m in methods
-    ]
+    fresh = ("alloc_future_indices", "store_to_map_for_new_batch")
+    slots = [methods[m] for m in fresh if m in methods]
     if "publish" in methods and "stash" in methods:
         relay, fn, what = True, methods["publish"], "relays request-pool rows (publish, stash)"
     elif slots:
@@ -117,8 +112,7 @@ def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
             "(moved or renamed)"
         )
     evidence = [Evidence(fn.file, fn.node.lineno, fn.name, what)]
-    seeders = {"publish", "stash", "alloc_future_indices", "store_to_map_for_new_batch"}
-    seeders.add("build_disagg_draft_input")
+    seeders = {"publish", "stash", *fresh, "build_disagg_draft_input"}
     for path, name in ((EAGLE, "build_eagle_disagg_draft_input"), (MIXIN, PROCESS)):
         if sources.module(path) is None:
             evidence.append(Evidence(path, 0, "", "not found"))
@@ -135,11 +129,8 @@ def _fix_a(sources: Sources) -> Evidence | None:
     if publish is None:
         return None
     calls = [c for c in body_calls(publish) if isinstance(c.func, ast.Attribute)]
-    waits = [
-        c
-        for c in calls
-        if tail(c.func) == "wait_event" and any("publish_ready" in text(a) for a in c.args)
-    ]
+    ready = [c for c in calls if any("publish_ready" in text(a) for a in c.args)]
+    waits = [c for c in ready if tail(c.func) == "wait_event"]
     records = [c.lineno for c in calls if text(c.func).endswith("publish_ready.record")]
     if waits and records and waits[0].lineno < max(records):
         what = f"fix A: {text(waits[0])} before publish_ready.record()"

@@ -1,19 +1,18 @@
-"""Reading sglang's code for the shape judgement (patchset/shape.py): its files,
-and the walk of every path through the prebuilt batch's functions.
+"""Reading sglang's code for the shape judgement (patchset/shape.py): its files, and
+the walk of every path through the prebuilt batch's functions.
 
-The walk follows get_new_prebuilt_batch through the helpers it calls (in its
-class, its module, or wherever the tree defines them) and keeps, per path, whether
-prepare_for_prebuilt() ran and whether a full ordering of the schedule stream
-after the forward stream came after it. Overlap is on; every other condition may
-go either way, so a wait under one leaves a path without it. Standard library
-only, Python 3.10 and later.
+The walk follows get_new_prebuilt_batch through the helpers it calls (wherever the
+tree defines them) and keeps, per path, whether prepare_for_prebuilt() ran and a
+full ordering of the schedule stream after the forward stream came after it.
+Overlap is on; any other condition may go either way. Standard library only,
+Python 3.10 and later.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,38 +44,25 @@ class Evidence:
 
 
 class Sources:
-    """The files of one sglang tree, by repository path (python/sglang/...)."""
+    """The files of one sglang package folder (a tree's python/sglang, or
+    site-packages/sglang), by repository path (python/sglang/...)."""
 
-    def __init__(self, read: Callable[[str], str | None], paths: Callable[[], list[str]]) -> None:
-        self._read, self._paths = read, paths
+    def __init__(self, package: Path) -> None:
+        self.package = package
         self._texts: dict[str, str | None] = {}
         self._modules: dict[str, ast.Module] = {}
         self._candidates: list[str] | None = None
 
     @classmethod
-    def from_package(cls, package: Path) -> Sources:
-        """The files of a package folder: a tree's python/sglang, or site-packages/sglang."""
+    def from_package(cls, package: Path) -> Sources:  # the name check-install calls
+        return cls(package)
 
-        def read(path: str) -> str | None:
-            try:
-                return (package / path.removeprefix(PREFIX)).read_bytes().decode("utf-8", "replace")
-            except OSError:
-                return None
-
-        def paths() -> list[str]:
-            return sorted(PREFIX + p.relative_to(package).as_posix() for p in package.rglob("*.py"))
-
-        return cls(read, paths)
-
-    @classmethod
-    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
-        """Only the given files (e.g. the three a release is recognised by)."""
-
-        def read(path: str) -> str | None:
-            text = texts.get(path)
-            return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-
-        return cls(read, lambda: sorted(texts))
+    def _read(self, path: str) -> str | None:
+        try:
+            data = (self.package / path.removeprefix(PREFIX)).read_bytes()
+        except OSError:
+            return None
+        return data.decode("utf-8", "replace")
 
     def text(self, path: str) -> str | None:
         if path not in self._texts:
@@ -102,7 +88,9 @@ class Sources:
         """The files that name a piece of the prebuilt path or of FutureMap, and word."""
         if self._candidates is None:
             self._candidates = []
-            for path in self._paths():  # read once; only a candidate's text is kept
+            package = self.package
+            found = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py"))
+            for path in (PREFIX + name for name in found):  # read once; keep candidates' text
                 text = self._texts[path] if path in self._texts else self._read(path)
                 if text is not None and any(word in text for word in _CANDIDATE):
                     self._texts[path] = text
@@ -141,9 +129,7 @@ def functions(module: ast.Module | None, file: str) -> Iterator[Fn]:
 
 
 def body_calls(fn: Fn) -> Iterator[ast.Call]:
-    for stmt in fn.node.body:
-        for call, _ in calls(stmt):
-            yield call
+    return (call for stmt in fn.node.body for call, _ in calls(stmt))
 
 
 def short(fn: Fn) -> str:
@@ -204,6 +190,11 @@ class Out:
     breaks: set[Trace] = field(default_factory=set)
     continues: set[Trace] = field(default_factory=set)
 
+    def add(self, done: Out, *kinds: str) -> None:
+        """done's paths of each kind (all of them by default) join this one's."""
+        for kind in kinds or ("normal", "returns", "breaks", "continues"):
+            getattr(self, kind).update(getattr(done, kind))
+
 
 def truth(test: ast.expr, path: Trace) -> bool | None:
     """The condition's value on this path with overlap on; None: either."""
@@ -222,15 +213,10 @@ def truth(test: ast.expr, path: Trace) -> bool | None:
         return None if None in values else not decisive
     if isinstance(test, ast.Name) and test.id in path.nones:
         return False
-    if (
-        isinstance(test, ast.Compare)
-        and isinstance(test.left, ast.Name)
-        and test.left.id in path.nones
-        and len(test.ops) == 1
-        and isinstance(test.comparators[0], ast.Constant)
-        and test.comparators[0].value is None
-    ):
-        return isinstance(test.ops[0], ast.Is)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name):
+        right = test.comparators[0]
+        if test.left.id in path.nones and isinstance(right, ast.Constant) and right.value is None:
+            return isinstance(test.ops[0], ast.Is)
     return None
 
 
@@ -282,9 +268,7 @@ class Flow:
             if not paths:
                 break
             done = self.stmt(stmt, paths, fn)
-            out.returns |= done.returns
-            out.breaks |= done.breaks
-            out.continues |= done.continues
+            out.add(done, "returns", "breaks", "continues")
             paths = done.normal
         out.normal = paths
         return out
@@ -320,18 +304,13 @@ class Flow:
             cases = [case.body for case in stmt.cases]  # type: ignore[attr-defined]
             return self.branches(None, [*cases, []], paths, fn)
         results = self.expr(stmt, paths, fn)
-        target = (
-            stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+        if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+            return Out({p for p, _ in results})
+        name = {targets[0].id}  # it holds None on a path where the value is None
+        return Out(
+            {replace(p, nones=p.nones | name if none else p.nones - name) for p, none in results}
         )
-        if isinstance(target, ast.Name):
-            name = target.id
-            return Out(
-                {
-                    replace(p, nones=p.nones | {name} if none else p.nones - {name})
-                    for p, none in results
-                }
-            )
-        return Out({p for p, _ in results})
 
     def branches(
         self, test: ast.expr | None, bodies: list[list[ast.stmt]], paths: set[Trace], fn: Fn
@@ -350,10 +329,7 @@ class Flow:
             done = self.block(body, taken, fn)
             if unknown:
                 self.conditions.pop()
-            out.normal |= done.normal
-            out.returns |= done.returns
-            out.breaks |= done.breaks
-            out.continues |= done.continues
+            out.add(done)
         return out
 
     def loop(self, stmt: ast.For | ast.AsyncFor | ast.While, paths: set[Trace], fn: Fn) -> Out:
@@ -364,8 +340,7 @@ class Flow:
         self.conditions.append(f"the loop at line {stmt.lineno} runs")
         while frontier:  # a finite lattice: ends when no new state appears
             done = self.block(stmt.body, frontier, fn)
-            out.returns |= done.returns
-            out.breaks |= done.breaks
+            out.add(done, "returns", "breaks")
             frontier = (done.normal | done.continues) - seen
             seen |= frontier
         self.conditions.pop()
@@ -379,9 +354,7 @@ class Flow:
         body = self.block(stmt.body, paths, fn)  # type: ignore[attr-defined]
         out = Out(set(), set(body.returns), set(body.breaks), set(body.continues))
         for handler in stmt.handlers:  # type: ignore[attr-defined]
-            done = self.block(handler.body, paths | body.normal, fn)
-            out.normal |= done.normal
-            out.returns |= done.returns
+            out.add(self.block(handler.body, paths | body.normal, fn), "normal", "returns")
         out.normal |= self.block(stmt.orelse, body.normal, fn).normal  # type: ignore[attr-defined]
         final = stmt.finalbody  # type: ignore[attr-defined]
         out.normal = self.block(final, out.normal, fn).normal if final else out.normal
@@ -439,19 +412,15 @@ class Flow:
     def helper(self, call: ast.Call, fn: Fn) -> Fn | None:
         """The function a self.NAME(...) or NAME(...) call runs, if it touches the prebuilt path."""
         func = call.func
-        if (
-            isinstance(func, ast.Attribute)
-            and isinstance(func.value, ast.Name)
-            and func.value.id == "self"
-        ):
-            name, method = func.attr, True
-        elif isinstance(func, ast.Name):
+        if isinstance(func, ast.Name):
             name, method = func.id, False
+        elif isinstance(func, ast.Attribute) and text(func.value) == "self":
+            name, method = func.attr, True
         else:
             return None
         if len(self.stack) >= _MAX_DEPTH or any(short(f) == name for f in self.stack):
             return None
-        found = self.defined(name, fn.file, method)
+        found = defined(self.sources, name, fn.file, method)
         same = [f for f in found if f.owner == fn.owner] or found
         chosen = [f for f in same if self.relevant(f)]
         if len(chosen) > 1:
@@ -463,13 +432,6 @@ class Flow:
             moved = " (another module)" if chosen[0].file != fn.file else ""
             self.note(chosen[0], chosen[0].node.lineno, f"followed from {fn.name}{moved}")
         return chosen[0] if chosen else None
-
-    def defined(self, name: str, first: str, method: bool) -> list[Fn]:
-        """Functions (methods or not) of this name: in first's file, else in the tree."""
-        found = named(self.sources, first, name, method)
-        for path in [] if found else self.sources.defining(name):
-            found += named(self.sources, path, name, method) if path != first else []
-        return found
 
     def relevant(self, fn: Fn, depth: int = 0) -> bool:
         """Whether fn, or a helper it calls in its own file, prepares, seeds or orders."""
@@ -485,6 +447,15 @@ class Flow:
                 for c in body_calls(fn)
             )
         return self._relevant[key]
+
+
+def defined(sources: Sources, name: str, first: str, method: bool | None = None) -> list[Fn]:
+    """The functions of this name (methods only, or none, as method says): in first's
+    file, else wherever the tree defines them."""
+    found = named(sources, first, name, method)
+    for path in [] if found else sources.defining(name):
+        found += named(sources, path, name, method) if path != first else []
+    return found
 
 
 def named(sources: Sources, path: str, name: str, method: bool | None = None) -> list[Fn]:

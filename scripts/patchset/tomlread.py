@@ -1,13 +1,11 @@
-"""TOML for Python 3.10 too: tomllib where the interpreter has it (3.11 and later),
-else a small reader of the subset that patches/*.toml use.
+"""TOML for Python 3.10 too (check-install on an Ubuntu 22.04 pod): tomllib where the
+interpreter has it, else a small reader of the subset that patches/*.toml use.
 
-check-install must run on Python 3.10 (an Ubuntu 22.04 pod), which has no
-tomllib. The subset: comments; [table] and [[array of tables]] headers; bare,
-"basic" and 'literal' keys, dotted; basic and literal one-line strings;
-integers; decimal floats; booleans; arrays (over several lines too) and
-inline tables. Anything else (multi-line strings, dates, hex numbers, inf, a
-key defined twice) is refused with its line, never read differently from
-tomllib: test/tools/test_tomlread.py checks both agree on every data file.
+The subset: comments; [table] and [[array of tables]] headers; bare, "basic" and
+'literal' keys, dotted; one-line basic and literal strings; integers; decimal
+floats; booleans; arrays (over several lines too) and inline tables. Anything
+else (multi-line strings, dates, hex numbers, inf, a key defined twice) is refused
+with its line, never read differently from tomllib (test/tools/test_tomlread.py).
 """
 
 from __future__ import annotations
@@ -58,10 +56,10 @@ class _Reader:
 
     def skip_comment(self) -> None:
         end = self.text.find("\n", self.pos)
-        comment = self.text[self.pos : len(self.text) if end < 0 else end]
-        if _has_control(comment.rstrip("\r")):
+        end = len(self.text) if end < 0 else end
+        if _has_control(self.text[self.pos : end].rstrip("\r")):
             raise self.fail("a control character in a comment")
-        self.pos = len(self.text) if end < 0 else end
+        self.pos = end
 
     def end_of_line(self) -> None:
         self.skip_space()
@@ -95,9 +93,7 @@ class _Reader:
             self.pos += 1
 
     def basic_string(self) -> str:
-        if self.peek(3) == '"""':
-            raise self.fail("multi-line strings are not in the subset this reader reads")
-        self.pos += 1
+        self.no_multi_line('"""')
         out = []
         while True:
             if self.pos >= len(self.text):
@@ -128,11 +124,15 @@ class _Reader:
             else:
                 out.append(char)
 
-    def literal_string(self) -> str:
-        if self.peek(3) == "'''":
+    def no_multi_line(self, quotes: str) -> None:
+        if self.peek(3) == quotes:
             raise self.fail("multi-line strings are not in the subset this reader reads")
-        end = self.text.find("'", self.pos + 1)
-        value = self.text[self.pos + 1 : end] if end >= 0 else "\n"
+        self.pos += 1
+
+    def literal_string(self) -> str:
+        self.no_multi_line("'''")
+        end = self.text.find("'", self.pos)
+        value = self.text[self.pos : end] if end >= 0 else "\n"
         if end < 0 or _has_control(value):
             raise self.fail("a literal string that does not end on its line")
         self.pos = end + 1

@@ -35,21 +35,17 @@ def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
         )
 
 
-def _pip_download(pin: WheelPin, dest: Path) -> subprocess.CompletedProcess[str]:
-    name, _version, python_tag, abi, platform = pin.wheel[: -len(".whl")].split("-")
+def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
+    """pin's wheel, downloaded with pip into the marked folder tmp."""
+    python_tag, abi, platform = pin.tags
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps",
         "--only-binary=:all:", "--disable-pip-version-check",
         "--implementation", python_tag[:2], "--python-version", python_tag[2:],
         "--abi", abi, "--platform", platform,
-        "--dest", str(dest), f"{name}=={pin.version}",
+        "--dest", str(tmp), f"{pin.wheel.split('-', 1)[0]}=={pin.version}",
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, pass_fds=held_fds())
-
-
-def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
-    """pin's wheel, downloaded with pip into the marked folder tmp."""
-    result = _pip_download(pin, tmp)
+    result = subprocess.run(command, capture_output=True, text=True, pass_fds=held_fds())
     downloaded = tmp / pin.wheel
     if "No module named pip" in result.stderr:
         raise BackportError(
@@ -118,10 +114,7 @@ def extract_package(wheel: Path, dest: Path) -> Path:
     """
     target = dest / REPO_PREFIX
     with zipfile.ZipFile(wheel) as archive:
-        members = [
-            m
-            for m in archive.infolist()
-            if m.filename.startswith(PACKAGE_PREFIX) and not m.is_dir()
-        ]
-        archive.extractall(target, members=members)
+        members = archive.infolist()
+        ours = [m for m in members if m.filename.startswith(PACKAGE_PREFIX) and not m.is_dir()]
+        archive.extractall(target, members=ours)
     return target
