@@ -5,8 +5,9 @@ wheel's touched files (patchset.apply.files_per_step, which checks each step
 against pin.toml) and writes them as DIR/<step>/python/sglang/... for every
 step after the base. On a runner that may have no git, ``lay_out`` unpacks
 the wheel once per step, puts that step's carried files over it, and checks
-every touched file of every tree against pin.toml's blob ids, computed in
-Python (``git_blob_id``: sha1 of b"blob %d\\0" % len + data). A carried file
+every touched file of every tree against the blob ids of each step that the
+one catalog (patchset/catalog.py) holds from pin.toml, computed in Python
+(``blobs_of``: sha1 of b"blob %d\\0" % len + data). A carried file
 that is wrong, missing or extra is refused (Exit.SETUP) before anything is
 laid out.
 """
@@ -19,8 +20,9 @@ from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
+from patchset.catalog import blobs_of, load_catalog
 from patchset.errors import BackportError, Exit
-from patchset.manifest import BASE_STEP, Series, git_blob_id
+from patchset.manifest import BASE_STEP, Series
 
 # Marks a tree folder as laid out here, so a later run may replace it.
 MARKER = ".laid-out-by-run-gpu"
@@ -79,8 +81,8 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
 
 
 def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
-    want = series.manifest.blobs_at(step)[path]
-    have = git_blob_id(data)
+    want = load_catalog(series.folder.parent).step_blobs(series.folder.name, step)[path]
+    have = blobs_of({path: data})[path]
     if have != want:
         raise BackportError(
             Exit.SETUP,
