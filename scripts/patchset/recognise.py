@@ -93,7 +93,10 @@ def refusal(
     if not looks_like:
         judged = shape.judge(Sources.from_texts(files))
         if judged.fixed:
-            lines.append(f"Judged by its code shape, it already holds the fix: {judged.reason}.")
+            lines.append(
+                f"Judged by its code shape, it already holds the fix, as sglang {fixed} or "
+                f"later does: {judged.reason}."
+            )
             return BackportError(
                 Exit.ALREADY_UPSTREAM,
                 "\n".join(lines),
