@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, RunScript, commit_all, git, repo_state
-from patchset import shape
+from patchset import shape, wheel
 from patchset.errors import Exit
 from patchset.manifest import Series
 from patchset.shapeflow import Sources
@@ -26,6 +26,10 @@ BRANCH = "sglang-backports/0.5.15.post1"
 DECODE = "python/sglang/srt/disaggregation/decode.py"
 COMMENT = "# our fork: the decode server of the team\n"
 PROCESS = "        new_batch.process_prebuilt(self.server_args, self.future_map)\n"
+# Patch 0002's context before the wait it adds, and the first line it adds.
+CONTEXT = "        # construct fake completed prefill\n"
+PREPARE = "        new_batch.prepare_for_prebuilt()\n"
+IF_OVERLAP = "        if self.enable_overlap:\n"
 BUILT = "            self.spec_algorithm,\n        )\n"
 # A fork's own fast path: it seeds the prebuilt rows without any ordering after the
 # in-flight forward, on a path that patch 0002 does not touch.
@@ -108,6 +112,30 @@ def test_3way_merges_the_series_onto_a_fork_and_changes_nothing_else(
     assert again.returncode == Exit.OK and "already applied" in again.stdout, again.stderr
 
 
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_3way_merges_where_the_plain_apply_cannot(
+    run_script: RunScript, tmp_path: Path, series: Series, wheel_cache: Path, object_format: str
+) -> None:
+    """The fork changed a context line of patch 0002: only the merge applies it. In a
+    sha256 repository the patches' preimages are found by their sha256 ids."""
+    repo = tmp_path / "sglang"
+    repo.mkdir()
+    git(repo, "init", "-q", f"--object-format={object_format}")
+    wheel_file = wheel_cache / series.manifest.base.wheel
+    for path, data in wheel.read_files(wheel_file, series.manifest.files).items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_bytes(data)
+    commit_all(repo, "v0.5.15.post1")
+    fork(repo, CONTEXT, CONTEXT.replace("prefill", "prefill (our fork)"))
+    result = run_script("apply-patches", "--sglang", str(repo), "--3way")
+    assert result.returncode == Exit.OK, result.stderr
+    merged = branch_files(repo, series)
+    assert CONTEXT.replace("prefill", "prefill (our fork)") + PREPARE + IF_OVERLAP in merged[DECODE]
+    assert shape.judge(Sources.from_texts(merged)).fixed
+    touched = result.stdout.split("touch these functions the series changes:")[1]
+    assert "SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch" in touched
+
+
 def test_a_conflict_with_patch_0002_changes_nothing_and_names_the_function(
     run_script: RunScript, checkout: Path, runs_tmpdir: Path
 ) -> None:
@@ -170,6 +198,7 @@ def test_3way_on_a_fork_survives_sigint_at_each_git_call(
     repo = fork(checkout, "from __future__", COMMENT + "from __future__")
     before = untouched(repo)
     env = {"TMPDIR": str(runs_tmpdir)}
+    (faulty_git / "count.log").touch()  # a run that makes no git call fails below, not here
     at = 1
     while True:
         code, stderr, calls = run_with_fault(
