@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import shape
@@ -59,6 +59,7 @@ class OntoFork:
     branch: str | None = None
     series: Series | None = None  # --patch-set
     release: str | None = None  # --base
+    drivers: list[str] = field(default_factory=list)  # the user's merge drivers, not run
 
     def __call__(self, git: Git, head: str, files: Files) -> ApplyReport:
         series = self._series(files)
@@ -74,7 +75,7 @@ class OntoFork:
         report = ApplyReport(where=self.where, branch=branch)
         with marked_folder(_tmpdir(), TEMP_PREFIX) as scratch:
             ids = _write_preimages(git, per_step, scratch)
-            merger = _merger(git, scratch)
+            merger, self.drivers = _merger(git, scratch)
             merger.run("read-tree", head)
             tip = head
             _commit_identity(git)
@@ -155,6 +156,11 @@ class OntoFork:
         unmerged = merger.run("ls-files", "--unmerged", "-z").stdout.split("\0")
         paths = sorted({entry.split("\t", 1)[1] for entry in unmerged if "\t" in entry})
         what = f"conflicts in {', '.join(paths)}" if paths else "does not apply"
+        if paths and self.drivers:
+            what += (
+                f" (the merge drivers your git configuration names, {', '.join(self.drivers)}, "
+                "are not run here: a file one of them would merge counts as a conflict)"
+            )
         raise BackportError(
             Exit.APPLY_FAILED,
             f"patch {patch.name} of sglang {version}'s series {what} on {self.where}, "
@@ -199,15 +205,17 @@ def _write_preimages(
     return {sha1: repo_id for (sha1, _), repo_id in zip(listed, written, strict=True)}
 
 
-def _merger(git: Git, scratch: Path) -> Git:
+def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
     """git on a temporary index, with no merge driver of the user's configuration run:
-    each one is replaced by `false`, so a file it would merge is a conflict."""
+    each one (named in the list) is replaced by `false`, so a file it would merge is
+    a conflict."""
     keys = git.run(
         "config", "-z", "--name-only", "--get-regexp", r"^merge\..*\.driver$", check=False
     )
     names = sorted({key[len("merge.") : -len(".driver")] for key in keys.stdout.split("\0") if key})
     env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
-    return replace(git, extra_env=git.extra_env | env | {"GIT_INDEX_FILE": str(scratch / "index")})
+    index = {"GIT_INDEX_FILE": str(scratch / "index")}
+    return replace(git, extra_env=git.extra_env | env | index), names
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:

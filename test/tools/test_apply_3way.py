@@ -169,6 +169,22 @@ def test_a_clean_merge_that_is_not_judged_fixed_is_refused(
     assert sorted(runs_tmpdir.iterdir()) == []
 
 
+def test_a_merge_driver_of_the_users_is_not_run(
+    run_script: RunScript, checkout: Path, tmp_path: Path
+) -> None:
+    """A driver that would take the patch's side: run, it would merge cleanly."""
+    ran = tmp_path / "driver-ran"
+    (checkout / ".gitattributes").write_text("*.py merge=ours-too\n")
+    git(checkout, "config", "merge.ours-too.driver", f"touch {ran}; cp %B %A")
+    repo = fork(checkout, CONTEXT, CONTEXT.replace("prefill", "prefill (our fork)"))
+    before = untouched(repo)
+    result = run_script("apply-patches", "--sglang", str(repo), "--3way")
+    assert result.returncode == Exit.APPLY_FAILED, result.stdout + result.stderr
+    assert "merge drivers your git configuration names, ours-too, are not run" in result.stderr
+    assert not ran.exists()
+    assert untouched(repo) == before
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
