@@ -169,6 +169,25 @@ def test_a_clean_merge_that_is_not_judged_fixed_is_refused(
     assert sorted(runs_tmpdir.iterdir()) == []
 
 
+def test_a_fork_of_every_file_needs_base_to_name_its_release(
+    run_script: RunScript, checkout: Path, series: Series
+) -> None:
+    for path in series.manifest.files:
+        (checkout / path).write_text(COMMENT + (checkout / path).read_text())
+    commit_all(checkout, "our fork's header in every file")
+    before = untouched(checkout)
+    unnamed = run_script("apply-patches", "--sglang", str(checkout), "--3way")
+    assert unnamed.returncode == Exit.BASE_MISMATCH, unnamed.stdout + unnamed.stderr
+    assert "shares no file with a served release" in unnamed.stderr
+    assert "add --base VERSION" in unnamed.stderr
+    assert untouched(checkout) == before
+    named = run_script(
+        "apply-patches", "--sglang", str(checkout), "--3way", "--base", "0.5.15.post1"
+    )
+    assert named.returncode == Exit.OK, named.stderr
+    assert shape.judge(Sources.from_texts(branch_files(checkout, series))).fixed
+
+
 def test_a_merge_driver_of_the_users_is_not_run(
     run_script: RunScript, checkout: Path, tmp_path: Path
 ) -> None:
