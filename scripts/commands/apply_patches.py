@@ -56,6 +56,10 @@ WORDING = {
     Exit.OK: "applied, already applied, or (--check) every patch applies cleanly",
     Exit.APPLY_FAILED: "a patch failed to apply, or (--3way) conflicts with your fork or "
     "merges into code not judged fixed; nothing of yours was changed",
+    Exit.BASE_MISMATCH: "the base's files match no release this project serves (with --3way: "
+    "no file of a served release, so --base must name it)",
+    Exit.ALREADY_UPSTREAM: "the base already contains the fixes (sglang 0.5.19 or later), or its "
+    "code is judged fixed by its shape: no patch is needed",
     Exit.NOT_A_CHECKOUT: "the path is not in a git checkout, or holds no python/sglang (the "
     "folder that does is named), or a build tree this command did not make",
     Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
@@ -128,7 +132,7 @@ def main() -> int:
         "--base",
         metavar="VERSION",
         help=f"the sglang release to lay out (default {paths.DEFAULT_BASE}); with --sglang, "
-        "the release is recognised from the checkout",
+        "the release is recognised from the checkout (with --3way: the release it is a fork of)",
     )
     p.add_argument(
         "--patch-set",
