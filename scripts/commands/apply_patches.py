@@ -12,7 +12,7 @@ from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
 from patchset.manifest import Series, series_for_release
-from patchset.recognise import recognise_or_refuse
+from patchset.recognise import reading, recognise_or_refuse
 from patchset.threeway import OntoFork
 
 DESCRIPTION = """\
@@ -91,7 +91,7 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
     catalog = load_catalog(paths.PATCHES_ROOT)
     if args.sglang:
         git, where = open_checkout(args.sglang), str(args.sglang)
-        files = buildtree.files_at(git, "HEAD", series.manifest.files if series else catalog.files)
+        files = buildtree.files_at(git, "HEAD", reading(series).manifest)
     else:
         assert series is not None
         apply.verify(series)

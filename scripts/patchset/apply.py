@@ -27,7 +27,7 @@ from .lock import (
 from .manifest import PinManifest, Series, step_of
 from .patchfile import file_events, touched_paths
 from .paths import PATCHES_ROOT
-from .recognise import Files, Recognised, recognise, recognise_or_refuse, refusal
+from .recognise import Files, Recognised, reading, recognise, recognise_or_refuse, refusal
 
 # The lock of a user's repository: a file in its git folder while a run holds it.
 LOCK_NAME = "sglang-backports.lock"
@@ -50,7 +50,7 @@ class ApplyReport:
 def _blobs_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, str | None]:
     """The sha1 blob ids of the files' content at rev: the manifest's ids in a
     repository of any object format (sha256 included)."""
-    return blobs_of(files_at(git, rev, manifest.files))
+    return blobs_of(files_at(git, rev, manifest))
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
@@ -272,7 +272,7 @@ def apply_to_checkout(
     _refuse_clash(git, branch, where)
     if at is None:
         head = _head(git)
-        files = files_at(git, head, manifest.files)
+        files = files_at(git, head, manifest)
         state = recognise_or_refuse(load_catalog(PATCHES_ROOT), files, str(where), series).step
     else:
         head, state = at
@@ -329,7 +329,7 @@ def apply_to_user_checkout(
         remove_leftovers(_tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
         head = _head(git)
-        files = files_at(git, head, series.manifest.files if series else catalog.files)
+        files = files_at(git, head, reading(series).manifest)
         found: Recognised | None = recognise(catalog, blobs_of(files), series)
         if found is None:
             refused = refusal(catalog, files, str(path), series, checkout=True)

@@ -32,12 +32,13 @@ def series_commits(git: Git, manifest: PinManifest) -> list[str]:
     return git.out("rev-list", "--reverse", range_).split()
 
 
-def files_at(git: Git, rev: str, paths: list[str]) -> dict[str, bytes | None]:
+def files_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, bytes | None]:
     """path -> its bytes at rev (None where rev has no such file), in one git call.
 
-    The paths are sglang's own (a manifest's files); in a repository that
-    vendors sglang they are read under git.prefix.
+    The paths are sglang's own; in a repository that vendors sglang they are
+    read under git.prefix.
     """
+    paths = list(manifest.files)
     asked = "".join(f"{rev}:{git.prefix}{path}\n" for path in paths).encode()
     result = git.read("cat-file", "--batch", input=asked)
     if result.returncode != 0:  # rev itself unreadable: no file
@@ -57,7 +58,7 @@ def files_at(git: Git, rev: str, paths: list[str]) -> dict[str, bytes | None]:
 
 
 def files_of_checkout(series: Series, path: Path) -> dict[str, bytes | None]:
-    return files_at(open_checkout(path), "HEAD", series.manifest.files)
+    return files_at(open_checkout(path), "HEAD", series.manifest)
 
 
 def files_of_build_tree(

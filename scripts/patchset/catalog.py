@@ -78,6 +78,8 @@ class Catalog:
     steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     # every release a series serves -> that patch set folder's name
     served: dict[str, str] = field(default_factory=dict)
+    # each fix of releases.toml ("fix-a") -> its pull request as KnownContent.fixes names it
+    fix_prs: dict[str, str] = field(default_factory=dict)
 
     def add(self, blobs: dict[str, str], content: KnownContent) -> None:
         key = tuple(sorted(blobs.items()))
@@ -107,6 +109,18 @@ class Catalog:
     def releases_holding(self, path: str, blob: str | None) -> list[str]:
         """The known releases whose file at path is this blob, oldest first."""
         return [version for version, files in self.releases.items() if files.get(path) == blob]
+
+    def like(self, fixes: frozenset[str], release: str | None) -> KnownContent | None:
+        """Known content that carries exactly these fixes (releases.toml's names), so
+        leaves open the races they leave open: release's own where it has such content,
+        else the newest release's; a release as shipped before a step of ours."""
+        prs = frozenset(self.fix_prs[fix] for fix in fixes)
+        found = [c for entries in self.by_blobs.values() for c in entries if c.fixes == prs]
+
+        def rank(content: KnownContent) -> tuple[object, ...]:
+            return (content.release == release, release_key(content.release), not content.ours)
+
+        return max(found, key=rank, default=None)
 
     def nearest_release(self, blobs: Blobs, among: Iterable[str] | None = None) -> str | None:
         """The known release (of those among, if given) that shares most of these
@@ -141,6 +155,7 @@ def load_catalog(patches_root: Path) -> Catalog:
         return frozenset(f"sgl-project/sglang#{registry.fixes[f].pr}" for f in fixes)
 
     catalog = Catalog(files=list(all_series[0].manifest.files))
+    catalog.fix_prs = {name: next(iter(prs(frozenset([name])))) for name in registry.fixes}
     open_with: dict[frozenset[str], tuple[str, ...]] = {}
     races_with: dict[frozenset[str], tuple[tuple[str, tuple[RaceEntry, ...]], ...]] = {}
     for series in all_series:

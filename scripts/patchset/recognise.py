@@ -24,6 +24,12 @@ class Recognised:
     step: str  # the step of the series the files are at
 
 
+def reading(series: Series | None) -> Series:
+    """The given series, else the default one: either's manifest names the files
+    that every series touches, to read a tree by."""
+    return series or Series.load(paths.DEFAULT_PATCH_DIR)
+
+
 def recognise(catalog: Catalog, blobs: Blobs, series: Series | None = None) -> Recognised | None:
     """The series (the given one, else the one whose steps hold these files) and its step."""
     if series is not None:
@@ -57,8 +63,7 @@ def refusal(
     else BASE_MISMATCH naming the nearest release; for a user's checkout (where is
     its path) close to a served release, the next step names --3way."""
     blobs = blobs_of(files)
-    default = series or Series.load(paths.DEFAULT_PATCH_DIR)
-    manifest = default.manifest
+    manifest = reading(series).manifest
     version = manifest.base.version
     expected = manifest.blobs_at(BASE_STEP)
     if series is None:

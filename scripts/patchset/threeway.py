@@ -39,7 +39,7 @@ from .catalog import Catalog, blobs_of
 from .errors import BackportError, Exit
 from .git import Git, config_env
 from .lock import marked_folder
-from .manifest import Series, series_for_release
+from .manifest import PinManifest, Series, series_for_release
 from .paths import PATCHES_ROOT
 from .recognise import Files
 from .shapeflow import Sources, functions
@@ -91,7 +91,7 @@ class OntoFork:
                 committer = replace(git, extra_env=git.extra_env | author)
                 tip = committer.run("commit-tree", tree, "-p", tip, input=message).stdout.strip()
                 report.applied.append(patch.name)
-            merged = files_at(git, tip, manifest.files)
+            merged = files_at(git, tip, manifest)
             judged = shape.judge(Sources.from_texts(merged))
             if not judged.fixed:
                 raise BackportError(
@@ -106,7 +106,7 @@ class OntoFork:
                     + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
                 )
             if exists:
-                self._already(git, branch, merged, report)
+                self._already(git, branch, merged, report, manifest)
             else:
                 _create_branch(git, branch, tip, self.where)
         report.notes = [
@@ -173,9 +173,11 @@ class OntoFork:
             + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
         )
 
-    def _already(self, git: Git, branch: str, merged: Files, report: ApplyReport) -> None:
+    def _already(
+        self, git: Git, branch: str, merged: Files, report: ApplyReport, manifest: PinManifest
+    ) -> None:
         tip = f"refs/heads/{branch}"
-        if files_at(git, tip, list(merged)) == merged:
+        if files_at(git, tip, manifest) == merged:
             report.already, report.applied = report.applied, []
             return
         raise BackportError(
