@@ -3,7 +3,8 @@
 Where git is, ``write_step_files`` writes each step's touched files as the
 series' patches produce them. On a runner that may have no git, ``lay_out``
 makes one tree per step from the wheel and those files, and checks every
-touched file of every tree against pin.toml's blob ids (computed in Python).
+touched file of every tree against the blob ids the one catalog
+(patchset/catalog.py) holds for that step (computed in Python).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
+from patchset.catalog import blobs_of, load_catalog
 from patchset.errors import BackportError, Exit
-from patchset.manifest import BASE_STEP, Series, git_blob_id
+from patchset.manifest import BASE_STEP, Series
 
 # Marks a tree folder as laid out here, so a later run may replace it.
 MARKER = ".laid-out-by-run-gpu"
@@ -71,8 +73,8 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
 
 
 def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
-    want = series.manifest.blobs_at(step)[path]
-    have = git_blob_id(data)
+    want = load_catalog(series.folder.parent).step_blobs(series.folder.name, step)[path]
+    have = blobs_of({path: data})[path]
     if have != want:
         raise _refuse(
             f"{where} has blob id {have}, but {series.folder.name}/pin.toml pins {want} "

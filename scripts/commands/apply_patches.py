@@ -6,11 +6,14 @@ import argparse
 import shlex
 from pathlib import Path
 
-from patchset import apply, buildtree, cli, paths, recognise
+from patchset import apply, buildtree, cli, paths
+from patchset.catalog import load_catalog
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
-from patchset.manifest import PinManifest, Series, series_for_release
+from patchset.manifest import Series, series_for_release
+from patchset.recognise import reading, recognise_or_refuse
+from patchset.threeway import OntoFork
 
 DESCRIPTION = """\
 Apply the series under patches/ to sglang.
@@ -27,6 +30,16 @@ current branch, index and work tree are left alone, and no hook or filter
 program of yours runs.
 A second run says "already applied" and exits 0.
 
+With --sglang PATH --3way, for a fork (a checkout whose files are no served
+release): apply the series of the nearest served release (or the one named
+with --base) with git's three-way merge, never fuzz. Each patch's preimage
+comes from that release's pinned wheel and is written into your repository as
+a loose object (harmless, unreferenced); the merge runs on a temporary index.
+The branch is made only if nothing conflicts and the merged files are judged
+"fixed" by their code shape; else exit 10 and nothing of yours is changed. The
+run names your fork's changes to the functions the series changes, and
+`scripts/race-check --tree PATH` as the next step (docs/apply.md).
+
 One run at a time per build folder or repository: a second one waits (--wait)
 and then refuses with exit 19, naming the first. The build tree is made aside
 and renamed into place whole. Ctrl-C or a kill leaves nothing half-made that
@@ -41,6 +54,12 @@ CODES = [
 ]  # fmt: skip
 WORDING = {
     Exit.OK: "applied, already applied, or (--check) every patch applies cleanly",
+    Exit.APPLY_FAILED: "a patch failed to apply, or (--3way) conflicts with your fork or "
+    "merges into code not judged fixed; nothing of yours was changed",
+    Exit.BASE_MISMATCH: "the base's files match no release this project serves (with --3way: "
+    "no file of a served release, so --base must name it)",
+    Exit.ALREADY_UPSTREAM: "the base already contains the fixes (sglang 0.5.19 or later), or its "
+    "code is judged fixed by its shape: no patch is needed",
     Exit.NOT_A_CHECKOUT: "the path is not in a git checkout, or holds no python/sglang (the "
     "folder that does is named), or a build tree this command did not make",
     Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
@@ -58,18 +77,34 @@ def branch_name_problem(name: str) -> str | None:
     return None
 
 
-def choose_series(args: argparse.Namespace) -> Series:
-    """The patch set to apply: named, recognised from the checkout, or the release's."""
+def given_series(args: argparse.Namespace) -> Series | None:
+    """The patch set named (--patch-set, or --base for the build tree); None: recognise it."""
     if args.patch_set:
         return Series.load(args.patch_set)
     if args.sglang:
-        files = buildtree.files_at(open_checkout(args.sglang), "HEAD", default_manifest())
-        return recognise.identify_series(paths.PATCHES_ROOT, files, str(args.sglang))
+        return None
     return series_for_release(paths.PATCHES_ROOT, args.base or paths.DEFAULT_BASE)
 
 
-def default_manifest() -> PinManifest:
-    return Series.load(paths.DEFAULT_PATCH_DIR).manifest
+def check(args: argparse.Namespace, series: Series | None) -> int:
+    """--check: per patch, whether it would apply; nothing is changed."""
+    catalog = load_catalog(paths.PATCHES_ROOT)
+    if args.sglang:
+        git, where = open_checkout(args.sglang), str(args.sglang)
+        files = buildtree.files_at(git, "HEAD", reading(series).manifest)
+    else:
+        assert series is not None
+        apply.verify(series)
+        files, where = buildtree.files_of_build_tree(series, paths.build_dir(), paths.cache_dir())
+    found = recognise_or_refuse(catalog, files, where, series, checkout=bool(args.sglang))
+    apply.verify(found.series)
+    results = apply.check_series(found.series, found.step, files)
+    print(f"checking {len(results)} patches against {where}")
+    for result in results:
+        print(f"  {result.patch}: {result.status}")
+        if result.detail:
+            print("    " + result.detail.replace("\n", "\n    "))
+    return Exit.OK if all(r.ok for r in results) else Exit.WOULD_NOT_APPLY
 
 
 def main() -> int:
@@ -97,7 +132,7 @@ def main() -> int:
         "--base",
         metavar="VERSION",
         help=f"the sglang release to lay out (default {paths.DEFAULT_BASE}); with --sglang, "
-        "the release is recognised from the checkout",
+        "the release is recognised from the checkout (with --3way: the release it is a fork of)",
     )
     p.add_argument(
         "--patch-set",
@@ -105,45 +140,56 @@ def main() -> int:
         metavar="DIR",
         help="use this patch set folder instead of the one that serves the release",
     )
+    p.add_argument(
+        "--3way",
+        dest="three_way",
+        action="store_true",
+        help="with --sglang, for a fork: apply the nearest served release's series (or "
+        "--base VERSION's) with git's three-way merge; kept only if judged fixed",
+    )
     args = p.parse_args()
     if args.base and args.patch_set:
         p.error("--base picks a patch set; give either --base or --patch-set")
-    if args.base and args.sglang:
-        p.error("--base is for the build tree; with --sglang the release is recognised")
+    if args.three_way and not args.sglang:
+        p.error("--3way is for a fork: it needs --sglang PATH (the build tree is a release)")
+    if args.three_way and args.check:
+        p.error(
+            "--3way cannot be combined with --check: --3way itself changes nothing "
+            "unless the merge is clean and judged fixed"
+        )
+    if args.base and args.sglang and not args.three_way:
+        p.error(
+            "--base is for the build tree; with --sglang the release is recognised "
+            "(with --3way, --base names the release a fork is of)"
+        )
     if args.branch is not None and not args.sglang:
         p.error("--branch needs --sglang; the build tree always uses the default branch")
     if args.branch is not None:
         problem = branch_name_problem(args.branch)
         if problem:
             p.error(f"--branch {args.branch!r}: {problem}")
-    series = choose_series(args)
-
+    series = given_series(args)
     if args.check:
-        apply.verify(series)
-        if args.sglang:
-            files, where = buildtree.files_of_checkout(series, args.sglang), str(args.sglang)
-        else:
-            files, where = buildtree.files_of_build_tree(
-                series, paths.build_dir(), paths.cache_dir()
-            )
-        results = apply.check_series(series, files, where)
-        print(f"checking {len(results)} patches against {where}")
-        for result in results:
-            print(f"  {result.patch}: {result.status}")
-            if result.detail:
-                print("    " + result.detail.replace("\n", "\n    "))
-        return Exit.OK if all(r.ok for r in results) else Exit.WOULD_NOT_APPLY
+        return check(args, series)
 
     if args.sglang:
-        report = apply.apply_to_user_checkout(series, args.sglang, args.branch, args.wait)
+        git = open_checkout(args.sglang)
+        fork = None
+        if args.three_way:
+            catalog = load_catalog(paths.PATCHES_ROOT)
+            fork = OntoFork(catalog, args.sglang, paths.cache_dir(), args.branch, series, args.base)
+        report = apply.apply_to_user_checkout(
+            git, args.sglang, args.branch, args.wait, series, fork
+        )
     else:
+        assert series is not None
         report = apply.apply_to_build_tree(series, paths.build_dir(), paths.cache_dir(), args.wait)
 
     if report.already_applied:
         holder = f"branch {report.branch}" if report.branch else "its checked-out HEAD"
         print(
             f"already applied: {report.where} ({holder}) has all "
-            f"{len(series.patch_names)} patches; nothing to do"
+            f"{len(report.already)} patches; nothing to do"
         )
         return Exit.OK
     for name in report.already:
@@ -157,8 +203,11 @@ def main() -> int:
             f"branch is unchanged (`{switch}` to use it)"
         )
     else:
+        assert series is not None
         print(
             f"patched tree: {report.where / 'python'} (branch {report.branch}, "
             f"pristine base tagged {buildtree.pristine_tag(series.manifest)})"
         )
+    for line in report.notes:
+        print(line)
     return Exit.OK

@@ -6,15 +6,16 @@ import os
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, files_at, pristine_tag
+from .catalog import blobs_of, load_catalog
 from .errors import BackportError, Exit
-from .git import PROJECT_IDENTITY, Git, GitError, open_checkout
+from .git import PROJECT_IDENTITY, Git, GitError
 from .lock import (
     DEFAULT_WAIT_S,
     held,
@@ -25,7 +26,8 @@ from .lock import (
 )
 from .manifest import PinManifest, Series, step_of
 from .patchfile import file_events, touched_paths
-from .recognise import blobs_of, locate_step, reader
+from .paths import PATCHES_ROOT
+from .recognise import Files, Recognised, reading, recognise, recognise_or_refuse, refusal
 
 # The lock of a user's repository: a file in its git folder while a run holds it.
 LOCK_NAME = "sglang-backports.lock"
@@ -37,6 +39,8 @@ class ApplyReport:
     branch: str | None  # None: the checkout's HEAD already holds the series
     applied: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
+    # what the run has to say beyond the patches (--3way: the merge and its judgement)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def already_applied(self) -> bool:
@@ -230,9 +234,18 @@ def _refuse_clash(git: Git, branch: str, where: Path) -> None:
 
 
 def apply_to_checkout(
-    git: Git, series: Series, branch: str, where: Path, temp_parent: Path | None = None
+    git: Git,
+    series: Series,
+    branch: str,
+    where: Path,
+    temp_parent: Path | None = None,
+    at: tuple[str, str] | None = None,
 ) -> ApplyReport:
-    """Apply what is missing of the series to HEAD of git, on a new branch."""
+    """Apply what is missing of the series to HEAD of git, on a new branch.
+
+    at: (HEAD's commit, its step of the series) where the caller has recognised
+    it already; else HEAD is read and its step recognised here.
+    """
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
@@ -257,37 +270,75 @@ def apply_to_checkout(
             next_step,
         )
     _refuse_clash(git, branch, where)
-    head = git.out("rev-parse", "--verify", "HEAD^{commit}")
-    files = files_at(git, head, manifest)
-    state = locate_step(manifest, blobs_of(files), reader(files), str(where))
+    if at is None:
+        head = _head(git)
+        files = files_at(git, head, manifest)
+        state = recognise_or_refuse(load_catalog(PATCHES_ROOT), files, str(where), series).step
+    else:
+        head, state = at
     patches = _patches_after(series, state)
     report.already = [p for p in series.patch_names if p not in {x.name for x in patches}]
     if not patches:
         report.branch = None
         return report
-    if not git.owned and not git.run("config", "user.email", check=False).stdout.strip():
-        git.extra_env.update(
-            {k: v for k, v in PROJECT_IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
-        )
+    _commit_identity(git)
     with marked_folder(temp_parent or _tmpdir(), TEMP_PREFIX) as scratch:
         report.applied, tip = _commit_series(git, series, head, patches, scratch)
         _create_branch(git, branch, tip, where)
     return report
 
 
+def _commit_identity(git: Git) -> None:
+    """Commit in a user's repository as the user; where git knows no identity, as ours."""
+    if not git.owned and not git.run("config", "user.email", check=False).stdout.strip():
+        git.extra_env.update(
+            {k: v for k, v in PROJECT_IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
+        )
+
+
 def _tmpdir() -> Path:
     return Path(tempfile.gettempdir())
 
 
+def _head(git: Git) -> str:
+    return git.out("rev-parse", "--verify", "HEAD^{commit}")
+
+
+# Applies a series onto a fork (apply-patches --3way): (git, HEAD, its files) -> report.
+OntoFork = Callable[[Git, str, Files], ApplyReport]
+
+
 def apply_to_user_checkout(
-    series: Series, path: Path, branch: str | None, wait_s: float = DEFAULT_WAIT_S
+    git: Git,
+    path: Path,
+    branch: str | None,
+    wait_s: float = DEFAULT_WAIT_S,
+    series: Series | None = None,
+    onto_fork: OntoFork | None = None,
 ) -> ApplyReport:
-    verify(series)
-    git = open_checkout(path)
+    """Recognise HEAD of the checkout once (under its lock) and apply its series.
+
+    series: the one to apply (--patch-set), else the one whose steps hold HEAD's
+    files. A checkout that is none of them is refused; with onto_fork (--3way), one
+    refused only as matching no served release goes to onto_fork instead.
+    """
+    if series is not None:
+        verify(series)
+    catalog = load_catalog(PATCHES_ROOT)
     with held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
         remove_leftovers(_tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
-        return apply_to_checkout(git, series, branch or default_branch(series.manifest), path)
+        head = _head(git)
+        files = files_at(git, head, reading(series).manifest)
+        found: Recognised | None = recognise(catalog, blobs_of(files), series)
+        if found is None:
+            refused = refusal(catalog, files, str(path), series, checkout=True)
+            if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
+                raise refused
+            return onto_fork(git, head, files)
+        verify(found.series)
+        branch = branch or default_branch(found.series.manifest)
+        return apply_to_checkout(git, found.series, branch, path, at=(head, found.step))
 
 
 def _lay_out_wheel(series: Series, repo: Path, cache: Path) -> None:
@@ -384,10 +435,9 @@ class CheckResult:
         return self.status != "does not apply"
 
 
-def check_series(series: Series, files: dict[str, bytes | None], where: str) -> list[CheckResult]:
-    """Per patch, whether it would apply to these files; touches nothing of theirs."""
-    manifest = series.manifest
-    state = locate_step(manifest, blobs_of(files), reader(files), where)
+def check_series(series: Series, state: str, files: Files) -> list[CheckResult]:
+    """Per patch, whether it would apply to these files (at step state of the
+    series); touches nothing of theirs."""
     pending = {p.name for p in _patches_after(series, state)}
     results: list[CheckResult] = []
     with scratch_copy(files) as scratch:

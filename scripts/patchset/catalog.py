@@ -9,6 +9,7 @@ its zipapp carry it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,19 @@ def blobs_of(files: dict[str, bytes | None]) -> Blobs:
     return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
 
 
+def step_in(steps: dict[str, dict[str, str]], blobs: Blobs) -> str | None:
+    """Which of these steps (step -> blob ids, in series order) the files are at
+    (the last on a tie), or None."""
+    at = [step for step, pinned in steps.items() if pinned == blobs]
+    return at[-1] if at else None
+
+
+def series_steps(series: Series) -> dict[str, dict[str, str]]:
+    """Each step of a series and its blob ids, as its own manifest pins them (for a
+    patch set folder that may not be the catalog's, such as one given with --patch-set)."""
+    return {step: series.manifest.blobs_at(step) for step in series.manifest.steps}
+
+
 @dataclass
 class Catalog:
     by_blobs: dict[tuple[tuple[str, str], ...], list[KnownContent]] = field(default_factory=dict)
@@ -62,6 +76,8 @@ class Catalog:
     releases: dict[str, dict[str, str]] = field(default_factory=dict)
     # each step's files: patch set folder name -> step -> blob ids
     steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    # every release a series serves -> that patch set folder's name
+    served: dict[str, str] = field(default_factory=dict)
     # each fix of releases.toml ("fix-a") -> its pull request as KnownContent.fixes names it
     fix_prs: dict[str, str] = field(default_factory=dict)
 
@@ -84,12 +100,15 @@ class Catalog:
 
     def step_of(self, series: str, blobs: Blobs) -> str | None:
         """Which step of the series these files are at (the last on a tie), or None."""
-        at = [step for step, pinned in self.steps.get(series, {}).items() if pinned == blobs]
-        return at[-1] if at else None
+        return step_in(self.steps.get(series, {}), blobs)
 
     def releases_with(self, blobs: Blobs) -> list[str]:
         """The known releases whose files are exactly these, oldest first."""
         return [version for version, files in self.releases.items() if files == blobs]
+
+    def releases_holding(self, path: str, blob: str | None) -> list[str]:
+        """The known releases whose file at path is this blob, oldest first."""
+        return [version for version, files in self.releases.items() if files.get(path) == blob]
 
     def like(self, fixes: frozenset[str], release: str | None) -> KnownContent | None:
         """Known content that carries exactly these fixes (releases.toml's names), so
@@ -103,11 +122,14 @@ class Catalog:
 
         return max(found, key=rank, default=None)
 
-    def nearest_release(self, blobs: Blobs) -> str | None:
-        """The known release that shares most of these files (the newest on a tie)."""
+    def nearest_release(self, blobs: Blobs, among: Iterable[str] | None = None) -> str | None:
+        """The known release (of those among, if given) that shares most of these
+        files (the newest on a tie); None when none shares one."""
+        allowed = None if among is None else set(among)
         scored = [
             (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(v), v)
             for v, files in self.releases.items()
+            if allowed is None or v in allowed
         ]
         best = max(scored, default=None)
         return best[2] if best and best[0] else None
@@ -171,7 +193,8 @@ def load_catalog(patches_root: Path) -> Catalog:
             )
             catalog.add(manifest.blobs_at(step), content)
     # A served release is already named by its series' base step.
-    served_releases = {r for series in all_series for r in series.manifest.releases}
+    catalog.served = {r: s.folder.name for s in all_series for r in s.manifest.releases}
+    served_releases = set(catalog.served)
     catalog.releases = {
         release.version: dict(release.blobs)
         for release in sorted(registry.known.values(), key=lambda r: release_key(r.version))

@@ -1,67 +1,93 @@
-"""Which release and step a set of sglang's files holds, by their content; or why none."""
+"""Which served release and step a checkout's files are, through the one catalog; or why none.
+
+Every answer comes from patchset/catalog.py (blob ids) and, for files it does not
+know, patchset/shape.py (the judgement by code shape); this module only words them.
+"""
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Callable
-from pathlib import Path
+import shlex
+from dataclasses import dataclass
 
+from . import paths, shape
+from .catalog import Blobs, Catalog, blobs_of, series_steps, step_in
 from .errors import BackportError, Exit
-from .manifest import (
-    BASE_STEP,
-    PinManifest,
-    Series,
-    git_blob_id,
-    patch_set_folders,
-    release_key,
-)
-from .paths import DEFAULT_BASE
+from .manifest import BASE_STEP, Series, release_key
+from .shapeflow import Sources
+
+Files = dict[str, bytes | None]  # repository path -> its bytes (None: missing)
 
 
-def locate_step(
-    manifest: PinManifest,
-    blobs: dict[str, str | None],
-    read_file: Callable[[str], str | None],
+@dataclass(frozen=True)
+class Recognised:
+    series: Series
+    step: str  # the step of the series the files are at
+
+
+def reading(series: Series | None) -> Series:
+    """The given series, else the default one: either's manifest names the files
+    that every series touches, to read a tree by."""
+    return series or Series.load(paths.DEFAULT_PATCH_DIR)
+
+
+def recognise(catalog: Catalog, blobs: Blobs, series: Series | None = None) -> Recognised | None:
+    """The series (the given one, else the one whose steps hold these files) and its step."""
+    if series is not None:
+        step = step_in(series_steps(series), blobs)
+        return Recognised(series, step) if step else None
+    for content in catalog.lookup(blobs):
+        if content.series:
+            folder = paths.PATCHES_ROOT / content.series
+            return Recognised(Series.load(folder), catalog.step_of(content.series, blobs) or "")
+    return None
+
+
+def recognise_or_refuse(
+    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
+) -> Recognised:
+    found = recognise(catalog, blobs_of(files), series)
+    if found is None:
+        raise refusal(catalog, files, where, series, checkout)
+    return found
+
+
+def refusal(
+    catalog: Catalog,
+    files: Files,
     where: str,
-) -> str:
-    """Which step of the series the tree is at; refuse a tree that is at none."""
-    for step in reversed(manifest.steps):
-        if blobs == manifest.blobs_at(step):
-            return step
-    raise _mismatch(manifest, blobs, read_file, where)
-
-
-def _mismatch(
-    manifest: PinManifest,
-    blobs: dict[str, str | None],
-    read_file: Callable[[str], str | None],
-    where: str,
-    headline: str = "",
+    series: Series | None = None,
+    checkout: bool = False,
 ) -> BackportError:
+    """Why files that are at no step of the series (or of any series) are refused:
+    ALREADY_UPSTREAM for a fixed release or a tree judged fixed by its code shape,
+    else BASE_MISMATCH naming the nearest release; for a user's checkout (where is
+    its path) close to a served release, the next step names --3way."""
+    blobs = blobs_of(files)
+    manifest = reading(series).manifest
     version = manifest.base.version
     expected = manifest.blobs_at(BASE_STEP)
-    if headline:
-        lines = [headline, f"  (compared with sglang {version}:)"]
+    if series is None:
+        served = ", ".join(catalog.served)
+        lines = [f"{where} holds none of the sglang releases served here ({served}):"]
+        lines.append(f"  (compared with sglang {version}:)")
     else:
         lines = [f"{where} is not sglang {version}, the base this series is pinned to:"]
     for path, blob in blobs.items():
-        if blob == expected[path]:
+        if blob == expected.get(path):
             continue
         if blob is None:
             lines.append(f"  {path}: missing")
             continue
-        same_in = [r for r, files in manifest.known_releases.items() if files.get(path) == blob]
+        same_in = catalog.releases_holding(path, blob)
         known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
-        lines.append(f"  {path}: blob {blob}, expected {expected[path]}{known}")
+        lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
 
-    looks_like = [r for r, files in manifest.known_releases.items() if files == blobs]
+    looks_like = catalog.releases_with(blobs)
     fixed = manifest.upstream_fixed.version
-    has_marker = any(fix_in_function(read_file(path) or "", manifest) for path in blobs)
-    if any(release_key(r) >= release_key(fixed) for r in looks_like) or has_marker:
-        named = f"sglang {looks_like[-1]}" if looks_like else f"sglang {fixed} or later"
-        prs = " and ".join(f"#{pr}" for pr in manifest.upstream_prs.values())
+    prs = " and ".join(f"#{pr}" for pr in manifest.upstream_prs.values())
+    if any(release_key(r) >= release_key(fixed) for r in looks_like):
         lines.append(
-            f"It looks like {named}, which already contains the fixes"
+            f"It looks like sglang {looks_like[-1]}, which already contains the fixes"
             + (f" (upstream PRs {prs})." if prs else ".")
         )
         return BackportError(
@@ -69,84 +95,43 @@ def _mismatch(
             "\n".join(lines),
             "no patch is needed: the fixes are already upstream",
         )
+    if not looks_like:
+        judged = shape.judge(Sources.from_texts(files))
+        if judged.fixed:
+            lines.append(
+                f"Judged by its code shape, it already holds the fix, as sglang {fixed} or "
+                f"later does: {judged.reason}."
+            )
+            return BackportError(
+                Exit.ALREADY_UPSTREAM,
+                "\n".join(lines),
+                "no patch is needed; for the full check run "
+                + shlex.join(["scripts/race-check", "--tree", where]),
+            )
     if looks_like:
         lines.append(f"It looks like sglang {looks_like[-1]}.")
     else:
-        near = nearest_release(manifest, blobs)
+        near = catalog.nearest_release(blobs)
         lines.append(
             "It matches no sglang release this series knows"
             + (f"; the nearest is sglang {near}." if near else ".")
         )
-    return BackportError(
-        Exit.BASE_MISMATCH,
-        "\n".join(lines),
-        "check out the tag of one of those releases; for another release a patch set "
-        "of its own is needed under patches/"
-        if headline
-        else f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
-        "for other releases a patch set of their own is needed under patches/",
-    )
-
-
-def fix_in_function(source: str, manifest: PinManifest) -> bool:
-    """Whether fix B's line sits in the function it belongs to (not elsewhere in the file).
-
-    0.5.13's decode event loop has the same wait_stream line for another reason,
-    so a plain text search would call an unpatched 0.5.13 fixed.
-    """
-    marker, name = manifest.fix_marker, manifest.fix_function
-    if not marker or not name or name not in source:
-        return False
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    return any(
-        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.name == name
-        and marker in (ast.get_source_segment(source, node) or "")
-        for node in ast.walk(tree)
-    )
-
-
-def nearest_release(manifest: PinManifest, blobs: dict[str, str | None]) -> str | None:
-    """The known release that shares most of these files (the newest on a tie)."""
-    scored = [
-        (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(r), r)
-        for r, files in manifest.known_releases.items()
-    ]
-    best = max(scored, default=None)
-    return best[2] if best and best[0] else None
-
-
-def identify_series(root: Path, files: dict[str, bytes | None], where: str) -> Series:
-    """The series (of every patch set under root) whose steps hold these files.
-
-    A tree at any step of a series is recognised by its blob ids, so a checkout
-    of any served release (patched or not) gets that release's series; other
-    trees are refused as the default series refuses them, naming the nearest
-    release or saying the fixes are already upstream.
-    """
-    blobs = blobs_of(files)
-    every = [Series.load(folder) for folder in patch_set_folders(root)]
-    for series in every:
-        if series.manifest.files != list(files):
-            continue
-        if any(blobs == series.manifest.blobs_at(step) for step in series.manifest.steps):
-            return series
-    served = [release for series in every for release in series.manifest.releases]
-    default = Series.load(root / f"sglang-{DEFAULT_BASE}")
-    headline = f"{where} holds none of the sglang releases served here ({', '.join(served)}):"
-    raise _mismatch(default.manifest, blobs, reader(files), where, headline)
-
-
-def blobs_of(files: dict[str, bytes | None]) -> dict[str, str | None]:
-    return {path: git_blob_id(data) if data is not None else None for path, data in files.items()}
-
-
-def reader(files: dict[str, bytes | None]) -> Callable[[str], str | None]:
-    def read(path: str) -> str | None:
-        data = files.get(path)
-        return data.decode("utf-8", "replace") if data is not None else None
-
-    return read
+    if series is None:
+        next_step = (
+            "check out the tag of one of those releases; for another release a patch set "
+            "of its own is needed under patches/"
+        )
+    else:
+        next_step = (
+            f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
+            "for other releases a patch set of their own is needed under patches/"
+        )
+    fork_of = None if looks_like else catalog.nearest_release(blobs, catalog.served)
+    if fork_of and checkout:
+        command = ["scripts/apply-patches", "--sglang", where, "--3way"]
+        next_step += (
+            f"; if it is a fork of sglang {fork_of}, `{shlex.join(command)}` applies that "
+            "release's series with git's three-way merge and keeps the result only if it is "
+            "judged fixed"
+        )
+    return BackportError(Exit.BASE_MISMATCH, "\n".join(lines), next_step)

@@ -16,7 +16,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from patchset import paths, recognise
+from patchset import paths
+from patchset.catalog import load_catalog
 from patchset.errors import BackportError, Exit
 from patchset.manifest import (
     BASE_STEP,
@@ -72,18 +73,18 @@ def test_launch_profiles_are_said_once() -> None:
 
 
 def test_recognition_names_releases_from_the_registry(tmp_path: Path) -> None:
-    manifest = Series.load(paths.DEFAULT_PATCH_DIR).manifest
     later = load_releases().known["0.5.20"].blobs
-    assert recognise.nearest_release(manifest, dict(later)) == "0.5.20"
+    assert load_catalog(paths.PATCHES_ROOT).nearest_release(dict(later)) == "0.5.20"
     # without 0.5.20 in the registry, the same files are not named 0.5.20
-    text = (paths.PATCHES_ROOT / RELEASES_NAME).read_text(encoding="utf-8")
+    root = tmp_path / "patches"
+    shutil.copytree(paths.PATCHES_ROOT, root)
+    text = (root / RELEASES_NAME).read_text(encoding="utf-8")
     start = text.index('[releases."0.5.20"]\n')
     end = text.index('[releases."0.5.21"]\n')
-    (tmp_path / RELEASES_NAME).write_text(text[:start] + text[end:], encoding="utf-8")
-    fewer = Releases.load(tmp_path / RELEASES_NAME)
-    other = PinManifest.load(paths.DEFAULT_PATCH_DIR / "pin.toml", fewer)
-    assert "0.5.20" not in other.known_releases
-    assert recognise.nearest_release(other, dict(later)) != "0.5.20"
+    (root / RELEASES_NAME).write_text(text[:start] + text[end:], encoding="utf-8")
+    fewer = load_catalog(root)
+    assert "0.5.20" not in fewer.releases
+    assert fewer.nearest_release(dict(later)) != "0.5.20"
 
 
 PIN_BLOBS = '"python/sglang/srt/disaggregation/decode.py" = { "0001" = '

@@ -1,0 +1,263 @@
+"""apply-patches --sglang PATH --3way: a served release's series onto a fork of it.
+
+A fork's files match no release, so no step of a series, and the patches cannot
+be checked against a pin. Here the series of the nearest served release (or of
+the one named with --base or --patch-set) is applied with git's three-way merge:
+that release's files at every step, from its pinned wheel (sha256-checked) with
+the series applied and each step checked against the manifest, are written into
+the user's repository as loose objects (harmless: nothing refers to them), so
+that `git apply --cached --3way` finds each patch's preimage. git never fuzzes
+here. The merge runs on a temporary index in a marked folder, and the branch is
+made with one ref update only when the merged files are judged "fixed" by their
+code shape (patchset/shape.py); a conflict or any other judgement changes
+nothing of the user's.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from . import shape
+from . import wheel as wheels
+from .apply import (
+    TEMP_PREFIX,
+    ApplyReport,
+    _commit_identity,
+    _create_branch,
+    _message_of,
+    _refuse_clash,
+    _tmpdir,
+    files_per_step,
+    verify,
+)
+from .buildtree import default_branch, files_at
+from .catalog import Catalog, blobs_of
+from .errors import BackportError, Exit
+from .git import Git, config_env
+from .lock import marked_folder
+from .manifest import PinManifest, Series, series_for_release
+from .paths import PATCHES_ROOT
+from .recognise import Files
+from .shapeflow import Sources, functions
+
+# A patch's blob ids (exported with --full-index): "index <pre>..<post>[ <mode>]".
+INDEX_LINE = re.compile(r"^(index )([0-9a-f]{40})\.\.([0-9a-f]{40})", re.M)
+
+
+@dataclass
+class OntoFork:
+    """The --3way application, called by apply_to_user_checkout under the repository's
+    lock with the checkout's HEAD and its files (see apply.OntoFork)."""
+
+    catalog: Catalog
+    where: Path
+    cache: Path
+    branch: str | None = None
+    series: Series | None = None  # --patch-set
+    release: str | None = None  # --base
+    drivers: list[str] = field(default_factory=list)  # the user's merge drivers, not run
+
+    def __call__(self, git: Git, head: str, files: Files) -> ApplyReport:
+        series = self._series(files)
+        verify(series)
+        manifest = series.manifest
+        branch = self.branch or default_branch(manifest)
+        exists = git.branch_exists(branch)
+        if not exists:
+            _refuse_clash(git, branch, self.where)
+        wheel = wheels.fetch_wheel(manifest.base, self.cache)
+        per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
+        ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
+        report = ApplyReport(where=self.where, branch=branch)
+        with marked_folder(_tmpdir(), TEMP_PREFIX) as scratch:
+            ids = _write_preimages(git, per_step, scratch)
+            merger, self.drivers = _merger(git, scratch)
+            merger.run("read-tree", head)
+            tip = head
+            _commit_identity(git)
+            for patch in series.patch_paths:
+                self._merge(merger, patch, ids, scratch, ours, manifest.base.version)
+                tree = merger.out("write-tree")
+                message, author = _message_of(git, patch, scratch)
+                message += (
+                    f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
+                    "by scripts/apply-patches --3way: git's three-way merge, the result "
+                    "judged fixed by its code shape.)\n"
+                )
+                committer = replace(git, extra_env=git.extra_env | author)
+                tip = committer.run("commit-tree", tree, "-p", tip, input=message).stdout.strip()
+                report.applied.append(patch.name)
+            merged = files_at(git, tip, manifest)
+            judged = shape.judge(Sources.from_texts(merged))
+            if not judged.fixed:
+                raise BackportError(
+                    Exit.APPLY_FAILED,
+                    f"the series of sglang {manifest.base.version} merged onto {self.where} "
+                    "without conflicts, but the result is not judged fixed by its code shape:\n"
+                    + "\n".join(f"  {line}" for line in judged.lines())
+                    + _said(ours),
+                    "nothing of yours was changed (no branch was made); your fork orders "
+                    "the prebuilt path in its own way, so make the fix there by hand "
+                    "(docs/apply.md, --3way), then check it with "
+                    + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
+                )
+            if exists:
+                self._already(git, branch, merged, report, manifest)
+            else:
+                _create_branch(git, branch, tip, self.where)
+        report.notes = [
+            f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
+            f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
+            *_said(ours).strip().splitlines(),
+            "next step, the full check: "
+            + shlex.join(["scripts/race-check", "--tree", str(self.where)])
+            + " (after switching to the branch)",
+        ]
+        return report
+
+    def _series(self, files: Files) -> Series:
+        if self.series is not None:
+            return self.series
+        release = self.release or self.catalog.nearest_release(blobs_of(files), self.catalog.served)
+        if release is None:
+            served = ", ".join(self.catalog.served)
+            raise BackportError(
+                Exit.BASE_MISMATCH,
+                f"{self.where} shares no file with a served release ({served}), so which "
+                "release it is a fork of cannot be told from its files",
+                "name it: add --base VERSION (one of those releases) to --3way",
+            )
+        return series_for_release(PATCHES_ROOT, release)
+
+    def _merge(
+        self,
+        merger: Git,
+        patch: Path,
+        ids: dict[str, str],
+        scratch: Path,
+        ours: list[tuple[str, str]],
+        version: str,
+    ) -> None:
+        """Apply one patch to the temporary index by three-way merge; refuse a conflict."""
+        text = INDEX_LINE.sub(
+            lambda m: m[1] + ids.get(m[2], m[2]) + ".." + ids.get(m[3], m[3]),
+            patch.read_text(encoding="utf-8"),
+        )
+        merged = scratch / f"3way-{patch.name}"
+        merged.write_text(text, encoding="utf-8")
+        prefix = [f"--directory={merger.prefix}"] if merger.prefix else []
+        done = merger.run("apply", "--cached", "--3way", *prefix, str(merged), check=False)
+        if done.returncode == 0:
+            return
+        unmerged = merger.run("ls-files", "--unmerged", "-z").stdout.split("\0")
+        paths = sorted({entry.split("\t", 1)[1] for entry in unmerged if "\t" in entry})
+        what = f"conflicts in {', '.join(paths)}" if paths else "does not apply"
+        if paths and self.drivers:
+            what += (
+                f" (the merge drivers your git configuration names, {', '.join(self.drivers)}, "
+                "are not run here: a file one of them would merge counts as a conflict)"
+            )
+        raise BackportError(
+            Exit.APPLY_FAILED,
+            f"patch {patch.name} of sglang {version}'s series {what} on {self.where}, "
+            f"even with git's three-way merge:\n{(done.stdout + done.stderr).strip()}"
+            + _said(ours),
+            "nothing of yours was changed (no branch was made); port the series by hand on "
+            f"a branch of your fork (`git -C {shlex.quote(str(self.where))} am -3 "
+            f"{shlex.quote(str(patch.parent))}/*.patch` stops at the conflict: the preimages "
+            "are in your repository now), then check it with "
+            + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
+        )
+
+    def _already(
+        self, git: Git, branch: str, merged: Files, report: ApplyReport, manifest: PinManifest
+    ) -> None:
+        tip = f"refs/heads/{branch}"
+        if files_at(git, tip, manifest) == merged:
+            report.already, report.applied = report.applied, []
+            return
+        raise BackportError(
+            Exit.BRANCH_EXISTS,
+            f"branch {branch} already exists in {self.where} and does not hold this merge",
+            f"delete it (`{shlex.join(['git', '-C', str(self.where), 'branch', '-D', branch])}`)"
+            " or pass --branch with another name; nothing of yours was changed",
+        )
+
+
+def _write_preimages(
+    git: Git, per_step: dict[str, dict[str, bytes]], scratch: Path
+) -> dict[str, str]:
+    """Write every step's files into the repository as loose objects; sha1 blob id ->
+    the repository's id of the same bytes (the same id, unless it is a sha256 one)."""
+    listed: list[tuple[str, Path]] = []
+    for step, files in per_step.items():
+        for n, (path, data) in enumerate(files.items()):
+            file = scratch / "preimages" / step / str(n)
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(data)
+            listed.append((blobs_of({path: data})[path] or "", file))
+    written = git.run(
+        "hash-object", "-w", "--no-filters", "--stdin-paths",
+        input="".join(f"{file}\n" for _, file in listed),
+    ).stdout.split()  # fmt: skip
+    return {sha1: repo_id for (sha1, _), repo_id in zip(listed, written, strict=True)}
+
+
+def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
+    """git on a temporary index, with no merge driver of the user's configuration run:
+    each one (named in the list) is replaced by `false`, so a file it would merge is
+    a conflict."""
+    keys = git.run(
+        "config", "-z", "--name-only", "--get-regexp", r"^merge\..*\.driver$", check=False
+    )
+    names = sorted({key[len("merge.") : -len(".driver")] for key in keys.stdout.split("\0") if key})
+    env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
+    index = {"GIT_INDEX_FILE": str(scratch / "index")}
+    return replace(git, extra_env=git.extra_env | env | index), names
+
+
+def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
+    """Each top-level function and method (by qualified name) -> its source; None: no parse."""
+    if data is None:
+        return {}
+    text = data.decode("utf-8", "replace")
+    try:
+        module = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    return {fn.name: ast.get_source_segment(text, fn.node) or "" for fn in functions(module, path)}
+
+
+def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+
+
+def fork_changes(
+    base: dict[str, bytes], fork: Files, patched: dict[str, bytes]
+) -> list[tuple[str, str]]:
+    """(path, function) of each function that both the fork (against the release's
+    files) and the series (the release's files against its final step) change, by
+    qualified name (Class.method); a fork's file that does not parse is named whole."""
+    found = []
+    for path, data in base.items():
+        before, theirs, series = (
+            _functions(d, path) for d in (data, fork.get(path), patched[path])
+        )
+        if theirs is None:
+            found.append((path, "(the whole file: it does not parse)"))
+        elif before is not None and series is not None:
+            found += [
+                (path, n) for n in sorted(_changed(before, theirs) & _changed(before, series))
+            ]
+    return found
+
+
+def _said(ours: list[tuple[str, str]]) -> str:
+    if not ours:
+        return "\nNone of your fork's changes is in a function the series changes."
+    listed = "".join(f"\n  {path} {name}" for path, name in ours)
+    return "\nYour fork's own changes touch these functions the series changes:" + listed
