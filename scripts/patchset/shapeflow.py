@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,25 +44,41 @@ class Evidence:
 
 
 class Sources:
-    """The files of one sglang package folder (a tree's python/sglang, or
-    site-packages/sglang), by repository path (python/sglang/...)."""
+    """The files of one sglang tree by repository path (python/sglang/...): those of a
+    package folder (a tree's python/sglang, or site-packages/sglang), or only the
+    texts given (the three files a release is recognised by)."""
 
-    def __init__(self, package: Path) -> None:
-        self.package = package
+    def __init__(
+        self, package: Path | None, texts: Mapping[str, str | bytes | None] | None = None
+    ) -> None:
+        self.package, self._given = package, dict(texts or {})
         self._texts: dict[str, str | None] = {}
         self._modules: dict[str, ast.Module] = {}
         self._candidates: list[str] | None = None
 
     @classmethod
-    def from_package(cls, package: Path) -> Sources:  # the name check-install calls
+    def from_package(cls, package: Path) -> Sources:
         return cls(package)
 
+    @classmethod
+    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
+        return cls(None, texts)
+
     def _read(self, path: str) -> str | None:
-        try:
-            data = (self.package / path.removeprefix(PREFIX)).read_bytes()
-        except OSError:
-            return None
-        return data.decode("utf-8", "replace")
+        if self.package is None:
+            data = self._given.get(path)
+        else:
+            try:
+                data = (self.package / path.removeprefix(PREFIX)).read_bytes()
+            except OSError:
+                return None
+        return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+    def _paths(self) -> list[str]:
+        if self.package is None:
+            return sorted(self._given)
+        found = (p.relative_to(self.package).as_posix() for p in self.package.rglob("*.py"))
+        return sorted(PREFIX + name for name in found)
 
     def text(self, path: str) -> str | None:
         if path not in self._texts:
@@ -88,9 +104,7 @@ class Sources:
         """The files that name a piece of the prebuilt path or of FutureMap, and word."""
         if self._candidates is None:
             self._candidates = []
-            package = self.package
-            found = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py"))
-            for path in (PREFIX + name for name in found):  # read once; keep candidates' text
+            for path in self._paths():  # read once; keep candidates' text
                 text = self._texts[path] if path in self._texts else self._read(path)
                 if text is not None and any(word in text for word in _CANDIDATE):
                     self._texts[path] = text
