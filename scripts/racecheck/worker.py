@@ -69,7 +69,7 @@ def run(tree: Path) -> dict[str, Any]:
     return {
         "sglang": str(root),
         "torch": torch.__version__,
-        "barrier": scenarios.BARRIER_SOURCE.get("how", ""),
+        "barrier": scenarios.war_barrier_of_tree().how,
         "import_s": round(imported - started, 2),
         "run_s": round(time.perf_counter() - imported, 3),
         "races": races,
