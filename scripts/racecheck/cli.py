@@ -6,12 +6,10 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from patchset import buildtree, cli, paths
@@ -30,6 +28,8 @@ from .catalogue import PLAYS, SCENARIOS
 from .csan import torch_text
 
 SCRIPTS = Path(__file__).resolve().parents[1]
+# Set once race-check has moved onto the interpreter --python (or the default) names.
+REEXEC = "SGLANG_BACKPORTS_RACE_CHECK_PYTHON"
 
 DESCRIPTION = """\
 Prove on the CPU, from the real sglang code, which stream races in the
@@ -185,9 +185,15 @@ def main(argv: list[str] | None = None) -> int:
             "leave out --tree, --writers and --step",
         )
     python = choose_python(args.python)
+    same = os.path.realpath(python.absolute().parent.parent) == os.path.realpath(sys.prefix)
+    if not same and REEXEC not in os.environ:
+        # The whole check runs on that interpreter: the trees' children fork from it.
+        os.environ[REEXEC] = str(python)
+        command = sys.argv[1:] if argv is None else argv
+        os.execv(python, [str(python), str(SCRIPTS / "race-check"), *command])
     runs = plan_runs(chosen, ALL if regenerate else args.step, args.tree or [], regenerate)
     started = time.perf_counter()
-    preload_s = run_trees(python, runs)
+    preload_s = run_trees(runs)
     wall = time.perf_counter() - started
 
     bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
@@ -298,12 +304,8 @@ def step_trees(series: Series) -> dict[str, Path]:
     return buildtree.step_trees(series, build)
 
 
-def run_trees(python: Path, runs: list[report.TreeRun]) -> float:
-    """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading.
-
-    On an interpreter of this process's own environment the trees' children fork
-    from this process; on another one, from a racecheck.worker started with it.
-    """
+def run_trees(runs: list[report.TreeRun]) -> float:
+    """Every tree's scenarios (racecheck.worker) into runs; the time spent preloading."""
 
     def announce(n: int) -> None:
         run = runs[n]
@@ -311,24 +313,20 @@ def run_trees(python: Path, runs: list[report.TreeRun]) -> float:
 
     with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
         out_dir = Path(tmp)
-        trees = [r.tree for r in runs]
-        same = os.path.realpath(python.absolute().parent.parent) == os.path.realpath(sys.prefix)
-        if same:
-            worker.check_trees(out_dir, trees, announce)
-            returncode, output = 0, []
-        else:
-            returncode, output = _run_worker(python, out_dir, trees, announce)
-        outs = [out_dir / f"{n}.json" for n in range(len(runs))]
-        if returncode != 0 or not all(out.is_file() for out in outs):
-            raise BackportError(
-                Exit.ENVIRONMENT,
-                f"the checker process ({python}) failed (exit {returncode}):\n"
-                + "".join(output[-15:]).strip(),
-                "check that this interpreter imports torch, or pass --python PATH",
-            )
+        worker.check_trees(out_dir, [r.tree for r in runs], announce)
         preload = out_dir / "preload.json"
         preload_s = json.loads(preload.read_text())["preload_s"] if preload.is_file() else 0.0
-        for tree_run, out in zip(runs, outs, strict=True):
+        for n, tree_run in enumerate(runs):
+            out = out_dir / f"{n}.json"
+            if not out.is_file():
+                log = out.with_suffix(".log")
+                printed = log.read_text(errors="replace") if log.is_file() else ""
+                raise BackportError(
+                    Exit.ENVIRONMENT,
+                    f"the checker's process for {tree_run.tree} ended without a result:\n"
+                    + "\n".join(printed.strip().splitlines()[-15:]),
+                    "check that this interpreter imports torch, or pass --python PATH",
+                )
             result = json.loads(out.read_text())
             if "error" in result:
                 if result["code"] == Exit.INTERNAL:
@@ -343,32 +341,6 @@ def run_trees(python: Path, runs: list[report.TreeRun]) -> float:
             for key in ("torch", "barrier", "import_s", "run_s"):
                 setattr(tree_run, key, result[key])
     return preload_s
-
-
-def _run_worker(
-    python: Path, out_dir: Path, trees: list[Path], announce: Callable[[int], None]
-) -> tuple[int, list[str]]:
-    """python -m racecheck.worker on the trees; (its exit code, what else it printed)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
-    command = [str(python), "-m", "racecheck.worker", str(out_dir), *map(str, trees)]
-    proc = subprocess.Popen(
-        command, cwd=SCRIPTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    output: list[str] = []
-    try:
-        for line in proc.stdout:
-            started = line.split()
-            if len(started) == 2 and started[0] == worker.STARTED and started[1].isdigit():
-                announce(int(started[1]))
-            else:
-                output.append(line)
-        return proc.wait(), output
-    finally:
-        if proc.poll() is None:  # interrupted: the worker ends its children and itself
-            proc.terminate()
-            proc.wait()
 
 
 def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:

@@ -1,26 +1,16 @@
 """Run every scenario on sglang trees, one forked process per tree, results as JSON.
 
-    python -m racecheck.worker OUT_DIR TREE [TREE ...]
-
-A process can import only one sglang, so each tree gets its own process. To
-keep the whole check within seconds, check_trees first imports the heavy
-third-party packages sglang needs (torch, transformers, ...) and then forks
-one child per tree (treefork), as many at once as there are cores; each child
-puts TREE/python first on sys.path and imports that tree's sglang afresh.
-race-check calls check_trees in its own process when it runs on its own
-interpreter, and starts this module (which prints "started N" as it starts the
-N-th tree) for another one. OUT_DIR/<n>.json (n: the tree's position) holds
-either {"sglang": ..., "torch": ..., "barrier": ..., "import_s": ..., "run_s":
-..., "races": {scenario: [race, ...]}} or {"code": EXIT CODE, "error": ...,
-"next_step": ...} (patchset.errors.Exit: ENVIRONMENT, SCENARIO or INTERNAL).
+A process can import only one sglang, so check_trees first imports the heavy
+third-party packages (treefork.preload), then forks one child per tree, as
+many at once as there are cores; each child imports that tree's sglang.
+OUT_DIR/<n>.json holds the n-th tree's result, or {"code": EXIT CODE,
+"error": ..., "next_step": ...}; OUT_DIR/<n>.log what its child printed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -33,9 +23,6 @@ from treefork import fork_each, preload, use_tree
 from . import csan, report
 from .catalogue import SCENARIOS
 
-# The line this process prints as it starts a tree's child: "started N".
-STARTED = "started"
-
 
 def run(tree: Path) -> dict[str, Any]:
     """Import the tree's sglang in this process and play every scenario on it."""
@@ -44,7 +31,15 @@ def run(tree: Path) -> dict[str, Any]:
     try:
         import sglang.srt.disaggregation.decode  # noqa: F401
     except Exception as err:  # any import failure of the tree is reported, not raised
-        return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", _hint(err))
+        hint = ""
+        if isinstance(err, ModuleNotFoundError):
+            hint = (
+                "use an interpreter with sglang's import closure (build/venv from "
+                "scripts/run-tests, or --python PATH)"
+            )
+        return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", hint)
+    import torch
+
     from . import scenarios
 
     root = scenarios.sglang_root()
@@ -64,8 +59,6 @@ def run(tree: Path) -> dict[str, Any]:
         except Exception as err:  # the tree's API differs from what the scenario drives
             return _error(Exit.SCENARIO, f"scenario {name} could not run: {_short(err)}")
         races[name] = [report.race_to_json(race) for race in result.races]
-    import torch
-
     return {
         "sglang": str(root),
         "torch": torch.__version__,
@@ -78,15 +71,6 @@ def run(tree: Path) -> dict[str, Any]:
 
 def _error(code: Exit, problem: str, next_step: str = "") -> dict[str, Any]:
     return {"code": int(code), "error": problem, "next_step": next_step}
-
-
-def _hint(err: BaseException) -> str:
-    if isinstance(err, ModuleNotFoundError):
-        return (
-            "use an interpreter with sglang's import closure (build/venv from "
-            "scripts/run-tests, or --python PATH)"
-        )
-    return ""
 
 
 def _short(err: BaseException) -> str:
@@ -106,8 +90,8 @@ def check_trees(out_dir: Path, trees: list[Path], started: Callable[[int], None]
             _write(out_dir / f"{n}.json", _error(err.code, err.problem, err.next_step))
         return
     _write(out_dir / "preload.json", {"preload_s": round(preload(), 2)})
-    # At most one child per core at a time: more would only share the cores
-    # and hold more memory (each child imports a whole sglang).
+    # One child per core at a time: more would only share the cores and hold
+    # more memory (each child imports a whole sglang).
     fork_each(
         list(enumerate(trees)),
         os.cpu_count() or 1,
@@ -117,33 +101,18 @@ def check_trees(out_dir: Path, trees: list[Path], started: Callable[[int], None]
     )
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print("usage: python -m racecheck.worker OUT_DIR TREE [TREE ...]", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    trees = [Path(t) for t in argv[1:]]
-    check_trees(Path(argv[0]), trees, lambda n: print(f"{STARTED} {n}", flush=True))
-    return 0
-
-
 def _child(tree: Path, out: Path) -> int:
-    # What the tree's imports print is not the checker's report.
-    os.dup2(2, 1)
+    # What the tree's imports print (warnings, mostly) is not the checker's report.
+    log = os.open(out.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     try:
         _write(out, run(tree))
         return 0
     except BaseException:
         _write(out, _error(Exit.INTERNAL, traceback.format_exc()))
         return 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
 
 
 def _write(path: Path, result: dict[str, Any]) -> None:
     path.write_text(json.dumps(result))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
