@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -104,17 +102,11 @@ def _series(argv: list[str] | None) -> list[Series]:
 def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespace:
     steps = list(dict.fromkeys(step for s in series for step in s.manifest.steps))
     finals = ", ".join(dict.fromkeys(s.manifest.final_step for s in series))
-    scenario_text = "\n".join(
+    text = "\n".join(
         textwrap.fill(play.text, 78, initial_indent=f"  {play.name:<4} ", subsequent_indent=" " * 7)
         for play in PLAYS
     )
-    p = cli.parser(
-        "race-check",
-        DESCRIPTION.format(scenarios=scenario_text),
-        CODES,
-        WORDING,
-        EPILOG,
-    )
+    p = cli.parser("race-check", DESCRIPTION.format(scenarios=text), CODES, WORDING, EPILOG)
     p.add_argument(
         "--step",
         choices=[*steps, ALL],
@@ -229,37 +221,27 @@ def plan_runs(
     runs: list[report.TreeRun] = []
     for series in chosen:
         manifest = series.manifest
-        version = manifest.base.version
+        version, final = manifest.base.version, manifest.final_step
         if regenerate:
             present = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
             clean = dict.fromkeys(manifest.steps, report.Cell())
             expected = {name: present.get(name, clean) for name in SCENARIOS}
         else:
             expected = report.expected_table(manifest, SCENARIOS)
-        wanted = step or ("" if given else manifest.final_step)
+        wanted = step or ("" if given else final)
         if wanted and wanted != ALL and wanted not in manifest.steps:
             print(f"race-check: sglang {version} has no step {wanted}; left out")
         elif wanted:
             trees = step_trees(series)
             prefix = f"{version} " if len(chosen) > 1 else ""
-            runs += [
-                report.TreeRun(
-                    prefix + report.step_label(s),
-                    s,
-                    trees[s],
-                    expected,
-                    manifest.final_step,
-                    version,
-                )
-                for s in (manifest.steps if wanted == ALL else [wanted])
-            ]
+            for s in manifest.steps if wanted == ALL else [wanted]:
+                label = prefix + report.step_label(s)
+                runs.append(report.TreeRun(label, s, trees[s], expected, final, version))
         for n, tree in enumerate(given, 1):
             checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
             label = f"tree {n}" if len(given) > 1 else "tree"
             held = step_held(manifest, checked)
-            runs.append(
-                report.TreeRun(label, held, checked, expected, manifest.final_step, version, True)
-            )
+            runs.append(report.TreeRun(label, held, checked, expected, final, version, given=True))
     return runs
 
 
@@ -311,35 +293,20 @@ def run_trees(runs: list[report.TreeRun]) -> float:
         run = runs[n]
         print(f"race-check: {len(SCENARIOS)} scenarios on {run.label} ({run.tree})", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
-        out_dir = Path(tmp)
-        worker.check_trees(out_dir, [r.tree for r in runs], announce)
-        preload = out_dir / "preload.json"
-        preload_s = json.loads(preload.read_text())["preload_s"] if preload.is_file() else 0.0
-        for n, tree_run in enumerate(runs):
-            out = out_dir / f"{n}.json"
-            if not out.is_file():
-                log = out.with_suffix(".log")
-                printed = log.read_text(errors="replace") if log.is_file() else ""
-                raise BackportError(
-                    Exit.ENVIRONMENT,
-                    f"the checker's process for {tree_run.tree} ended without a result:\n"
-                    + "\n".join(printed.strip().splitlines()[-15:]),
-                    "check that this interpreter imports torch, or pass --python PATH",
-                )
-            result = json.loads(out.read_text())
-            if "error" in result:
-                if result["code"] == Exit.INTERNAL:
-                    print(result["error"], file=sys.stderr)
-                    raise RuntimeError(f"the checker failed on {tree_run.tree} (the trace above)")
-                problem = f"{tree_run.label} ({tree_run.tree}): {result['error']}"
-                raise BackportError(Exit(result["code"]), problem, result["next_step"])
-            tree_run.races = {
-                name: [report.race_from_json(r) for r in races]
-                for name, races in result["races"].items()
-            }
-            for key in ("torch", "barrier", "import_s", "run_s"):
-                setattr(tree_run, key, result[key])
+    results, preload_s = worker.check_trees([r.tree for r in runs], announce)
+    for tree_run, result in zip(runs, results, strict=True):
+        if "error" in result:
+            if result["code"] == Exit.INTERNAL:
+                print(result["error"], file=sys.stderr)
+                raise RuntimeError(f"the checker failed on {tree_run.tree} (the trace above)")
+            problem = f"{tree_run.label} ({tree_run.tree}): {result['error']}"
+            raise BackportError(Exit(result["code"]), problem, result["next_step"])
+        tree_run.races = {
+            name: [report.race_from_json(r) for r in races]
+            for name, races in result["races"].items()
+        }
+        for key in ("torch", "barrier", "import_s", "run_s"):
+            setattr(tree_run, key, result[key])
     return preload_s
 
 

@@ -1,23 +1,24 @@
-"""Run every scenario on sglang trees, one forked process per tree, results as JSON.
+"""Run every scenario on sglang trees, one forked process per tree.
 
 A process can import only one sglang, so check_trees first imports the heavy
 third-party packages (treefork.preload), then forks one child per tree, as
-many at once as there are cores; each child imports that tree's sglang.
-OUT_DIR/<n>.json holds the n-th tree's result, or {"code": EXIT CODE,
-"error": ..., "next_step": ...}; OUT_DIR/<n>.log what its child printed.
+many at once as there are cores. Each child imports its tree's sglang and
+writes its result, or {"code": EXIT CODE, "error": ..., "next_step": ...}, as
+JSON into a temporary folder, with what it printed beside it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from patchset.errors import BackportError, Exit
+from patchset.errors import Exit
 from treefork import fork_each, preload, use_tree
 
 from . import csan, report
@@ -80,25 +81,25 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def check_trees(out_dir: Path, trees: list[Path], started: Callable[[int], None]) -> None:
-    """Every scenario on each tree, in a child forked from this process per tree, into
-    out_dir; started(n) as the n-th tree's child starts."""
-    try:
-        csan.load()
-    except BackportError as err:
-        for n in range(len(trees)):
-            _write(out_dir / f"{n}.json", _error(err.code, err.problem, err.next_step))
-        return
-    _write(out_dir / "preload.json", {"preload_s": round(preload(), 2)})
-    # One child per core at a time: more would only share the cores and hold
-    # more memory (each child imports a whole sglang).
-    fork_each(
-        list(enumerate(trees)),
-        os.cpu_count() or 1,
-        lambda job: _child(job[1], out_dir / f"{job[0]}.json"),
-        lambda job: started(job[0]),
-        lambda _job, _code, _seconds: None,
-    )
+def check_trees(
+    trees: list[Path], started: Callable[[int], None]
+) -> tuple[list[dict[str, Any]], float]:
+    """Every scenario on each tree, in a child forked from this process per tree
+    (started(n) as the n-th starts): each tree's result, and the preload's seconds."""
+    csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
+    preload_s = preload()
+    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
+        outs = [Path(tmp) / f"{n}.json" for n in range(len(trees))]
+        # One child per core at a time: more would only share the cores and hold
+        # more memory (each child imports a whole sglang).
+        fork_each(
+            range(len(trees)),
+            os.cpu_count() or 1,
+            lambda n: _child(trees[n], outs[n]),
+            started,
+            lambda _n, _code, _seconds: None,
+        )
+        return [_result(out) for out in outs], preload_s
 
 
 def _child(tree: Path, out: Path) -> int:
@@ -107,12 +108,21 @@ def _child(tree: Path, out: Path) -> int:
     os.dup2(log, 1)
     os.dup2(log, 2)
     try:
-        _write(out, run(tree))
-        return 0
+        result = run(tree)
     except BaseException:
-        _write(out, _error(Exit.INTERNAL, traceback.format_exc()))
-        return 1
+        result = _error(Exit.INTERNAL, traceback.format_exc())
+    out.write_text(json.dumps(result))
+    return 0
 
 
-def _write(path: Path, result: dict[str, Any]) -> None:
-    path.write_text(json.dumps(result))
+def _result(out: Path) -> dict[str, Any]:
+    """What the child wrote, or what it printed if it ended without writing it."""
+    if out.is_file():
+        return json.loads(out.read_text())
+    log = out.with_suffix(".log")
+    printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return _error(
+        Exit.ENVIRONMENT,
+        "its process ended without a result:\n" + "\n".join(printed[-15:]),
+        "check that this interpreter imports torch, or pass --python PATH",
+    )
