@@ -1,15 +1,11 @@
-"""The PD-decode prebuilt scenarios (racecheck.catalogue), driven through the real sglang code.
+"""The scenarios of racecheck.catalogue, played through the real sglang code of the tree
+first on sys.path: a request that has just finished still has one forward in flight
+on the forward stream, which publishes and stashes into its FutureMap row, while the
+scheduler, on the schedule stream, hands that row (or another one) to a new request.
 
-Imported only in a process whose sys.path has the sglang tree under test
-first. FutureMap, ScheduleBatch, Req, ChunkCache, ReqToTokenPool,
-get_new_prebuilt_batch and the WAR barrier are the tree's own; stand-ins
-replace only scheduler state the relay does not touch (server arguments, the
-grammar manager, the running batch, the model config).
-
-What the scenarios play out: a request that has just finished still has one
-forward in flight on the forward stream, which publishes and stashes into its
-FutureMap row, while the scheduler, on the schedule stream, hands that row (or
-another one) to a new request.
+FutureMap, ScheduleBatch, Req, ChunkCache, ReqToTokenPool, get_new_prebuilt_batch
+and the WAR barrier are the tree's own; stand-ins replace only scheduler state the
+relay does not touch (server arguments, the grammar manager, the running batch).
 """
 
 from __future__ import annotations
@@ -163,12 +159,15 @@ class _World:
         req.req_pool_idx = row
         return req
 
-    def scheduler(self, waiting: list[Any]) -> SimpleNamespace:
-        """The attributes get_new_prebuilt_batch reads from the Scheduler."""
-        return SimpleNamespace(
+    def admit_prebuilt(self, rows: tuple[int, ...]) -> Any:
+        """The scheduler thread takes prebuilt requests into pool rows `rows`, one batch."""
+        from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
+
+        # The attributes get_new_prebuilt_batch reads from the Scheduler.
+        scheduler = SimpleNamespace(
             **self.relay_state(),
             grammar_manager=mock.Mock(has_waiting_grammars=mock.Mock(return_value=False)),
-            waiting_queue=waiting,
+            waiting_queue=[self.request(row) for row in rows],
             enable_priority_scheduling=False,
             running_batch=mock.Mock(batch_size=mock.Mock(return_value=0)),
             max_running_requests=POOL_SIZE,
@@ -177,12 +176,6 @@ class _World:
             schedule_stream=self.schedule_stream,
             forward_stream=self.forward_stream,
         )
-
-    def admit_prebuilt(self, rows: tuple[int, ...]) -> Any:
-        """The scheduler thread takes prebuilt requests into pool rows `rows`, one batch."""
-        from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
-
-        scheduler = self.scheduler([self.request(row) for row in rows])
         function = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch
         # From 0.5.16 on the loop hands in what it used to read from self
         # (running_batch); each such argument is the scheduler's attribute.
@@ -279,15 +272,10 @@ def _stash_payload(n: int, *, eagle: bool) -> Any:
 
 
 def play(world: _World, scenario: Play) -> None:
-    """One scenario, in the order of the overlap decode loop.
-
-    Iteration N-1 launched a forward for a batch that still held requests
-    whose finish only its result processing found; their rows went back to
-    the pool. Iteration N then runs on the schedule stream: the WAR barrier
-    (loop scenarios only), batch selection with prebuilt seeding, and the
-    launch of its own forward. The previous result's processing touches no
-    relay row.
-    """
+    """One scenario, in the order of the overlap decode loop: iteration N-1's forward,
+    for a batch still holding requests whose rows went back to the pool, is in
+    flight; iteration N runs the WAR barrier (loop scenarios only), batch selection
+    with prebuilt seeding and the launch of its own forward on the schedule stream."""
     runner = SimpleNamespace()
     event_attr = war_barrier_of_tree().event_attr if scenario.barrier else ""
     if event_attr:
@@ -312,22 +300,18 @@ def play(world: _World, scenario: Play) -> None:
 
 
 def play_hisparse(world: _World, scenario: Play) -> None:
-    """H1, the hisparse seam, in the order of the overlap loop (event_loop_overlap).
-
-    Iteration N launched the redundant forward of a batch still holding
-    finished requests; their rows go to new requests that hisparse mode
-    prefills here: their prefill forward, its result processed (the real
-    process_batch_result_prefill synchronizes on copy_done and admits each
-    request into staging), then the transition: collect_ready_reqs hands them
-    to the real Scheduler._build_hisparse_decode_batch, which stashes their
-    last token from the schedule stream. The coordinator is a mock: its
-    staging copies KV pages, no relay row.
-    """
+    """H1, the hisparse seam, in the order of the overlap loop (event_loop_overlap):
+    finished requests' rows, still written by their redundant forward, go to new
+    requests that hisparse mode prefills here. Their prefill forward, its result
+    processed (process_batch_result_prefill synchronizes on copy_done and admits
+    them into staging), then _build_hisparse_decode_batch stashes their last token
+    from the schedule stream. The coordinator is a mock: its staging copies KV
+    pages, no relay row."""
     coordinator = mock.Mock(name="hisparse_coordinator")
     coordinator.collect_ready_reqs.side_effect = lambda: [
         call.args[0] for call in coordinator.admit_request_into_staging.call_args_list
     ]
-    build = scheduler_method("_build_hisparse_decode_batch").function
+    build, _how = scheduler_method("_build_hisparse_decode_batch")
     if build is None:
         raise ScenarioError("the tree's Scheduler has no _build_hisparse_decode_batch")
     with world.device.stream(world.schedule_stream):

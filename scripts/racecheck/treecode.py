@@ -110,14 +110,12 @@ def copies_on_copy_stream() -> bool:
 
 @dataclass(frozen=True)
 class Barrier:
-    """The tree's WAR barrier as the overlap decode loop runs it.
-
-    function(scheduler) is the tree's own code. runner_attr names the
-    model_worker attribute holding the runner whose read-done event (its
-    attribute event_attr) the fast path consumes: war_fastpath_runner /
-    war_fastpath_read_done_event, or from 0.5.18 last_shared_read_runner /
-    shared_read_done_event; both are "" where the release has no fast path
-    (0.5.13). how: where the function came from, for the report."""
+    """The tree's WAR barrier as the overlap decode loop runs it: function(scheduler),
+    the tree's own code; runner_attr, the model_worker attribute holding the runner
+    whose read-done event (its attribute event_attr) the fast path consumes
+    (war_fastpath_runner / war_fastpath_read_done_event; from 0.5.18
+    last_shared_read_runner / shared_read_done_event; "" without a fast path, as
+    in 0.5.13); how, where the function came from."""
 
     function: Callable[..., None]
     scheduler: Any
@@ -130,13 +128,16 @@ class Barrier:
 def war_barrier_of_tree() -> Barrier:
     """Scheduler._apply_war_barrier where the release has it (0.5.14 on), else
     the barrier statement inline in the decode loop (0.5.13)."""
-    method = scheduler_method("_apply_war_barrier")
-    if method.function is None:
+    function, how = scheduler_method("_apply_war_barrier")
+    scheduler: Any = SimpleNamespace()
+    if function is None:
         function, how = _inline_barrier()
-        scheduler: Any = SimpleNamespace()
     else:
-        function, how = method.function, f"Scheduler._apply_war_barrier {method.how}"
-        scheduler = _bare_scheduler() if method.imported else SimpleNamespace()
+        if how == _IMPORTED:
+            from sglang.srt.managers.scheduler import Scheduler
+
+            scheduler = Scheduler.__new__(Scheduler)
+        how = f"Scheduler._apply_war_barrier {how}"
     runners, events = (
         [name for name in function.__code__.co_names if name.endswith(suffix)]
         for suffix in ("_runner", "read_done_event")
@@ -154,25 +155,13 @@ def war_barrier_of_tree() -> Barrier:
     return Barrier(function, scheduler, "".join(runners), "".join(events), how)
 
 
-def _bare_scheduler() -> Any:
-    from sglang.srt.managers.scheduler import Scheduler
-
-    return Scheduler.__new__(Scheduler)
-
-
-@dataclass(frozen=True)
-class Method:
-    """A method of the tree's Scheduler: the function (None where the release has
-    no such method), how it was obtained, and whether scheduler.py imported."""
-
-    function: Callable[..., Any] | None
-    how: str = ""
-    imported: bool = False
+_IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 
 @functools.cache
-def scheduler_method(name: str) -> Method:
-    """Scheduler.<name> of the tree.
+def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
+    """Scheduler.<name> of the tree (None where the release has none), and how it
+    was obtained.
 
     scheduler.py imports packages that a CPU environment may lack; then the
     method is compiled from the tree's own source (same file and lines, so
@@ -191,15 +180,14 @@ def scheduler_method(name: str) -> Method:
             for node in cls.body
             if isinstance(node, ast.FunctionDef) and node.name == name
         ]
-        if not found:
-            return Method(None)
         how = (
             f"compiled from scheduler.py's source (the module does not import here: "
             f"{type(err).__name__}: {err})"
         )
-        return Method(_compiled(found[0], source, _imports_used(module, found[0])), how)
-    function = getattr(Scheduler, name, None)
-    return Method(function, "imported from sglang.srt.managers.scheduler", imported=True)
+        if not found:
+            return None, how
+        return _compiled(found[0], source, _imports_used(module, found[0])), how
+    return getattr(Scheduler, name, None), _IMPORTED
 
 
 def _imports_used(module: ast.Module, function: ast.FunctionDef) -> dict[str, Any]:
