@@ -42,15 +42,6 @@ Default: the final step of the series (the patched tree) in the build tree.
 Each tree runs in its own process, forked after the heavy third-party imports,
 one per core at a time. The expected table is the [races] table of each
 base's pin.toml.
-
---write-expected runs every step of every base (or of --base) and writes what
-it measured as each pin.toml's [races] tables; it refuses, writing nothing,
-when a series' final step leaves a race open. --check-expected runs the same
-and exits 13 when a table is not what the run measured (CI runs it).
-
---writers lists, from the source (ast), every call that writes FutureMap rows,
-with the stream it runs on and the ordering that covers it, as the [writers]
-table classifies it; a writer the table does not classify fails.
 """
 
 EPILOG = """\
@@ -126,17 +117,20 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
     tables.add_argument(
         "--write-expected",
         action="store_true",
-        help="run every step (of every base, or of --base) and write the [races] tables",
+        help="run every step (of every base, or of --base) and write the [races] tables; "
+        "refused, writing nothing, when a series' final step leaves a race open",
     )
     tables.add_argument(
         "--check-expected",
         action="store_true",
-        help="run as --write-expected does; exit 13 when a table differs, writing nothing",
+        help="run as --write-expected does; exit 13 when a table is not what the run "
+        "measured, writing nothing (CI runs it)",
     )
     p.add_argument(
         "--writers",
         action="store_true",
-        help="list every FutureMap writer of the tree (static scan) instead of racing",
+        help="list every FutureMap writer of the tree (an ast scan), with the stream and "
+        "ordering its [writers] row gives it, instead of racing; an unclassified one fails",
     )
     p.add_argument(
         "--python",

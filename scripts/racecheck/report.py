@@ -22,10 +22,14 @@ from .races import RELAY_BUFFERS, Access, Race, Site
 Cell = frozenset[tuple[str, str, int]]
 Table = dict[str, dict[str, Cell]]
 
-_KIND_TEXT = {
-    "write/write": "unordered writes to {}",
-    "write/read": "unordered read of {} (after another stream's write)",
-    "read/write": "write over an unordered read of {}",
+# Per kind: its words in a race's report, and in a table cell (with the buffers).
+_KINDS = {
+    "write/write": ("unordered writes", "unordered writes to {}"),
+    "write/read": (
+        "read not ordered after the write",
+        "unordered read of {} (after another stream's write)",
+    ),
+    "read/write": ("write not ordered after the read", "write over an unordered read of {}"),
 }
 
 
@@ -40,10 +44,10 @@ def cell_of_entries(entries: Iterable[RaceEntry]) -> Cell:
 def describe(cell: Cell) -> str:
     """A cell in words: per kind, the buffers and the rows they race in."""
     parts = [
-        _KIND_TEXT[entry["kind"]].format(", ".join(entry["buffers"]))
-        + (" in row " if len(entry["rows"]) == 1 else " in rows ")
-        + ", ".join(map(str, entry["rows"]))
-        for entry in entries_of(cell)
+        _KINDS[kind][1].format(", ".join(buffers))
+        + (" in row " if len(rows) == 1 else " in rows ")
+        + ", ".join(map(str, rows))
+        for kind, rows, buffers in entries_of(cell)
     ]
     return "; ".join(parts) or "clean"
 
@@ -68,9 +72,9 @@ def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
     }
 
 
-def entries_of(cell: Cell) -> list[dict[str, Any]]:
-    """A cell as [races] entries: per kind, one entry per set of rows, buffers in
-    report order (the form scripts/race-check --write-expected writes)."""
+def entries_of(cell: Cell) -> list[tuple[str, tuple[int, ...], list[str]]]:
+    """A cell as [races] entries (kind, rows, buffers): per kind, one entry per set of
+    rows, buffers in report order (the form scripts/race-check --write-expected writes)."""
     entries = []
     for kind in RACE_KINDS:
         rows_of: dict[str, set[int]] = {}
@@ -80,10 +84,7 @@ def entries_of(cell: Cell) -> list[dict[str, Any]]:
         groups: dict[tuple[int, ...], list[str]] = {}
         for buffer in sorted(rows_of, key=_rank):
             groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
-        entries += [
-            {"kind": kind, "rows": list(rows), "buffers": buffers}
-            for rows, buffers in groups.items()
-        ]
+        entries += [(kind, rows, buffers) for rows, buffers in groups.items()]
     return entries
 
 
@@ -97,9 +98,9 @@ def table_lines(by_step: Mapping[str, Cell]) -> list[str]:
     for step, cell in by_step.items():
         key = step if step == "base" else json.dumps(step)
         entries = ", ".join(
-            f"{{ kind = {json.dumps(e['kind'])}, rows = {json.dumps(e['rows'])}, "
-            f"buffers = {json.dumps(e['buffers'])} }}"
-            for e in entries_of(cell)
+            f"{{ kind = {json.dumps(kind)}, rows = {json.dumps(rows)}, "
+            f"buffers = {json.dumps(buffers)} }}"
+            for kind, rows, buffers in entries_of(cell)
         )
         lines.append(f"{key} = [{entries}]")
     return lines
@@ -110,12 +111,7 @@ def step_label(step: str) -> str:
 
 
 def race_text(race: Race) -> str:
-    kind = {
-        "write/write": "unordered writes",
-        "write/read": "read not ordered after the write",
-        "read/write": "write not ordered after the read",
-    }[race.kind]
-    lines = [f"{race.buffer} row {race.row}: {kind}"]
+    lines = [f"{race.buffer} row {race.row}: {_KINDS[race.kind][0]}"]
     for label, access in (("first ", race.first), ("second", race.second)):
         lines.append(f"  {label}: {access.kind} on {access.stream} ({access.operator})")
         lines += [f"          {'from' if n else 'at'} {site}" for n, site in enumerate(access.code)]
