@@ -41,13 +41,10 @@ _took: float | None = None
 
 
 def preload() -> float:
-    """Import what of PRELOAD is importable, then freeze it; the seconds it took
-    (a later call returns the first one's).
-
+    """Import what of PRELOAD is importable and freeze it, once; the seconds it took.
     gc.freeze() moves the millions of objects these imports made out of the
     collector's reach: a forked child's collections would otherwise walk them
-    all, about half a second each, and copy every page they touch.
-    """
+    all, about half a second each, and copy every page they touch."""
     global _took
     if _took is None:
         started = time.perf_counter()
@@ -62,11 +59,8 @@ def preload() -> float:
 
 def use_tree(tree: Path) -> None:
     """Put tree/python first on sys.path, for a forked child about to import its sglang.
-
-    A step tree under the project's build folder keeps its compiled bytecode
-    even where PYTHONDONTWRITEBYTECODE is set (else each run compiles about a
-    thousand modules again, close to 2 s); a --tree keeps the interpreter's setting.
-    """
+    A step tree (ours, under build/) keeps its bytecode even where
+    PYTHONDONTWRITEBYTECODE is set: else each run compiles a thousand modules again."""
     sys.path.insert(0, str(tree / "python"))
     if tree.resolve().is_relative_to(paths.build_dir().resolve()):
         sys.dont_write_bytecode = False
@@ -82,14 +76,10 @@ def fork_each(
     started: Callable[[Job], None],
     ended: Callable[[Job, int, float], None],
 ) -> None:
-    """child(job) in a process forked from this one per job, at most slots at a time.
-
-    started(job) runs here as each child starts, ended(job, exit code, seconds)
-    as each ends. A child exits with what child returns, or 1 after printing
-    an exception that escapes it. If this process is interrupted
-    (KeyboardInterrupt, also from SIGTERM where the caller maps it so), the
-    children still running get SIGTERM and are waited for before it goes on.
-    """
+    """child(job) in a process forked from this one per job, at most slots at a time;
+    started(job) as each starts, ended(job, exit code, seconds) as each ends. A child
+    exits with what child returns, or 1 after printing what escaped it. Interrupted
+    (KeyboardInterrupt), this process ends and waits for the children still running."""
     pending = list(jobs)
     running: dict[int, tuple[Job, float]] = {}
     try:

@@ -12,17 +12,14 @@ from racecheck import upstream
 DESCRIPTION = """\
 List the sglang releases on the package index newer than the newest that
 patches/releases.toml knows, and judge each one by its code: its wheel is
-downloaded with pip (its sha256 printed), laid out in a temporary folder, its
-three files judged by their shape (the ordering between prepare_for_prebuilt()
-and process_prebuilt() on every path with overlap on, fix A, the design), and
-its whole tree scanned for FutureMap writers (race-check --writers). A
+downloaded with pip (its sha256 printed) and laid out in a temporary folder;
+its three files are judged by their shape (the ordering between
+prepare_for_prebuilt() and process_prebuilt() on every path with overlap on)
+and its whole tree is scanned for FutureMap writers (race-check --writers). A
 release passes when it is judged fixed and every writer is classified by a
 pin.toml's [writers] table or by patches/upstream-writers.toml. Nothing of the
-wheel is installed or imported.
-
-With --release or --wheel, only those are judged (a release that
-releases.toml pins comes hash-checked from the wheel cache, offline once
-cached).
+wheel is installed or imported. With --release or --wheel, only those are
+judged (a release releases.toml pins comes hash-checked from the wheel cache).
 """
 
 CODES = (Exit.RACE, Exit.WHEEL_UNAVAILABLE, Exit.WHEEL_HASH, Exit.PATCHSET_INVALID)

@@ -306,10 +306,8 @@ def run_trees(runs: list[report.TreeRun]) -> float:
 
 def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:
     """Compare each base's measured table with its [races] tables; write them if asked.
-
-    A final step with a race is refused first, and nothing is written: the
-    tables must never turn a wrong fix into an expected result.
-    """
+    A final step with a race is refused first, writing nothing: the tables must
+    never turn a wrong fix into an expected result."""
     open_final = [
         f"{r.label} ({name})"
         for r in runs

@@ -53,11 +53,8 @@ def describe(cell: Cell) -> str:
 
 
 def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
-    """The manifest's [races] table as cells: per scenario and step, the races left open.
-
-    pin.toml's loader checked each entry ({kind, buffers, rows}: every buffer
-    races in every row with that kind); here every scenario must be there.
-    """
+    """The manifest's [races] table as cells: per scenario and step, the races left
+    open (pin.toml's loader checked each entry); every scenario must be there."""
     missing = [name for name in scenarios if name not in manifest.races]
     if missing:
         raise BackportError(

@@ -34,13 +34,10 @@ _SERVER_ARGS = {
 
 
 def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
-    """Stand-in server arguments: the few the relay path reads.
-
-    From 0.5.18 on, publishing the args projects the fields that ServerArgs
-    marks with a config namespace into bags (get_spec(), get_disagg(), ...)
-    and refuses an object without them; there the stand-in is a ServerArgs
-    whose fields hold their declared defaults (its __post_init__, which
-    resolves a model, does not run)."""
+    """Stand-in server arguments: the few the relay path reads. From 0.5.18 on,
+    publishing them projects ServerArgs' fields into config bags and refuses an
+    object without those fields: there it is a ServerArgs holding its declared
+    defaults (without __post_init__, which resolves a model)."""
     values = {**_SERVER_ARGS, "speculative_algorithm": spec, "enable_hisparse": hisparse}
     try:
         from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
@@ -161,13 +158,9 @@ _IMPORTED = "imported from sglang.srt.managers.scheduler"
 @functools.cache
 def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
     """Scheduler.<name> of the tree (None where the release has none), and how it
-    was obtained.
-
-    scheduler.py imports packages that a CPU environment may lack; then the
-    method is compiled from the tree's own source (same file and lines, so
-    reports point at it) in a namespace holding what scheduler.py's own
-    imports bind for the names the method uses.
-    """
+    was obtained. Where scheduler.py's imports fail on the CPU, the method is
+    compiled from its source (same file and lines, so reports point at it) with
+    what scheduler.py's imports bind for the names it uses."""
     try:
         from sglang.srt.managers.scheduler import Scheduler
     except Exception as err:  # the scheduler module needs more than the relay does

@@ -23,8 +23,6 @@ from . import sim
 from .races import Access, Race, Site
 from .sim import SimDevice
 
-aten = torch.ops.aten
-
 # The checker's own frames are never a call site worth reporting.
 _MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
 
@@ -32,15 +30,10 @@ _MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
 _FIRST_KEY = 1 << 40
 
 
-BufferSource = Callable[[], dict[str, torch.Tensor]]
-
-
 class BufferWatch(TorchDispatchMode):
-    """Reports each aten op's row accesses on watched buffers to the device's CSAN handler.
-
-    Buffers are looked up at every op, so buffers that the code under test
-    allocates lazily are watched from the op that first touches them.
-    """
+    """Reports each aten op's row accesses on watched buffers to the device's CSAN
+    handler. Buffers are looked up at every op: a lazily allocated one is watched
+    from the op that first touches it."""
 
     def __init__(
         self,
@@ -53,7 +46,7 @@ class BufferWatch(TorchDispatchMode):
         self.races: list[Race] = []
         # (stream, "read"/"write", buffer) of every access seen, races or not
         self.seen: set[tuple[str, str, str]] = set()
-        self._sources: list[BufferSource] = []
+        self._sources: list[Callable[[], dict[str, torch.Tensor]]] = []
         self._keys: dict[tuple[str, int], int] = {}
         self._rows: dict[int, tuple[str, int]] = {}
         self._roots = {
@@ -79,7 +72,7 @@ class BufferWatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if func is aten.record_stream.default:
+        if func is torch.ops.aten.record_stream.default:
             return func(*args, **kwargs)
         watched = self._watched()
         reads: dict[int, list[str]] = {}
