@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if not same and REEXEC not in os.environ:
         # The whole check runs on that interpreter: the trees' children fork from it.
         os.environ[REEXEC] = str(python)
+        sys.stdout.flush()
         command = sys.argv[1:] if argv is None else argv
         os.execv(python, [str(python), str(SCRIPTS / "race-check"), *command])
     runs = plan_runs(chosen, ALL if regenerate else args.step, args.tree or [], regenerate)
