@@ -158,8 +158,7 @@ class TreeRun:
         """The scenarios whose measured cell is not the expected one (none without a step)."""
         if not self.step:
             return []
-        expected = self.expected
-        return [n for n in SCENARIOS if cell_of(self.races[n]) != expected[n][self.step]]
+        return [n for n in SCENARIOS if cell_of(self.races[n]) != self.expected[n][self.step]]
 
 
 def grid_text(runs: list[TreeRun]) -> str:

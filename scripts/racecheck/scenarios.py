@@ -21,20 +21,11 @@ from unittest import mock
 
 import torch
 
+from . import treecode
 from .catalogue import BY_NAME, EAGLE, SCENARIOS, Play
 from .races import EAGLE_ROW, Race
 from .sim import SimDevice
-from .treecode import (
-    EAGLE_TOPK,
-    ScenarioError,
-    copies_on_copy_stream,
-    publish_server_args,
-    scheduler_method,
-    server_args_restored,
-    sglang_root,
-    stand_in_server_args,
-    war_barrier_of_tree,
-)
+from .treecode import EAGLE_TOPK, ScenarioError, sglang_root
 from .watch import BufferWatch, simulated_gpu
 
 POOL_SIZE = 8
@@ -60,9 +51,9 @@ class _World:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.device = device
-        self.server_args = stand_in_server_args(spec, hisparse)
+        self.server_args = treecode.stand_in_server_args(spec, hisparse)
         # SamplingBatchInfo and spec_need_hidden_states read the process-wide args.
-        publish_server_args(self.server_args)
+        treecode.publish_server_args(self.server_args)
         self.spec_algorithm = SpeculativeAlgorithm.from_string(spec)
         self.schedule_stream = device.Stream(name="schedule_stream")
         self.forward_stream = device.Stream(name="forward_stream")
@@ -212,7 +203,7 @@ class _World:
         )
         result.copy_done = self.device.Event()
         stream = self.forward_stream
-        if copies_on_copy_stream():
+        if treecode.copies_on_copy_stream():
             stream = self.device.Stream(name="copy_stream")
             stream.wait_stream(self.forward_stream)
         with self.device.stream(stream):
@@ -277,7 +268,7 @@ def play(world: _World, scenario: Play) -> None:
     flight; iteration N runs the WAR barrier (loop scenarios only), batch selection
     with prebuilt seeding and the launch of its own forward on the schedule stream."""
     runner = SimpleNamespace()
-    event_attr = war_barrier_of_tree().event_attr if scenario.barrier else ""
+    event_attr = treecode.war_barrier_of_tree().event_attr if scenario.barrier else ""
     if event_attr:
         setattr(runner, event_attr, None)
     with world.device.stream(world.schedule_stream):
@@ -311,7 +302,7 @@ def play_hisparse(world: _World, scenario: Play) -> None:
     coordinator.collect_ready_reqs.side_effect = lambda: [
         call.args[0] for call in coordinator.admit_request_into_staging.call_args_list
     ]
-    build, _how = scheduler_method("_build_hisparse_decode_batch")
+    build, _how = treecode.scheduler_method("_build_hisparse_decode_batch")
     if build is None:
         raise ScenarioError("the tree's Scheduler has no _build_hisparse_decode_batch")
     with world.device.stream(world.schedule_stream):
@@ -355,7 +346,7 @@ def consume(world: _World, rows: tuple[int, ...]) -> None:
 def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> None:
     """The tree's WAR barrier on a bare scheduler holding the loop's streams;
     enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
-    barrier = war_barrier_of_tree()
+    barrier = treecode.war_barrier_of_tree()
     scheduler = barrier.scheduler
     scheduler._war_barrier_enabled = enabled
     scheduler.model_worker = SimpleNamespace(
@@ -386,7 +377,7 @@ def run(name: str) -> ScenarioRun:
     scenario = BY_NAME[name]
     driver = Path(__file__).resolve().parent
     with (
-        server_args_restored(),
+        treecode.server_args_restored(),
         simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver]) as (device, watch),
     ):
         world = _World(device, watch, scenario.spec, scenario.hisparse)

@@ -41,7 +41,7 @@ def run(tree: Path) -> dict[str, Any]:
         return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", hint)
     import torch
 
-    from . import scenarios
+    from . import scenarios, treecode
 
     root = scenarios.sglang_root()
     expected = (tree / "python" / "sglang").resolve()
@@ -63,7 +63,7 @@ def run(tree: Path) -> dict[str, Any]:
     return {
         "sglang": str(root),
         "torch": torch.__version__,
-        "barrier": scenarios.war_barrier_of_tree().how,
+        "barrier": treecode.war_barrier_of_tree().how,
         "import_s": round(imported - started, 2),
         "run_s": round(time.perf_counter() - imported, 3),
         "races": races,
