@@ -1,33 +1,19 @@
 #!/usr/bin/env python3
 """What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop.
 
-Two CUDA streams run the overlap scheduler's rhythm: the forward stream runs a
-memory-bound "decode step" (one matmul per layer on a weight larger than L2)
-and then publishes and stashes its rows through the real FutureMap; the
-schedule stream seeds a prebuilt request each iteration through the real
-build_eagle_disagg_draft_input and hands the batch to the next forward. The
-host keeps one iteration in flight, as the overlap loop does.
-
-The two variants differ only in the line 0002 adds to get_new_prebuilt_batch:
-"patched" makes the schedule stream wait for the forward stream before it
-seeds, "unpatched" does not. Runs alternate between the two variants. Besides
-the time per iteration (patched / unpatched and patched - unpatched, with the
-spread over the runs) it reports two costs apart:
-- the wait itself: the host time of the wait_stream call, in us;
-- the idle gap: after the wait, the seeding's first blocking host-to-device
-  copy makes the host wait for the in-flight forward, so the next forward
-  starts late. It is measured on the GPU, as the time the forward stream
-  stands idle between two forwards (CUDA events), patched less unpatched.
-  Production pays it too, but it is not the cost of the wait call.
-Both are also given as a share of a decode step at stated prebuilt arrival
-rates: 1 prebuilt batch per step, as this loop admits one every iteration (an
-upper bound), then 0.1 and 0.01. The loop's own step (the unpatched time per
-iteration) is synthetic and short, about 1 ms on an H200; real decode steps
-take 5 to 30 ms, so the shares are also given at steps of 5, 10 and 30 ms
-(the same cost per prebuilt batch: the wait and the idle gap are host and
-queue latencies, not work that grows with the step). Against the synthetic
-step the shares overstate the cost 5 to 30 times.
-This is a measurement, not a test: it never fails on a slow ratio.
+Two CUDA streams run the overlap scheduler's rhythm through the real FutureMap
+and build_eagle_disagg_draft_input: the forward stream runs a memory-bound
+"decode step" and publishes and stashes its rows, the schedule stream seeds a
+prebuilt request each iteration; the host keeps one iteration in flight. The
+"patched" variant makes the schedule stream wait for the forward stream before
+it seeds (the line 0002 adds), "unpatched" does not; runs alternate. Reported:
+the time per iteration (ratio and difference, spread over the runs), the wait
+itself (host time of the wait_stream call) and the idle gap (the forward
+stream's idle time between two forwards, patched less unpatched), each also as
+a share of a decode step at 1, 0.1 and 0.01 prebuilt batches per step, of the
+loop's own synthetic step (about 1 ms: it overstates) and of real steps of 5,
+10 and 30 ms. docs/gpu.md says more. A measurement, not a test: it never fails
+on a slow ratio.
 
 Run it with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
 """
@@ -52,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from gpustage import sglang_import
+from gpustage.contract import ARRIVAL_RATES, DECODE_STEPS_MS
 from patchset import cli
 from patchset.errors import BackportError, Exit
 from patchset.textout import table as text_table
@@ -59,8 +46,6 @@ from patchset.textout import table as text_table
 POOL_ROWS = 512
 MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch and the prebuilt row batch + 1
 TOPK = 4
-ARRIVAL_RATES = (1.0, 0.1, 0.01)  # prebuilt batches per decode step
-DECODE_STEPS_MS = (5.0, 10.0, 30.0)  # real decode steps, beside the loop's synthetic one
 CODES = {Exit.OK: "measured (and written to --json)"}
 
 
@@ -83,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=32, help="matmuls per forward (default 32)")
     p.add_argument(
         "--json",
-        type=lambda text: Path(text).expanduser().absolute(),
+        type=cli.absolute_path,
         metavar="PATH",
         help="also write the results here (a relative path is taken from the current folder)",
     )
@@ -210,30 +195,23 @@ class Loop:
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-    }
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def shares(wait_us: float, gap_us: float, step_ms: float) -> list[dict[str, Any]]:
     """The wait and the idle gap as a share of a decode step, at each arrival rate: of the
     loop's synthetic step (step_ms) and of real decode steps (DECODE_STEPS_MS)."""
-    found: list[dict[str, Any]] = []
-    for step, synthetic in ((step_ms, True), *((s, False) for s in DECODE_STEPS_MS)):
-        step_us = step * 1e3
-        found += [
-            {
-                "step_ms": step,
-                "synthetic": synthetic,
-                "rate": rate,
-                "wait": rate * wait_us / step_us,
-                "idle_gap": rate * gap_us / step_us,
-            }
-            for rate in ARRIVAL_RATES
-        ]
-    return found
+    return [
+        {
+            "step_ms": step,
+            "synthetic": synthetic,
+            "rate": rate,
+            "wait": rate * wait_us / (step * 1e3),
+            "idle_gap": rate * gap_us / (step * 1e3),
+        }
+        for step, synthetic in ((step_ms, True), *((s, False) for s in DECODE_STEPS_MS))
+        for rate in ARRIVAL_RATES
+    ]
 
 
 def time_pairs(run: Callable[[int, bool], RunTimes], args: argparse.Namespace) -> dict[str, Any]:
@@ -241,20 +219,17 @@ def time_pairs(run: Callable[[int, bool], RunTimes], args: argparse.Namespace) -
     times: dict[str, list[float]] = {"unpatched": [], "patched": []}
     gaps: dict[str, list[float]] = {"unpatched": [], "patched": []}
     waits: list[float] = []
-    ratios: list[float] = []
-    deltas: list[float] = []
     for _ in range(args.runs):
-        pair: dict[str, float] = {}
         for variant in ("unpatched", "patched"):
             if args.warmup:
                 run(args.warmup, variant == "patched")
             timed = run(args.iters, variant == "patched")
-            pair[variant] = timed.seconds_per_iteration
-            times[variant].append(pair[variant])
+            times[variant].append(timed.seconds_per_iteration)
             gaps[variant] += timed.gap_us
             waits += timed.wait_us
-        ratios.append(pair["patched"] / pair["unpatched"])
-        deltas.append((pair["patched"] - pair["unpatched"]) * 1e3)
+    pairs = list(zip(times["unpatched"], times["patched"], strict=True))
+    ratios = [patched / unpatched for unpatched, patched in pairs]
+    deltas = [(patched - unpatched) * 1e3 for unpatched, patched in pairs]
     step_ms = statistics.median(times["unpatched"]) * 1e3
     gap = {v: statistics.median(g) if g else 0.0 for v, g in gaps.items()}
     gap["added"] = gap["patched"] - gap["unpatched"]
@@ -288,51 +263,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    ms = result["ms_per_iteration"]
-    ratio = result["ratio"]
-    rows = [("variant", "median ms/iter", "min", "max")]
-    for variant in ("unpatched", "patched"):
-        s = ms[variant]
-        rows.append((variant, f"{s['median']:.4f}", f"{s['min']:.4f}", f"{s['max']:.4f}"))
-    delta = result["delta_ms"]
-    rows.append(
-        (
-            "patched - unpatched ms",
-            f"{delta['median']:.4f}",
-            f"{delta['min']:.4f}",
-            f"{delta['max']:.4f}",
-        )
-    )
-    rows.append(
-        (
-            "patched/unpatched",
-            f"{ratio['median']:.4f}",
-            f"{ratio['min']:.4f}",
-            f"{ratio['max']:.4f}",
-        )
-    )
-    wait, gap = result["wait_us"], result["idle_gap_us"]
-    rows.append(("the wait itself, us (host)", f"{wait['median']:.2f}", f"{wait['min']:.2f}",
-                 f"{wait['max']:.2f}"))  # fmt: skip
-    rows.append(("idle gap, us (patched)", f"{gap['patched']:.2f}", "", ""))
-    rows.append(("idle gap, us (unpatched)", f"{gap['unpatched']:.2f}", "", ""))
+    def spread_row(name: str, values: dict[str, float], form: str = ".4f") -> tuple[str, ...]:
+        return (name, *(f"{values[k]:{form}}" for k in ("median", "min", "max")))
+
+    ms, gap = result["ms_per_iteration"], result["idle_gap_us"]
+    rows = [
+        spread_row("unpatched", ms["unpatched"]),
+        spread_row("patched", ms["patched"]),
+        spread_row("patched - unpatched ms", result["delta_ms"]),
+        spread_row("patched/unpatched", result["ratio"]),
+        spread_row("the wait itself, us (host)", result["wait_us"], ".2f"),
+        ("idle gap, us (patched)", f"{gap['patched']:.2f}", "", ""),
+        ("idle gap, us (unpatched)", f"{gap['unpatched']:.2f}", "", ""),
+    ]
     for share in result["shares"]:
         step = "this loop's" if share["synthetic"] else f"a {share['step_ms']:g} ms"
-        rows.append(
-            (
-                f"share of {step} step at {share['rate']:g} prebuilt/step",
-                f"wait {share['wait']:.4%}",
-                f"gap {share['idle_gap']:.4%}",
-                "",
-            )
-        )
+        name = f"share of {step} step at {share['rate']:g} prebuilt/step"
+        rows.append((name, f"wait {share['wait']:.4%}", f"gap {share['idle_gap']:.4%}", ""))
     cfg = result["config"]
     head = (
         f"wait_stream cost per prebuilt batch on {result['device']} (torch {result['torch']}): "
         f"{cfg['runs']} runs x {cfg['iters']} iterations, batch {cfg['batch']}, "
         f"hidden {cfg['hidden']}, {cfg['layers']} layers; ratio spread is over run pairs"
     )
-    return "\n".join([head, text_table(rows[0], rows[1:])])
+    return "\n".join([head, text_table(("variant", "median ms/iter", "min", "max"), rows)])
 
 
 def main() -> int:

@@ -24,6 +24,10 @@ CSAN_TIMEOUT_S = 300
 # The recorded figures: S1's tally with the measured sleep, and the CSAN child's report.
 S1_PROPERTY = "s1"
 CSAN_PROPERTY = "csan"
+# The benchmark's shares: prebuilt batches per decode step (1 is today's upper bound), and
+# real decode steps in ms beside the benchmark's own synthetic one (about 1 ms).
+ARRIVAL_RATES = (1.0, 0.1, 0.01)
+DECODE_STEPS_MS = (5.0, 10.0, 30.0)
 
 NO_CUDA = (
     "no CUDA device (torch.cuda.is_available() is False): the race needs two real CUDA "

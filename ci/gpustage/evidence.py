@@ -1,10 +1,9 @@
 """What a GPU run measured, each figure beside its expected value; the criteria; the tarball.
 
-The success criteria are fixed here, before any run (issue 23), and written
-into the reports folder before the first stage. The figures come from what
-the stages left there: each pytest stage's outcome file (the S1 tally with its
-measured sleep, the CSAN report, kept as recorded properties), bench.json and
-facts.json.
+The success criteria are fixed here, before any run, and written into the
+reports folder before the first stage. The figures come from what the stages
+left there: each pytest stage's outcome file (the S1 tally with its measured
+sleep, the CSAN report, kept as recorded properties), bench.json and facts.json.
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ from testrun.outcomes import read_outcomes
 
 from . import contract
 from . import facts as machine
+from .contract import ARRIVAL_RATES, DECODE_STEPS_MS
 from .stages import SUMMARY_FILE
 
 CRITERIA_FILE = "criteria.md"
 BENCH_FILE = "bench.json"
 MIN_RACE_SHARE = 0.9
-ARRIVAL_RATES = (1.0, 0.1, 0.01)  # prebuilt batches per decode step; 1 is today's upper bound
-DECODE_STEPS_MS = (5.0, 10.0, 30.0)  # real decode steps (the benchmark's own is about 1 ms)
 
 CRITERIA = f"""\
 ## Success criteria (written down before the run)
@@ -68,7 +66,7 @@ def write_criteria(reports: Path) -> Path:
     return path
 
 
-def _property(reports: Path, stage: str, name: str) -> dict[str, Any] | None:
+def _property(reports: Path, stage: str, name: str = contract.S1_PROPERTY) -> dict[str, Any] | None:
     value = read_outcomes(reports / f"{stage}.json")[1].get(name)
     return json.loads(value) if value else None
 
@@ -81,66 +79,53 @@ def _share(n: int, of: int) -> str:
     return f"{n}/{of} ({n / of:.1%})" if of else f"{n}/0"
 
 
-def _sleep(s1: dict[str, Any]) -> str:
-    slept = s1.get("slept_ms") or {}
-    if not slept:
-        return "not measured"
-    return (
-        f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
-        f"{s1['sleep_target_ms']:g} ms asked"
-    )
-
-
 NOT_RUN = "not run (no record: see the stage table)"
+SLEEP_0 = "sleep-0"  # judged as the control with the forward not held back
+# What an S1 record is judged by, by the fixes of its step: the figure and what it must show.
+S1_FIGURES = {
+    SLEEP_0: ("S1 seed kept, forward not held back", f">= {MIN_RACE_SHARE:.0%}"),
+    "fix-b": ("S1 seed kept", "every iteration, no torn row"),
+    "fix-a": ("S1 seq_len stale", f">= {MIN_RACE_SHARE:.0%}"),
+    "": ("S1 stale per field", f">= {MIN_RACE_SHARE:.0%} every field"),
+}
 
 
 def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> list[tuple[str, ...]]:
-    """Rows for one S1 record, judged by what the step holds."""
-    rows: list[tuple[str, ...]] = []
-    if "fix-b" in fixes:
-        name, expected = "S1 seed kept", "every iteration, no torn row"
-    elif "fix-a" in fixes:
-        name, expected = "S1 seq_len stale", f">= {MIN_RACE_SHARE:.0%}"
-    else:
-        name, expected = "S1 stale per field", f">= {MIN_RACE_SHARE:.0%} every field"
+    """Rows for one S1 record, judged by what the step holds (or as the sleep-0 control)."""
+    kind = next((k for k in S1_FIGURES if k in fixes), "")
+    name, expected = S1_FIGURES[kind]
     if s1 is None:
         return [(f"{label}: {name}", NOT_RUN, expected, "no")]
-    n = s1["iterations"]
-    stale = s1["stale_fields"]
+    n, stale, torn = s1["iterations"], s1["stale_fields"], s1["torn"]
     need = MIN_RACE_SHARE * n
     split = ", ".join(f"{k} {_share(v, n)}" for k, v in stale.items())
-    if "fix-b" in fixes:
-        met = s1["seed_won"] == n and s1["torn"] == 0 and s1["running_row_wrong"] == 0
-        seen = f"{_share(s1['seed_won'], n)}; torn rows {s1['torn']}"
-    elif "fix-a" in fixes:
-        met = stale["seq_len"] >= need
-        seen = _share(stale["seq_len"], n)
+    seen = f"{_share(s1['seed_won'], n)}; torn rows {torn}"
+    if kind == SLEEP_0:
+        met = s1["seed_won"] >= need and s1["running_row_wrong"] == 0
+    elif kind == "fix-b":
+        met = s1["seed_won"] == n and torn == 0 and s1["running_row_wrong"] == 0
+    elif kind == "fix-a":
+        met, seen = stale["seq_len"] >= need, _share(stale["seq_len"], n)
     else:
-        met = all(v >= need for v in stale.values())
-        seen = f"{split}; torn {s1['torn']}"
-    rows.append((f"{label}: {name}", seen, expected, "yes" if met else "NO"))
-    if "fix-a" in fixes and "fix-b" not in fixes:
-        rows.append(
-            (f"{label}: S1 stash fields stale", f"{split}; torn {s1['torn']}", "reported", "yes")
-        )
-    rows.append((f"{label}: measured sleep", _sleep(s1), "about the asked time, warm", "reported"))
+        met, seen = all(v >= need for v in stale.values()), f"{split}; torn {torn}"
+    rows = [(f"{label}: {name}", seen, expected, "yes" if met else "NO")]
+    if kind == SLEEP_0:
+        return rows
+    if kind == "fix-a":
+        rows.append((f"{label}: S1 stash fields stale", f"{split}; torn {torn}", "reported", "yes"))
+    slept = s1.get("slept_ms")
+    sleep = (
+        f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
+        f"{s1['sleep_target_ms']:g} ms asked"
+        if slept
+        else "not measured"
+    )
+    rows.append((f"{label}: measured sleep", sleep, "about the asked time, warm", "reported"))
     if s1.get("clocks_warm"):
         rows.append(
             (f"{label}: clocks after the warm-up", s1["clocks_warm"], "near the max", "reported")
         )
     return rows
-
-
-def sleep0_rows(label: str, s1: dict[str, Any] | None) -> list[tuple[str, ...]]:
-    """The control with the forward not held back: the seed must win (the race needs a late
-    forward)."""
-    name, expected = "S1 seed kept, forward not held back", f">= {MIN_RACE_SHARE:.0%}"
-    if s1 is None:
-        return [(f"{label}: {name}", NOT_RUN, expected, "no")]
-    n = s1["iterations"]
-    met = s1["seed_won"] >= MIN_RACE_SHARE * n and s1["running_row_wrong"] == 0
-    seen = f"{_share(s1['seed_won'], n)}; torn rows {s1['torn']}"
-    return [(f"{label}: {name}", seen, expected, "yes" if met else "NO")]
 
 
 def _csan_row(label: str, csan: dict[str, Any] | None, fixed: bool) -> tuple[str, ...]:
@@ -159,91 +144,54 @@ def _csan_row(label: str, csan: dict[str, Any] | None, fixed: bool) -> tuple[str
 def _bench_rows(bench: dict[str, Any] | None) -> list[tuple[str, ...]]:
     if bench is None:
         return [("benchmark", NOT_RUN, "measured", "no")]
-    step = bench["step_ms"]
-    rows: list[tuple[str, ...]] = [
-        ("benchmark: decode step (unpatched)", f"{step:.3f} ms", "measured", "reported"),
-        (
-            "benchmark: the wait itself",
-            f"{bench['wait_us']['median']:.1f} us per prebuilt batch (host)",
-            "measured",
-            "reported",
-        ),
+    wait, gap = bench["wait_us"]["median"], bench["idle_gap_us"]
+    rows = [
+        ("benchmark: decode step (unpatched)", f"{bench['step_ms']:.3f} ms", "measured"),
+        ("benchmark: the wait itself", f"{wait:.1f} us per prebuilt batch (host)", "measured"),
         (
             "benchmark: idle gap",
-            f"{bench['idle_gap_us']['added']:.1f} us per prebuilt batch (GPU idle, patched "
-            f"{bench['idle_gap_us']['patched']:.1f} - unpatched "
-            f"{bench['idle_gap_us']['unpatched']:.1f})",
+            f"{gap['added']:.1f} us per prebuilt batch (GPU idle, patched "
+            f"{gap['patched']:.1f} - unpatched {gap['unpatched']:.1f})",
             "measured",
-            "reported",
         ),
     ]
     rates = " / ".join(f"{r:g}" for r in ARRIVAL_RATES)
     by_step: dict[tuple[float, bool], list[dict[str, Any]]] = {}
     for share in bench["shares"]:
         by_step.setdefault((share["step_ms"], share.get("synthetic", True)), []).append(share)
-    for (step_ms, synthetic), found in by_step.items():
-        step = (
-            f"the loop's synthetic {step_ms:.2f} ms step" if synthetic else f"a {step_ms:g} ms step"
-        )
+    for (ms, synthetic), found in by_step.items():
+        step = f"the loop's synthetic {ms:.2f} ms step" if synthetic else f"a {ms:g} ms step"
+        name = f"benchmark: share of {step} at {rates} prebuilt/step"
         waits = " / ".join(f"{s['wait']:.3%}" for s in found)
         gaps = " / ".join(f"{s['idle_gap']:.3%}" for s in found)
-        rows.append(
-            (
-                f"benchmark: share of {step} at {rates} prebuilt/step",
-                f"wait {waits}; idle gap {gaps}",
-                "measured" + (" (overstated: real steps are 5 to 30 ms)" if synthetic else ""),
-                "reported",
-            )
-        )
-    return rows
+        expected = "measured" + (" (overstated: real steps are 5 to 30 ms)" if synthetic else "")
+        rows.append((name, f"wait {waits}; idle gap {gaps}", expected))
+    return [(*row, "reported") for row in rows]
 
 
 def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str:
     """The figures of a run, as markdown: figure | measured | expected | met."""
-    step_fixes = manifest.step_fixes
     base, final = manifest.steps[0], manifest.final_step
+    step_fixes = {step: manifest.step_fixes.get(step, frozenset()) for step in manifest.steps}
     rows: list[tuple[str, ...]] = []
     found = _json(reports / machine.FILE)
     if found:
-        versions = found.get("versions") or {}
-        rows.append(
-            (
-                "machine",
-                f"{versions.get('device') or 'no CUDA device'}; torch {versions.get('torch')}, "
-                f"triton {versions.get('triton')}; git: {found.get('git') or 'none'}",
-                "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0",
-                "reported",
-            )
-        )
+        expected = "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
+        rows.append(("machine", machine.describe(found), expected, "reported"))
         if found.get("clocks"):
-            rows.append(
-                ("clocks before the GPU stages", found["clocks"].replace("\n", "; "), "", "")
-            )
-    for step in manifest.steps:
-        fixes = step_fixes.get(step, frozenset())
-        rows += s1_rows(
-            f"step {step}", _property(reports, f"gpu-{step}", contract.S1_PROPERTY), fixes
-        )
-        rows.append(
-            _csan_row(
-                f"step {step}",
-                _property(reports, f"gpu-{step}", contract.CSAN_PROPERTY),
-                "fix-b" in fixes,
-            )
-        )
-    rows += s1_rows(
-        f"step {final}, long run",
-        _property(reports, f"gpu-{final}-long", contract.S1_PROPERTY),
-        step_fixes.get(final, frozenset()),
-    )
-    rows += sleep0_rows(
-        f"control {base}, sleep 0", _property(reports, "control-sleep-0", contract.S1_PROPERTY)
-    )
-    rows += s1_rows(
-        f"control {base}, 1 connection (hides the race)",
-        _property(reports, "control-1", contract.S1_PROPERTY),
-        {"fix-b"},  # judged as a fixed step: the seed must win every iteration
-    )
+            clocks = found["clocks"].replace("\n", "; ")
+            rows.append(("clocks before the GPU stages", clocks, "", ""))
+    for step, fixes in step_fixes.items():
+        rows += s1_rows(f"step {step}", _property(reports, f"gpu-{step}"), fixes)
+        csan = _property(reports, f"gpu-{step}", contract.CSAN_PROPERTY)
+        rows.append(_csan_row(f"step {step}", csan, "fix-b" in fixes))
+    for label, stage, fixes in (
+        (f"step {final}, long run", f"gpu-{final}-long", step_fixes[final]),
+        (f"control {base}, sleep 0", "control-sleep-0", {SLEEP_0}),
+        # judged as a fixed step: the seed must win every iteration
+        (f"control {base}, 1 connection (hides the race)", "control-1", {"fix-b"}),
+    ):
+        rows += s1_rows(label, _property(reports, stage), fixes)
     if "bench" in stage_names:
         rows += _bench_rows(_json(reports / BENCH_FILE))
     table = textout.table(("figure", "measured", "expected", "met"), rows, markdown=True)

@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 FILE = "facts.json"
 CLOCKS = "name,driver_version,pstate,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw"
@@ -17,7 +18,7 @@ VERSIONS = (
 )
 
 
-def _output(command: list[str]) -> str | None:
+def output(command: list[str]) -> str | None:
     """What the command printed, or None where it is missing or failed."""
     if shutil.which(command[0]) is None and not Path(command[0]).is_file():
         return None
@@ -28,33 +29,37 @@ def _output(command: list[str]) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def python_version(python: str) -> str | None:
+    """X.Y of the Python python names (a path or a name on PATH), or None where it fails."""
+    return output([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+
+
 def clocks() -> str | None:
     """The GPU's clocks now, one CSV line per GPU (CLOCKS' fields), or None without nvidia-smi.
 
     Read at the start (idle) and again by the S1 tests after their warm-up."""
-    return _output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
+    return output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
 
 
-def gather(python: str) -> dict[str, object]:
-    versions = _output([python, "-c", VERSIONS])
-    return {
-        "nvidia_smi": _output(["nvidia-smi"]),
-        "clocks": clocks(),
-        "python": _output([python, "--version"]),
-        "versions": json.loads(versions) if versions else None,
-        "git": shutil.which("git"),  # `command -v git`: the runner may have none
-    }
+def describe(found: dict[str, Any]) -> str:
+    """The machine in one line, from what record wrote: device, torch, triton, git."""
+    versions = found.get("versions") or {}
+    return (
+        f"{versions.get('device') or 'no CUDA device'}; torch {versions.get('torch')}, "
+        f"triton {versions.get('triton')}; git: {found.get('git') or 'none'}"
+    )
 
 
 def record(python: str, reports: Path) -> tuple[bool, str]:
     """Write facts.json into reports; the stage's result line. Missing facts are said, not fatal."""
-    found = gather(python)
+    versions = output([python, "-c", VERSIONS])
+    found = {
+        "nvidia_smi": output(["nvidia-smi"]),
+        "clocks": clocks(),
+        "python": output([python, "--version"]),
+        "versions": json.loads(versions) if versions else None,
+        "git": shutil.which("git"),  # `command -v git`: the runner may have none
+    }
     reports.mkdir(parents=True, exist_ok=True)
     (reports / FILE).write_text(json.dumps(found, indent=2) + "\n", encoding="utf-8")
-    versions = found["versions"] or {}
-    assert isinstance(versions, dict)
-    gpu = versions.get("device") or "no CUDA device"
-    return True, (
-        f"ok: {gpu}; torch {versions.get('torch')}, triton {versions.get('triton')}; "
-        f"git: {found['git'] or 'none'}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"
-    )
+    return True, f"ok: {describe(found)}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"

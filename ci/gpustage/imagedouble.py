@@ -1,15 +1,9 @@
 """The rehearsal's double of the lent machine's image: Python 3.12 and the image's packages.
 
-The lent H200 runs the GPU stages on its image's own Python 3.12 with what
-that image holds (/work/.library/device/KINDS.md) plus our wheelhouse on
-PYTHONPATH. A rehearsal on our test environment would hide every package the
-wheelhouse lacks, since that environment holds the whole import closure. The
-double holds only image packages (ci/requirements-image-double.txt, hashed,
-made from its .in file: which ones and why), made with the project's pinned uv
-and a Python 3.12 found on this machine (python3.12 on PATH, else pyenv's),
-in the cache folder beside the test environments, so every clone shares it.
-sgl_kernel is not in it; the rehearsal's GPU stages play CUDA
-(sglang_import.play_cuda).
+A rehearsal on our test environment would hide every package the wheelhouse
+lacks, since that environment holds the whole import closure. The double holds
+only the image's packages (ci/requirements-image-double.txt, hashed, made from
+its .in file), no sgl_kernel, in the cache folder so that every clone shares it.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from patchset.errors import BackportError, Exit
 from patchset.paths import PROJECT_ROOT, cache_dir
 from testrun import venv
 
-from . import plan
+from . import facts
 
 PINS = PROJECT_ROOT / "ci" / "requirements-image-double.txt"
 PYTHON_VERSION = "3.12"  # the image's Python is 3.12.3
@@ -31,7 +25,7 @@ PYTHON_VERSION = "3.12"  # the image's Python is 3.12.3
 
 def find_python() -> str:
     """A Python 3.12 that runs: python3.12 on PATH (not a shim that names no version),
-    else the newest of pyenv's 3.12.x."""
+    else the newest of pyenv's 3.12.x, since nothing here can download one."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     pyenv = sorted(
         root.glob(f"{PYTHON_VERSION}.*/bin/python{PYTHON_VERSION}"),
@@ -40,7 +34,7 @@ def find_python() -> str:
     )
     on_path = shutil.which(f"python{PYTHON_VERSION}")
     for candidate in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
-        if plan.python_version_of(candidate) == PYTHON_VERSION:
+        if facts.python_version(candidate) == PYTHON_VERSION:
             return candidate
     raise BackportError(
         Exit.ENVIRONMENT,
@@ -51,13 +45,9 @@ def find_python() -> str:
     )
 
 
-def venv_dir() -> Path:
-    digest = hashlib.sha256(f"python {PYTHON_VERSION}\n".encode() + PINS.read_bytes())
-    return cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
-
-
 def ensure() -> Path:
     """The double's python, made (or synced to its pins) first."""
-    folder = venv_dir()
+    digest = hashlib.sha256(f"python {PYTHON_VERSION}\n".encode() + PINS.read_bytes())
+    folder = cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
     venv.ensure_venv(folder, [PINS], "the lent machine's image, doubled", python=find_python())
     return venv.venv_python(folder)

@@ -1,14 +1,9 @@
 """Step trees without git: the wheel's sglang, each step's touched files carried, blob ids checked.
 
-Here, where git is, ``write_step_files`` applies the series to copies of the
-wheel's touched files (patchset.apply.files_per_step, which checks each step
-against pin.toml) and writes them as DIR/<step>/python/sglang/... for every
-step after the base. On a runner that may have no git, ``lay_out`` unpacks
-the wheel once per step, puts that step's carried files over it, and checks
-every touched file of every tree against pin.toml's blob ids, computed in
-Python (``git_blob_id``: sha1 of b"blob %d\\0" % len + data). A carried file
-that is wrong, missing or extra is refused (Exit.SETUP) before anything is
-laid out.
+Where git is, ``write_step_files`` writes each step's touched files as the
+series' patches produce them. On a runner that may have no git, ``lay_out``
+makes one tree per step from the wheel and those files, and checks every
+touched file of every tree against pin.toml's blob ids (computed in Python).
 """
 
 from __future__ import annotations
@@ -27,10 +22,13 @@ MARKER = ".laid-out-by-run-gpu"
 AGAIN = "make them again where git is, with `ci/run-gpu step-files --out DIR`, and carry DIR"
 
 
+def _refuse(problem: str) -> BackportError:
+    return BackportError(Exit.SETUP, problem, AGAIN)
+
+
 def write_step_files(series: Series, wheel: Path, out: Path) -> list[Path]:
     """Write every touched file of every step after the base under out; the paths written."""
-    manifest = series.manifest
-    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
+    per_step = files_per_step(series, wheels.read_files(wheel, series.manifest.files))
     written = []
     for step, files in per_step.items():
         if step == BASE_STEP:
@@ -47,10 +45,8 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
     """step -> path -> bytes of the carried files, each checked against pin.toml, or refuse."""
     manifest = series.manifest
     if not folder.is_dir():
-        raise BackportError(
-            Exit.SETUP,
-            f"the step files folder {folder} does not exist: the step trees cannot be laid out",
-            AGAIN,
+        raise _refuse(
+            f"the step files folder {folder} does not exist: the step trees cannot be laid out"
         )
     expected = {
         folder / step / path: (step, path) for step in manifest.steps[1:] for path in manifest.files
@@ -61,17 +57,13 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
         if p.is_file() and p not in expected
     )
     if extra:
-        raise BackportError(
-            Exit.SETUP,
-            f"{folder} holds {', '.join(extra)}: no touched file of a step of {series.folder.name}",
-            AGAIN,
+        raise _refuse(
+            f"{folder} holds {', '.join(extra)}: no touched file of a step of {series.folder.name}"
         )
     carried: dict[str, dict[str, bytes]] = {step: {} for step in manifest.steps[1:]}
     for file, (step, path) in expected.items():
         if not file.is_file():
-            raise BackportError(
-                Exit.SETUP, f"{folder} lacks {step}/{path}, a touched file of step {step}", AGAIN
-            )
+            raise _refuse(f"{folder} lacks {step}/{path}, a touched file of step {step}")
         data = file.read_bytes()
         _check_blob(series, step, path, data, f"the carried {file}")
         carried[step][path] = data
@@ -82,11 +74,9 @@ def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -
     want = series.manifest.blobs_at(step)[path]
     have = git_blob_id(data)
     if have != want:
-        raise BackportError(
-            Exit.SETUP,
+        raise _refuse(
             f"{where} has blob id {have}, but {series.folder.name}/pin.toml pins {want} "
-            f"for {path} at step {step}: it is not this series' file",
-            AGAIN,
+            f"for {path} at step {step}: it is not this series' file"
         )
 
 
@@ -118,8 +108,8 @@ def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[s
         shutil.rmtree(aside, ignore_errors=True)
         try:
             if trees:
-                base = trees[BASE_STEP]
-                shutil.copytree(base, aside, copy_function=os.link, ignore=_marker_only)
+                ignore = shutil.ignore_patterns(MARKER)
+                shutil.copytree(trees[BASE_STEP], aside, copy_function=os.link, ignore=ignore)
             else:
                 wheels.extract_package(wheel, aside)
             for path, data in carried.get(step, {}).items():
@@ -135,7 +125,3 @@ def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[s
             shutil.rmtree(aside, ignore_errors=True)
         trees[step] = tree
     return trees
-
-
-def _marker_only(folder: str, names: list[str]) -> list[str]:
-    return [MARKER] if MARKER in names else []

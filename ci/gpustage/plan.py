@@ -15,6 +15,7 @@ from patchset.errors import BackportError
 from patchset.manifest import Series
 from testrun.outcomes import OPTION as OUTCOMES_OPTION
 from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
+from testrun.venv import PYTHON_VERSION
 
 from . import contract, evidence, layout
 from . import facts as machine
@@ -24,16 +25,14 @@ from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_war
 ROOT = paths.PROJECT_ROOT
 GPU_TEST = ROOT / "test" / "steps" / "test_gpu_prebuilt_race.py"
 BENCH = ROOT / "ci" / "bench_wait_stream.py"
-TEST_PINS = ROOT / "ci" / "requirements-gpu-test.txt"
-RUN_TESTS = ROOT / "scripts" / "run-tests"
-RACE_CHECK = ROOT / "scripts" / "race-check"
-APPLY = ROOT / "scripts" / "apply-patches"
-VENV_PYTHON = "3.11"  # the online venv installs the cp311 wheel with its dependencies
+# the online venv installs the pinned wheel, built for the test environments' Python
+VENV_PYTHON = ".".join(map(str, PYTHON_VERSION))
 LONG_S1_ITERATIONS = 1000  # the fixed step's long run, beside every step's 200
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 # The least time each kind of GPU stage needs on an H200 (imports, S1, the CSAN
 # child), said so that a deadline skips a stage rather than cutting it short.
 BUDGET_S = {"step": 45.0, "long": 40.0, "control": 30.0, "bench": 45.0}
+PIP_INSTALL = ["-m", "pip", "install", "--disable-pip-version-check"]
 
 
 @dataclass
@@ -66,21 +65,9 @@ def _lib(code: str) -> list[str]:
     ]
 
 
-def python_version_of(exe: str) -> str | None:
-    found = shutil.which(exe) or (exe if Path(exe).is_file() else None)
-    if found is None:
-        return None
-    result = subprocess.run(
-        [found, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-        capture_output=True,
-        text=True,
-    )
-    return result.stdout.strip() or None
-
-
 def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[bool, str]]:
     def check() -> tuple[bool, str]:
-        found = python_version_of(python)
+        found = machine.python_version(python)
         if found is None:
             return False, f"FAIL: {python} not found; pass --python with a Python {version}"
         if found != version:
@@ -98,103 +85,28 @@ def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[b
     return check
 
 
-def _layout(opts: Options, env: dict[str, str]) -> Stage:
-    manifest = opts.series.manifest
-    version = manifest.base.version
-    return Stage(
-        "apply",
-        f"apply the series to the build tree, lay out build/steps/{version}/"
-        + "{"
-        + ",".join(manifest.steps)
-        + "}",
-        [
-            sys.executable,
-            str(APPLY),
-            "--patch-set",
-            str(opts.series.folder),
-            "&&",
-            *_lib(
-                "from patchset import buildtree, paths, manifest; "
-                f"s = manifest.series_for_release(paths.PATCHES_ROOT, {version!r}); "
-                "[print(k, v) for k, v in buildtree.step_trees(s, paths.build_dir()).items()]"
-            ),
-        ],
-        env=env,
-    )
-
-
 def _step_tree(opts: Options, step: str) -> Path:
-    if opts.trees is not None:
-        return layout.tree_path(opts.trees, opts.series, step) / "python"
-    return paths.build_dir() / "steps" / opts.series.manifest.base.version / step / "python"
+    """The folder that holds step's sglang: the git-less trees, else build/steps/ as
+    patchset.buildtree lays it out."""
+    root = opts.trees or paths.build_dir() / "steps"
+    return layout.tree_path(root, opts.series, step) / "python"
 
 
-def _pytest_stage(
-    opts: Options,
-    name: str,
-    step: str,
-    purpose: str,
-    shown: str,
-    python: str,
-    extra_path: list[str],
-    needs: tuple[str, ...],
-    budget_s: float,
-    select: str | None = None,
-    env: dict[str, str] | None = None,
-) -> Stage:
-    """pytest on the GPU test file against one step's tree, judged by judge_gpu_step.
+def _gpu_stages(opts: Options) -> list[Stage]:
+    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark.
 
-    The image's pytest plugins stay out (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1); the
-    one plugin the run needs, testrun.outcomes, is named with -p.
+    The pytest stages run the GPU test file against one step's tree, judged by
+    judge_gpu_step; the image's pytest plugins stay out
+    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) and the one the run needs is named with -p.
     """
-    tree = _step_tree(opts, step)
-    report = opts.reports / f"{name}.json"
-    stage_env = {
-        "PYTHONPATH": os.pathsep.join([str(tree), *extra_path, str(ROOT / "scripts")]),
-        STEP_ENV: step,
-        PATCH_SET_ENV: str(opts.series.folder),
-        TREE_ENV: str(tree.parent),
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        **(env or {}),
-    }
-    if opts.rehearse:  # imports as on the lent machine: is_cuda() True, no sgl_kernel
-        stage_env[contract.PLAY_CUDA_ENV] = "1"
-    else:
-        stage_env[contract.REQUIRE_CUDA_ENV] = "1"
-    return Stage(
-        name,
-        purpose,
-        [
-            python,
-            "-m",
-            "pytest",
-            str(GPU_TEST),
-            "--rootdir",
-            str(ROOT),
-            "-p",
-            "testrun.outcomes",
-            "-p",
-            "no:cacheprovider",
-            "-rA",
-            *(["-k", select] if select else []),
-            f"--junitxml={report.with_suffix('.xml')}",
-            OUTCOMES_OPTION,
-            str(report),
-        ],
-        kind=GPU,
-        env=stage_env,
-        needs=needs,
-        judge=judge_gpu_step(report, shown, rehearsal=opts.rehearse),
-        budget_s=budget_s,
-    )
-
-
-def _gpu_and_bench(
-    opts: Options, python: str, extra_path: list[str], needs: tuple[str, ...]
-) -> list[Stage]:
-    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark."""
+    online = opts.venv is not None
+    python = str(opts.venv / "bin" / "python") if opts.venv else opts.python
+    extra_path = [] if online else [str(opts.site)]
+    needs = ("cuda-check", "apply") if online else ("install", "layout")
     manifest = opts.series.manifest
     base, final = manifest.steps[0], manifest.final_step
+    # an S1 stage's played or required CUDA: the rehearsal imports as on the lent machine
+    cuda = contract.PLAY_CUDA_ENV if opts.rehearse else contract.REQUIRE_CUDA_ENV
 
     def stage(
         name: str,
@@ -205,10 +117,25 @@ def _gpu_and_bench(
         select: str | None = None,
         env: dict[str, str] | None = None,
     ) -> Stage:
-        return _pytest_stage(
-            opts, name, step, purpose, shown, python, extra_path, needs, BUDGET_S[budget],
-            select, env,
-        )  # fmt: skip
+        tree = _step_tree(opts, step)
+        report = opts.reports / f"{name}.json"
+        command = [python, "-m", "pytest", str(GPU_TEST), "--rootdir", str(ROOT)]
+        command += ["-p", "testrun.outcomes", "-p", "no:cacheprovider", "-rA"]
+        command += ["-k", select] if select else []
+        command += [f"--junitxml={report.with_suffix('.xml')}", OUTCOMES_OPTION, str(report)]
+        stage_env = {
+            "PYTHONPATH": os.pathsep.join([str(tree), *extra_path, str(ROOT / "scripts")]),
+            STEP_ENV: step,
+            PATCH_SET_ENV: str(opts.series.folder),
+            TREE_ENV: str(tree.parent),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            **(env or {}),
+            cuda: "1",
+        }
+        judge = judge_gpu_step(report, shown, rehearsal=opts.rehearse)
+        return Stage(
+            name, purpose, command, GPU, stage_env, needs, judge, budget_s=BUDGET_S[budget]
+        )
 
     stages = [
         stage(
@@ -223,7 +150,9 @@ def _gpu_and_bench(
     ]
     if opts.rehearse:
         return stages  # the long run, the controls and the benchmark hold only CUDA work
-    stages += [
+    bench_json = opts.reports / evidence.BENCH_FILE
+    return [
+        *stages,
         stage(
             f"gpu-{final}-long",
             final,
@@ -253,31 +182,33 @@ def _gpu_and_bench(
             select="test_one_hardware_queue_hides_the_race",
             env={CONNECTIONS: "1"},
         ),
-    ]
-    bench_json = opts.reports / evidence.BENCH_FILE
-    final_tree = _step_tree(opts, final)
-    stages.append(
         Stage(
             "bench",
             "what 0002's wait_stream costs per prebuilt batch: the wait itself and the "
             "idle gap, each as a share of a decode step",
             [python, str(BENCH), "--runs", str(opts.bench_runs), "--json", str(bench_json)],
-            kind=GPU,
-            env={"PYTHONPATH": os.pathsep.join([str(final_tree), *extra_path])},
-            needs=needs,
-            judge=judge_bench(bench_json),
+            GPU,
+            {"PYTHONPATH": os.pathsep.join([str(_step_tree(opts, final)), *extra_path])},
+            needs,
+            judge_bench(bench_json),
             budget_s=BUDGET_S["bench"],
-        )
-    )
-    return stages
+        ),
+    ]
 
 
 def online(opts: Options) -> list[Stage]:
     assert opts.venv is not None
     manifest = opts.series.manifest
-    wheel = paths.cache_dir() / manifest.base.wheel
+    version = manifest.base.version
     vpy = str(opts.venv / "bin" / "python")
-    stages = [
+    wheel = str(paths.cache_dir() / manifest.base.wheel)
+    cuda_check = (
+        'import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"; '
+        'print(torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
+    )
+    series = f"s = manifest.series_for_release(paths.PATCHES_ROOT, {version!r}); "
+    trees = "{" + ",".join(manifest.steps) + "}"
+    return [
         Stage(
             "preflight",
             f"Python {VENV_PYTHON} for the venv and a CUDA GPU are present",
@@ -289,8 +220,7 @@ def online(opts: Options) -> list[Stage]:
             f"download (or take from the cache) {manifest.base.wheel}, sha256 "
             f"{manifest.base.sha256[:12]}..., checked against pin.toml",
             _lib(
-                "from patchset import paths, wheel, manifest; "
-                f"s = manifest.series_for_release(paths.PATCHES_ROOT, {manifest.base.version!r}); "
+                f"from patchset import paths, wheel, manifest; {series}"
                 "print(wheel.fetch_wheel(s.manifest.base, paths.cache_dir()))"
             ),
         ),
@@ -303,52 +233,42 @@ def online(opts: Options) -> list[Stage]:
         Stage(
             "install",
             "the pinned wheel with its full dependencies (its own CUDA torch), and pytest",
-            [
-                vpy,
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                str(wheel),
-                "-r",
-                str(TEST_PINS),
-            ],
+            [vpy, *PIP_INSTALL, wheel, "-r", str(wh.TEST_PINS)],
             needs=("fetch-wheel", "venv"),
         ),
         Stage(
             "cuda-check",
             "torch in the venv sees a CUDA device",
-            [
-                vpy,
-                "-c",
-                'import torch; assert torch.cuda.is_available(), "torch sees no CUDA '
-                'device"; print(torch.__version__, "CUDA", torch.version.cuda, '
-                "torch.cuda.get_device_name())",
-            ],
+            [vpy, "-c", cuda_check],
             needs=("install",),
         ),
         _facts(opts, vpy, ("cuda-check",)),
-        _layout(opts, {}),
-    ]
-    for script, extra, name, purpose in (
-        (
-            RUN_TESTS,
-            [],
+        Stage(
+            "apply",
+            f"apply the series to the build tree, lay out build/steps/{version}/{trees}",
+            [
+                *(sys.executable, str(ROOT / "scripts" / "apply-patches")),
+                *("--patch-set", str(opts.series.folder), "&&"),
+                *_lib(
+                    f"from patchset import buildtree, paths, manifest; {series}"
+                    "[print(k, v) for k, v in buildtree.step_trees(s, paths.build_dir()).items()]"
+                ),
+            ],
+        ),
+        Stage(
             "unit-tests",
             "the CPU gate, GPU hidden: tools tests once, step tests per step",
+            [sys.executable, str(ROOT / "scripts" / "run-tests")],
+            CPU,
         ),
-        (RACE_CHECK, ["--step", "all"], "race-check", "the CPU happens-before checker, GPU hidden"),
-    ):
-        stages.append(
-            Stage(
-                name,
-                purpose,
-                [sys.executable, str(script), *extra],
-                kind=CPU,
-                missing=None if script.is_file() else f"{rel(script)} is not in this checkout",
-            )
-        )
-    return stages + _gpu_and_bench(opts, vpy, [], ("cuda-check", "apply"))
+        Stage(
+            "race-check",
+            "the CPU happens-before checker, GPU hidden",
+            [sys.executable, str(ROOT / "scripts" / "race-check"), "--step", "all"],
+            CPU,
+        ),
+        *_gpu_stages(opts),
+    ]
 
 
 TORCH_CHECK = (
@@ -367,25 +287,23 @@ CUDA_CHECK = (
 
 def offline(opts: Options) -> list[Stage]:
     assert opts.wheelhouse_dir is not None and opts.site is not None
-    manifest = opts.series.manifest
-    house = opts.wheelhouse
-    version = house.python_version if house else "of the wheelhouse"
-    requirements = opts.requirements
-    torch_pin = manifest.release.torch or "?"
-    stages = [
+    version = opts.wheelhouse.python_version if opts.wheelhouse else "of the wheelhouse"
+    torch_pin = opts.series.manifest.release.torch or "?"
+    gpu = [] if opts.rehearse else ["&&", "nvidia-smi", "-L"]
+    cuda = [] if opts.rehearse else ["&&", opts.python, "-c", CUDA_CHECK]
+    policy = "any" if opts.any_torch else "pinned"
+    return [
         Stage(
             "preflight",
-            f"Python {version} and "
-            + ("no GPU (rehearsal)" if opts.rehearse else "a CUDA GPU")
-            + " are present",
-            [opts.python, "--version"] + ([] if opts.rehearse else ["&&", "nvidia-smi", "-L"]),
+            f"Python {version} and {'no GPU (rehearsal)' if opts.rehearse else 'a CUDA GPU'} "
+            "are present",
+            [opts.python, "--version", *gpu],
             action=preflight(opts.python, version, need_gpu=not opts.rehearse),
         ),
         Stage(
             "torch-check",
             f"the runner's own torch is the base's pin ({torch_pin}) with a torchvision",
-            [opts.python, "-c", TORCH_CHECK, torch_pin, "any" if opts.any_torch else "pinned"]
-            + ([] if opts.rehearse else ["&&", opts.python, "-c", CUDA_CHECK]),
+            [opts.python, "-c", TORCH_CHECK, torch_pin, policy, *cuda],
             needs=("preflight",),
             judge=judge_with_warnings,
         ),
@@ -393,28 +311,16 @@ def offline(opts: Options) -> list[Stage]:
             "install",
             f"only from the wheelhouse, hash-checked, into {rel(opts.site)}",
             [
-                opts.python,
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-index",
-                "--no-deps",
-                "--require-hashes",
-                "--find-links",
-                str(opts.wheelhouse_dir),
-                "--upgrade",
-                "--target",
-                str(opts.site),
-                "-r",
-                str(requirements),
+                *(opts.python, *PIP_INSTALL, "--no-index", "--no-deps", "--require-hashes"),
+                *("--find-links", str(opts.wheelhouse_dir), "--upgrade", "--target"),
+                *(str(opts.site), "-r", str(opts.requirements)),
             ],
             needs=("torch-check",),
         ),
         _facts(opts, opts.python, ("torch-check",)),
         _git_less_layout(opts),
+        *_gpu_stages(opts),
     ]
-    return stages + _gpu_and_bench(opts, opts.python, [str(opts.site)], ("install", "layout"))
 
 
 def _facts(opts: Options, python: str, needs: tuple[str, ...]) -> Stage:
@@ -459,7 +365,8 @@ def _git_less_layout(opts: Options) -> Stage:
     )
 
 
-def facts(opts: Options, offline_mode: bool) -> dict[str, str]:
+def facts(opts: Options) -> dict[str, str]:
+    """What the dry run's plan shows above its stages."""
     manifest = opts.series.manifest
     shown = {
         "repository": str(ROOT),
@@ -467,18 +374,21 @@ def facts(opts: Options, offline_mode: bool) -> dict[str, str]:
         "python": opts.python,
         "reports": str(opts.reports),
     }
-    if offline_mode:
-        house = opts.wheelhouse
-        shown["wheelhouse"] = str(opts.wheelhouse_dir) + (
+    if opts.venv is not None:
+        return shown | {
+            "venv": str(opts.venv),
+            "wheel": str(paths.cache_dir() / manifest.base.wheel),
+        }
+    house = opts.wheelhouse
+    return shown | {
+        "wheelhouse": str(opts.wheelhouse_dir)
+        + (
             f" (Python {house.python_version}, {len(house.entries)} wheels, "
             f"{house.total_bytes / 2**20:.1f} MiB, hashes checked)"
             if house
             else " (MISSING: a real run refuses)"
-        )
-        shown["site"] = str(opts.site)
-        shown["step files"] = f"{opts.step_files} (blob ids checked against pin.toml)"
-        shown["step trees"] = str(opts.trees)
-    else:
-        shown["venv"] = str(opts.venv)
-        shown["wheel"] = str(paths.cache_dir() / manifest.base.wheel)
-    return shown
+        ),
+        "site": str(opts.site),
+        "step files": f"{opts.step_files} (blob ids checked against pin.toml)",
+        "step trees": str(opts.trees),
+    }

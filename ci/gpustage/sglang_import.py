@@ -1,32 +1,14 @@
 """Import the sglang modules under test on a CUDA machine that has no sgl_kernel.
 
-sglang decides at import time whether it runs on CUDA:
-``sglang.srt.utils.common.is_cuda()`` is ``torch.cuda.is_available() and
-torch.version.cuda`` (cached), and dozens of modules of the import closure
-branch on it at module level (``if _is_cuda: from sgl_kernel import ...``).
-sgl_kernel (the sglang-kernel wheel, about 615 MB) cannot travel to an offline
-runner, so the GPU tests import the modules with ``torch.cuda.is_available``
-answering False for the duration of the import only. Afterwards the real
-function is back, sglang's cached device checks are cleared, and the CUDA
-flags that the path under test reads at call time (``_is_cuda`` of
-overlap_utils and memory_pool) are evaluated again, so those modules hold the
-value a production CUDA import gives them.
-
-What differs from a production CUDA import: the module-level branches of the
-rest of the closure (quantization, attention, MoE layers, ...) took their
-non-CUDA arm, i.e. kernels from sgl_kernel are not bound. The path under test
-(PATH_UNDER_TEST) calls none of them: it writes relay rows with tensor
-indexing and takes streams and events from ``torch.get_device_module(device)``
-at call time. ``cuda_flags_read`` proves per step that these functions read
-no import-time CUDA flag other than the ones restored here.
-
-Some functions of the path import modules when they run (FutureMap's first
-stash imports spec_utils). Imported then, after the window, such a module
-would see is_cuda() True and import sgl_kernel. ``call_time_imports`` finds
-them in the bytecode (IMPORT_NAME) of the path's functions and of the sglang
-functions they call, and the window imports them too.
-
-This is a test-rig technique on the real modules; nothing is stubbed.
+sglang decides at import time whether it runs on CUDA (the cached
+``is_cuda()``), and much of the closure imports sgl_kernel at module level when
+it does. sgl_kernel cannot travel to an offline runner, so the modules are
+imported with ``torch.cuda.is_available`` answering False, then the real
+function is back and the call-time CUDA flags of the path under test
+(RESTORED) are evaluated again. ``cuda_flags_read`` proves that the path reads
+no other import-time CUDA flag; ``call_time_imports`` finds what the path
+imports when it runs, so that the window imports that too. docs/gpu.md says
+why this is enough. A test-rig technique on the real modules: nothing is stubbed.
 """
 
 from __future__ import annotations
@@ -45,52 +27,35 @@ from types import CodeType, FunctionType, ModuleType
 
 import torch
 
-# The modules the GPU test and the benchmark use.
+# A trailing "?" below marks what only some releases have, used where it is there.
+
+# The modules the GPU test and the benchmark use: 0.5.13 has no runtime context.
 MODULES = (
     "sglang.srt.disaggregation.decode",
     "sglang.srt.managers.overlap_utils",
     "sglang.srt.managers.schedule_batch",
     "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.runtime_context",
+    "sglang.srt.runtime_context?",
     "sglang.srt.speculative.eagle_disaggregation",
     "sglang.srt.speculative.spec_info",
 )
 
-# Modules of MODULES that only some releases have: 0.5.13 has no runtime context.
-OPTIONAL_MODULES = frozenset({"sglang.srt.runtime_context"})
-
-# What the S1 rig and the benchmark run: (module, qualified name).
+# What the S1 rig and the benchmark run, as module:qualified name. RelayPayload came with
+# 0.5.15, the DSA top-k relay buffer with 0.5.15.post1, stash's n-gram buffers with 0.5.18.
 PATH_UNDER_TEST = (
-    ("sglang.srt.managers.overlap_utils", "FutureMap.__init__"),
-    ("sglang.srt.managers.overlap_utils", "FutureMap._lazy_init_forward_buf"),
-    ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_dsa_topk_indices_buf"),
-    ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_ngram_bufs"),
-    ("sglang.srt.managers.overlap_utils", "FutureMap.publish"),
-    ("sglang.srt.managers.overlap_utils", "FutureMap.stash"),
-    ("sglang.srt.managers.overlap_utils", "RelayPayload.from_draft_input"),
-    (
-        "sglang.srt.disaggregation.decode",
-        "SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
-    ),
-    (
-        "sglang.srt.disaggregation.decode_schedule_batch_mixin",
-        "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
-    ),
-    ("sglang.srt.speculative.eagle_disaggregation", "build_eagle_disagg_draft_input"),
-    ("sglang.srt.speculative.eagle_info", "EagleDraftInput.__post_init__"),
-    ("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool.__init__"),
-)
-
-# Functions of PATH_UNDER_TEST that only some releases have; where one is
-# missing the path does not run it. RelayPayload came with 0.5.15 (before it,
-# stash takes the token tensor or the draft input itself), the DSA top-k relay
-# buffer with 0.5.15.post1 and stash's n-gram buffers with 0.5.18.
-OPTIONAL_FUNCTIONS = frozenset(
-    {
-        ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_dsa_topk_indices_buf"),
-        ("sglang.srt.managers.overlap_utils", "FutureMap._maybe_init_ngram_bufs"),
-        ("sglang.srt.managers.overlap_utils", "RelayPayload.from_draft_input"),
-    }
+    "sglang.srt.managers.overlap_utils:FutureMap.__init__",
+    "sglang.srt.managers.overlap_utils:FutureMap._lazy_init_forward_buf",
+    "sglang.srt.managers.overlap_utils:FutureMap._maybe_init_dsa_topk_indices_buf?",
+    "sglang.srt.managers.overlap_utils:FutureMap._maybe_init_ngram_bufs?",
+    "sglang.srt.managers.overlap_utils:FutureMap.publish",
+    "sglang.srt.managers.overlap_utils:FutureMap.stash",
+    "sglang.srt.managers.overlap_utils:RelayPayload.from_draft_input?",
+    "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
+    "sglang.srt.disaggregation.decode_schedule_batch_mixin:"
+    "ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
+    "sglang.srt.speculative.eagle_disaggregation:build_eagle_disagg_draft_input",
+    "sglang.srt.speculative.eagle_info:EagleDraftInput.__post_init__",
+    "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.__init__",
 )
 
 # Module-level flags re-evaluated after the import, by name -> the check that sets them.
@@ -128,18 +93,15 @@ def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
     """The modules, imported with CUDA hidden, their call-time CUDA flags restored."""
     modules: dict[str, ModuleType] = {}
     with cuda_hidden():
-        for name in names:
+        for entry in (*names, *(entry.partition(":")[0] for entry in PATH_UNDER_TEST)):
+            name = entry.removesuffix("?")
             try:
-                modules[name] = importlib.import_module(name)
+                modules.setdefault(name, importlib.import_module(name))
             except ModuleNotFoundError as err:
-                if name not in OPTIONAL_MODULES or err.name != name:
+                if not entry.endswith("?") or err.name != name:
                     raise
-        for module_name, _ in PATH_UNDER_TEST:
-            if module_name not in modules:
-                modules[module_name] = importlib.import_module(module_name)
-        # What the path imports inside its functions (FutureMap._lazy_init_forward_buf
-        # imports spec_utils on the first stash): imported after the window, with
-        # is_cuda() True, such a module would take its sgl_kernel branch.
+        # Imported after the window, with is_cuda() True, what the path imports inside
+        # its functions would take its sgl_kernel branch.
         for name in sorted(set().union(*call_time_imports().values())):
             modules.setdefault(name, importlib.import_module(name))
     from sglang.srt.utils import common
@@ -153,9 +115,8 @@ def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
 
 def cuda_flags_of(module: ModuleType) -> set[str]:
     """Module-level names whose import-time value depends on whether CUDA is visible."""
-    tree = ast.parse(inspect.getsource(module))
     flags: set[str] = set()
-    for node in tree.body:
+    for node in ast.parse(inspect.getsource(module)).body:
         if isinstance(node, ast.ImportFrom):
             # a value bound at import; an imported check function is called later
             flags |= {a.asname or a.name for a in node.names if a.name == "current_platform"}
@@ -171,27 +132,7 @@ def cuda_flags_of(module: ModuleType) -> set[str]:
 def _mentions_cuda(node: ast.AST, flags: set[str]) -> bool:
     if isinstance(node, ast.Name):
         return bool(_CUDA_DEPENDENT.match(node.id)) or node.id in flags
-    if isinstance(node, ast.Attribute):
-        return bool(_CUDA_DEPENDENT.match(node.attr))
-    return False
-
-
-def _names(code: CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            names |= _names(const)
-    return names
-
-
-def cuda_flags_read() -> dict[str, set[str]]:
-    """function -> the import-time CUDA flags of its module that it reads."""
-    found: dict[str, set[str]] = {}
-    for module_name, qualname in path_under_test():
-        module = sys.modules.get(module_name) or importlib.import_module(module_name)
-        func = inspect.unwrap(_function(module, qualname))
-        found[f"{module_name}.{qualname}"] = _names(func.__code__) & cuda_flags_of(module)
-    return found
+    return isinstance(node, ast.Attribute) and bool(_CUDA_DEPENDENT.match(node.attr))
 
 
 def _codes(code: CodeType) -> Iterator[CodeType]:
@@ -199,6 +140,16 @@ def _codes(code: CodeType) -> Iterator[CodeType]:
     for const in code.co_consts:
         if isinstance(const, CodeType):
             yield from _codes(const)
+
+
+def cuda_flags_read() -> dict[str, set[str]]:
+    """function -> the import-time CUDA flags of its module that it reads."""
+    found: dict[str, set[str]] = {}
+    for (module_name, qualname), func in path_under_test().items():
+        names = {name for code in _codes(func.__code__) for name in code.co_names}
+        flags = cuda_flags_of(importlib.import_module(module_name))
+        found[f"{module_name}.{qualname}"] = names & flags
+    return found
 
 
 def _is_package(name: str) -> bool:
@@ -246,60 +197,49 @@ def _callees(func: FunctionType) -> list[FunctionType]:
     scopes = [func.__globals__, vars(owner) if isinstance(owner, type) else {}]
     found = []
     for code in _codes(func.__code__):
-        for name in code.co_names:
-            for scope in scopes:
-                obj = scope.get(name)
-                if isinstance(obj, type) and (obj.__module__ or "").startswith("sglang."):
-                    found += [
-                        f for m in ("__init__", "__post_init__")
-                        if (f := _sglang_function(vars(obj).get(m)))
-                    ]  # fmt: skip
-                elif f := _sglang_function(obj):
-                    found.append(f)
+        for obj in (scope.get(name) for name in code.co_names for scope in scopes):
+            if isinstance(obj, type) and (obj.__module__ or "").startswith("sglang."):
+                found += [
+                    f for m in ("__init__", "__post_init__")
+                    if (f := _sglang_function(vars(obj).get(m)))
+                ]  # fmt: skip
+            elif f := _sglang_function(obj):
+                found.append(f)
     return found
 
 
 def call_time_imports() -> dict[str, set[str]]:
     """function -> the modules it imports when it runs, for every function of the path
     under test and every sglang function they call (transitively, by name), where any."""
-    todo = [
-        inspect.unwrap(_function(sys.modules[m], q))  # type: ignore[arg-type]
-        for m, q in path_under_test()
-    ]
+    todo = list(path_under_test().values())
     seen: dict[str, set[str]] = {}
     while todo:
         func = todo.pop()
         key = f"{func.__module__}.{func.__qualname__}"
-        if key in seen:
-            continue
-        seen[key] = imports_in(func.__code__, func.__globals__.get("__package__") or "")
-        todo += _callees(func)
+        if key not in seen:
+            seen[key] = imports_in(func.__code__, func.__globals__.get("__package__") or "")
+            todo += _callees(func)
     return {key: found for key, found in seen.items() if found}
 
 
-def _function(module: ModuleType, qualname: str) -> object:
-    obj: object = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return getattr(obj, "__func__", obj)
+def path_under_test() -> dict[tuple[str, str], FunctionType]:
+    """(module, qualified name) -> function, for PATH_UNDER_TEST as this release has it.
 
-
-def path_under_test() -> list[tuple[str, str]]:
-    """PATH_UNDER_TEST as this release has it: an optional function it lacks is left out.
-
-    A missing function that is not optional raises AttributeError: the path
-    changed and the rig (and this list) must follow it.
+    An optional function it lacks is left out; a missing function that is not
+    optional raises AttributeError: the path changed and the rig must follow it.
     """
-    present = []
-    for module_name, qualname in PATH_UNDER_TEST:
-        module = sys.modules.get(module_name) or importlib.import_module(module_name)
+    present = {}
+    for entry in PATH_UNDER_TEST:
+        module_name, _, qualname = entry.removesuffix("?").partition(":")
+        obj: object = importlib.import_module(module_name)
         try:
-            _function(module, qualname)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
         except AttributeError:
-            if (module_name, qualname) in OPTIONAL_FUNCTIONS:
+            if entry.endswith("?"):
                 continue
             raise
-        present.append((module_name, qualname))
+        present[module_name, qualname] = inspect.unwrap(getattr(obj, "__func__", obj))
     return present
 
 
@@ -316,12 +256,10 @@ def play_cuda() -> None:
     """Play, on a machine without a GPU, the CUDA machine the GPU stages run on.
 
     torch.cuda.is_available() answers True and the device is an H200's compute
-    capability (9, 0), so sglang's is_cuda() is True as there; pinned host memory,
-    which needs a driver, is plain host memory; sgl_kernel cannot be imported.
-    Everything then imports as the lent machine imports it, and the rig runs the
-    path under test on the CPU device with sglang's CUDA flags set. Nothing of
-    sglang is changed. For one process only (the rehearsal's GPU stages set
-    contract.PLAY_CUDA_ENV); CUDA work itself still needs a GPU.
+    capability (9, 0), so sglang's is_cuda() is True as there; pinned host
+    memory, which needs a driver, is plain host memory; sgl_kernel cannot be
+    imported. For one process only (the rehearsal's GPU stages set
+    contract.PLAY_CUDA_ENV); nothing of sglang is changed.
     """
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # type: ignore[assignment]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import shlex
@@ -13,9 +14,11 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 from xml.etree import ElementTree
 
 from patchset import textout
@@ -46,8 +49,6 @@ class Stage:
     needs: tuple[str, ...] = ()
     # turns a finished run into (ok, result text); default: exit status 0
     judge: Judge | None = None
-    # a reason the command cannot run here, said in the plan and as the result
-    missing: str | None = None
     # run in-process instead of as a command; same contract as judge
     action: Callable[[], tuple[bool, str]] | None = None
     # the least time the stage needs: with less left before the deadline it is not started
@@ -96,10 +97,7 @@ def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
 
 
 def rel(path: Path) -> str:
-    try:
-        return str(path.relative_to(PROJECT_ROOT))
-    except ValueError:
-        return str(path)
+    return str(path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path)
 
 
 def shell_line(stage: Stage) -> str:
@@ -125,19 +123,7 @@ def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
         if stage.budget_s:
             print(f"    starts only with {stage.budget_s:.0f} s left before a --deadline")
         print(f"    $ {shell_line(stage)}")
-        if stage.missing:
-            print(f"    MISSING: {stage.missing}; a real run fails this stage")
     print("\nThe run ends with a summary table: stage | result | time.")
-
-
-def split_and(words: list[str]) -> list[list[str]]:
-    parts: list[list[str]] = [[]]
-    for word in words:
-        if word == "&&":
-            parts.append([])
-        else:
-            parts[-1].append(word)
-    return parts
 
 
 class DeadlineReached(Exception):
@@ -154,7 +140,11 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
     env["PYTHONUNBUFFERED"] = "1"  # a stage's output reaches the log as it is printed
     end = None if timeout is None else time.monotonic() + timeout
     with log.open("w", encoding="utf-8") as out:
-        for part in split_and(stage.command):
+        both = _Tee(sys.stdout, out)
+        for is_and, words in itertools.groupby(stage.command, lambda w: w == "&&"):
+            if is_and:
+                continue
+            part = list(words)
             out.write(f"$ {shlex.join(part)}\n")
             out.flush()
             proc = subprocess.Popen(
@@ -181,11 +171,8 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
                 timer.start()
             try:
                 assert proc.stdout is not None
-                for line in proc.stdout:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                    out.write(line)
-                    out.flush()  # the log is current if the machine is lost mid-stage
+                # line by line: the log is current if the machine is lost mid-stage
+                both.writelines(proc.stdout)
                 rc = proc.wait()
             except BaseException:
                 stop()
@@ -202,20 +189,16 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
 
 
 class _Tee(io.TextIOBase):
-    """Writes to a stream and to a log file, flushing both at once."""
+    """Writes to each of its streams, flushing each at once."""
 
-    def __init__(self, stream: io.TextIOBase, log: io.TextIOBase) -> None:
-        self.stream, self.log = stream, log
+    def __init__(self, *streams: TextIO) -> None:
+        self.streams = streams
 
     def write(self, text: str) -> int:
-        self.stream.write(text)
-        self.log.write(text)
-        self.flush()
+        for stream in self.streams:
+            stream.write(text)
+            stream.flush()
         return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-        self.log.flush()
 
 
 @contextlib.contextmanager
@@ -257,9 +240,6 @@ def run_stage(
         return outcome(
             False, f"not run: deadline ({stage.budget_s:.0f} s needed, {left:.0f} s left)"
         )
-    if stage.missing:
-        print(f"error: {stage.missing}", file=sys.stderr)
-        return outcome(False, f"FAIL: {stage.missing}")
     if stage.action is not None:
         ok, text = stage.action()
         print(text)
@@ -278,21 +258,11 @@ def run_stage(
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
 
 
-def read_outcomes(report: Path) -> dict[str, str]:
-    """test -> outcome of one pytest run, from the outcome file of scripts/testrun's plugin."""
-    return testrun_outcomes.read_outcomes(report)[0]
-
-
 def skip_reasons(junit_xml: Path) -> dict[str, str]:
     """test function (with its parameters) -> why it skipped, from pytest's JUnit XML."""
-    if not junit_xml.is_file():
-        return {}
-    reasons = {}
-    for case in ElementTree.parse(junit_xml).iter("testcase"):
-        skipped = case.find("skipped")
-        if skipped is not None:
-            reasons[case.get("name", "")] = skipped.get("message", "")
-    return reasons
+    cases = ElementTree.parse(junit_xml).iter("testcase") if junit_xml.is_file() else ()
+    skips = ((case.get("name", ""), case.find("skipped")) for case in cases)
+    return {name: skip.get("message", "") for name, skip in skips if skip is not None}
 
 
 def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
@@ -307,13 +277,11 @@ def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
     def judge(rc: int, _log: Path) -> tuple[bool, str]:
         if not report.is_file():
             return False, f"FAIL: no test report (pytest exit {rc})"
-        by_test = read_outcomes(report)
-        outcomes = list(by_test.values())
-        counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
-        good = counts.get(testrun_outcomes.PASS, 0)
+        by_test = testrun_outcomes.read_outcomes(report)[0]
+        counts = Counter(by_test.values())
+        good, skipped = counts[testrun_outcomes.PASS], counts[testrun_outcomes.SKIP]
         text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
-        skipped = counts.get(testrun_outcomes.SKIP, 0)
-        bad = len(outcomes) - good - counts.get(testrun_outcomes.EXPECTED_FAIL, 0) - skipped
+        bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
         if rc != 0 or bad:
             return False, f"FAIL: {text}"
         reasons = skip_reasons(report.with_suffix(".xml"))

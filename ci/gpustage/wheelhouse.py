@@ -14,12 +14,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.errors import BackportError, Exit
+from patchset.lock import marked_folder
 from patchset.manifest import PinManifest, sha256_of
 from patchset.paths import PROJECT_ROOT
 from testrun import venv
@@ -105,13 +105,13 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
         return out / MANIFEST
     out.mkdir(parents=True, exist_ok=True)
     pins = wanted_pins(manifest)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".download-") as tmp:
+    with marked_folder(out, ".download-") as tmp:
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), "utf-8")
         command = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
             "--disable-pip-version-check", "--python-version", python_version,
-            *(f"--platform={p}" for p in PLATFORMS), "--dest", tmp, "-r", str(requirements),
+            *(f"--platform={p}" for p in PLATFORMS), "--dest", str(tmp), "-r", str(requirements),
         ]  # fmt: skip
         print(f"$ {' '.join(command)}", flush=True)
         result = subprocess.run(command)
@@ -179,66 +179,62 @@ class Wheelhouse:
     python_version: str
     sglang_wheel: Path
     entries: list[Entry]
-    total_bytes: int
 
     @property
-    def packages(self) -> list[Entry]:
-        """Everything pip installs: all but the sglang wheel, which is laid out as a tree."""
-        return [e for e in self.entries if e.file != self.sglang_wheel.name]
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
 
     def requirements(self) -> str:
-        """A hash-pinned requirements file for pip --require-hashes."""
-        return "".join(f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n" for e in self.packages)
+        """A hash-pinned requirements file for pip --require-hashes, of every wheel but
+        sglang's, which is laid out as a tree."""
+        return "".join(
+            f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n"
+            for e in self.entries
+            if e.file != self.sglang_wheel.name
+        )
 
 
-def load(folder: Path, manifest: PinManifest, check_hashes: bool = True) -> Wheelhouse:
+def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
     """The wheelhouse in folder, checked against its manifest and the base; refuse otherwise."""
     again = f"build it again with `ci/run-gpu wheelhouse --out {folder}` where PyPI is reachable"
+
+    def refuse(problem: str, next_step: str = again) -> BackportError:
+        return BackportError(Exit.SETUP, problem, next_step)
+
     path = folder / MANIFEST
     if not path.is_file():
-        raise BackportError(Exit.SETUP, f"{folder} holds no {MANIFEST}: not a wheelhouse", again)
+        raise refuse(f"{folder} holds no {MANIFEST}: not a wheelhouse")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         entries = [Entry(**e) for e in data["packages"]]
         base, python_version, sglang = data["base"], data["python_version"], data["sglang_wheel"]
     except (ValueError, KeyError, TypeError) as err:
-        raise BackportError(Exit.SETUP, f"{path} is damaged: {err}", again) from None
+        raise refuse(f"{path} is damaged: {err}") from None
     if base != manifest.base.version or sglang != manifest.base.wheel:
-        raise BackportError(
-            Exit.SETUP,
+        raise refuse(
             f"the wheelhouse {folder} is for sglang {base}, not {manifest.base.version}",
             f"pass --base {base}, or {again}",
         )
     have = {_dist_of(e.file)[0] for e in entries}
     for name, version in wanted_pins(manifest).items():
         if canonical(name) not in have:
-            raise BackportError(
-                Exit.SETUP, f"the wheelhouse {folder} lacks the package {name}=={version}", again
-            )
+            raise refuse(f"the wheelhouse {folder} lacks the package {name}=={version}")
     for entry in entries:
         wheel = folder / entry.file
         if not wheel.is_file():
-            raise BackportError(
-                Exit.SETUP,
+            raise refuse(
                 f"the wheelhouse {folder} lacks {entry.file} (package {entry.name}), "
-                "which its manifest lists",
-                again,
+                "which its manifest lists"
             )
-        if check_hashes and sha256_of(wheel) != entry.sha256:
-            raise BackportError(
-                Exit.SETUP,
+        if sha256_of(wheel) != entry.sha256:
+            raise refuse(
                 f"{entry.file} (package {entry.name}) in {folder} does not have the sha256 "
-                f"its manifest lists ({entry.sha256}): damaged or replaced",
-                again,
+                f"its manifest lists ({entry.sha256}): damaged or replaced"
             )
     sglang_entry = next((e for e in entries if e.file == sglang), None)
     if sglang_entry is None or sglang_entry.sha256 != manifest.base.sha256:
-        raise BackportError(
-            Exit.SETUP,
+        raise refuse(
             f"the wheelhouse's {sglang} is not the wheel the patch set pins "
-            f"({manifest.base.sha256})",
-            again,
+            f"({manifest.base.sha256})"
         )
-    return Wheelhouse(
-        folder, base, python_version, folder / sglang, entries, sum(e.size for e in entries)
-    )
+    return Wheelhouse(folder, base, python_version, folder / sglang, entries)

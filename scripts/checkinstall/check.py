@@ -15,7 +15,7 @@ from patchset.errors import BackportError, Exit
 from patchset.manifest import RELEASES_NAME, LaunchSettings, Releases, load_releases, release_key
 from patchset.plays import PLAYS
 
-from checkinstall import exposure, install, launchargs, report, zipapp
+from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
 
 
 def check(args: argparse.Namespace) -> report.Outcome:
@@ -30,7 +30,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
         found = install.inspect_install(python, catalog)
     code, verdict = found.verdict()
     configured = args.launch_args is not None or args.config or args.server_info
-    if configured and not found.matches:  # unknown content, modified (24) or not
+    if configured and not found.matches and not found.settled_by_shape:
         registry = load_releases(root / RELEASES_NAME)
         return _unknown_content(args, found, verdict, registry, catalog, python, env)
     if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX):
@@ -67,7 +67,7 @@ def _settings(
                 words, needed, "--tree: no interpreter here to run sglang's ServerArgs"
             )
         else:
-            settings = exposure.parse_with_server_args(python, words, env, needed)
+            settings = serverargs.parse_with_server_args(python, words, env, needed)
     settings.env = env
     if args.torch_build:
         settings.torch_build = args.torch_build
@@ -98,30 +98,36 @@ def _unknown_content(
     python: Path,
     env: dict[str, str],
 ) -> report.Outcome:
-    """Files this project cannot name, with a configuration: which races are open is
-    not known, so the verdict is never "not exposed". Where the distribution's version
-    names a release, the configuration is judged as that release as shipped (every
-    race it has open): exposed if it reaches one, else exposure unknown; with no
-    release to assume, the settings are read and shown, and exposure is unknown."""
+    """Files no blob id names, with a configuration: the verdict is never "not
+    exposed". Files judged affected (or fix A only) by their shape are judged with
+    the races of known content that has the same fixes; else, where the
+    distribution's version names a release, as that release as shipped (every race
+    it has open). Exposed if the configuration reaches one of them, else exposure
+    unknown; with no release to assume, the settings are read and shown, and
+    exposure is unknown."""
     version = found.dist.version.split("+")[0] if found.dist else ""
     known = registry.known.get(version)
     as_shipped = [c for c in catalog.lookup(dict(known.blobs)) if not c.ours] if known else []
-    assumed_release = version if as_shipped and version in registry.launch else None
-    if assumed_release:
+    if found.judged_as:  # the verdict already says how the files were judged
+        shipped, assumed = found.judged_as, verdict
+    elif as_shipped:
         shipped = as_shipped[0]
-        table = registry.launch[version]
-        settings = _settings(args, table, version, python, env)
         assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"
+    assumed_release = shipped.release if found.judged_as or as_shipped else None
+    if assumed_release in registry.launch:
+        table = registry.launch[assumed_release]
+        settings = _settings(args, table, assumed_release, python, env)
         result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
         lines = result.lines[:-1]
         if result.code == Exit.EXPOSED:
             return report.Outcome(
                 found, Exit.EXPOSED, result.lines[-1].removeprefix("verdict: "),
-                _configuration(args, settings, result.lines, version),
+                _configuration(args, settings, result.lines, assumed_release),
             )  # fmt: skip
         why = (
-            f"this configuration would keep sglang {version} as shipped out of the race, "
-            "but the files are not that release's, so which races they leave open is not known"
+            f"this configuration would keep sglang {assumed_release} as shipped out of the "
+            "race, but the files are not that release's, so whether it keeps them out is "
+            "not known"
         )
     else:
         newest = max(registry.launch, key=release_key)

@@ -16,13 +16,19 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patchset import shape
 from patchset.catalog import REPO_PREFIX, Catalog, KnownContent
 from patchset.errors import BackportError, Exit
 from patchset.manifest import git_blob_id
+from patchset.shapeflow import Sources
 
 from .probe import ProbedDist, ask
 
 BY_BLOB_ID = "blob id"
+BY_SHAPE = "code shape"
+JUDGED = "judged by code shape, not a known release"
+# what each judgement's files carry, as releases.toml names the fixes
+SHAPE_FIXES = {shape.AFFECTED: frozenset(), shape.FIX_A_ONLY: frozenset({"fix-a"})}
 # a file's RECORD state that says it was changed or added after its install
 MODIFIED = ("differs from RECORD", "not in RECORD", "not in installed-files.txt")
 
@@ -48,19 +54,32 @@ class InstallReport:
     python: str | None = None  # the inspected interpreter (None for --tree)
     python_version: str | None = None
     # how the content was named: by the git blob ids of the three files
-    # (catalog.lookup); "code shape" joins when shape.py can judge the code
+    # (catalog.lookup), else by the code's shape (shape.py)
     basis: str | None = None
+    shape: shape.Judgement | None = None  # for files no blob id names
+    # known content with the fixes the shape has: whose races are taken as open
+    judged_as: KnownContent | None = None
 
     @property
     def modified(self) -> bool:
         return any(f.record in MODIFIED for f in self.files)
 
     @property
+    def content(self) -> KnownContent | None:
+        """What the files are taken as: named by blob id, else judged by shape."""
+        return self.matches[0] if self.matches else self.judged_as
+
+    @property
+    def settled_by_shape(self) -> bool:
+        """Judged by shape as closed whatever the configuration (fixed, or not this design)."""
+        return bool(self.shape) and self.shape.verdict in (shape.FIXED, shape.OTHER_DESIGN)
+
+    @property
     def open(self) -> list[str] | None:
         """The races still open; None when the content is unknown."""
-        if not self.matches:
-            return None
-        return list(self.matches[0].open)
+        if self.content is None:
+            return [] if self.settled_by_shape else None
+        return list(self.content.open)
 
     def verdict(self) -> tuple[Exit, str]:
         """The exit code and the verdict line.
@@ -68,11 +87,13 @@ class InstallReport:
         Precedence: an open race is named first (whether pip knows the files
         or not), then an edit pip does not know of, then unknown content.
         """
-        open_ = self.open
-        if open_:
-            named = "; ".join(m.name for m in self.matches)
-            if self.matches[0].fixes:
-                fixes = ", ".join(sorted(self.matches[0].fixes))
+        open_, content = self.open, self.content
+        named = "; ".join(m.name for m in self.matches)
+        if self.judged_as:
+            named = f"{JUDGED}: {self.shape.reason}; races as in {self.judged_as.name}"
+        if open_ and content:
+            if content.fixes:
+                fixes = ", ".join(sorted(content.fixes))
                 return Exit.PARTIAL_FIX, (
                     f"partial fix: {named} (has {fixes} only); races still open: {', '.join(open_)}"
                 )
@@ -82,16 +103,21 @@ class InstallReport:
                 "modified: the files differ from the RECORD of the installed distribution "
                 f"(an edit pip does not know of); content: {self._content()}"
             )
-        if open_ is None:
+        if open_ is None or (self.shape and not self.matches and not self.settled_by_shape):
+            why = f"; {JUDGED}: {self.shape.verdict}: {self.shape.reason}" if self.shape else ""
             return Exit.UNKNOWN_CONTENT, (
-                "unknown content: the files match no release and no series this project knows"
+                f"unknown content: the files match no release and no series this project knows{why}"
             )
+        if self.shape and not self.matches:
+            return Exit.OK, f"{self.shape.verdict} ({JUDGED}): {self.shape.reason}; races closed"
         match = self.matches[0]
         what = "patched" if match.ours else "fixed upstream"
         return Exit.OK, f"{what}: {'; '.join(m.name for m in self.matches)}; races closed"
 
     def _content(self) -> str:
-        return "; ".join(m.name for m in self.matches) if self.matches else "unknown"
+        if self.matches:
+            return "; ".join(m.name for m in self.matches)
+        return f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
 
 
 def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
@@ -107,12 +133,21 @@ def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
     return states
 
 
-def _judge(report: InstallReport, catalog: Catalog) -> InstallReport:
+def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallReport:
     blobs = {f.path: f.blob for f in report.files}
     report.matches = catalog.lookup(blobs) if all(blobs.values()) else []
-    report.basis = BY_BLOB_ID if report.matches else None
     # a step of our series is named before a release with the same files
     report.matches.sort(key=lambda m: not m.ours)
+    if report.matches:
+        report.basis = BY_BLOB_ID
+        return report
+    report.basis, report.shape = BY_SHAPE, shape.judge(Sources.from_package(package))
+    if report.shape.verdict in SHAPE_FIXES:
+        # the races open are those of known content with the same fixes: the release
+        # the distribution names, else the one that shares most of the files
+        version = report.dist.version.split("+")[0] if report.dist else ""
+        hint = version if version in catalog.releases else catalog.nearest_release(blobs)
+        report.judged_as = catalog.like(SHAPE_FIXES[report.shape.verdict], hint)
     return report
 
 
@@ -128,7 +163,7 @@ def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
             "pass --tree with the folder that holds sglang/ or python/sglang/",
         )
     files = _hash_files(package, catalog)
-    return _judge(InstallReport(f"sglang tree {package}", files, "none (--tree)"), catalog)
+    return _judge(InstallReport(f"sglang tree {package}", files, "none (--tree)"), catalog, package)
 
 
 def _editable_url(dist: ProbedDist) -> str | None:
@@ -286,7 +321,7 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         report.distribution = (
             "none: no installed distribution owns sglang/ or is named sglang (no RECORD)"
         )
-        return _judge(report, catalog)
+        return _judge(report, catalog, package)
     dist = probe.dists[0]
     report.dist = dist
     report.distribution = dist.describe()
@@ -295,4 +330,4 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         _check_record(report, dist)
     else:
         _check_editable(report, dist, url, package)
-    return _judge(report, catalog)
+    return _judge(report, catalog, package)

@@ -15,7 +15,7 @@ from typing import Any
 
 from patchset.errors import BackportError, Exit
 
-from .install import InstallReport
+from .install import JUDGED, InstallReport
 
 SCHEMA = "sglang-backports/check-install"
 SCHEMA_VERSION = 1
@@ -55,6 +55,9 @@ def text(outcome: Outcome) -> str:
             lines.append(
                 f"  {state.path}  blob {state.blob}  sha256 {state.sha256}  {state.record}"
             )
+    if report.shape:
+        lines.append(f"{JUDGED}:")
+        lines += [f"  {line}" for line in report.shape.lines()]
     if outcome.configuration and outcome.configuration.lines:
         lines += outcome.configuration.lines
     else:
@@ -73,7 +76,7 @@ def _record_match(record: str) -> bool | None:
 
 def as_json(outcome: Outcome) -> dict[str, Any]:
     report, config, dist = outcome.install, outcome.configuration, outcome.install.dist
-    first = report.matches[0] if report.matches else None
+    first, judged = report.content, report.shape
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -106,10 +109,18 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
         "verdict": {
             "text": outcome.verdict,
             "content": [m.name for m in report.matches],
-            # "blob id": the three files' git blob ids name the content; "code shape"
-            # is the slot for a judgement by the code's shape (patchset/shape.py);
-            # null: nothing this project knows matched
+            # "blob id": the three files' git blob ids name the content; "code shape":
+            # no blob id does, and the code's shape was judged (patchset/shape.py)
             "basis": report.basis,
+            "shape": None
+            if judged is None
+            else {
+                "verdict": judged.verdict,
+                "reason": judged.reason,
+                "evidence": [str(e) for e in judged.evidence],
+                # known content with the same fixes, whose open races were taken
+                "races_as_in": report.judged_as.name if report.judged_as else None,
+            },
             "release": first.release if first else None,
             "ours": first.ours if first else None,
             "fixes": sorted(first.fixes) if first else [],

@@ -122,6 +122,28 @@ class _Deadline:
         self._timer.cancel()
 
 
+def _resolvable(host: str, port: int, deadline: _Deadline) -> None:
+    """The host resolved within the deadline: getaddrinfo takes no timeout, and
+    connect() would wait on a silent name server for as long as it likes. A name
+    that resolves once resolves again at once for the connection itself."""
+    errors: list[OSError] = []
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=lookup, daemon=True)
+    thread.start()
+    thread.join(deadline.left())
+    if thread.is_alive():
+        deadline.passed = True
+        raise TimeoutError
+    if errors:
+        raise errors[0]
+
+
 def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
          deadline: _Deadline) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
     """One GET: the status, its reason, the headers and (for 200) the body, capped."""
@@ -129,6 +151,7 @@ def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
     kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
     # the port always given: http.client would read one out of an IPv6 address's colons
     port = parts.port or (443 if https else 80)
+    _resolvable(parts.hostname or "", port, deadline)
     conn = kind(parts.hostname, port, timeout=deadline.left())
     try:
         conn.connect()

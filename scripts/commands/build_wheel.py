@@ -40,17 +40,17 @@ ASK_PYTHON = "import sys; print(sys.implementation.name, *sys.version_info[:2])"
 
 def python_of(interpreter: Path) -> str:
     """The wheel tag of an interpreter (cp312), asked of it."""
+    command = [str(interpreter), "-I", "-c", ASK_PYTHON]
     try:
-        result = subprocess.run(
-            [str(interpreter), "-I", "-c", ASK_PYTHON], capture_output=True, text=True, timeout=60
-        )
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:
-        result = None
-        detail = str(err)
+        answer, detail = None, str(err)
     else:
+        answer = (
+            re.fullmatch(r"(\w+) (\d+) (\d+)\n", result.stdout) if not result.returncode else None
+        )
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-    answer = re.fullmatch(r"(\w+) (\d+) (\d+)\n", result.stdout if result else "")
-    if result is None or result.returncode != 0 or answer is None:
+    if answer is None:
         raise BackportError(
             Exit.ENVIRONMENT,
             f"--python {interpreter} could not be asked its version: {detail}",
@@ -106,14 +106,13 @@ def main() -> int:
         help="output folder (default: dist/)",
     )
     args = p.parse_args()
-    if args.base and args.patch_set == paths.DEFAULT_PATCH_DIR:
-        series = series_for_release(paths.PATCHES_ROOT, args.base)
+    if args.base:
+        # the default --patch-set names the folder of patch sets to pick from
+        series = series_for_release(args.patch_set.parent, args.base)
+        if args.patch_set not in (series.folder, paths.DEFAULT_PATCH_DIR):
+            p.error(f"--patch-set {args.patch_set} does not serve sglang {args.base}")
     else:
         series = Series.load(args.patch_set)
-        if args.base:
-            series = series_for_release(args.patch_set.parent, args.base)
-            if series.folder != args.patch_set:
-                p.error(f"--patch-set {args.patch_set} does not serve sglang {args.base}")
     pinned = series.manifest.release.wheels
     wanted = args.python_version or (python_of(args.python) if args.python else None)
     if wanted is not None and wanted not in pinned:
@@ -126,8 +125,6 @@ def main() -> int:
         built = deploy.build_wheel(series, paths.cache_dir(), args.out, python)
         for member in built.changed:
             print(f"  changed: {member}")
-        print(f"wheel: {built.path}")
-        print(f"version: {built.version}")
-        print(f"sha256: {built.sha256}")
+        print(f"wheel: {built.path}\nversion: {built.version}\nsha256: {built.sha256}")
     print(f"(zlib {zlib.ZLIB_RUNTIME_VERSION}; the same inputs and zlib give the same bytes)")
     return Exit.OK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from patchset import cli, export, paths
-from patchset.errors import Exit
+from patchset.errors import BackportError, Exit
 from patchset.manifest import Series
 
 DESCRIPTION = """\
@@ -34,9 +34,13 @@ def main() -> int:
         diff = export.stale_diff(series, paths.build_dir())
         if diff:
             sys.stdout.write(diff)
-            print(f"error: the patch set in {series.folder} is stale (diff above)", file=sys.stderr)
-            print("next step: run scripts/export-patches and commit the result", file=sys.stderr)
-            return Exit.STALE
+            return cli.report(
+                BackportError(
+                    Exit.STALE,
+                    f"the patch set in {series.folder} is stale (diff above)",
+                    "run scripts/export-patches and commit the result",
+                )
+            )
         print(f"up to date: {series.folder} matches a fresh export")
         return Exit.OK
     names = export.export_in_place(series, paths.build_dir())

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from patchset import cli
-from patchset.errors import Exit
+from patchset.errors import BackportError, Exit
 from patchset.lint import RULES, lint_patch_set
 
 DESCRIPTION = (
@@ -38,10 +36,11 @@ def main() -> int:
     if report.ok:
         print(f"lint ok: {summary}")
         return Exit.OK
-    print(f"error: {len(report.violations)} problems in {summary}", file=sys.stderr)
-    print(
-        "next step: fix each line above; patch content is changed on the patched "
-        "branch and re-exported with scripts/export-patches",
-        file=sys.stderr,
+    return cli.report(
+        BackportError(
+            Exit.PATCHSET_INVALID,
+            f"{len(report.violations)} problems in {summary}",
+            "fix each line above; patch content is changed on the patched branch and "
+            "re-exported with scripts/export-patches",
+        )
     )
-    return Exit.PATCHSET_INVALID

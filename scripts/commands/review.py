@@ -42,24 +42,16 @@ WORDING = {
 
 def main() -> int:
     p = cli.parser("review", DESCRIPTION, CODES, WORDING)
+    flags = {
+        "--strict": "exit 13 when a difference is unexplained or a note is stale",
+        "--all": "review every patch set under patches/ (not with --patch-set)",
+        "--brief": "with --all: print only the problems and the table of bases",
+    }
     p.add_argument(
         "--html", type=cli.absolute_path, metavar="FILE", help="also write an HTML page here"
     )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="exit 13 when a difference is unexplained or a note is stale",
-    )
-    p.add_argument(
-        "--all",
-        action="store_true",
-        help="review every patch set under patches/ (not with --patch-set)",
-    )
-    p.add_argument(
-        "--brief",
-        action="store_true",
-        help="with --all: print only the problems and the table of bases",
-    )
+    for flag, what in flags.items():
+        p.add_argument(flag, action="store_true", help=what)
     cli.add_patch_set(p)
     p.set_defaults(patch_set=None)  # to tell a --patch-set given from none
     args = p.parse_args()
@@ -67,6 +59,7 @@ def main() -> int:
         p.error("--all reviews every patch set under patches/; leave out --patch-set")
     if args.brief and not args.all:
         p.error("--brief goes with --all")
+    folders = [args.patch_set or paths.DEFAULT_PATCH_DIR]
     if args.all:
         folders = patch_set_folders(paths.PATCHES_ROOT)
         if not folders:
@@ -75,35 +68,27 @@ def main() -> int:
                 f"no patch set (sglang-*/pin.toml) under {paths.PATCHES_ROOT}",
                 "run from a complete checkout of this project",
             )
-    else:
-        folders = [args.patch_set or paths.DEFAULT_PATCH_DIR]
-    reviews = build_reviews(
-        [Series.load(folder) for folder in folders], paths.build_dir(), paths.cache_dir()
-    )
+    series = [Series.load(folder) for folder in folders]
+    reviews = build_reviews(series, paths.build_dir(), paths.cache_dir())
     if args.all:
         sys.stdout.write(render_all_text(reviews, brief=args.brief))
-        page = render_all_html(reviews)
     else:
         sys.stdout.write(render_text(reviews[0]))
-        page = render_html(reviews[0])
     if args.html:
         args.html.parent.mkdir(parents=True, exist_ok=True)
+        page = render_all_html(reviews) if args.all else render_html(reviews[0])
         args.html.write_text(page, encoding="utf-8")
         print(f"wrote {args.html}")
-    failing = [r for r in reviews if r.unexplained or r.stale]
+    failing = [r for r in reviews if not r.ok]
     if args.strict and failing:
-        unexplained = sum(r.unexplained for r in failing)
-        stale = sum(r.stale for r in failing)
-        bases = ", ".join(r.base_version for r in failing)
-        print(
-            f"error: {unexplained} unexplained differences, {stale} stale notes "
-            f"(marked above; base {bases})",
-            file=sys.stderr,
+        return cli.report(
+            BackportError(
+                Exit.STALE,
+                f"{sum(r.unexplained for r in failing)} unexplained differences, "
+                f"{sum(r.stale for r in failing)} stale notes (marked above; base "
+                f"{', '.join(r.base_version for r in failing)})",
+                "explain each new difference in scripts/patchreview/notes.py (or change the "
+                "patch), and drop notes that cover nothing",
+            )
         )
-        print(
-            "next step: explain each new difference in scripts/patchreview/notes.py "
-            "(or change the patch), and drop notes that cover nothing",
-            file=sys.stderr,
-        )
-        return Exit.STALE
     return Exit.OK

@@ -16,26 +16,19 @@ from testrun import runner, venv
 from testrun.runner import SuiteRun
 
 DESCRIPTION = """\
-Set up and run every test of the project.
+Set up and run every test of the project (docs/testing.md says how).
 
-1. For every sglang release served under patches/ (or the ones named with
-   --base), the test environment of its own pins: requirements/<env>.txt
-   (torch, torchvision, transformers as that release pins them, and the rest
-   of the CPU import closure of decode.py, overlap_utils.py and
-   eagle_disaggregation.py, exact and hashed, with the test tools).
-   Releases with the same pins share one environment; each is made once in
-   the cache folder with uv (pinned in requirements/uv.txt, bootstrapped with
-   pip --require-hashes) and synced to its file on every run.
+1. For every sglang release served under patches/ (or those named with --base),
+   make or sync the test environment of its own pins: requirements/<env>.txt,
+   exact and hashed, made with uv (requirements/uv.txt) in the cache folder;
+   releases with the same pins share one environment.
 2. Apply each release's series to its build tree (as scripts/apply-patches
    does) and lay out one tree per step under build/steps/<release>/.
-3. Run pytest on test/steps once per release and step: one worker per
-   environment (all at once, sharing --parallel children) imports torch and
-   the rest once and forks a child per tree with that tree first on the
-   import path. A test marked pass_on(...) must fail, with an AssertionError,
-   on the steps that lack its fix (strict xfail). Then run test/tools once,
-   in the default release's environment, under pytest-xdist with --parallel
-   workers (--dist loadgroup: the files that share the session's fixtures
-   carry one xdist_group mark and run on one worker).
+3. Run pytest on test/steps once per release and step, in children forked
+   after the heavy imports, --parallel at once. A test marked pass_on(...)
+   must fail, with an AssertionError, on the steps that lack its fix (strict
+   xfail). Then run test/tools once, in the default release's environment,
+   with --parallel pytest-xdist workers.
 4. Print, per release, a table of each step test's outcome per step and the
    race table measured at each step, then each run's verdict.
 
@@ -56,24 +49,16 @@ outcomes in the table:
   ERROR            an error outside the test body (fixture, collection)
 """
 
+APPLY_CODES = (
+    Exit.DIRTY_TREE, Exit.ALREADY_UPSTREAM, Exit.PATCHSET_INVALID, Exit.NOT_A_CHECKOUT,
+    Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED, Exit.BRANCH_EXISTS,
+)  # fmt: skip
 CODES = {
     Exit.OK: "every pytest run passed",
     Exit.BASE_MISMATCH: "--base names a release no patch set here serves",
     Exit.TESTS_FAILED: "a pytest run failed, or collected no test at all",
     Exit.SETUP: "a test environment could not be set up (uv, venv, --tree, --python)",
-    **{
-        code: f"applying a series failed: {EXIT_TEXT[code]}"
-        for code in (
-            Exit.DIRTY_TREE,
-            Exit.ALREADY_UPSTREAM,
-            Exit.PATCHSET_INVALID,
-            Exit.NOT_A_CHECKOUT,
-            Exit.WHEEL_HASH,
-            Exit.WHEEL_UNAVAILABLE,
-            Exit.APPLY_FAILED,
-            Exit.BRANCH_EXISTS,
-        )
-    },
+    **{code: f"applying a series failed: {EXIT_TEXT[code]}" for code in APPLY_CODES},
     Exit.LOCKED: EXIT_TEXT[Exit.LOCKED],
 }
 
@@ -142,27 +127,25 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
 
 
 class Environments:
-    """The test environments of the releases under test, made or synced meanwhile.
+    """The test environments of the releases under test, made while the series are applied.
 
-    One thread has uv make them, one after another (downloads, hard links and
-    the bytecode compile run in uv, on every core), while this process applies
-    the series; python() waits for the one it is asked for. One at a time:
-    made at once, two environments with the same torch both download it
-    (neither finds it in uv's cache yet), and a fresh machine's three took
-    130 to 144 s instead of 71 s in all. With --python, that is every
-    release's interpreter and nothing is made.
+    One thread has uv make them one after another (uv itself uses every core);
+    python() waits for the one asked for. Two made at once with the same torch both
+    download it (neither finds it in uv's cache yet): a fresh machine's three took
+    130 to 144 s instead of 71 s. With --python nothing is made.
     """
 
-    def __init__(self, args: argparse.Namespace, series: list[Series]) -> None:
-        self.given: Path | None = args.python
+    def __init__(self, given: Path | None, series: list[Series]) -> None:
+        self.given = given
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uv")
         self._made: dict[str, Future[Path]] = {}
-        if self.given is None:
+        if given is None:
             venv.uv_binary()  # bootstrapped once, here, before the threads share it
             for one in series:
-                self._start(venv.env_for(one.manifest))
+                self._start(one)
 
-    def _start(self, env: venv.TestEnv) -> Future[Path]:
+    def _start(self, series: Series) -> Future[Path]:
+        env = venv.env_for(series.manifest)
         if env.name not in self._made:
             self._made[env.name] = self._pool.submit(self._make, env)
         return self._made[env.name]
@@ -170,21 +153,20 @@ class Environments:
     @staticmethod
     def _make(env: venv.TestEnv) -> Path:
         started = time.monotonic()
-        created = venv.ensure_venv(env.venv, env.requirements, env.name)
-        state = "made" if created else "synced"
-        print(f"environment {env.name}: {env.venv} ({state} in {time.monotonic() - started:.0f}s)",
-              flush=True)  # fmt: skip
+        state = "made" if venv.ensure_venv(env.venv, env.requirements, env.name) else "synced"
+        took = time.monotonic() - started
+        print(f"environment {env.name}: {env.venv} ({state} in {took:.0f}s)", flush=True)
         return env.python
 
     def python(self, series: Series) -> Path:
         """The interpreter of a release's test environment, once it is made."""
-        if self.given is not None:
-            if not self.given.is_file():
-                raise BackportError(
-                    Exit.SETUP, f"--python {self.given} does not exist", "pass a python binary"
-                )
-            return self.given
-        return self._start(venv.env_for(series.manifest)).result()
+        if self.given is None:
+            return self._start(series).result()
+        if not self.given.is_file():
+            raise BackportError(
+                Exit.SETUP, f"--python {self.given} does not exist", "pass a python binary"
+            )
+        return self.given
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -206,20 +188,12 @@ def link_default_venv(python: Path, build: Path) -> None:
         aside.replace(link)
 
 
-def label(series: Series, step: str) -> str:
-    return f"{series.manifest.base.version}-{step}"
-
-
-def tree_labels(trees: list[Path]) -> list[tuple[str, Path]]:
-    """(label, tree) per --tree: "tree" alone, else "tree-1", "tree-2", ... in order."""
+def tree_labels(trees: list[Path]) -> dict[str, Path]:
+    """label -> tree per --tree: "tree" alone, else "tree-1", "tree-2", ... in order."""
     checked = [buildtree.check_tree(tree) for tree in trees]
     if len(checked) == 1:
-        return [("tree", checked[0])]
-    return [(f"tree-{n}", tree) for n, tree in enumerate(checked, 1)]
-
-
-def step_header(step: str, series: Series) -> str:
-    return step if step == series.manifest.steps[0] else f"+{step}"
+        return {"tree": checked[0]}
+    return {f"tree-{n}": tree for n, tree in enumerate(checked, 1)}
 
 
 def main() -> int:
@@ -228,7 +202,7 @@ def main() -> int:
     chosen = selected_series(args)
     started = time.monotonic()
     default = Series.load(paths.DEFAULT_PATCH_DIR)
-    envs = Environments(args, [default, *([] if args.tools_only else chosen)])
+    envs = Environments(args.python, [default, *([] if args.tools_only else chosen)])
     try:
         return _run(args, chosen, default, envs, started)
     finally:
@@ -252,14 +226,15 @@ def _run(
     # being made meanwhile (Environments), and waited for after the applies.
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
-        series = chosen[0]
-        final = series.manifest.final_step
+        series, final = chosen[0], chosen[0].manifest.final_step
+        trees = tree_labels(args.tree)
         runs = [
             SuiteRun(label, runner.STEP_TESTS, results, runner.step_env(series, final, tree), tree)
-            for label, tree in tree_labels(args.tree)
+            for label, tree in trees.items()
         ]
-        title = f"--tree (as {series.manifest.base.version} +{final})"
-        tables.append((title, [run.label for run in runs], runs, series))
+        tables.append(
+            (f"--tree (as {series.manifest.base.version} +{final})", list(trees), runs, series)
+        )
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
@@ -273,11 +248,12 @@ def _run(
                 print(f"series {version}: applied {name}")
             trees = buildtree.step_trees(series, build)
             runs = [
-                SuiteRun(label(series, step), runner.STEP_TESTS, results,
+                SuiteRun(f"{version}-{step}", runner.STEP_TESTS, results,
                          runner.step_env(series, step, tree), tree)
                 for step, tree in trees.items()
             ]  # fmt: skip
-            headers = [step_header(step, series) for step in trees]
+            first = series.manifest.steps[0]
+            headers = [step if step == first else f"+{step}" for step in trees]
             tables.append((version, headers, runs, series))
     phases["apply and step trees"] = time.monotonic() - started
 
@@ -295,15 +271,14 @@ def _run(
 
     # test/tools after the step runs: on two cores, running both at once took
     # longer in all than one after the other (measured; see docs/performance.md).
-    tools: list[SuiteRun] = []
+    all_runs: list[SuiteRun] = []
     if not args.steps_only and not args.tree:
-        tools = [SuiteRun("tools", runner.TOOL_TESTS, results, {})]
+        all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, results, {}))
         progress(f"test/tools started with {tools_python}, {args.parallel} xdist worker(s)")
         started = time.monotonic()
-        runner.run_tools(tools_python, tools[0], extra, args.parallel)
+        runner.run_tools(tools_python, all_runs[0], extra, args.parallel)
         phases["test/tools"] = time.monotonic() - started
 
-    all_runs: list[SuiteRun] = list(tools)
     for title, headers, runs, _series in tables:
         all_runs += runs
         print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
@@ -318,11 +293,8 @@ def _run(
         print(f"{suite.label:>{width}}: {suite.verdict()}")
     print("time: " + "; ".join(f"{name} {secs:.0f}s" for name, secs in phases.items()))
     failed = [r.label for r in all_runs if r.failed]
-    if failed:
-        print(f"FAILED: {', '.join(failed)}")
-        return Exit.TESTS_FAILED
-    if not all_runs:
-        print("FAILED: nothing ran")
+    if failed or not all_runs:
+        print(f"FAILED: {', '.join(failed) or 'nothing ran'}")
         return Exit.TESTS_FAILED
     print(f"all {len(all_runs)} pytest runs passed")
     return Exit.OK

@@ -1,25 +1,20 @@
 """Why our patched functions differ from upstream's fixed release, as data.
 
-scripts/review finds the differences itself (difflib over the function
-sources, ast over the signatures) and then looks here for the reason. A
-difference that no note covers is shown as unexplained, and a note that
-covers nothing is shown as stale, so this file has to follow the code.
+scripts/review finds the differences (difflib over the function sources, ast
+over the signatures) and looks here for the reason: a difference no note
+covers is unexplained, a note that covers nothing is stale.
 
-Which bases a note is about: before names the release in which upstream
-made the change the note explains, and the note is about every older base;
-since, where given, is the oldest base it is about. Both are releases of
-patches/releases.toml (the review refuses one it does not know); empty means
-no bound. On any other base the note is left out: it explains nothing there
-and cannot be stale there. Adding a release needs no change here: a new base
-falls on the side of each bound that its version puts it.
+A note is about every base older than `before` (the release in which upstream
+made the change) and, where `since` is given, not older than `since`; both name
+releases of patches/releases.toml. On other bases a note is left out: it
+explains nothing there and cannot be stale there, so a new release needs no
+change here.
 
 How a note covers a difference:
 - params: parameter names whose presence or type differs in the signature;
-- lines: regexes; every changed line that matches is covered;
-- blocks: regexes; a matching changed line and the deeper-indented changed
-  lines that follow it (its body) are covered;
-- comments: regexes; a matching changed comment line and the comment lines
-  next to it (the whole comment) are covered.
+- lines: regexes; every changed line that matches;
+- blocks: regexes; a matching changed line and the deeper-indented changed lines after it;
+- comments: regexes; a matching changed comment line and the whole comment around it.
 """
 
 from __future__ import annotations
@@ -71,11 +66,10 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
         (
             Note(
                 "confidence relay arrived upstream in 0.5.16",
-                "0.5.19 can also relay a per-row confidence tensor for its ragged "
-                "verify mode: the confidence parameter, the scatter into "
-                "confidence_relay before the record and the ring copy after it. "
-                "Upstream added it in 0.5.16; these bases have no confidence relay, "
-                "and neither fix needs one.",
+                "0.5.19 can also relay a per-row confidence tensor for its ragged verify mode: the "
+                "confidence parameter, the scatter into confidence_relay before the record and the "
+                "ring copy after it. Upstream added it in 0.5.16; these bases have no confidence "
+                "relay, and neither fix needs one.",
                 params=("confidence",),
                 lines=(r"\bconfidence\b",),
                 blocks=(r"^\s*if publish_confidence:",),
@@ -83,9 +77,9 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
             ),
             Note(
                 "_publish_fresh arrived upstream in 0.5.16",
-                "0.5.19 sets _publish_fresh after each record, so that an assertion "
-                "in resolve can check that every wait follows a fresh publish. "
-                "Upstream added the flag in 0.5.16; it is not part of either fix.",
+                "0.5.19 sets _publish_fresh after each record, so that an assertion in resolve can "
+                "check that every wait follows a fresh publish. Upstream added the flag in 0.5.16; "
+                "it is not part of either fix.",
                 lines=(r"\b_publish_fresh\b",),
                 before="0.5.16",
             ),
@@ -96,54 +90,49 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
         (
             Note(
                 "base signature: no running_batch argument before 0.5.16",
-                "Up to 0.5.15.post1, get_new_prebuilt_batch(self) reads "
-                "self.running_batch; from 0.5.16 on the caller passes running_batch "
-                "in. Our patch keeps the base's signature, so its callers stay as "
-                "they are.",
+                "Up to 0.5.15.post1, get_new_prebuilt_batch(self) reads self.running_batch; from "
+                "0.5.16 on the caller passes running_batch in. Our patch keeps the base's "
+                "signature, so its callers stay as they are.",
                 params=("running_batch",),
                 lines=(r"\brunning_batch\b",),
                 before="0.5.16",
             ),
             Note(
                 "server-args access: get_disagg() arrived in 0.5.17",
-                "From 0.5.17 on, upstream reads the disaggregation settings through "
-                "get_disagg() instead of self.server_args. Same flag, unrelated to "
-                "the race.",
+                "From 0.5.17 on, upstream reads the disaggregation settings through get_disagg() "
+                "instead of self.server_args. Same flag, unrelated to the race.",
                 lines=(r"disaggregation_decode_enable_radix_cache",),
                 before="0.5.17",
             ),
             Note(
                 "KV fields moved under req.kv in 0.5.19",
-                "0.5.19 moved kv_committed_len to req.kv.kv_committed_len (and ruff "
-                "wrapped the longer set_extend_range call). Every base we serve "
-                "still has req.kv_committed_len. Unrelated to the race.",
+                "0.5.19 moved kv_committed_len to req.kv.kv_committed_len (and ruff wrapped the "
+                "longer set_extend_range call). Every base we serve still has "
+                "req.kv_committed_len. Unrelated to the race.",
                 lines=(r"\bkv_committed_len\b", r"\bset_extend_range\("),
             ),
             Note(
                 "extend range: set_extend_range() arrived in 0.5.15",
                 "0.5.13 and 0.5.14 set req.fill_len and then call "
-                "req.set_extend_input_len(fill_len - prefix length); from 0.5.15 on, "
-                "upstream calls req.set_extend_range(prefix length, "
-                "kv_committed_len) instead. The same range of tokens is extended; "
-                "unrelated to the race.",
+                "req.set_extend_input_len(fill_len - prefix length); from 0.5.15 on, upstream "
+                "calls req.set_extend_range(prefix length, kv_committed_len) instead. The same "
+                "range of tokens is extended; unrelated to the race.",
                 lines=(r"\bfill_len\b", r"\bset_extend_input_len\("),
                 before="0.5.15",
             ),
             Note(
                 "same wait, comment in our words",
-                "The code of fix B is identical on both sides: when overlap is on, "
-                "the schedule stream waits for the forward stream after "
-                "prepare_for_prebuilt() and before process_prebuilt(). Only the "
-                "comment above the wait is worded differently.",
+                "The code of fix B is identical on both sides: when overlap is on, the schedule "
+                "stream waits for the forward stream after prepare_for_prebuilt() and before "
+                "process_prebuilt(). Only the comment above the wait is worded differently.",
                 comments=(r"forward in flight",),
             ),
             Note(
                 "base call: process_prebuilt(server_args, future_map) before 0.5.18",
-                "Up to 0.5.17, ScheduleBatch.process_prebuilt takes (server_args, "
-                "future_map) and hands server_args on to the draft-input builder; "
-                "from 0.5.18 it takes only future_map and the builder reads the "
-                "speculative settings through get_spec(). Fix B puts its wait right "
-                "before this call either way.",
+                "Up to 0.5.17, ScheduleBatch.process_prebuilt takes (server_args, future_map) and "
+                "hands server_args on to the draft-input builder; from 0.5.18 it takes only "
+                "future_map and the builder reads the speculative settings through get_spec(). Fix "
+                "B puts its wait right before this call either way.",
                 lines=(r"\bprocess_prebuilt\(",),
                 before="0.5.18",
             ),
@@ -155,10 +144,9 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
             Note(
                 "base signature: server_args parameter before 0.5.18",
                 "Up to 0.5.17, build_eagle_disagg_draft_input(batch, server_args, "
-                "last_tokens_tensor, future_map) reads the EAGLE top-k and step "
-                "count from server_args; 0.5.18 dropped the parameter and reads "
-                "them through get_spec(), with a comment about adaptive spec. Our "
-                "patch keeps the base's signature.",
+                "last_tokens_tensor, future_map) reads the EAGLE top-k and step count from "
+                "server_args; 0.5.18 dropped the parameter and reads them through get_spec(), with "
+                "a comment about adaptive spec. Our patch keeps the base's signature.",
                 params=("server_args",),
                 lines=(r"\bserver_args\b", r"\bget_spec\(\)", r"\bspec\.\w+"),
                 comments=(r"Adaptive spec",),
@@ -166,38 +154,36 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
             ),
             Note(
                 "DSA top-k seed arrived upstream in 0.5.15.post1",
-                "0.5.19 stacks the DSA top-k indices the prefill side sent with each "
-                "request and hands them to the draft input (dsa_topk_indices, "
-                "future_dsa_topk_indices_available). Upstream added this in "
-                "0.5.15.post1; these bases have no DSA seed here. Unrelated to the "
-                "race.",
+                "0.5.19 stacks the DSA top-k indices the prefill side sent with each request and "
+                "hands them to the draft input (dsa_topk_indices, "
+                "future_dsa_topk_indices_available). Upstream added this in 0.5.15.post1; these "
+                "bases have no DSA seed here. Unrelated to the race.",
                 lines=(r"\bdsa_topk_indices\b", r"\bdsa_indices_list\b"),
                 before="0.5.15.post1",
             ),
             Note(
                 "DSA top-k remap arrived upstream in 0.5.18",
-                "0.5.19 remaps the DSA top-k seed sent by the prefill side from "
-                "request-relative positions to decode-local KV slots. Upstream added "
-                "the remap in 0.5.18; it has nothing to do with the race.",
+                "0.5.19 remaps the DSA top-k seed sent by the prefill side from request-relative "
+                "positions to decode-local KV slots. Upstream added the remap in 0.5.18; it has "
+                "nothing to do with the race.",
                 blocks=(r"should_remap_pd_dsa_seed_to_local_slots",),
                 before="0.5.18",
             ),
             Note(
                 "stash payload: RelayPayload arrived in 0.5.15",
-                "In 0.5.13 and 0.5.14 FutureMap.stash accepts the EagleDraftInput "
-                "itself; 0.5.15 introduced RelayPayload, so upstream wraps the draft "
-                "input with RelayPayload.from_draft_input(). The same rows are "
-                "stashed; unrelated to the race.",
+                "In 0.5.13 and 0.5.14 FutureMap.stash accepts the EagleDraftInput itself; 0.5.15 "
+                "introduced RelayPayload, so upstream wraps the draft input with "
+                "RelayPayload.from_draft_input(). The same rows are stashed; unrelated to the "
+                "race.",
                 lines=(r"\bstash\(", r"\bRelayPayload\b"),
                 before="0.5.15",
             ),
             Note(
                 "comment corrected: 0.5.19's is stale",
-                "0.5.19 still says publish's chained record keeps the in-flight "
-                "forward's fence intact. That was fix A; fix B removed the chain "
-                "again, so the comment is wrong there. Ours says what really "
-                "orders the writes: get_new_prebuilt_batch() made the schedule "
-                "stream wait for the forward stream before this seeding.",
+                "0.5.19 still says publish's chained record keeps the in-flight forward's fence "
+                "intact. That was fix A; fix B removed the chain again, so the comment is wrong "
+                "there. Ours says what really orders the writes: get_new_prebuilt_batch() made the "
+                "schedule stream wait for the forward stream before this seeding.",
                 comments=(r"Seed the relay",),
             ),
         ),

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patchset import buildtree
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.buildtree import build_tree_path, default_branch, pristine_tag, series_commits
 from patchset.catalog import blobs_of, load_catalog
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
@@ -26,6 +26,8 @@ from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
 
 MODULE_LEVEL = "(module level)"
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
 
 
 # --- the tree at each step ---------------------------------------------------
@@ -47,67 +49,46 @@ class StepFiles:
         return self.files[list(self.files)[-1]]
 
 
-def _matches_manifest(series: Series, files: dict[str, dict[str, str]]) -> bool:
-    """Whether each step's files are that step's, as the catalog knows them."""
-    catalog = load_catalog(series.folder.parent)
-    return list(files) == series.manifest.steps and all(
-        catalog.step_of(series.folder.name, blobs_of(_encoded(by_path))) == step
-        for step, by_path in files.items()
-    )
-
-
-def _encoded(files: dict[str, str]) -> dict[str, bytes | None]:
-    return {path: text.encode() for path, text in files.items()}
-
-
 def _from_build_tree(series: Series, build: Path) -> StepFiles | None:
-    repo = build_tree_path(series, build)
+    """The build tree's files, when it holds exactly this series (the catalog says so)."""
+    repo = buildtree.build_tree_path(series, build)
     if not (repo / ".git").exists():
         return None
     git = Git(repo, owned=True)
     manifest = series.manifest
-    tag, branch = pristine_tag(manifest), default_branch(manifest)
+    tag, branch = buildtree.pristine_tag(manifest), buildtree.default_branch(manifest)
     if git.rev(tag) is None or git.rev(f"refs/heads/{branch}") is None:
         return None
-    revs = [tag, *series_commits(git, manifest)]
+    revs = [tag, *buildtree.series_commits(git, manifest)]
     if len(revs) != len(manifest.steps):
         return None
+    catalog = load_catalog(series.folder.parent)
     files: dict[str, dict[str, str]] = {}
     for step, rev in zip(manifest.steps, revs, strict=True):
-        files[step] = {}
-        for path in manifest.files:
-            result = git.run("show", f"{rev}:{path}", check=False)
-            if result.returncode != 0:
-                return None
-            files[step][path] = result.stdout
-    if not _matches_manifest(series, files):
-        return None
+        found = buildtree.files_at(git, rev, manifest)
+        if None in found.values() or catalog.step_of(series.folder.name, blobs_of(found)) != step:
+            return None
+        files[step] = _decoded(found)  # type: ignore[arg-type]
     return StepFiles(f"build tree {repo} ({tag}..{branch})", files)
-
-
-def _from_wheel(series: Series, cache: Path) -> StepFiles:
-    manifest = series.manifest
-    wheel = wheels.fetch_wheel(manifest.base, cache)
-    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
-    files = {
-        step: {path: data.decode("utf-8") for path, data in by_path.items()}
-        for step, by_path in per_step.items()
-    }
-    return StepFiles(f"pinned wheel {manifest.base.wheel} with the series applied", files)
 
 
 def step_files(series: Series, build: Path, cache: Path) -> StepFiles:
     """From the build tree when it holds this series, else from the pinned wheel."""
-    return _from_build_tree(series, build) or _from_wheel(series, cache)
+    found = _from_build_tree(series, build)
+    if found:
+        return found
+    manifest = series.manifest
+    wheel = wheels.fetch_wheel(manifest.base, cache)
+    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
+    files = {step: _decoded(by_path) for step, by_path in per_step.items()}
+    return StepFiles(f"pinned wheel {manifest.base.wheel} with the series applied", files)
+
+
+def _decoded(files: dict[str, bytes]) -> dict[str, str]:
+    return {path: data.decode("utf-8") for path, data in files.items()}
 
 
 # --- functions in a source file ---------------------------------------------
-
-
-@functools.lru_cache(maxsize=128)
-def _parse(source: str) -> ast.Module:
-    """Parse each distinct file text once: steps and bases share many, and parsing is the cost."""
-    return ast.parse(source)
 
 
 @dataclass(frozen=True)
@@ -115,25 +96,29 @@ class Scope:
     qualname: str
     start: int  # first line, decorators included
     end: int
+    node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
 
-def scopes_of(source: str) -> list[Scope]:
-    """Every def and class with its qualified name, outermost first."""
+@functools.lru_cache(maxsize=128)
+def scopes_of(source: str) -> tuple[Scope, ...]:
+    """Every def and class with its qualified name, outermost first.
+
+    Cached per distinct text: steps and bases share many, and parsing is the cost."""
     found: list[Scope] = []
 
     def walk(body: list[ast.stmt], prefix: str) -> None:
         for node in body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if isinstance(node, DEFS):
                 name = f"{prefix}{node.name}"
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                found.append(Scope(name, start, node.end_lineno or node.lineno))
+                found.append(Scope(name, start, node.end_lineno or node.lineno, node))
                 walk(node.body, f"{name}.")
 
-    walk(_parse(source).body, "")
-    return found
+    walk(ast.parse(source).body, "")
+    return tuple(found)
 
 
-def enclosing(scopes: list[Scope], line: int) -> str:
+def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
     inner = [s for s in scopes if s.start <= line <= s.end]
     return max(inner, key=lambda s: s.start).qualname if inner else MODULE_LEVEL
 
@@ -146,65 +131,34 @@ class FunctionSource:
     lines: list[str]  # dedented, without line ends
     header_lines: int  # how many of lines are decorators and the def signature
     params: dict[str, str]  # name -> "annotation = default", as ast prints them
-    returns: str
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
 
 
 def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
     args = node.args
     positional = [*args.posonlyargs, *args.args]
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults))
-    defaults += list(args.defaults)
-    pairs = list(zip(positional, defaults, strict=True))
-    pairs += list(zip(args.kwonlyargs, args.kw_defaults, strict=True))
-    if args.vararg:
-        pairs.append((args.vararg, None))
-    if args.kwarg:
-        pairs.append((args.kwarg, None))
+    pairs = [*zip(positional, defaults + args.defaults, strict=True)]
+    pairs += zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    pairs += [(arg, None) for arg in (args.vararg, args.kwarg) if arg]
     out: dict[str, str] = {}
     for arg, default in pairs:
         shown = ast.unparse(arg.annotation) if arg.annotation else ""
-        if default is not None:
-            shown += f" = {ast.unparse(default)}"
-        out[arg.arg] = shown
+        out[arg.arg] = shown + (f" = {ast.unparse(default)}" if default is not None else "")
     return out
 
 
 def function_source(source: str, path: str, qualname: str) -> FunctionSource | None:
-    body: list[ast.stmt] = _parse(source).body
-    node: ast.stmt | None = None
-    for part in qualname.split("."):
-        node = next(
-            (
-                n
-                for n in body
-                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                and n.name == part
-            ),
-            None,
-        )
-        if node is None:
-            return None
-        body = node.body  # type: ignore[attr-defined]
-    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+    scope = next((s for s in scopes_of(source) if s.qualname == qualname), None)
+    node = scope.node if scope else None
+    if scope is None or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return None
-    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-    end = node.end_lineno or node.lineno
-    raw = source.splitlines()[start - 1 : end]
     indent = node.col_offset
-    lines = [line[indent:].rstrip() if line[:indent].strip() == "" else line for line in raw]
-    return FunctionSource(
-        qualname=qualname,
-        path=path,
-        first_line=start,
-        lines=lines,
-        header_lines=node.body[0].lineno - start,
-        params=_params(node),
-        returns=ast.unparse(node.returns) if node.returns else "",
-    )
+    lines = [
+        line[indent:].rstrip() if line[:indent].strip() == "" else line
+        for line in source.splitlines()[scope.start - 1 : scope.end]
+    ]
+    header_lines = node.body[0].lineno - scope.start
+    return FunctionSource(qualname, path, scope.start, lines, header_lines, _params(node))
 
 
 # --- per patch ---------------------------------------------------------------
@@ -233,62 +187,24 @@ class PatchReview:
         return [f for change in self.files for f in change.functions]
 
 
-def _trailer(patch: Patch, key: str) -> str:
-    found = patch.trailer(key)
-    return found[0].value if found else "(missing)"
-
-
 def review_patch(patch: Patch, before: dict[str, str], after: dict[str, str]) -> PatchReview:
     """A patch's message, and the functions its changed lines fall in."""
     changes: list[FileChange] = []
     for diff in patch.files:
-        old_scopes = scopes_of(before[diff.path]) if diff.path in before else []
-        new_scopes = scopes_of(after[diff.path]) if diff.path in after else []
-        touched: list[str] = []
-        for hunk in diff.hunks:
-            for line in hunk.lines:
-                if line.kind == "+" and line.new_line is not None:
-                    name = enclosing(new_scopes, line.new_line)
-                elif line.kind == "-" and line.old_line is not None:
-                    name = enclosing(old_scopes, line.old_line)
-                else:
-                    continue
-                if name not in touched:
-                    touched.append(name)
-        changes.append(FileChange(diff.path, diff.added, diff.removed, touched))
-    return PatchReview(
-        name=patch.path.name,
-        subject=patch.subject or "(no subject)",
-        why=patch.description,
-        status=_trailer(patch, "Upstream-Status"),
-        pr=_trailer(patch, "Upstream-PR"),
-        release=_trailer(patch, "Upstream-Release"),
-        files=changes,
-    )
+        old_scopes = scopes_of(before[diff.path]) if diff.path in before else ()
+        new_scopes = scopes_of(after[diff.path]) if diff.path in after else ()
+        touched: dict[str, None] = {}
+        for line in (line for hunk in diff.hunks for line in hunk.lines):
+            if line.kind == "+" and line.new_line is not None:
+                touched[enclosing(new_scopes, line.new_line)] = None
+            elif line.kind == "-" and line.old_line is not None:
+                touched[enclosing(old_scopes, line.old_line)] = None
+        changes.append(FileChange(diff.path, diff.added, diff.removed, list(touched)))
 
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def diffstat(files: list[FileChange], width: int = 40) -> list[str]:
-    name_width = max((len(f.path) for f in files), default=0)
-    most = max((f.added + f.removed for f in files), default=0)
-    scale = min(1.0, width / most) if most else 1.0
-    lines = []
-    for f in files:
-        plus = "+" * max(round(f.added * scale), 1 if f.added else 0)
-        minus = "-" * max(round(f.removed * scale), 1 if f.removed else 0)
-        lines.append(f"{f.path:<{name_width}} | {f.added + f.removed:3} {plus}{minus}")
-    added, removed = sum(f.added for f in files), sum(f.removed for f in files)
-    lines.append(
-        f"{_count(len(files), 'file')} changed, {_count(added, 'insertion')}(+), "
-        f"{_count(removed, 'deletion')}(-)"
-    )
-    return lines
-
-
-# --- the net diff ------------------------------------------------------------
+    trailers = [patch.trailer(f"Upstream-{key}") for key in ("Status", "PR", "Release")]
+    status, pr, release = (found[0].value if found else "(missing)" for found in trailers)
+    subject = patch.subject or "(no subject)"
+    return PatchReview(patch.path.name, subject, patch.description, status, pr, release, changes)
 
 
 def cumulative_diff(steps: StepFiles) -> dict[str, list[str]]:
@@ -297,22 +213,18 @@ def cumulative_diff(steps: StepFiles) -> dict[str, list[str]]:
     for path, before in steps.base.items():
         after = steps.final[path]
         scopes = scopes_of(after)
-        lines = []
-        for line in difflib.unified_diff(
+        diff = difflib.unified_diff(
             before.splitlines(), after.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
-        ):
+        )
+        out[path] = []
+        for line in diff:
             header = HUNK_HEADER.match(line)
-            if header:
-                # name the function the hunk starts in, as git diff does
-                line = f"{line} {enclosing(scopes, int(header[3]) + 3)}"
-            lines.append(line)
-        out[path] = lines
+            # name the function the hunk starts in, as git diff does
+            out[path].append(f"{line} {enclosing(scopes, int(header[3]) + 3)}" if header else line)
     return out
 
 
 # --- ours beside upstream ----------------------------------------------------
-
-SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
 
 
 @dataclass
@@ -326,7 +238,6 @@ class Uncovered:
 class Difference:
     """One difflib opcode that is not 'equal', with what explains it."""
 
-    tag: str
     ours: tuple[int, int]  # [start, end) into FunctionSource.lines
     upstream: tuple[int, int]
     notes: list[Note] = field(default_factory=list)
@@ -335,6 +246,13 @@ class Difference:
     @property
     def explained(self) -> bool:
         return not self.uncovered
+
+    def uncovered_lines(self, side: str) -> set[int]:
+        return {u.line for u in self.uncovered if u.side == side}
+
+    def cite(self, note: Note) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
 
 @dataclass
@@ -365,25 +283,27 @@ class FunctionComparison:
 
     @property
     def unexplained(self) -> int:
-        return sum(1 for d in self.differences if not d.explained) + sum(
-            1 for s in self.signature if s.note is None
+        return sum(not d.explained for d in self.differences) + sum(
+            s.note is None for s in self.signature
         )
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip())
 
 
 def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
     """Indices of changed lines (of one side) that this note covers."""
     covered: set[int] = set()
-    members = list(changed)
-    for i in members:
+    for i in changed:
         text = lines[i]
         if any(re.search(p, text) for p in note.lines):
             covered.add(i)
         if any(re.search(p, text) for p in note.blocks):
             covered.add(i)
-            depth = len(text) - len(text.lstrip())
+            # the block's body: the deeper-indented (or blank) lines that follow
             for j in range(i + 1, changed.stop):
-                follower = lines[j]
-                if follower.strip() and len(follower) - len(follower.lstrip()) <= depth:
+                if lines[j].strip() and _indent(lines[j]) <= _indent(text):
                     break
                 covered.add(j)
         if text.lstrip().startswith("#") and any(re.search(p, text) for p in note.comments):
@@ -393,18 +313,6 @@ def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
                     covered.add(j)
                     j += step
     return covered
-
-
-def _signature_changes(
-    ours: FunctionSource, upstream: FunctionSource, notes: tuple[Note, ...]
-) -> list[SignatureChange]:
-    changes: list[SignatureChange] = []
-    for name in [*ours.params, *(p for p in upstream.params if p not in ours.params)]:
-        mine, theirs = ours.params.get(name), upstream.params.get(name)
-        if mine != theirs:
-            note = next((n for n in notes if name in n.params), None)
-            changes.append(SignatureChange(name, mine, theirs, note))
-    return changes
 
 
 def compare_function(
@@ -419,7 +327,12 @@ def compare_function(
 ) -> FunctionComparison:
     """Ours beside upstream, explained by the notes about release (None: every note)."""
     about = [n for n in notes.notes if release is None or n.applies_to(release)]
-    signature = _signature_changes(ours, upstream, tuple(about))
+    signature: list[SignatureChange] = []
+    for name in [*ours.params, *(p for p in upstream.params if p not in ours.params)]:
+        mine, theirs = ours.params.get(name), upstream.params.get(name)
+        if mine != theirs:
+            note = next((n for n in about if name in n.params), None)
+            signature.append(SignatureChange(name, mine, theirs, note))
     signature_ok = all(s.note is not None for s in signature)
     signature_notes = [s.note for s in signature if s.note is not None]
     used: set[Note] = set(signature_notes)
@@ -428,7 +341,7 @@ def compare_function(
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
-        diff = Difference(tag, (i1, i2), (j1, j2))
+        diff = Difference((i1, i2), (j1, j2))
         for side, source, span in (
             ("ours", ours, range(i1, i2)),
             ("upstream", upstream, range(j1, j2)),
@@ -439,8 +352,7 @@ def compare_function(
                 if hit:
                     covered |= hit
                     used.add(note)
-                    if note not in diff.notes:
-                        diff.notes.append(note)
+                    diff.cite(note)
             for i in span:
                 text = source.lines[i]
                 if i in covered or not SIGNIFICANT.search(text):
@@ -448,12 +360,10 @@ def compare_function(
                 if i < source.header_lines and signature_ok:
                     # a signature line: ast compared the parameters above
                     for note in signature_notes:
-                        if note not in diff.notes:
-                            diff.notes.append(note)
+                        diff.cite(note)
                     continue
                 diff.uncovered.append(Uncovered(side, source.first_line + i, text))
         differences.append(diff)
-    stale = [n for n in about if n not in used]
     return FunctionComparison(
         qualname=qualname,
         path=notes.path,
@@ -464,7 +374,7 @@ def compare_function(
         touched_by=touched_by or [],
         signature=signature,
         differences=differences,
-        stale_notes=stale,
+        stale_notes=[n for n in about if n not in used],
         notes=about,
     )
 
@@ -499,12 +409,15 @@ class Review:
         """How many notes are about this base."""
         return sum(len(f.notes) for f in self.functions)
 
+    @property
+    def ok(self) -> bool:
+        return not (self.unexplained or self.stale)
+
 
 @functools.cache
 def _upstream_sources(pin: WheelPin, cache: Path, paths: tuple[str, ...]) -> dict[str, str]:
     """The files of upstream's fixed release; read once per process (every base shares it)."""
-    wheel = wheels.fetch_wheel(pin, cache)
-    return {p: data.decode("utf-8") for p, data in wheels.read_files(wheel, list(paths)).items()}
+    return _decoded(wheels.read_files(wheels.fetch_wheel(pin, cache), list(paths)))
 
 
 def build_review(
@@ -516,11 +429,12 @@ def build_review(
     series.verify()
     notes = FUNCTION_NOTES if notes is None else notes
     manifest = series.manifest
+    upstream_version = manifest.upstream_fixed.version
     check_bounds(notes, manifest.registry)
     steps = step_files(series, build, cache)
-    step_names = list(steps.files)
+    by_step = list(steps.files.values())
     patches = [
-        review_patch(parse_patch(path), steps.files[step_names[i]], steps.files[step_names[i + 1]])
+        review_patch(parse_patch(path), by_step[i], by_step[i + 1])
         for i, path in enumerate(series.patch_paths)
     ]
     paths = tuple(sorted({n.path for n in notes.values()}))
@@ -531,30 +445,26 @@ def build_review(
         ours = function_source(steps.final[path], path, qualname)
         theirs = function_source(upstream_files[path], path, qualname)
         if ours is None or theirs is None:
-            where = (
-                "our patched tree" if ours is None else f"sglang {manifest.upstream_fixed.version}"
-            )
+            where = "our patched tree" if ours is None else f"sglang {upstream_version}"
             raise BackportError(
                 Exit.INTERNAL,
                 f"{qualname} is not in {path} of {where}",
                 "update scripts/patchreview/notes.py to the functions the series changes",
             )
-        touched_by = [p.name for p in patches if qualname in p.functions]
-        functions.append(
-            compare_function(
-                qualname,
-                ours,
-                theirs,
-                function_notes,
-                manifest.upstream_fixed.version,
-                base=function_source(steps.base[path], path, qualname),
-                touched_by=touched_by,
-                release=manifest.base.version,
-            )
+        comparison = compare_function(
+            qualname,
+            ours,
+            theirs,
+            function_notes,
+            upstream_version,
+            base=function_source(steps.base[path], path, qualname),
+            touched_by=[p.name for p in patches if qualname in p.functions],
+            release=manifest.base.version,
         )
+        functions.append(comparison)
     return Review(
         base_version=manifest.base.version,
-        upstream_version=manifest.upstream_fixed.version,
+        upstream_version=upstream_version,
         source=steps.source,
         patches=patches,
         cumulative=cumulative_diff(steps),

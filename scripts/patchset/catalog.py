@@ -62,6 +62,8 @@ class Catalog:
     releases: dict[str, dict[str, str]] = field(default_factory=dict)
     # each step's files: patch set folder name -> step -> blob ids
     steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    # each fix of releases.toml ("fix-a") -> its pull request as KnownContent.fixes names it
+    fix_prs: dict[str, str] = field(default_factory=dict)
 
     def add(self, blobs: dict[str, str], content: KnownContent) -> None:
         key = tuple(sorted(blobs.items()))
@@ -88,6 +90,18 @@ class Catalog:
     def releases_with(self, blobs: Blobs) -> list[str]:
         """The known releases whose files are exactly these, oldest first."""
         return [version for version, files in self.releases.items() if files == blobs]
+
+    def like(self, fixes: frozenset[str], release: str | None) -> KnownContent | None:
+        """Known content that carries exactly these fixes (releases.toml's names), so
+        leaves open the races they leave open: release's own where it has such content,
+        else the newest release's; a release as shipped before a step of ours."""
+        prs = frozenset(self.fix_prs[fix] for fix in fixes)
+        found = [c for entries in self.by_blobs.values() for c in entries if c.fixes == prs]
+
+        def rank(content: KnownContent) -> tuple[object, ...]:
+            return (content.release == release, release_key(content.release), not content.ours)
+
+        return max(found, key=rank, default=None)
 
     def nearest_release(self, blobs: Blobs) -> str | None:
         """The known release that shares most of these files (the newest on a tie)."""
@@ -119,6 +133,7 @@ def load_catalog(patches_root: Path) -> Catalog:
         return frozenset(f"sgl-project/sglang#{registry.fixes[f].pr}" for f in fixes)
 
     catalog = Catalog(files=list(all_series[0].manifest.files))
+    catalog.fix_prs = {name: next(iter(prs(frozenset([name])))) for name in registry.fixes}
     open_with: dict[frozenset[str], tuple[str, ...]] = {}
     races_with: dict[frozenset[str], tuple[tuple[str, tuple[RaceEntry, ...]], ...]] = {}
     for series in all_series:

@@ -1,13 +1,9 @@
 """A pytest plugin: each test's outcome and recorded properties, written as JSON.
 
-Loaded by test/conftest.py. With --outcomes-json FILE, the run writes
-{"outcomes": {test: outcome}, "properties": {name: value}}. A test that
-carries a strict xfail and whose body raised nothing is an unexpected pass;
-one whose body raised what its xfail allows is an expected failure. The
-outcome comes from the run itself, not from pytest's report wording: it is
-decided where the test ran and carried on its report, so that under
-pytest-xdist the process that writes FILE (the controller, which never runs a
-test) reads it from the reports its workers send.
+With --outcomes-json FILE a run writes {"outcomes": {test: outcome}, "properties":
+{name: value}}. The outcome is decided where the test ran (a strict xfail whose
+body raised nothing is an unexpected pass) and carried on its report, so that
+under pytest-xdist the controller, which runs no test, writes FILE.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """One pytest run per suite and per sglang tree, and the tables of their outcomes.
 
-test/tools runs once, under pytest-xdist: long-lived workers, each importing
-what its tests need once; the files that share the session's fixtures carry
-an xdist_group mark (test/tools/conftest.py). test/steps runs once per step of
-every series under test; those runs go to testrun.worker, which imports the
-heavy third-party modules once per environment and forks a child per tree
-(treefork), so a module imported for one tree never leaks into another and
-each tree pays only for its own sglang.
+test/tools runs once, under pytest-xdist; test/steps runs once per step, each run
+in a child that testrun.worker forks after the heavy imports (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -17,10 +12,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patchset.lock import marked_folder
 from patchset.manifest import Series
 from patchset.paths import PROJECT_ROOT
 from patchset.textout import table
@@ -61,21 +58,15 @@ class SuiteRun:
         return self.returncode != 0
 
     def pytest_args(self, extra: Sequence[str]) -> list[str]:
-        return [
-            str(self.tests),
-            f"{OPTION}={self.outcomes_file}",
-            f"--junitxml={self.results / f'{self.label}.xml'}",
-            *extra,
-        ]
-
-    def collect(self) -> None:
-        self.outcomes, self.properties = read_outcomes(self.outcomes_file)
+        """Its arguments; an outcome file of an earlier run is removed first."""
+        self.results.mkdir(parents=True, exist_ok=True)
+        self.outcomes_file.unlink(missing_ok=True)
+        junit = self.results / f"{self.label}.xml"
+        return [str(self.tests), f"{OPTION}={self.outcomes_file}", f"--junitxml={junit}", *extra]
 
     def verdict(self) -> str:
-        counts: dict[str, int] = {}
-        for outcome in self.outcomes.values():
-            counts[outcome] = counts.get(outcome, 0) + 1
-        summary = ", ".join(f"{n} {o}" for o in reversed(SEVERITY) if (n := counts.get(o)))
+        counts = Counter(self.outcomes.values())
+        summary = ", ".join(f"{n} {o}" for o in reversed(SEVERITY) if (n := counts[o]))
         took = f"in {self.seconds:.0f}s"
         if self.returncode == NO_TESTS:
             return f"FAILED: pytest exit 5, no test ran, {took}"
@@ -93,35 +84,31 @@ def step_env(series: Series, step: str, tree: Path) -> dict[str, str]:
     }
 
 
-def _clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name in (STEP_ENV, PATCH_SET_ENV, TREE_ENV, "PYTHONPATH"):
-        env.pop(name, None)
-    return env
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what a step's run is told, and with extra."""
+    dropped = (STEP_ENV, PATCH_SET_ENV, TREE_ENV, "PYTHONPATH")
+    return {k: v for k, v in os.environ.items() if k not in dropped} | extra
 
 
-def _worker_env() -> dict[str, str]:
-    return _clean_env() | {"PYTHONPATH": str(SCRIPTS)}
+def _finish(run: SuiteRun, returncode: int, seconds: float) -> None:
+    run.returncode, run.seconds = returncode, seconds
+    run.outcomes, run.properties = read_outcomes(run.outcomes_file)
 
 
 def run_tools(python: Path, run: SuiteRun, extra: Sequence[str], workers: int) -> None:
     """pytest on test/tools with `workers` pytest-xdist workers (--dist loadgroup: the
     tests of one xdist_group on one worker); its output goes to run.log, then here."""
-    run.results.mkdir(parents=True, exist_ok=True)
-    run.outcomes_file.unlink(missing_ok=True)
-    xdist = ["-n", str(workers), "--dist", "loadgroup"]
+    args = run.pytest_args(["-n", str(workers), "--dist", "loadgroup", *extra])
     started = time.monotonic()
     with run.log.open("wb") as log:
         proc = subprocess.Popen(
-            [str(python), "-m", "pytest", *run.pytest_args([*xdist, *extra])],
-            env=_clean_env() | run.env,
+            [str(python), "-m", "pytest", *args],
+            env=_clean_env(**run.env),
             cwd=PROJECT_ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    run.returncode = _wait([proc])[0]
-    run.seconds = time.monotonic() - started
-    run.collect()
+    _finish(run, _wait([proc])[0], time.monotonic() - started)
     print(f"\n=== {run.label} (pytest exit {run.returncode}) ===")
     sys.stdout.write(run.log.read_text(encoding="utf-8", errors="replace"))
 
@@ -152,36 +139,27 @@ def run_forked(
     groups = [(python, runs) for python, runs in groups if runs]
     if not groups:
         return
-    each = max(1, parallel // len(groups))
-    with tempfile.TemporaryDirectory(prefix="run-tests-") as tmp:
-        workers = []
+    with marked_folder(Path(tempfile.gettempdir()), "sglang-backports-run-tests-") as tmp:
+        workers: list[tuple[subprocess.Popen[bytes], Path]] = []
+        results: dict[SuiteRun, Path] = {}
         for g, (python, runs) in enumerate(groups):
+            jobs = []
             for run in runs:
-                run.results.mkdir(parents=True, exist_ok=True)
-                run.outcomes_file.unlink(missing_ok=True)
-            jobs = {
-                "parallel": each,
-                "runs": [
-                    {
-                        "label": run.label,
-                        "args": run.pytest_args(extra),
-                        "env": run.env,
-                        "tree": str(run.tree),
-                        "log": str(run.log),
-                        "result": str(Path(tmp) / f"{g}-{n}.json"),
-                    }
-                    for n, run in enumerate(runs)
-                ],
-            }
+                results[run] = Path(tmp) / f"{g}-{len(results)}.json"
+                job = dict(label=run.label, args=run.pytest_args(extra), env=run.env)
+                jobs.append(
+                    job | dict(tree=str(run.tree), log=str(run.log), result=str(results[run]))
+                )
             jobs_file = Path(tmp) / f"jobs-{g}.json"
-            jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
+            parallel_here = max(1, parallel // len(groups))
+            jobs_file.write_text(json.dumps({"parallel": parallel_here, "runs": jobs}), "utf-8")
             log = runs[0].results / f"worker-{g + 1}.log"
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     [str(python), "-m", "testrun.worker", str(jobs_file)],
                     # what torch and pytest put in TMPDIR (torchinductor_<user>, ...) goes
                     # with the run's own folder, also when a signal ends the run
-                    env=_worker_env() | {"TMPDIR": tmp},
+                    env=_clean_env(PYTHONPATH=str(SCRIPTS), TMPDIR=str(tmp)),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )
@@ -189,15 +167,11 @@ def run_forked(
         _wait([proc for proc, _log in workers])
         for _proc, log in workers:
             sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))
-        for g, (_python, runs) in enumerate(groups):
-            for n, run in enumerate(runs):
-                result = Path(tmp) / f"{g}-{n}.json"
-                if result.is_file():
-                    data = json.loads(result.read_text(encoding="utf-8"))
-                    run.returncode, run.seconds = data["returncode"], data["seconds"]
-                else:
-                    run.returncode = -1
-                run.collect()
+        for run, result in results.items():
+            data = {"returncode": -1, "seconds": 0.0}
+            if result.is_file():
+                data = json.loads(result.read_text(encoding="utf-8"))
+            _finish(run, data["returncode"], data["seconds"])
 
 
 def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:

@@ -1,22 +1,9 @@
 """Test environments, made with uv: one virtual environment per set of pins.
 
-Each sglang release is tested on the torch and transformers it pins. Releases
-with the same pins share an environment: requirements/<name>.txt, exact and
-hashed, with the test tools (pip, pytest, pytest-xdist, ruff) in the same
-file, named by the pins (torch2.11-tf5.12, ...). The environments live in the
-cache folder (beside the wheels), under a name that carries the digest of
-their requirement files, so every clone on the machine reuses them and a
-changed file gets a fresh one (two clones with different pins never sync one
-environment back and forth).
-
-uv is pinned by version and sha256 (requirements/uv.txt) and bootstrapped once
-per machine with `pip --require-hashes` into a small venv of its own in the
-cache folder. An environment is made with `uv venv` and, on every run, brought
-to exactly its requirement file by `uv pip sync --require-hashes`: a no-op of
-about a second when it already is, and the repair of one that an interrupted
-install left half-made. uv's cache is in the cache folder too, on the same
-file system as the environments, so it hard-links a torch that another
-environment already has instead of unpacking it again.
+Releases with the same torch and transformers pins share requirements/<name>.txt
+and one environment in the cache folder, named by the digest of its requirement
+files, so every clone reuses it and a changed file gets a fresh one.
+docs/testing.md says how they are made, kept and shared.
 """
 
 from __future__ import annotations
@@ -26,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,12 +35,8 @@ class TestEnv:
     requirements: tuple[Path, ...]
 
     @property
-    def digest(self) -> str:
-        return requirements_digest(self.requirements)
-
-    @property
     def venv(self) -> Path:
-        return cache_dir() / "venvs" / f"{self.name}-{self.digest[:16]}"
+        return cache_dir() / "venvs" / f"{self.name}-{requirements_digest(self.requirements)[:16]}"
 
     @property
     def python(self) -> Path:
@@ -72,11 +55,10 @@ def env_name(manifest: PinManifest) -> str:
             f"the manifest of sglang {manifest.base.version} names no torch or transformers pin",
             "add torch = and transformers = to its [sglang] table (from the wheel's METADATA)",
         )
-    return f"torch{_minor(release.torch)}-tf{_minor(release.transformers)}"
-
-
-def _minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
+    torch, transformers = (
+        ".".join(v.split(".")[:2]) for v in (release.torch, release.transformers)
+    )
+    return f"torch{torch}-tf{transformers}"
 
 
 def env_for(manifest: PinManifest) -> TestEnv:
@@ -105,11 +87,9 @@ def check_interpreter() -> None:
 
 def requirements_digest(files: Sequence[Path]) -> str:
     """What a venv was made from: the requirement files and the Python version."""
-    digest = hashlib.sha256()
-    digest.update(f"python {sys.version_info.major}.{sys.version_info.minor}\n".encode())
+    digest = hashlib.sha256(f"python {sys.version_info.major}.{sys.version_info.minor}\n".encode())
     for path in files:
-        digest.update(f"{path.name}\n".encode())
-        digest.update(path.read_bytes())
+        digest.update(f"{path.name}\n".encode() + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -117,46 +97,45 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def uv_binary() -> Path:
-    """The pinned uv, installed on first use into cache/venvs/uv-<digest>/.
+def _make_aside(final: Path, inside: Path, make: Callable[[Path], None]) -> None:
+    """make() the folder aside, then rename it to final: two runs at once never see a
+    half-made one. When another run made final (with inside) meanwhile, that one stays."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    aside = final.with_name(f".{final.name}.{os.getpid()}")
+    try:
+        make(aside)
+        try:
+            aside.rename(final)
+        except OSError:
+            if not inside.exists():
+                raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
 
-    Made aside and renamed into place, so two runs at once never see a
-    half-made one; the uv in the wheel is a binary, not a script, so it runs
-    from the renamed folder.
-    """
+
+def uv_binary() -> Path:
+    """The pinned uv, installed on first use into cache/venvs/uv-<digest>/ (a binary, not
+    a script: it runs from the renamed folder)."""
     home = cache_dir() / "venvs" / f"uv-{requirements_digest([UV_PINS])[:16]}"
     uv = home / "bin" / "uv"
     if uv.is_file():
         return uv
-    progress(f"installing uv into {home} (requirements/uv.txt)")
-    home.parent.mkdir(parents=True, exist_ok=True)
-    aside = home.with_name(f".{home.name}.{os.getpid()}")
-    try:
+
+    def make(aside: Path) -> None:
         _run_setup([sys.executable, "-m", "venv", "--clear", str(aside)], "python -m venv")
         install = [str(venv_python(aside)), "-m", "pip", "install", "--no-input", "--quiet"]
         install += ["--disable-pip-version-check", "--require-hashes", "--no-deps"]
         _run_setup([*install, "--only-binary", ":all:", "-r", str(UV_PINS)], "pip install uv")
-        _rename_unless_there(aside, home, uv)
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)
+
+    progress(f"installing uv into {home} (requirements/uv.txt)")
+    _make_aside(home, uv, make)
     return uv
-
-
-def _rename_unless_there(aside: Path, final: Path, inside: Path) -> None:
-    """aside becomes final, unless another run made final (with inside) meanwhile."""
-    try:
-        aside.rename(final)
-    except OSError:
-        if not inside.exists():
-            raise
 
 
 def ensure_venv(
     venv: Path, requirements: Sequence[Path], what: str = "", python: str = sys.executable
 ) -> bool:
-    """Make venv hold exactly the requirements (uv pip sync); True when it was made anew.
-
-    python is the interpreter the venv is made with (default: this one)."""
+    """Make venv (with python) hold exactly the requirements; True when it was made anew."""
     missing = [str(p) for p in requirements if not p.is_file()]
     if missing:
         raise BackportError(
@@ -175,20 +154,17 @@ def ensure_venv(
         )
     if created:
         progress(f"making the virtual environment {venv}{f' ({what})' if what else ''}")
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        aside = venv.with_name(f".{venv.name}.{os.getpid()}")
-        try:
-            make = [uv, "venv", "--quiet", "--clear", "--python", python, str(aside)]
-            _run_setup(make, "uv venv", env)
-            _rename_unless_there(aside, venv, venv_python(venv))
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
+        make = [uv, "venv", "--quiet", "--clear", "--python", python]
+        _make_aside(
+            venv, venv_python(venv), lambda aside: _run_setup([*make, str(aside)], "uv venv", env)
+        )
     # --compile-bytecode: every module compiled once, here, on all cores (a no-op once
     # done). Without it, where PYTHONDONTWRITEBYTECODE is set (as on this project's
     # machines), every process compiles torch's modules again as it imports them.
     sync = [uv, "pip", "sync", "--quiet", "--require-hashes", "--compile-bytecode"]
-    sync += ["--python", str(venv_python(venv)), *map(str, requirements)]
-    _run_setup(sync, "uv pip sync", env)
+    _run_setup(
+        [*sync, "--python", str(venv_python(venv)), *map(str, requirements)], "uv pip sync", env
+    )
     return created
 
 

@@ -3,14 +3,10 @@
     python -m testrun.worker JOBS.json
 
 JOBS.json: {"parallel": N, "runs": [{"label", "args", "env", "tree", "log",
-"result"}, ...]}. This process imports torch, transformers and the rest of
-sglang's third-party closure once, then forks a child per run, N at a time
-(treefork); the child sets the run's environment, puts its tree's python/
-first on sys.path, sends its output to the run's log and calls pytest.main.
-Each run's exit code goes to its "result" file. A process holds only one
-sglang, and no sglang is imported here before forking, so no run sees another
-run's tree. SIGTERM, like Ctrl-C, ends the children still running and waits
-for them.
+"result"}, ...]}. Each child (treefork, N at a time) sets its run's environment,
+puts its tree's python/ first on sys.path, logs to "log" and calls pytest.main;
+its exit code goes to "result". No sglang is imported before forking, so no run
+sees another's tree. SIGTERM, like Ctrl-C, ends the children and waits for them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ KEYS = {
 }
 DISTRIBUTION = {"description", "name", "version", "info", "fork", "listing"}
 FILE = {"path", "location", "blob_id", "sha256", "record", "record_match"}
-VERDICT = {"text", "content", "basis", "release", "ours", "fixes"}
+VERDICT = {"text", "content", "basis", "shape", "release", "ours", "fixes"}
+SHAPE = {"verdict", "reason", "evidence", "races_as_in"}
 CONFIGURATION = {
     "source", "parser", "release", "settings", "environment", "torch_build", "effects",
 }  # fmt: skip
@@ -54,11 +55,27 @@ def validate(obj: Any) -> None:
     verdict = obj["verdict"]
     assert set(verdict) == VERDICT and verdict["text"] and verdict["basis"] in BASES
     known = bool(verdict["content"])
-    assert (verdict["basis"] is not None) == known == (obj["races_open"] is not None)
+    assert (verdict["basis"] == "blob id") == known
+    judged = verdict["shape"]
+    assert (verdict["basis"] == "code shape") == (judged is not None)
+    if judged is not None:
+        assert set(judged) == SHAPE and judged["reason"] and not known
+        assert judged["verdict"] in (
+            "fixed",
+            "fix A only",
+            "affected",
+            "not this race's design",
+            "cannot tell",
+        )
+        assert (obj["races_open"] is None) == (judged["races_as_in"] is None) or judged[
+            "verdict"
+        ] in ("fixed", "not this race's design")
+    if known:
+        assert obj["races_open"] is not None
     if code in (Exit.OK, Exit.AFFECTED, Exit.PARTIAL_FIX):
-        assert known and (obj["races_open"] == []) == (code == Exit.OK)
+        assert obj["races_open"] is not None and (obj["races_open"] == []) == (code == Exit.OK)
     if code == Exit.UNKNOWN_CONTENT:
-        assert not known
+        assert not known and obj["races_open"] is None
     config = obj["configuration"]
     if code in (Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.EXPOSURE_UNKNOWN):
         assert config is not None

@@ -20,14 +20,11 @@ from pathlib import Path
 
 import pytest
 from checkinstall import install as installs
-from checkinstall.exposure import (
-    FIELDS,
-    HISPARSE_SCENARIO,
+from checkinstall.exposure import FIELDS, HISPARSE_SCENARIO, Exposure, judge
+from checkinstall.launchargs import parse_with_table
+from checkinstall.serverargs import (
     SERVER_ARGS_PROBE,
-    Exposure,
-    judge,
     parse_with_server_args,
-    parse_with_table,
     probe_request,
     read_probe,
 )

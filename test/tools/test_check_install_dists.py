@@ -88,6 +88,13 @@ def edit(site: Path, rel: str) -> None:
     path.write_bytes(path.read_bytes() + b"\n# a fork's own line\n")
 
 
+def rename(site: Path, rel: str) -> None:
+    """decode.py with the prebuilt entry renamed: a shape no judgement can tell."""
+    path = site / rel
+    text = path.read_text().replace("def get_new_prebuilt_batch(", "def get_next_prebuilt_batch(")
+    path.write_text(text)
+
+
 @pytest.fixture
 def venv(tmp_path: Path) -> Path:
     return make_venv(tmp_path / "venv")
@@ -118,8 +125,18 @@ def test_a_fork_with_its_own_content_still_has_its_configuration_judged(
     edit(site, files[2])
     dist_info(site, "sglang-kt", "0.7.2", files)
     result = check("--python", str(venv))
-    assert result.returncode == Exit.UNKNOWN_CONTENT, result.stdout + result.stderr
+    assert result.returncode == Exit.AFFECTED, result.stdout + result.stderr
+    assert "affected: judged by code shape, not a known release" in result.stdout
+    result = check("--python", str(venv), "--launch-args", DECODE_EAGLE)
+    assert result.returncode == Exit.EXPOSED, result.stdout + result.stderr
+    # whatever the configuration, a fork is never "not exposed"
+    result = check("--python", str(venv), "--launch-args", PREFILL)
+    assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
 
+    rename(site, files[2])  # now no judgement by shape can tell, nor the version
+    result = check("--python", str(venv))
+    assert result.returncode == Exit.MODIFIED, result.stdout + result.stderr
+    assert "content: cannot tell (judged by code shape" in result.stdout
     result = check("--python", str(venv), "--launch-args", DECODE_EAGLE)
     assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
     assert "disaggregation_mode: decode" in result.stdout
@@ -128,7 +145,6 @@ def test_a_fork_with_its_own_content_still_has_its_configuration_judged(
     obj = answer(result)
     assert obj["configuration"]["settings"]["disaggregation_mode"] == "decode"
     assert obj["configuration"]["release"] is None and obj["races_open"] is None
-    # whatever the configuration, unknown content is never "not exposed"
     result = check("--python", str(venv), "--launch-args", PREFILL)
     assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
 
@@ -188,7 +204,7 @@ def test_an_edited_release_is_judged_as_shipped_and_never_safe(
     site, files = site_packages(venv), sglang_files(series)
     copy_files(site, session_step_trees["base"], files)
     dist_info(site, "sglang", BASE, files)
-    edit(site, files[2])
+    rename(site, files[2])  # a shape no judgement can tell: judged as the version says
     result = check("--python", str(venv))
     assert result.returncode == Exit.MODIFIED, result.stdout + result.stderr
 
@@ -212,6 +228,6 @@ def test_a_tree_of_unknown_content_with_a_configuration_is_exposure_unknown(
     edit(tree, files[1])
     result = check("--tree", str(tree), "--launch-args", PREFILL)
     assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
-    assert "disaggregation_mode: prefill" in result.stdout
+    assert "disaggregation mode: prefill" in result.stdout
     obj = answer(result)
     assert obj["configuration"]["settings"]["disaggregation_mode"] == "prefill"

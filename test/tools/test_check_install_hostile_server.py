@@ -230,3 +230,25 @@ def test_a_key_that_breaks_the_header_is_refused_before_sending(base: Path, key:
         assert server.requests == []
     assert code == Exit.ENVIRONMENT, out + err
     assert "--api-key holds a control character" in err, err
+
+
+def test_a_silent_name_server_is_under_the_deadline(monkeypatch: pytest.MonkeyPatch):
+    """getaddrinfo takes no timeout: a name server that never answers must not hold the
+    check past --timeout (played here by a lookup that sleeps)."""
+    from checkinstall import serverinfo
+    from patchset.errors import BackportError
+
+    real = socket.getaddrinfo
+
+    def silent(host: str, *args: object, **kwargs: object) -> object:
+        if host == "sglang.invalid":
+            time.sleep(10)
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", silent)
+    started = time.monotonic()
+    with pytest.raises(BackportError) as refused:
+        serverinfo.read_server_info("http://sglang.invalid:30000/server_info", None, 1.0)
+    assert time.monotonic() - started < 3
+    assert refused.value.code == Exit.ENVIRONMENT
+    assert "no whole answer within 1 s (timed out)" in str(refused.value)

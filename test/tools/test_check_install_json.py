@@ -36,13 +36,15 @@ def both(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
 
 @pytest.fixture
 def unknown(tmp_path: Path, series: Series, session_step_trees: dict[str, Path]) -> Path:
-    """A tree whose decode.py is base's with one more line: content no release has."""
+    """A tree whose decode.py is base's with its prebuilt entry renamed: content no
+    release has, in a shape no judgement can tell."""
     tree = tmp_path / "tree"
     for name in series.manifest.files:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(session_step_trees["base"] / name, tree / name)
     decode = tree / series.manifest.files[1]
-    decode.write_bytes(decode.read_bytes() + b"\n# edited\n")
+    text = decode.read_text().replace("def get_new_prebuilt_batch(", "def get_next_batch(")
+    decode.write_text(text)
     return tree / "python"
 
 
@@ -77,7 +79,8 @@ def test_each_verdict_of_a_known_content(
 
 def test_unknown_content_without_and_with_a_configuration(unknown: Path):
     _, obj = both("--tree", str(unknown))
-    assert obj["exit_code"] == Exit.UNKNOWN_CONTENT and obj["verdict"]["basis"] is None
+    assert obj["exit_code"] == Exit.UNKNOWN_CONTENT and obj["verdict"]["basis"] == "code shape"
+    assert obj["verdict"]["shape"]["verdict"] == "cannot tell"
     _, obj = both("--tree", str(unknown), "--launch-args", PREFILL)
     assert obj["exit_code"] == Exit.EXPOSURE_UNKNOWN
     assert obj["configuration"]["settings"]["disaggregation_mode"] == "prefill"

@@ -25,7 +25,7 @@ VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 CODE = {"scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py"}
 PATCHSET = {
     "__init__", "errors", "cli", "interrupts", "paths", "catalog", "manifest", "releases",
-    "tomlread", "plays", "shape",
+    "tomlread", "plays", "shape", "shapeflow",
 }  # fmt: skip
 NEVER = {"apply", "wheel", "lint", "export", "git", "lock", "deploy", "buildtree", "docs"}
 # run the zipapp as on a read-only root file system: any write, folder made, rename or

@@ -136,7 +136,7 @@ def test_a_damaged_upstream_writers_table_is_refused(
     with pytest.raises(BackportError) as refused:
         upstream.classified()
     assert refused.value.code == Exit.PATCHSET_INVALID
-    assert f"{table}: writers.\"a b c\" needs scenarios" in str(refused.value)
+    assert f'{table}: writers."a b c" needs scenarios' in str(refused.value)
 
 
 @pytest.mark.network
