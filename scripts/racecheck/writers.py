@@ -72,7 +72,7 @@ def _writes(node: ast.AST, scope: str) -> Iterator[tuple[int, str, str]]:
             continue
         what = _what(child)
         if what:
-            yield child.lineno, scope or "<module>", what  # type: ignore[attr-defined]
+            yield child.lineno, scope or "<module>", what
         yield from _writes(child, scope)
 
 
