@@ -1,12 +1,11 @@
 """Import sglang's heavy third-party closure once, then fork one child per sglang tree.
 
-A process can hold only one sglang, so each tree is tested in a process of its
-own. The step-suite worker (testrun.worker) and the race checker
-(racecheck.worker) both import torch, transformers and the rest here first
-(preload), then fork a child per tree (fork_each) that puts its tree first on
-the import path (use_tree) and imports only that tree's sglang. The preload is
-only a speed-up: a module that is missing is skipped, and the child then meets
-(and reports) whatever sglang itself cannot import.
+A process can hold only one sglang. The step-suite worker (testrun.worker)
+and the race checker (racecheck.worker) import torch, transformers and the
+rest here first (preload), then fork a child per tree (fork_each) that puts
+its tree first on the import path (use_tree) and imports only its sglang.
+The preload is only a speed-up: a missing module is skipped, and the child
+then reports whatever sglang itself cannot import.
 """
 
 from __future__ import annotations
@@ -25,77 +24,43 @@ from typing import TypeVar
 
 from patchset import paths
 
-PRELOAD = (
-    "torch",
-    "torch._inductor.lowering",
-    "torch._inductor.compile_fx",
-    "torch._functorch.aot_autograd",
-    "torchvision",
-    "torchvision.transforms.v2",
-    "triton",
-    "numpy",
-    "transformers",
-    "transformers.modeling_utils",
-    "transformers.generation",
-    "transformers.processing_utils",
-    "transformers.models.auto.processing_auto",
-    "transformers.models.auto.tokenization_auto",
-    "openai",
-    "networkx",
-    "compressed_tensors",
-    "aiohttp.web",
-    "starlette",
-    "IPython",
-    "pydantic",
-    "requests",
-    "xgrammar",
-    "zmq",
-    "gguf",
-    "msgspec",
-    "orjson",
-    "einops",
-    # Not sglang's: the test runner every forked child of testrun.worker starts.
-    "pytest",
-    "_pytest.junitxml",
-)
-
+# The modules to preload, by name; the last line's are not sglang's but the
+# test runner that every child of testrun.worker starts.
+PRELOAD = """
+    torch torch._inductor.lowering torch._inductor.compile_fx torch._functorch.aot_autograd
+    torchvision torchvision.transforms.v2 triton numpy
+    transformers transformers.modeling_utils transformers.generation
+    transformers.processing_utils transformers.models.auto.processing_auto
+    transformers.models.auto.tokenization_auto
+    openai networkx compressed_tensors aiohttp.web starlette IPython pydantic requests
+    xgrammar zmq gguf msgspec orjson einops
+    pytest _pytest.junitxml
+"""
 
 _took: float | None = None
 
 
 def preload() -> float:
-    """Import what of PRELOAD is importable, then freeze it; the seconds it took.
-
-    Done once per process: a later call returns the seconds the first one took.
-
+    """Import what of PRELOAD is importable and freeze it, once; the seconds it took.
     gc.freeze() moves the millions of objects these imports made out of the
-    collector's reach: a forked child's collections (pytest runs several as
-    it ends) would otherwise walk them all, about half a second each, and copy
-    every page they touch.
-    """
+    collector's reach: a forked child's collections would otherwise walk them
+    all, about half a second each, and copy every page they touch."""
     global _took
-    if _took is not None:
-        return _took
-    started = time.perf_counter()
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:
-            continue
-    gc.collect()
-    gc.freeze()
-    _took = time.perf_counter() - started
+    if _took is None:
+        started = time.perf_counter()
+        for name in PRELOAD.split():
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+        gc.collect()
+        gc.freeze()
+        _took = time.perf_counter() - started
     return _took
 
 
 def use_tree(tree: Path) -> None:
     """Put tree/python first on sys.path, for a forked child about to import its sglang.
-
-    A tree in the project's build folder (a step tree) is ours, so its compiled
-    bytecode is kept there even where PYTHONDONTWRITEBYTECODE is set: without
-    it each run compiles about a thousand modules again (close to 2 s). Any
-    other tree (--tree) keeps the interpreter's setting.
-    """
+    A step tree (ours, under build/) keeps its bytecode even where
+    PYTHONDONTWRITEBYTECODE is set: else each run compiles a thousand modules again."""
     sys.path.insert(0, str(tree / "python"))
     if tree.resolve().is_relative_to(paths.build_dir().resolve()):
         sys.dont_write_bytecode = False
@@ -111,15 +76,10 @@ def fork_each(
     started: Callable[[Job], None],
     ended: Callable[[Job, int, float], None],
 ) -> None:
-    """child(job) in a process forked from this one per job, at most slots at a time.
-
-    started(job) runs here as each child starts, ended(job, exit code, seconds)
-    as each ends, in the order they end. A child exits with what child returns;
-    an exception that escapes it is printed and exits 1. If this process is
-    interrupted (KeyboardInterrupt, also from SIGTERM where the caller maps
-    it so), the children still running are ended with SIGTERM and waited for
-    before the interrupt goes on.
-    """
+    """child(job) in a process forked from this one per job, at most slots at a time;
+    started(job) as each starts, ended(job, exit code, seconds) as each ends. A child
+    exits with what child returns, or 1 after printing what escaped it. Interrupted
+    (KeyboardInterrupt), this process ends and waits for the children still running."""
     pending = list(jobs)
     running: dict[int, tuple[Job, float]] = {}
     try:
@@ -140,10 +100,13 @@ def fork_each(
                 os.waitpid(pid, 0)
 
 
-def _fork(child: Callable[[Job], int], job: Job) -> int:
-    # What this process has buffered is written once, by this process.
+def _flush() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _fork(child: Callable[[Job], int], job: Job) -> int:
+    _flush()  # what this process has buffered is written once, by this process
     pid = os.fork()
     if pid:
         return pid
@@ -154,6 +117,5 @@ def _fork(child: Callable[[Job], int], job: Job) -> int:
     except BaseException:
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _flush()
         os._exit(code)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from patchset import cli, paths
 from patchset.errors import Exit
 from patchset.manifest import load_releases, release_key
@@ -10,17 +12,14 @@ from racecheck import upstream
 DESCRIPTION = """\
 List the sglang releases on the package index newer than the newest that
 patches/releases.toml knows, and judge each one by its code: its wheel is
-downloaded with pip (its sha256 printed), laid out in a temporary folder, its
-three files judged by their shape (the ordering between prepare_for_prebuilt()
-and process_prebuilt() on every path with overlap on, fix A, the design), and
-its whole tree scanned for FutureMap writers (race-check --writers). A
+downloaded with pip (its sha256 printed) and laid out in a temporary folder;
+its three files are judged by their shape (the ordering between
+prepare_for_prebuilt() and process_prebuilt() on every path with overlap on)
+and its whole tree is scanned for FutureMap writers (race-check --writers). A
 release passes when it is judged fixed and every writer is classified by a
 pin.toml's [writers] table or by patches/upstream-writers.toml. Nothing of the
-wheel is installed or imported.
-
-With --release or --wheel, only those are judged (a release that
-releases.toml pins comes hash-checked from the wheel cache, offline once
-cached).
+wheel is installed or imported. With --release or --wheel, only those are
+judged (a release releases.toml pins comes hash-checked from the wheel cache).
 """
 
 CODES = (Exit.RACE, Exit.WHEEL_UNAVAILABLE, Exit.WHEEL_HASH, Exit.PATCHSET_INVALID)
@@ -39,52 +38,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--release",
         action="append",
+        default=[],
         metavar="VERSION",
         help="judge this sglang release instead of listing newer ones (repeatable)",
     )
     p.add_argument(
         "--wheel",
         action="append",
+        default=[],
         type=cli.absolute_path,
         metavar="FILE",
         help="judge this sglang wheel file (repeatable)",
     )
     args = p.parse_args(argv)
-    registry = load_releases()
-    classes = upstream.classified()
-    cache = paths.cache_dir()
-    for wheel_file in args.wheel or []:
+    for wheel_file in args.wheel:
         if not wheel_file.is_file():
             p.error(f"--wheel {wheel_file}: no such file")
+    registry = load_releases()
+    classes = upstream.classified()
     releases = args.release or ([] if args.wheel else upstream.newer_releases(registry))
-    newest = max(registry.known, key=release_key)
     if not releases and not args.wheel:
+        newest = max(registry.known, key=release_key)
         print(f"watch-releases: no sglang release on the package index is newer than {newest}")
         return Exit.OK
+    cache = paths.cache_dir()
+    wheels = [(v, upstream.release_wheel(v, registry, cache)) for v in releases]
+    wheels += [(w.name, contextlib.nullcontext(w)) for w in args.wheel]
     verdicts = []
-    for version in releases:
-        with upstream.release_wheel(version, registry, cache) as wheel_file:
-            verdicts.append(upstream.judge_wheel(version, wheel_file, classes))
-        report(verdicts[-1])
-    for wheel_file in args.wheel or []:
-        verdicts.append(upstream.judge_wheel(wheel_file.name, wheel_file, classes))
-        report(verdicts[-1])
-    failed = [v for v in verdicts if not v.passed]
+    for release, wheel in wheels:
+        with wheel as wheel_file:
+            verdict = upstream.judge_wheel(release, wheel_file, classes)
+        verdicts.append(verdict)
+        print("\n".join(verdict.lines()) + "\n")
+    failed = [v.release for v in verdicts if not v.passed]
     if failed:
         print(
             f"FAILED: {len(failed)} of {len(verdicts)} not judged fixed with every writer "
-            f"classified: {', '.join(v.release for v in failed)}"
+            f"classified: {', '.join(failed)}"
         )
         return Exit.RACE
     print(f"ok: {len(verdicts)} judged fixed, every FutureMap writer classified")
     return Exit.OK
-
-
-def report(verdict: upstream.Verdict) -> None:
-    print(f"sglang {verdict.release}: {verdict.wheel} sha256 {verdict.sha256}")
-    print("\n".join(f"  {line}" for line in verdict.judgement.lines()))
-    for problem in verdict.problems():
-        print(f"  FAILED: {problem}")
-    if verdict.passed:
-        print("  ok: judged fixed, every FutureMap writer classified")
-    print()

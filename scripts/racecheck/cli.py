@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from patchset import buildtree, cli, paths
 from patchset.errors import BackportError, Exit
@@ -31,34 +26,22 @@ from .catalogue import PLAYS, SCENARIOS
 from .csan import torch_text
 
 SCRIPTS = Path(__file__).resolve().parents[1]
+# Set once race-check has moved onto the interpreter --python (or the default) names.
+REEXEC = "SGLANG_BACKPORTS_RACE_CHECK_PYTHON"
 
 DESCRIPTION = """\
 Prove on the CPU, from the real sglang code, which stream races in the
-PD-decode prebuilt path each step of the patch series closes.
-
-Simulated CUDA streams and events feed the vector clocks of PyTorch's CUDA
-sanitizer; every aten read and write of a FutureMap relay buffer is checked
-row by row. The scenarios run through the tree's own FutureMap,
-build_eagle_disagg_draft_input, get_new_prebuilt_batch and (L*)
-Scheduler._apply_war_barrier:
+PD-decode prebuilt path each step of the patch series closes. Simulated CUDA
+streams and events feed the vector clocks of PyTorch's CUDA sanitizer, which
+checks every aten read and write of a FutureMap relay buffer row by row. The
+scenarios run through the tree's own FutureMap, build_eagle_disagg_draft_input,
+get_new_prebuilt_batch and (L*) WAR barrier, on each release's signatures:
 {scenarios}
 
 Default: the final step of the series (the patched tree) in the build tree.
-Each tree runs in its own process (one sglang per process), forked after the
-heavy third-party imports, one per core at a time. The expected table is the
-[races] table of each base's pin.toml. The scenarios detect each release's
-signatures on its real functions (0.5.13 .. 0.5.18).
-
---write-expected runs every step of every base (or of --base) and writes
-what it measured as each pin.toml's [races] tables (every other line stays
-as written); it refuses, writing nothing, when a series' final step leaves a
-race open. --check-expected runs the same and exits 13 when a table is not
-what the run measured (CI runs it).
-
---writers lists, from the source (ast), every call that writes FutureMap
-rows, with the stream it runs on and the ordering that covers it, as the
-[writers] table of pin.toml classifies it; a writer the table does not
-classify fails.
+Each tree runs in its own process, forked after the heavy third-party imports,
+one per core at a time. The expected table is the [races] table of each
+base's pin.toml.
 """
 
 EPILOG = """\
@@ -110,17 +93,11 @@ def _series(argv: list[str] | None) -> list[Series]:
 def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespace:
     steps = list(dict.fromkeys(step for s in series for step in s.manifest.steps))
     finals = ", ".join(dict.fromkeys(s.manifest.final_step for s in series))
-    scenario_text = "\n".join(
+    text = "\n".join(
         textwrap.fill(play.text, 78, initial_indent=f"  {play.name:<4} ", subsequent_indent=" " * 7)
         for play in PLAYS
     )
-    p = cli.parser(
-        "race-check",
-        DESCRIPTION.format(scenarios=scenario_text),
-        CODES,
-        WORDING,
-        EPILOG,
-    )
+    p = cli.parser("race-check", DESCRIPTION.format(scenarios=text), CODES, WORDING, EPILOG)
     p.add_argument(
         "--step",
         choices=[*steps, ALL],
@@ -140,17 +117,20 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
     tables.add_argument(
         "--write-expected",
         action="store_true",
-        help="run every step (of every base, or of --base) and write the [races] tables",
+        help="run every step (of every base, or of --base) and write the [races] tables; "
+        "refused, writing nothing, when a series' final step leaves a race open",
     )
     tables.add_argument(
         "--check-expected",
         action="store_true",
-        help="run as --write-expected does; exit 13 when a table differs, writing nothing",
+        help="run as --write-expected does; exit 13 when a table is not what the run "
+        "measured, writing nothing (CI runs it)",
     )
     p.add_argument(
         "--writers",
         action="store_true",
-        help="list every FutureMap writer of the tree (static scan) instead of racing",
+        help="list every FutureMap writer of the tree (an ast scan), with the stream and "
+        "ordering its [writers] row gives it, instead of racing; an unclassified one fails",
     )
     p.add_argument(
         "--python",
@@ -178,49 +158,47 @@ def main(argv: list[str] | None = None) -> int:
             raise BackportError(
                 Exit.USAGE, "--writers takes one --tree, with one base", "name one tree"
             )
-        if args.tree:
-            return writers.main(
-                buildtree.check_tree(args.tree[0], Exit.ENVIRONMENT), chosen[0].manifest
-            )
-        codes = [
-            writers.main(step_trees(series)[series.manifest.final_step], series.manifest)
-            for series in chosen
-        ]
-        return max(codes)
+        trees = [buildtree.check_tree(tree, Exit.ENVIRONMENT) for tree in args.tree or []]
+        trees = trees or [step_trees(s)[s.manifest.final_step] for s in chosen]
+        return max([writers.main(tree, s.manifest) for tree, s in zip(trees, chosen, strict=True)])
     if args.tree and several:
         raise BackportError(Exit.USAGE, "--tree takes one base", "pass --base VERSION")
     regenerate = args.write_expected or args.check_expected
-    if regenerate and (args.tree or args.writers or args.step not in (None, ALL)):
+    if regenerate and (args.tree or args.step not in (None, ALL)):
         raise BackportError(
             Exit.USAGE,
             "--write-expected and --check-expected run every step of the bases' build trees",
             "leave out --tree, --writers and --step",
         )
     python = choose_python(args.python)
+    same = os.path.realpath(python.absolute().parent.parent) == os.path.realpath(sys.prefix)
+    if not same and REEXEC not in os.environ:
+        # The whole check runs on that interpreter: the trees' children fork from it.
+        os.environ[REEXEC] = str(python)
+        sys.stdout.flush()
+        command = sys.argv[1:] if argv is None else argv
+        os.execv(python, [str(python), str(SCRIPTS / "race-check"), *command])
     runs = plan_runs(chosen, ALL if regenerate else args.step, args.tree or [], regenerate)
     started = time.perf_counter()
-    preload_s = run_trees(python, runs)
+    preload_s = run_trees(runs)
     wall = time.perf_counter() - started
 
-    for base in dict.fromkeys(r.base for r in runs):
-        if base:
-            print(f"sglang {base}:")
-        print(report.grid_text([r for r in runs if r.base == base]))
-        print()
+    bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
+    for version in dict.fromkeys(r.version for r in runs):
+        if several:
+            print(f"sglang {version}:")
+        print(report.grid_text([r for r in runs if r.version == version]) + "\n")
     for tree_run in runs:
         report.print_races(tree_run)
-    bases_of: dict[str, list[str]] = {}
-    for r in runs:
-        bases = bases_of.setdefault(r.barrier, [])
-        if r.base not in bases:
-            bases.append(r.base)
-    barriers = [f"{' '.join(bases)}: {how}" if several else how for how, bases in bases_of.items()]
+        bases.setdefault(tree_run.barrier, {})[tree_run.version] = None
+    barriers = [f"{' '.join(b)}: {how}" if several else how for how, b in bases.items()]
     print(f"ran on {torch_text(runs[0].torch)}; WAR barrier " + "; ".join(barriers))
+    timings = [
+        f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
+    ]
     print(
         f"timings: third-party imports {preload_s:.1f} s (once); "
-        + "; ".join(
-            f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
-        )
+        + "; ".join(timings)
         + f"; wall {wall:.1f} s"
     )
     if regenerate:
@@ -233,48 +211,32 @@ def plan_runs(
 ) -> list[report.TreeRun]:
     """The columns to measure: the chosen steps of each series' build tree (none when
     only trees are given), then each given tree, judged by the step its files hold.
-    regenerate: the tables are to be written, so a scenario or table missing
-    from pin.toml is expected clean instead of refused."""
-    several = len(chosen) > 1
+    regenerate: the tables are to be written, so a scenario missing from pin.toml is
+    expected clean instead of refused."""
     runs: list[report.TreeRun] = []
     for series in chosen:
         manifest = series.manifest
+        version, final = manifest.base.version, manifest.final_step
         if regenerate:
             present = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
-            clean = {s: frozenset[tuple[str, str, int]]() for s in manifest.steps}
+            clean = dict.fromkeys(manifest.steps, report.Cell())
             expected = {name: present.get(name, clean) for name in SCENARIOS}
         else:
             expected = report.expected_table(manifest, SCENARIOS)
-        wanted = step or ("" if given else manifest.final_step)
+        wanted = step or ("" if given else final)
         if wanted and wanted != ALL and wanted not in manifest.steps:
-            print(f"race-check: sglang {manifest.base.version} has no step {wanted}; left out")
+            print(f"race-check: sglang {version} has no step {wanted}; left out")
         elif wanted:
             trees = step_trees(series)
-            version = manifest.base.version if several else ""
-            runs += [
-                report.TreeRun(
-                    _label(version, report.step_label(s)),
-                    s,
-                    trees[s],
-                    expected,
-                    manifest.final_step,
-                    version,
-                )
-                for s in (manifest.steps if wanted == ALL else [wanted])
-            ]
+            prefix = f"{version} " if len(chosen) > 1 else ""
+            for s in manifest.steps if wanted == ALL else [wanted]:
+                label = prefix + report.step_label(s)
+                runs.append(report.TreeRun(label, s, trees[s], expected, final, version))
         for n, tree in enumerate(given, 1):
             checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
-            runs.append(
-                report.TreeRun(
-                    f"tree {n}" if len(given) > 1 else "tree",
-                    step_held(manifest, checked),
-                    checked,
-                    expected,
-                    manifest.final_step,
-                    given=True,
-                    version=manifest.base.version,
-                )
-            )
+            label = f"tree {n}" if len(given) > 1 else "tree"
+            held = step_held(manifest, checked)
+            runs.append(report.TreeRun(label, held, checked, expected, final, version, given=True))
     return runs
 
 
@@ -285,10 +247,6 @@ def step_held(manifest: PinManifest, tree: Path) -> str:
         for path in manifest.files
     }
     return next((s for s in reversed(manifest.steps) if manifest.blobs_at(s) == blobs), "")
-
-
-def _label(base: str, text: str) -> str:
-    return f"{base} {text}" if base else text
 
 
 def choose_python(explicit: Path | None) -> Path:
@@ -323,100 +281,34 @@ def step_trees(series: Series) -> dict[str, Path]:
     return buildtree.step_trees(series, build)
 
 
-def run_trees(python: Path, runs: list[report.TreeRun]) -> float:
-    """Every tree's scenarios (see racecheck.worker) into runs; the time spent preloading.
-
-    On this process's own interpreter the trees' children fork from this
-    process; on another one, from a racecheck.worker started with it.
-    """
+def run_trees(runs: list[report.TreeRun]) -> float:
+    """Every tree's scenarios (racecheck.worker) into runs; the time spent preloading."""
 
     def announce(n: int) -> None:
-        tree_run = runs[n]
-        print(
-            f"race-check: {len(SCENARIOS)} scenarios on {tree_run.label} ({tree_run.tree})",
-            flush=True,
-        )
+        run = runs[n]
+        print(f"race-check: {len(SCENARIOS)} scenarios on {run.label} ({run.tree})", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
-        outs = [Path(tmp) / f"{n}.json" for n in range(len(runs))]
-        if _same_environment(python):
-            worker.check_trees(Path(tmp), [r.tree for r in runs], announce)
-            returncode, output = 0, []
-        else:
-            returncode, output = _run_worker(python, Path(tmp), runs, announce)
-        if returncode != 0 or not all(out.is_file() for out in outs):
-            tail = "".join(output[-15:]).strip()
-            raise BackportError(
-                Exit.ENVIRONMENT,
-                f"the checker process ({python}) failed (exit {returncode}):\n{tail}",
-                "check that this interpreter imports torch, or pass --python PATH",
-            )
-        preload = Path(tmp) / "preload.json"
-        preload_s = json.loads(preload.read_text())["preload_s"] if preload.is_file() else 0.0
-        for tree_run, out in zip(runs, outs, strict=True):
-            _fill(tree_run, json.loads(out.read_text()))
+    results, preload_s = worker.check_trees([r.tree for r in runs], announce)
+    for tree_run, result in zip(runs, results, strict=True):
+        if "error" in result:
+            if result["code"] == Exit.INTERNAL:
+                print(result["error"], file=sys.stderr)
+                raise RuntimeError(f"the checker failed on {tree_run.tree} (the trace above)")
+            problem = f"{tree_run.label} ({tree_run.tree}): {result['error']}"
+            raise BackportError(Exit(result["code"]), problem, result["next_step"])
+        tree_run.races = {
+            name: [report.race_from_json(r) for r in races]
+            for name, races in result["races"].items()
+        }
+        for key in ("torch", "barrier", "import_s", "run_s"):
+            setattr(tree_run, key, result[key])
     return preload_s
-
-
-def _same_environment(python: Path) -> bool:
-    """Is python an interpreter of this process's environment (its bin/ folder's parent)?"""
-    return os.path.realpath(python.absolute().parent.parent) == os.path.realpath(sys.prefix)
-
-
-def _run_worker(
-    python: Path, out_dir: Path, runs: list[report.TreeRun], announce: Callable[[int], None]
-) -> tuple[int, list[str]]:
-    """python -m racecheck.worker on the trees; (its exit code, what it printed)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen(
-        [str(python), "-m", "racecheck.worker", str(out_dir), *(str(r.tree) for r in runs)],
-        cwd=SCRIPTS,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    output: list[str] = []
-    try:
-        for line in proc.stdout:
-            started = line.split()
-            if len(started) == 2 and started[0] == worker.STARTED and started[1].isdigit():
-                announce(int(started[1]))
-            else:
-                output.append(line)
-        return proc.wait(), output
-    finally:
-        if proc.poll() is None:  # interrupted: the worker ends its children and itself
-            proc.terminate()
-            proc.wait()
-
-
-def _fill(tree_run: report.TreeRun, result: dict[str, Any]) -> None:
-    if "error" in result:
-        code = Exit(result["code"])
-        if code == Exit.INTERNAL:
-            print(result["error"], file=sys.stderr)
-            raise RuntimeError(f"the checker failed on {tree_run.tree} (the trace above)")
-        raise BackportError(
-            code, f"{tree_run.label} ({tree_run.tree}): {result['error']}", result["next_step"]
-        )
-    tree_run.races = {
-        name: [report.race_from_json(r) for r in races] for name, races in result["races"].items()
-    }
-    tree_run.torch = result["torch"]
-    tree_run.barrier = result["barrier"]
-    tree_run.import_s = result["import_s"]
-    tree_run.run_s = result["run_s"]
 
 
 def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:
     """Compare each base's measured table with its [races] tables; write them if asked.
-
-    A final step with a race is refused first, and nothing is written: the
-    tables must never turn a wrong fix into an expected result.
-    """
+    A final step with a race is refused first, writing nothing: the tables must
+    never turn a wrong fix into an expected result."""
     open_final = [
         f"{r.label} ({name})"
         for r in runs
@@ -434,21 +326,24 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
     stale = []
     for series in chosen:
         manifest = series.manifest
-        version = manifest.base.version
         measured = {
-            name: {r.step: report.cell_of(r.races[name]) for r in runs if r.base in ("", version)}
+            name: {
+                r.step: report.cell_of(r.races[name])
+                for r in runs
+                if r.version in ("", manifest.base.version)
+            }
             for name in SCENARIOS
         }
         written = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
         differ = [name for name in SCENARIOS if written.get(name) != measured[name]]
-        if not differ:
-            print(f"ok: {series.folder / 'pin.toml'} [races] is what the run measured")
-            continue
         pin = series.folder / "pin.toml"
-        if write:
-            text = pin.read_text(encoding="utf-8")
+        if not differ:
+            print(f"ok: {pin} [races] is what the run measured")
+        elif write:
             tables = {f"races.{name}": report.table_lines(measured[name]) for name in SCENARIOS}
-            pin.write_text(replace_tables(text, tables), encoding="utf-8")
+            pin.write_text(
+                replace_tables(pin.read_text(encoding="utf-8"), tables), encoding="utf-8"
+            )
             print(f"wrote {pin} [races]: {', '.join(differ)} changed")
         else:
             print(f"STALE: {pin} [races] differs from the run in: {', '.join(differ)}")

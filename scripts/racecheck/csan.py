@@ -1,12 +1,10 @@
-"""The private part of torch.cuda._sanitizer (CSAN) that the checker relies on.
+"""The part of torch.cuda._sanitizer (CSAN), a private torch API, that the checker uses.
 
-CSAN is a private torch API. The checker uses its EventHandler (vector
-clocks per stream, last-write/reads per data pointer) and the shape of the
-errors it returns. Both are checked here before use, so that a torch release
-that changes them stops the checker with a clear message instead of letting
-it silently see nothing. Any torch whose sanitizer has that shape is used;
-the releases the whole table was verified on are listed, and the report
-names the one it ran on.
+Its EventHandler (vector clocks per stream, last write and reads per data
+pointer) and the shape of the errors it returns are checked before use, so a
+torch that changes them stops the checker with a clear message instead of
+letting it silently see nothing. Any torch whose sanitizer has that shape is
+used; the report names it and whether the tables were verified on it.
 """
 
 from __future__ import annotations
@@ -21,15 +19,9 @@ from patchset.errors import BackportError, Exit
 VERIFIED_TORCH = ("2.11.0", "2.13.0", "2.14.1")
 
 # method -> parameter names (without self) that the checker calls it with
+_LAUNCH = ("stream", "read_only", "read_write", "outputs", "operator", "tensor_aliases")
 _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
-    "_handle_kernel_launch": (
-        "stream",
-        "read_only",
-        "read_write",
-        "outputs",
-        "operator",
-        "tensor_aliases",
-    ),
+    "_handle_kernel_launch": _LAUNCH,
     "_handle_event_creation": ("event",),
     "_handle_event_record": ("event", "stream"),
     "_handle_event_wait": ("event", "stream"),
@@ -43,14 +35,9 @@ _ACCESS_FIELDS = {"type", "seq_num", "stream", "operator", "aliases", "is_output
 _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
 
 
-def torch_release(version: str) -> str:
-    return version.split("+", 1)[0]
-
-
 def torch_text(version: str) -> str:
     """The torch a check ran on, and whether the table was verified on that release."""
-    release = torch_release(version)
-    if release in VERIFIED_TORCH:
+    if version.split("+", 1)[0] in VERIFIED_TORCH:
         return f"torch {version} (verified)"
     return f"torch {version} (sanitizer API checked; table not yet verified on it)"
 
@@ -60,15 +47,12 @@ def load() -> ModuleType:
     next_step = "use an interpreter whose torch is one of " + ", ".join(VERIFIED_TORCH)
     try:
         import torch
-    except ImportError as exc:
-        raise BackportError(
-            Exit.ENVIRONMENT, f"torch is not importable here ({exc})", next_step
-        ) from None
-    try:
         from torch.cuda import _sanitizer as csan
     except ImportError as exc:
         raise BackportError(
-            Exit.ENVIRONMENT, f"torch.cuda._sanitizer cannot be imported ({exc})", next_step
+            Exit.ENVIRONMENT,
+            f"torch (or its torch.cuda._sanitizer) is not importable here ({exc})",
+            next_step,
         ) from None
     problems = check_shape(csan)
     if problems:
@@ -83,33 +67,29 @@ def load() -> ModuleType:
 
 def check_shape(csan: ModuleType) -> list[str]:
     """What differs from the CSAN API the checker was written for (empty: nothing)."""
-    problems: list[str] = []
     handler = getattr(csan, "EventHandler", None)
     if handler is None:
         return ["EventHandler is gone"]
+    problems: list[str] = []
     for name, params in _HANDLER_METHODS.items():
         method = getattr(handler, name, None)
-        if method is None:
+        got = tuple(inspect.signature(method).parameters)[1:] if method else None
+        if got is None:
             problems.append(f"EventHandler.{name} is gone")
-            continue
-        got = tuple(inspect.signature(method).parameters)[1:]
-        if got != params:
+        elif got != params:
             problems.append(f"EventHandler.{name}{got} instead of {params}")
     access = getattr(csan, "Access", None)
     if access is None or not dataclasses.is_dataclass(access):
         problems.append("Access is no longer a dataclass")
-    else:
-        missing = _ACCESS_FIELDS - {f.name for f in dataclasses.fields(access)}
-        if missing:
-            problems.append(f"Access lacks {sorted(missing)}")
+    elif missing := _ACCESS_FIELDS - {f.name for f in dataclasses.fields(access)}:
+        problems.append(f"Access lacks {sorted(missing)}")
     error = getattr(csan, "UnsynchronizedAccessError", None)
     if error is None:
         problems.append("UnsynchronizedAccessError is gone")
     else:
         params = inspect.signature(error.__init__).parameters
-        missing_attrs = [a for a in _ERROR_ATTRIBUTES if a not in params]
-        if missing_attrs:
-            problems.append(f"UnsynchronizedAccessError lacks {missing_attrs}")
+        if lacking := [a for a in _ERROR_ATTRIBUTES if a not in params]:
+            problems.append(f"UnsynchronizedAccessError lacks {lacking}")
     access_type = getattr(csan, "AccessType", None)
     if access_type is None or not {"READ", "WRITE"} <= set(access_type.__members__):
         problems.append("AccessType lacks READ/WRITE")

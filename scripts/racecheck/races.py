@@ -40,12 +40,6 @@ class Access:
     code: tuple[Site, ...]  # frames in the code under test, innermost first
     driver: tuple[Site, ...]  # frames in the scenario that drove it, innermost first
 
-    @property
-    def site(self) -> str:
-        if self.code:
-            return str(self.code[0])
-        return str(self.driver[0]) if self.driver else "(unknown)"
-
 
 @dataclass(frozen=True)
 class Race:

@@ -3,6 +3,7 @@ verdict on what a run measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,17 +17,19 @@ from patchset.textout import table
 from .catalogue import SCENARIOS
 from .races import RELAY_BUFFERS, Access, Race, Site
 
-CLEAN = "clean"
-
 # A cell is the set of (kind, buffer, row) of the races a scenario shows on a
 # step, kind being the first access and the second ("write/write", ...).
 Cell = frozenset[tuple[str, str, int]]
 Table = dict[str, dict[str, Cell]]
 
-_KIND_TEXT = {
-    "write/write": "unordered writes to {}",
-    "write/read": "unordered read of {} (after another stream's write)",
-    "read/write": "write over an unordered read of {}",
+# Per kind: its words in a race's report, and in a table cell (with the buffers).
+_KINDS = {
+    "write/write": ("unordered writes", "unordered writes to {}"),
+    "write/read": (
+        "read not ordered after the write",
+        "unordered read of {} (after another stream's write)",
+    ),
+    "read/write": ("write not ordered after the read", "write over an unordered read of {}"),
 }
 
 
@@ -34,32 +37,24 @@ def cell_of(races: Iterable[Race]) -> Cell:
     return frozenset((race.kind, race.buffer, race.row) for race in races)
 
 
+def cell_of_entries(entries: Iterable[RaceEntry]) -> Cell:
+    return frozenset((kind, b, r) for kind, buffers, rows in entries for b in buffers for r in rows)
+
+
 def describe(cell: Cell) -> str:
     """A cell in words: per kind, the buffers and the rows they race in."""
-    if not cell:
-        return CLEAN
-    parts = []
-    for entry in entries_of(cell):
-        rows = entry["rows"]
-        noun = "row" if len(rows) == 1 else "rows"
-        parts.append(
-            _KIND_TEXT[entry["kind"]].format(", ".join(entry["buffers"]))
-            + f" in {noun} "
-            + ", ".join(map(str, rows))
-        )
-    return "; ".join(parts)
-
-
-def _buffer_rank(name: str) -> tuple[int, str]:
-    return (RELAY_BUFFERS.index(name) if name in RELAY_BUFFERS else len(RELAY_BUFFERS), name)
+    parts = [
+        _KINDS[kind][1].format(", ".join(buffers))
+        + (" in row " if len(rows) == 1 else " in rows ")
+        + ", ".join(map(str, rows))
+        for kind, rows, buffers in entries_of(cell)
+    ]
+    return "; ".join(parts) or "clean"
 
 
 def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
-    """The manifest's [races] table as cells: per scenario and step, the races left open.
-
-    pin.toml's loader checked each entry ({kind, buffers, rows}: every buffer
-    races in every row with that kind); here every scenario must be there.
-    """
+    """The manifest's [races] table as cells: per scenario and step, the races left
+    open (pin.toml's loader checked each entry); every scenario must be there."""
     missing = [name for name in scenarios if name not in manifest.races]
     if missing:
         raise BackportError(
@@ -74,13 +69,9 @@ def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
     }
 
 
-def cell_of_entries(entries: Iterable[RaceEntry]) -> Cell:
-    return frozenset((kind, b, r) for kind, buffers, rows in entries for b in buffers for r in rows)
-
-
-def entries_of(cell: Cell) -> list[dict[str, Any]]:
-    """A cell as [races] entries: per kind, one entry per set of rows, buffers in
-    report order (the form scripts/race-check --write-expected writes)."""
+def entries_of(cell: Cell) -> list[tuple[str, tuple[int, ...], list[str]]]:
+    """A cell as [races] entries (kind, rows, buffers): per kind, one entry per set of
+    rows, buffers in report order (the form scripts/race-check --write-expected writes)."""
     entries = []
     for kind in RACE_KINDS:
         rows_of: dict[str, set[int]] = {}
@@ -88,13 +79,14 @@ def entries_of(cell: Cell) -> list[dict[str, Any]]:
             if k == kind:
                 rows_of.setdefault(buffer, set()).add(row)
         groups: dict[tuple[int, ...], list[str]] = {}
-        for buffer in sorted(rows_of, key=_buffer_rank):
+        for buffer in sorted(rows_of, key=_rank):
             groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
-        entries += [
-            {"kind": kind, "rows": list(rows), "buffers": buffers}
-            for rows, buffers in groups.items()
-        ]
+        entries += [(kind, rows, buffers) for rows, buffers in groups.items()]
     return entries
+
+
+def _rank(buffer: str) -> tuple[int, str]:
+    return (RELAY_BUFFERS.index(buffer) if buffer in RELAY_BUFFERS else len(RELAY_BUFFERS), buffer)
 
 
 def table_lines(by_step: Mapping[str, Cell]) -> list[str]:
@@ -103,9 +95,9 @@ def table_lines(by_step: Mapping[str, Cell]) -> list[str]:
     for step, cell in by_step.items():
         key = step if step == "base" else json.dumps(step)
         entries = ", ".join(
-            f"{{ kind = {json.dumps(e['kind'])}, rows = {json.dumps(e['rows'])}, "
-            f"buffers = {json.dumps(e['buffers'])} }}"
-            for e in entries_of(cell)
+            f"{{ kind = {json.dumps(kind)}, rows = {json.dumps(rows)}, "
+            f"buffers = {json.dumps(buffers)} }}"
+            for kind, rows, buffers in entries_of(cell)
         )
         lines.append(f"{key} = [{entries}]")
     return lines
@@ -115,21 +107,12 @@ def step_label(step: str) -> str:
     return step if step == "base" else f"+{step}"
 
 
-def grid(columns: Sequence[str], cells: Mapping[str, Mapping[str, str]], width: int = 36) -> str:
-    """A text table: one row per scenario, one column per entry of columns, cells wrapped."""
-    rows = [[name, *(cells[name].get(col, "-") for col in columns)] for name in cells]
-    return table(["scenario", *columns], rows, wrap=width)
-
-
 def race_text(race: Race) -> str:
-    kind = {
-        "write/write": "unordered writes",
-        "write/read": "read not ordered after the write",
-        "read/write": "write not ordered after the read",
-    }[race.kind]
-    lines = [f"{race.buffer} row {race.row}: {kind}"]
-    lines += _access_text("first ", race.first)
-    lines += _access_text("second", race.second)
+    lines = [f"{race.buffer} row {race.row}: {_KINDS[race.kind][0]}"]
+    for label, access in (("first ", race.first), ("second", race.second)):
+        lines.append(f"  {label}: {access.kind} on {access.stream} ({access.operator})")
+        lines += [f"          {'from' if n else 'at'} {site}" for n, site in enumerate(access.code)]
+        lines += [f"          driven by {site}" for site in access.driver[:1]]
     lines.append(
         f"  nothing (event wait, wait_stream, synchronize) orders {race.second.stream}'s "
         f"{race.second.kind} after {race.first.stream}'s {race.first.kind}"
@@ -137,51 +120,16 @@ def race_text(race: Race) -> str:
     return "\n".join(lines)
 
 
-def _access_text(label: str, access: Access) -> list[str]:
-    lines = [f"  {label}: {access.kind} on {access.stream} ({access.operator})"]
-    for n, site in enumerate(access.code):
-        lines.append(f"          {'at' if n == 0 else 'from'} {site}")
-    if access.driver:
-        lines.append(f"          driven by {access.driver[0]}")
-    return lines
-
-
 def race_to_json(race: Race) -> dict[str, Any]:
-    return {
-        "buffer": race.buffer,
-        "row": race.row,
-        "first": _access_to_json(race.first),
-        "second": _access_to_json(race.second),
-    }
+    return dataclasses.asdict(race)
 
 
 def race_from_json(data: Mapping[str, Any]) -> Race:
-    return Race(
-        data["buffer"],
-        int(data["row"]),
-        _access_from_json(data["first"]),
-        _access_from_json(data["second"]),
-    )
+    def access(fields: Mapping[str, Any]) -> Access:
+        code, driver = (tuple(Site(**site) for site in fields[key]) for key in ("code", "driver"))
+        return Access(fields["kind"], fields["stream"], fields["operator"], code, driver)
 
-
-def _access_to_json(access: Access) -> dict[str, Any]:
-    return {
-        "kind": access.kind,
-        "stream": access.stream,
-        "operator": access.operator,
-        "code": [[s.file, s.line, s.function] for s in access.code],
-        "driver": [[s.file, s.line, s.function] for s in access.driver],
-    }
-
-
-def _access_from_json(data: Mapping[str, Any]) -> Access:
-    return Access(
-        kind=data["kind"],
-        stream=data["stream"],
-        operator=data["operator"],
-        code=tuple(Site(f, int(n), fn) for f, n, fn in data["code"]),
-        driver=tuple(Site(f, int(n), fn) for f, n, fn in data["driver"]),
-    )
+    return Race(data["buffer"], int(data["row"]), access(data["first"]), access(data["second"]))
 
 
 # --- the columns of a run and the verdict on them ----------------------------------
@@ -189,43 +137,47 @@ def _access_from_json(data: Mapping[str, Any]) -> Access:
 
 @dataclass
 class TreeRun:
-    label: str  # the column: a step label, or "tree" (numbered when several)
+    label: str  # the column: a step label or "tree" (numbered), after the base when several
     step: str  # the step whose expected column judges it; "" for a tree that holds no step
     tree: Path
     expected: Table  # the table of the tree's base
     expected_final: str  # the final step of the tree's series
-    base: str = ""  # the base's version, in the labels when several bases run
-    given: bool = False  # a --tree (judged as the step its files hold), not a step tree
     version: str = ""  # the release whose series judges it
+    given: bool = False  # a --tree (judged as the step its files hold), not a step tree
     races: dict[str, list[Race]] = field(default_factory=dict)
     torch: str = ""
     barrier: str = ""
     import_s: float = 0.0
     run_s: float = 0.0
 
+    @property
+    def count(self) -> int:
+        return sum(len(races) for races in self.races.values())
+
+    def differ(self) -> list[str]:
+        """The scenarios whose measured cell is not the expected one (none without a step)."""
+        if not self.step:
+            return []
+        return [n for n in SCENARIOS if cell_of(self.races[n]) != self.expected[n][self.step]]
+
 
 def grid_text(runs: list[TreeRun]) -> str:
-    cells: dict[str, dict[str, str]] = {}
+    """One base's table: a row per scenario, a column per run, differing cells marked."""
+    rows = []
     for name in SCENARIOS:
-        row: dict[str, str] = {}
-        for tree_run in runs:
-            measured = cell_of(tree_run.races[name])
+        row = [name]
+        for r in runs:
+            measured = cell_of(r.races[name])
+            expected = r.expected[name][r.step] if r.step else measured
             text = describe(measured)
-            expected = tree_run.expected[name][tree_run.step] if tree_run.step else measured
-            if expected != measured:
-                text = f"{text} [EXPECTED: {describe(expected)}]"
-            row[_column(tree_run)] = text
-        cells[name] = row
-    return grid([_column(r) for r in runs], cells)
-
-
-def _column(tree_run: TreeRun) -> str:
-    """The run's label without its base (each base has a grid of its own)."""
-    return tree_run.label.removeprefix(f"{tree_run.base} ")
+            row.append(text if expected == measured else f"{text} [EXPECTED: {describe(expected)}]")
+        rows.append(row)
+    columns = [r.label.removeprefix(f"{r.version} ") for r in runs]  # each base has its grid
+    return table(["scenario", *columns], rows, wrap=36)
 
 
 def print_races(tree_run: TreeRun) -> None:
-    count = sum(len(races) for races in tree_run.races.values())
+    count = tree_run.count
     if not count:
         print(f"{tree_run.label}: no race\n")
         return
@@ -236,70 +188,53 @@ def print_races(tree_run: TreeRun) -> None:
     print()
 
 
-def _judged_as_patched(tree_run: TreeRun) -> bool:
-    """The final step when its expected column is clean."""
-    clean = not any(tree_run.expected[name][tree_run.step] for name in SCENARIOS)
-    return tree_run.step == tree_run.expected_final and clean
-
-
-def _differ(tree_run: TreeRun) -> list[str]:
-    """The scenarios whose measured cell is not the expected one (none without a step)."""
-    if not tree_run.step:
-        return []
-    return [
-        name
-        for name in SCENARIOS
-        if cell_of(tree_run.races[name]) != tree_run.expected[name][tree_run.step]
-    ]
-
-
 def verdict(runs: list[TreeRun]) -> int:
-    """A table of steps must be the expected one; a patched step tree must have no race;
-    a given tree has what it has, and is wrong where the step its files hold expects
-    otherwise."""
+    """A table of steps must be the expected one; a patched step tree (the final step,
+    expected clean) must have no race; a given tree has what it has, and is wrong
+    where the step its files hold expects otherwise."""
     code = Exit.OK
     steps = [r for r in runs if not r.given]
-    if steps and not all(_judged_as_patched(r) for r in steps):
-        differ = [f"{name} {r.label}" for r in steps for name in _differ(r)]
-        if differ:
-            print(
-                "FAILED: the measured table differs from the expected one in: " + ", ".join(differ)
-            )
-            code = Exit.RACE
-        else:
-            print("ok: the measured table is the expected one")
-    else:
+    patched = [
+        r.step == r.expected_final and not any(r.expected[name][r.step] for name in SCENARIOS)
+        for r in steps
+    ]
+    if all(patched):
         for r in steps:
-            count = sum(len(races) for races in r.races.values())
-            if count:
-                print(f"FAILED: {count} race(s) in the patched tree {r.tree}")
+            if r.count:
+                print(f"FAILED: {r.count} race(s) in the patched tree {r.tree}")
                 code = Exit.RACE
             else:
                 print(f"ok: no race in the patched tree {r.tree}")
-    for r in (r for r in runs if r.given):
-        code = max(code, _given_verdict(r))
+    elif differ := [f"{name} {r.label}" for r in steps for name in r.differ()]:
+        print("FAILED: the measured table differs from the expected one in: " + ", ".join(differ))
+        code = Exit.RACE
+    else:
+        print("ok: the measured table is the expected one")
+    for r in runs:
+        if r.given:
+            code = max(code, _given_verdict(r))
     return code
 
 
 def _given_verdict(tree_run: TreeRun) -> int:
     """What a given tree holds: its open races, and the expectation of its step if any."""
-    open_in = [name for name in SCENARIOS if tree_run.races[name]]
-    count = sum(len(tree_run.races[name]) for name in open_in)
+    count = tree_run.count
     if count:
-        print(f"races open in this tree {tree_run.tree}: {count} ({', '.join(open_in)})")
+        open_in = ", ".join(name for name in SCENARIOS if tree_run.races[name])
+        print(f"races open in this tree {tree_run.tree}: {count} ({open_in})")
     else:
         print(f"ok: no race in this tree {tree_run.tree}")
     series = f"sglang {tree_run.version}'s series"
     if not tree_run.step:
         print(f"  the series' files in it match no step of {series}, so nothing is expected")
         return Exit.RACE if count else Exit.OK
-    step = step_label(tree_run.step)
-    differ = _differ(tree_run)
+    step = f"step {step_label(tree_run.step)} of {series}"
+    differ = tree_run.differ()
     if differ:
         print(
-            f"  FAILED: the series' files in it are step {step} of {series}, whose "
-            f"[races] table expects otherwise in: {', '.join(differ)}"
+            f"  FAILED: the series' files in it are {step}, whose [races] table expects "
+            f"otherwise in: {', '.join(differ)}"
         )
         return Exit.RACE
-    print(f"  the series' files in it are step {step} of {series}, as its [races] table expects")
+    print(f"  the series' files in it are {step}, as its [races] table expects")
     return Exit.RACE if count else Exit.OK

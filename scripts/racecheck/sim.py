@@ -1,10 +1,10 @@
 """Simulated CUDA streams and events whose ordering operations feed CSAN.
 
-Nothing runs asynchronously: every op executes at once on the CPU. What the
-simulation keeps is the *order the GPU would be allowed to use*: each stream
-operation is handed to a CSAN EventHandler, whose vector clocks then decide
-whether two accesses are ordered. The device module mirrors the part of
-torch.cuda that sglang calls through torch.get_device_module().
+Every op runs at once on the CPU; what the simulation keeps is the order the
+GPU would be allowed to use: each stream operation goes to a CSAN
+EventHandler, whose vector clocks then decide whether two accesses are
+ordered. SimDevice mirrors the part of torch.cuda that sglang calls through
+torch.get_device_module().
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from . import csan
 
 # CSAN knows stream 0 from the start (csan.check_shape pins the value).
 DEFAULT_STREAM_ID = 0
+
+
+def _unmodelled(what: str) -> bool:
+    raise NotImplementedError(f"{what}: completion is not modelled; the checker only knows order")
 
 
 class SimEvent:
@@ -40,9 +44,7 @@ class SimEvent:
         self.device.handler._handle_event_synchronization(self.event_id)
 
     def query(self) -> bool:
-        raise NotImplementedError(
-            "SimEvent.query(): completion is not modelled; the checker only knows ordering"
-        )
+        return _unmodelled("SimEvent.query()")
 
     def __repr__(self) -> str:
         return f"SimEvent({self.event_id})"
@@ -72,9 +74,7 @@ class SimStream:
         self.device.handler._handle_stream_synchronization(self.stream_id)
 
     def query(self) -> bool:
-        raise NotImplementedError(
-            "SimStream.query(): completion is not modelled; the checker only knows ordering"
-        )
+        return _unmodelled("SimStream.query()")
 
     def __repr__(self) -> str:
         return f"SimStream({self.name})"
@@ -85,10 +85,8 @@ class SimDevice:
 
     def __init__(self) -> None:
         self.handler = csan.load().EventHandler()
-        # CSAN starts with stream 0 already known; other ids start above it.
         self._ids = itertools.count(DEFAULT_STREAM_ID + 1)
-        self._default = SimStream(self, "default stream", DEFAULT_STREAM_ID)
-        self._current = self._default
+        self._default = self._current = SimStream(self, "default stream", DEFAULT_STREAM_ID)
         self.streams: dict[int, SimStream] = {DEFAULT_STREAM_ID: self._default}
 
     def Stream(self, name: str | None = None, **_options: Any) -> SimStream:
@@ -112,7 +110,7 @@ class SimDevice:
 
     @contextlib.contextmanager
     def stream(self, stream: SimStream | None) -> Iterator[None]:
-        if stream is None:
+        if stream is None:  # torch.cuda.stream(None) changes nothing
             yield
             return
         previous, self._current = self._current, stream

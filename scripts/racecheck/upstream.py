@@ -1,10 +1,9 @@
 """Releases we have not seen: list sglang's newer releases, fetch each wheel, judge it.
 
-A release is judged by the shape of its code (patchset/shape.py) and by the
-writer scan (writers.py) on its whole tree: it passes when it is judged fixed
-and every FutureMap writer in it is classified, by some pin.toml's [writers]
-table or by patches/upstream-writers.toml. Only the code is read: nothing of
-the wheel is imported or installed.
+A release passes when the shape of its code (patchset/shape.py) is judged fixed
+and the writer scan (writers.py) finds no FutureMap writer that a pin.toml's
+[writers] or patches/upstream-writers.toml leaves unclassified. Only the code
+is read: nothing of the wheel is imported or installed.
 """
 
 from __future__ import annotations
@@ -52,16 +51,21 @@ class Verdict:
     def passed(self) -> bool:
         return self.judgement.fixed and not self.unclassified
 
-    def problems(self) -> list[str]:
-        found = []
-        if not self.judgement.fixed:
-            found.append(f"judged {self.judgement.verdict}: {self.judgement.reason}")
-        found += [
-            f"FutureMap writer {w.function} ({w.what}) at {w.file}:{w.line} is classified by "
-            f"no manifest (key {w.key!r})"
+    def lines(self) -> list[str]:
+        """The verdict as watch-releases prints it: the wheel, the judgement, each problem."""
+        judged = self.judgement
+        lines = [f"sglang {self.release}: {self.wheel} sha256 {self.sha256}"]
+        lines += [f"  {line}" for line in judged.lines()]
+        if not judged.fixed:
+            lines.append(f"  FAILED: judged {judged.verdict}: {judged.reason}")
+        lines += [
+            f"  FAILED: FutureMap writer {w.function} ({w.what}) at {w.file}:{w.line} is "
+            f"classified by no manifest (key {w.key!r})"
             for w in self.unclassified
         ]
-        return found
+        if self.passed:
+            lines.append("  ok: judged fixed, every FutureMap writer classified")
+        return lines
 
 
 def newer_releases(registry: Releases) -> list[str]:

@@ -23,8 +23,6 @@ from . import sim
 from .races import Access, Race, Site
 from .sim import SimDevice
 
-aten = torch.ops.aten
-
 # The checker's own frames are never a call site worth reporting.
 _MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
 
@@ -32,15 +30,10 @@ _MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
 _FIRST_KEY = 1 << 40
 
 
-BufferSource = Callable[[], dict[str, torch.Tensor]]
-
-
 class BufferWatch(TorchDispatchMode):
-    """Reports each aten op's row accesses on watched buffers to the device's CSAN handler.
-
-    Buffers are looked up at every op, so buffers that the code under test
-    allocates lazily are watched from the op that first touches them.
-    """
+    """Reports each aten op's row accesses on watched buffers to the device's CSAN
+    handler. Buffers are looked up at every op: a lazily allocated one is watched
+    from the op that first touches it."""
 
     def __init__(
         self,
@@ -53,11 +46,13 @@ class BufferWatch(TorchDispatchMode):
         self.races: list[Race] = []
         # (stream, "read"/"write", buffer) of every access seen, races or not
         self.seen: set[tuple[str, str, str]] = set()
-        self._sources: list[BufferSource] = []
+        self._sources: list[Callable[[], dict[str, torch.Tensor]]] = []
         self._keys: dict[tuple[str, int], int] = {}
         self._rows: dict[int, tuple[str, int]] = {}
-        self._code_roots = [os.path.realpath(r) for r in code_roots]
-        self._driver_roots = [os.path.realpath(r) for r in driver_roots]
+        self._roots = {
+            "code": [os.path.realpath(r) for r in code_roots],
+            "driver": [os.path.realpath(r) for r in driver_roots],
+        }
         self._file_root: dict[str, tuple[str, str] | None] = {}
 
     def watch(self, name: str, tensor: torch.Tensor) -> None:
@@ -77,7 +72,7 @@ class BufferWatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if func is aten.record_stream.default:
+        if func is torch.ops.aten.record_stream.default:
             return func(*args, **kwargs)
         watched = self._watched()
         reads: dict[int, list[str]] = {}
@@ -133,44 +128,37 @@ class BufferWatch(TorchDispatchMode):
             reads | writes,
         )
         for error in errors:
-            name, row = self._rows[error.data_ptr]
-            self.races.append(
-                Race(
-                    name,
-                    row,
-                    self._access(error.previous_access),
-                    self._access(error.current_access),
-                )
-            )
+            first, second = self._access(error.previous_access), self._access(error.current_access)
+            self.races.append(Race(*self._rows[error.data_ptr], first, second))
 
     def _access(self, access: Any) -> Access:
-        code: list[Site] = []
-        driver: list[Site] = []
+        sites: dict[str, list[Site]] = {"code": [], "driver": []}
         for frame in reversed(list(access.stack_trace)):
-            if os.path.realpath(frame.filename) in _MACHINERY:
-                continue
             where = self._where(frame.filename)
-            if where is None:
-                continue
-            kind, shown = where
-            (code if kind == "code" else driver).append(Site(shown, frame.lineno, frame.name))
+            if where is not None:
+                sites[where[0]].append(Site(where[1], frame.lineno, frame.name))
         return Access(
             kind="write" if access.type.name == "WRITE" else "read",
             stream=self.device.stream_name(access.stream),
             operator=str(access.operator.name),
-            code=tuple(code),
-            driver=tuple(driver),
+            code=tuple(sites["code"]),
+            driver=tuple(sites["driver"]),
         )
 
     def _where(self, filename: str) -> tuple[str, str] | None:
+        """("code" or "driver", the file relative to its root's parent), or None for a
+        frame of neither, or of the checker's own machinery."""
         if filename not in self._file_root:
             real = os.path.realpath(filename)
-            self._file_root[filename] = None
-            for kind, roots in (("code", self._code_roots), ("driver", self._driver_roots)):
-                root = next((r for r in roots if real.startswith(r + os.sep)), None)
-                if root is not None:
-                    self._file_root[filename] = (kind, os.path.relpath(real, os.path.dirname(root)))
-                    break
+            self._file_root[filename] = next(
+                (
+                    (kind, os.path.relpath(real, os.path.dirname(root)))
+                    for kind, roots in self._roots.items()
+                    for root in roots
+                    if real.startswith(root + os.sep) and real not in _MACHINERY
+                ),
+                None,
+            )
         return self._file_root[filename]
 
 

@@ -1,40 +1,28 @@
-"""Run every scenario on sglang trees, one forked process per tree, results as JSON.
+"""Run every scenario on sglang trees, one forked process per tree.
 
-    python -m racecheck.worker OUT_DIR TREE [TREE ...]
-
-A process can import only one sglang, so each tree gets its own process. To
-keep the whole check within seconds, check_trees first imports the heavy
-third-party packages sglang needs (torch, transformers, ...) and then forks
-one child per tree (treefork), as many at once as there are cores; each child
-puts TREE/python first on sys.path and imports that tree's sglang afresh.
-race-check calls check_trees in its own process when it runs on its own
-interpreter, and starts this module (which prints "started N" as it starts the
-N-th tree) for another one. OUT_DIR/<n>.json (n: the tree's position) holds
-either {"sglang": ..., "torch": ..., "barrier": ..., "import_s": ..., "run_s":
-..., "races": {scenario: [race, ...]}} or {"code": EXIT CODE, "error": ...,
-"next_step": ...} (patchset.errors.Exit: ENVIRONMENT, SCENARIO or INTERNAL).
+A process can import only one sglang, so check_trees first imports the heavy
+third-party packages (treefork.preload), then forks one child per tree, as
+many at once as there are cores. Each child imports its tree's sglang and
+writes its result, or {"code": EXIT CODE, "error": ..., "next_step": ...}, as
+JSON into a temporary folder, with what it printed beside it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from patchset.errors import BackportError, Exit
+from patchset.errors import Exit
 from treefork import fork_each, preload, use_tree
 
 from . import csan, report
 from .catalogue import SCENARIOS
-
-# The line this process prints as it starts a tree's child: "started N".
-STARTED = "started"
 
 
 def run(tree: Path) -> dict[str, Any]:
@@ -44,8 +32,16 @@ def run(tree: Path) -> dict[str, Any]:
     try:
         import sglang.srt.disaggregation.decode  # noqa: F401
     except Exception as err:  # any import failure of the tree is reported, not raised
-        return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", _hint(err))
-    from . import scenarios
+        hint = ""
+        if isinstance(err, ModuleNotFoundError):
+            hint = (
+                "use an interpreter with sglang's import closure (build/venv from "
+                "scripts/run-tests, or --python PATH)"
+            )
+        return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", hint)
+    import torch
+
+    from . import scenarios, treecode
 
     root = scenarios.sglang_root()
     expected = (tree / "python" / "sglang").resolve()
@@ -64,12 +60,10 @@ def run(tree: Path) -> dict[str, Any]:
         except Exception as err:  # the tree's API differs from what the scenario drives
             return _error(Exit.SCENARIO, f"scenario {name} could not run: {_short(err)}")
         races[name] = [report.race_to_json(race) for race in result.races]
-    import torch
-
     return {
         "sglang": str(root),
         "torch": torch.__version__,
-        "barrier": scenarios.BARRIER_SOURCE.get("how", ""),
+        "barrier": treecode.war_barrier_of_tree().how,
         "import_s": round(imported - started, 2),
         "run_s": round(time.perf_counter() - imported, 3),
         "races": races,
@@ -80,15 +74,6 @@ def _error(code: Exit, problem: str, next_step: str = "") -> dict[str, Any]:
     return {"code": int(code), "error": problem, "next_step": next_step}
 
 
-def _hint(err: BaseException) -> str:
-    if isinstance(err, ModuleNotFoundError):
-        return (
-            "use an interpreter with sglang's import closure (build/venv from "
-            "scripts/run-tests, or --python PATH)"
-        )
-    return ""
-
-
 def _short(err: BaseException) -> str:
     """The exception and the innermost frame that raised it, without the whole trace."""
     frames = traceback.extract_tb(err.__traceback__)
@@ -96,54 +81,48 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def check_trees(out_dir: Path, trees: list[Path], started: Callable[[int], None]) -> None:
-    """Every scenario on each tree, in a child forked from this process per tree, into
-    out_dir; started(n) as the n-th tree's child starts."""
-    try:
-        csan.load()
-    except BackportError as err:
-        for n in range(len(trees)):
-            _write(out_dir / f"{n}.json", _error(err.code, err.problem, err.next_step))
-        return
-    _write(out_dir / "preload.json", {"preload_s": round(preload(), 2)})
-    # At most one child per core at a time: more would only share the cores
-    # and hold more memory (each child imports a whole sglang).
-    fork_each(
-        list(enumerate(trees)),
-        os.cpu_count() or 1,
-        lambda job: _child(job[1], out_dir / f"{job[0]}.json"),
-        lambda job: started(job[0]),
-        lambda _job, _code, _seconds: None,
-    )
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print("usage: python -m racecheck.worker OUT_DIR TREE [TREE ...]", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    trees = [Path(t) for t in argv[1:]]
-    check_trees(Path(argv[0]), trees, lambda n: print(f"{STARTED} {n}", flush=True))
-    return 0
+def check_trees(
+    trees: list[Path], started: Callable[[int], None]
+) -> tuple[list[dict[str, Any]], float]:
+    """Every scenario on each tree, in a child forked from this process per tree
+    (started(n) as the n-th starts): each tree's result, and the preload's seconds."""
+    csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
+    preload_s = preload()
+    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
+        outs = [Path(tmp) / f"{n}.json" for n in range(len(trees))]
+        # One child per core at a time: more would only share the cores and hold
+        # more memory (each child imports a whole sglang).
+        fork_each(
+            range(len(trees)),
+            os.cpu_count() or 1,
+            lambda n: _child(trees[n], outs[n]),
+            started,
+            lambda _n, _code, _seconds: None,
+        )
+        return [_result(out) for out in outs], preload_s
 
 
 def _child(tree: Path, out: Path) -> int:
-    # What the tree's imports print is not the checker's report.
-    os.dup2(2, 1)
+    # What the tree's imports print (warnings, mostly) is not the checker's report.
+    log = os.open(out.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     try:
-        _write(out, run(tree))
-        return 0
+        result = run(tree)
     except BaseException:
-        _write(out, _error(Exit.INTERNAL, traceback.format_exc()))
-        return 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        result = _error(Exit.INTERNAL, traceback.format_exc())
+    out.write_text(json.dumps(result))
+    return 0
 
 
-def _write(path: Path, result: dict[str, Any]) -> None:
-    path.write_text(json.dumps(result))
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def _result(out: Path) -> dict[str, Any]:
+    """What the child wrote, or what it printed if it ended without writing it."""
+    if out.is_file():
+        return json.loads(out.read_text())
+    log = out.with_suffix(".log")
+    printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return _error(
+        Exit.ENVIRONMENT,
+        "its process ended without a result:\n" + "\n".join(printed[-15:]),
+        "check that this interpreter imports torch, or pass --python PATH",
+    )

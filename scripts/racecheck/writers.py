@@ -5,8 +5,8 @@ or handed on as with functools.partial), an assignment into a relay buffer
 (`x.output_tokens_buf[i] = ...`), or an in-place tensor method called on one.
 The [writers] tables (releases.toml's rows, with a base's pin.toml adding its
 own) say, for each (file, function, what), the stream it runs on, the ordering
-that covers it, and the scenarios that play it or the reason none does. No
-torch and no sglang import: text only.
+that covers it, and the scenarios that play it or the reason none does. Text
+only: no torch and no sglang import.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from .races import RELAY_BUFFERS
 
 _METHODS = ("publish", "stash")
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
+# A row's scenarios: catalogue names separated by spaces, or this word for the
+# in-flight forward that every scenario plays.
+EVERY_SCENARIO = "all"
 
 
 @dataclass(frozen=True)
@@ -57,65 +60,41 @@ def scan(tree: Path) -> list[Writer]:
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # not code this scan can read; sglang ships none such
         relative = path.relative_to(root).as_posix()
-        found += [Writer(relative, line, fn, what) for line, fn, what in _writes(module)]
+        found += [Writer(relative, line, fn, what) for line, fn, what in _writes(module, "")]
     return found
 
 
-def _writes(module: ast.Module) -> Iterator[tuple[int, str, str]]:
-    for scope, node in _walk(module, ""):
-        what = _what(node)
-        if what:
-            yield node.lineno, scope or "<module>", what
-
-
-def _walk(node: ast.AST, scope: str) -> Iterator[tuple[str, ast.AST]]:
+def _writes(node: ast.AST, scope: str) -> Iterator[tuple[int, str, str]]:
+    """(line, enclosing Class.function, what) of each write under node."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            inner = f"{scope}.{child.name}" if scope else child.name
-            yield from _walk(child, inner)
-        else:
-            yield scope, child
-            yield from _walk(child, scope)
+            yield from _writes(child, f"{scope}.{child.name}" if scope else child.name)
+            continue
+        what = _what(child)
+        if what:
+            yield child.lineno, scope or "<module>", what
+        yield from _writes(child, scope)
 
 
 def _what(node: ast.AST) -> str:
     if isinstance(node, ast.Attribute) and node.attr in _METHODS:
         owner = node.value
         name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
-        if name == "future_map":
-            return node.attr
-    targets: list[ast.expr] = []
+        return node.attr if name == "future_map" else ""
     if isinstance(node, ast.Assign):
-        targets = node.targets
+        targets = [t.value for t in node.targets if isinstance(t, ast.Subscript)]
     elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-        targets = [node.target]
+        targets = [node.target.value] if isinstance(node.target, ast.Subscript) else []
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        targets = [node.func.value] if node.func.attr in _IN_PLACE else []
+    else:
+        targets = []
     for target in targets:
-        if isinstance(target, ast.Subscript):
-            buffer = _buffer(target.value)
-            if buffer:
-                return f"write {buffer}"
-    if (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in _IN_PLACE
-    ):
-        buffer = _buffer(node.func.value)
-        if buffer:
-            return f"write {buffer}"
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if isinstance(target, ast.Attribute) and target.attr in RELAY_BUFFERS:
+            return f"write {target.attr}"
     return ""
-
-
-def _buffer(node: ast.expr) -> str:
-    while isinstance(node, ast.Subscript):
-        node = node.value
-    if isinstance(node, ast.Attribute) and node.attr in RELAY_BUFFERS:
-        return node.attr
-    return ""
-
-
-# A row's scenarios: catalogue names separated by spaces, or this word for the
-# in-flight forward that every scenario plays.
-EVERY_SCENARIO = "all"
 
 
 def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
@@ -150,40 +129,24 @@ def checked(
     return rows
 
 
-def table_rows(found: list[Writer], classes: dict[str, dict[str, Any]]) -> list[list[str]]:
-    rows = [["writer", "at", "stream", "ordering that covers it", "scenario / reason"]]
-    for writer in found:
-        entry = classes.get(writer.key)
-        if entry is None:
-            rows.append([f"{writer.function} {writer.what}", _at(writer), "UNCLASSIFIED", "", ""])
-            continue
-        rows.append(
-            [
-                f"{writer.function} {writer.what}",
-                _at(writer),
-                entry["stream"],
-                entry["order"],
-                entry.get("scenarios") or entry["reason"],
-            ]
-        )
-    return rows
-
-
-def _at(writer: Writer) -> str:
-    return f"{writer.file}:{writer.line}"
-
-
 def main(tree: Path, manifest: PinManifest) -> int:
     print(f"race-check: scanning {tree / 'python' / 'sglang'} for FutureMap writers")
-    classes = classification(manifest)
+    classes: dict[str, dict[str, Any]] = classification(manifest)
     found = scan(tree)
-    for row in table_rows(found, classes):
-        print(" | ".join(row))
-    unclassified = [w for w in found if w.key not in classes]
+    print("writer | at | stream | ordering that covers it | scenario / reason")
+    for w in found:
+        entry = classes.get(w.key)
+        cells = (
+            [entry["stream"], entry["order"], entry.get("scenarios") or entry["reason"]]
+            if entry
+            else ["UNCLASSIFIED", "", ""]
+        )
+        print(" | ".join([f"{w.function} {w.what}", f"{w.file}:{w.line}", *cells]))
+    unclassified = [w.key for w in found if w.key not in classes]
     if unclassified:
         print(
             f"FAILED: {len(unclassified)} writer(s) the [writers] table does not classify: "
-            + ", ".join(w.key for w in unclassified)
+            + ", ".join(unclassified)
         )
         return Exit.RACE
     print(f"ok: {len(found)} writers, every one classified")

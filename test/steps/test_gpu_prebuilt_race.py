@@ -111,10 +111,10 @@ from patchset.paths import DEFAULT_BASE  # noqa: E402
 # The racecheck scenarios' stand-in server args: how each release takes them
 # (a ServerArgs with config bags from 0.5.18, the runtime context from 0.5.15,
 # a module global before) is said once, there.
-from racecheck.scenarios import (  # noqa: E402
-    _publish_server_args,
-    _server_args,
-    _server_args_restored,
+from racecheck.treecode import (  # noqa: E402
+    publish_server_args,
+    server_args_restored,
+    stand_in_server_args,
 )
 from testrun.steps import StepUnderTest  # noqa: E402
 
@@ -263,13 +263,13 @@ class Rig:
         self.sleep_cycles = sleep_cycles
         self.module = torch.get_device_module(device)
         self.slept_ms: list[float] = []  # the forward's measured sleep, per iteration
-        self.server_args = _server_args("EAGLE")
+        self.server_args = stand_in_server_args("EAGLE")
         object.__setattr__(self.server_args, "speculative_eagle_topk", TOPK)
         # FutureMap sizes its hidden-state relay from the process-wide args;
         # close() brings back what the process had published before.
         self._restore = ExitStack()
-        self._restore.enter_context(_server_args_restored())
-        _publish_server_args(self.server_args)
+        self._restore.enter_context(server_args_restored())
+        publish_server_args(self.server_args)
         self.forward_stream = self.module.Stream()
         self.schedule_stream = self.module.Stream()
         self.pool = ReqToTokenPool(

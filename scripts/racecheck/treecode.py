@@ -1,0 +1,251 @@
+"""What the scenarios take from the sglang tree under test, as each release spells it:
+the stand-in server arguments and where they are published, the WAR barrier,
+and Scheduler methods, compiled from the tree's source where scheduler.py does
+not import on the CPU."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+EAGLE_TOPK = 1  # the draft's top-k in every scenario
+
+
+class ScenarioError(RuntimeError):
+    """The sglang tree did not behave as a scenario needs (not a race)."""
+
+
+_SERVER_ARGS = {
+    "speculative_eagle_topk": EAGLE_TOPK,
+    "speculative_num_steps": 1,
+    "enable_multi_layer_eagle": False,
+    "disaggregation_decode_enable_radix_cache": False,
+    "enable_deterministic_inference": False,
+    "enable_custom_logit_processor": False,
+}
+
+
+def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
+    """Stand-in server arguments: the few the relay path reads. From 0.5.18 on,
+    publishing them projects ServerArgs' fields into config bags and refuses an
+    object without those fields: there it is a ServerArgs holding its declared
+    defaults (without __post_init__, which resolves a model)."""
+    values = {**_SERVER_ARGS, "speculative_algorithm": spec, "enable_hisparse": hisparse}
+    try:
+        from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
+    except ImportError:  # releases before the config bags
+        return SimpleNamespace(**values)
+    from sglang.srt.server_args import ServerArgs
+
+    args = object.__new__(ServerArgs)
+    for f in dataclasses.fields(ServerArgs):
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        object.__setattr__(args, f.name, None if value is dataclasses.MISSING else value)
+    for name, value in values.items():
+        object.__setattr__(args, name, value)
+    return args
+
+
+def _runtime_context() -> Any:
+    """The runtime context that holds the server args (0.5.15 on), else None."""
+    try:
+        from sglang.srt.runtime_context import get_context
+    except ImportError:  # 0.5.13 has no runtime context
+        return None
+    context = get_context()
+    return context if hasattr(context, "set_server_args") else None
+
+
+def publish_server_args(args: Any) -> None:
+    """Make args the process-wide server args, where this release keeps them:
+    the runtime context, else server_args' module global."""
+    context = _runtime_context()
+    if context is not None:
+        context.set_server_args(args)
+        return
+    from sglang.srt import server_args
+
+    server_args.set_global_server_args_for_scheduler(args)
+
+
+@contextlib.contextmanager
+def server_args_restored() -> Iterator[None]:
+    """Whatever server args the process had published before a scenario (a test
+    session, say) come back after it."""
+    holder: Any = _runtime_context()
+    if holder is None:
+        from sglang.srt import server_args as holder
+
+        saved = {"_global_server_args": holder._global_server_args}
+    else:
+        from sglang.srt.runtime_context import reset_context
+
+        names = getattr(type(holder), "__slots__", None) or list(vars(holder))
+        saved = {name: getattr(holder, name) for name in names if hasattr(holder, name)}
+        reset_context()
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            object.__setattr__(holder, name, value)
+
+
+@functools.cache
+def copies_on_copy_stream() -> bool:
+    """Whether run_batch copies the result to the CPU on copy_stream (0.5.15 on)."""
+    source = (sglang_root() / "srt" / "managers" / "scheduler.py").read_text(encoding="utf-8")
+    return "self.copy_stream.wait_stream(self.forward_stream)" in source
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """The tree's WAR barrier as the overlap decode loop runs it: function(scheduler),
+    the tree's own code; runner_attr, the model_worker attribute holding the runner
+    whose read-done event (its attribute event_attr) the fast path consumes
+    (war_fastpath_runner / war_fastpath_read_done_event; from 0.5.18
+    last_shared_read_runner / shared_read_done_event; "" without a fast path, as
+    in 0.5.13); how, where the function came from."""
+
+    function: Callable[..., None]
+    scheduler: Any
+    runner_attr: str
+    event_attr: str
+    how: str
+
+
+@functools.cache
+def war_barrier_of_tree() -> Barrier:
+    """Scheduler._apply_war_barrier where the release has it (0.5.14 on), else
+    the barrier statement inline in the decode loop (0.5.13)."""
+    function, how = scheduler_method("_apply_war_barrier")
+    scheduler: Any = SimpleNamespace()
+    if function is None:
+        function, how = _inline_barrier()
+    else:
+        if how == _IMPORTED:
+            from sglang.srt.managers.scheduler import Scheduler
+
+            scheduler = Scheduler.__new__(Scheduler)
+        how = f"Scheduler._apply_war_barrier {how}"
+    runners, events = (
+        [name for name in function.__code__.co_names if name.endswith(suffix)]
+        for suffix in ("_runner", "read_done_event")
+    )
+    if len(runners) > 1 or len(runners) != len(events):
+        raise ScenarioError(
+            f"the WAR barrier reads runners {runners} and events {events}; the loop "
+            "scenarios model one runner with one read-done event, or none"
+        )
+    if not events:
+        how += (
+            "; no read-done fast path in this release: the fast configuration "
+            "waits on the whole forward stream, as the fallback does"
+        )
+    return Barrier(function, scheduler, "".join(runners), "".join(events), how)
+
+
+_IMPORTED = "imported from sglang.srt.managers.scheduler"
+
+
+@functools.cache
+def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
+    """Scheduler.<name> of the tree (None where the release has none), and how it
+    was obtained. Where scheduler.py's imports fail on the CPU, the method is
+    compiled from its source (same file and lines, so reports point at it) with
+    what scheduler.py's imports bind for the names it uses."""
+    try:
+        from sglang.srt.managers.scheduler import Scheduler
+    except Exception as err:  # the scheduler module needs more than the relay does
+        source = sglang_root() / "srt" / "managers" / "scheduler.py"
+        module = _parse(source)
+        found = [
+            node
+            for cls in module.body
+            if isinstance(cls, ast.ClassDef) and cls.name == "Scheduler"
+            for node in cls.body
+            if isinstance(node, ast.FunctionDef) and node.name == name
+        ]
+        how = (
+            f"compiled from scheduler.py's source (the module does not import here: "
+            f"{type(err).__name__}: {err})"
+        )
+        if not found:
+            return None, how
+        return _compiled(found[0], source, _imports_used(module, found[0])), how
+    return getattr(Scheduler, name, None), _IMPORTED
+
+
+def _imports_used(module: ast.Module, function: ast.FunctionDef) -> dict[str, Any]:
+    """What the module's top-level imports bind, for the names function reads."""
+    used = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
+    namespace: dict[str, Any] = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                if bound in used:
+                    top = alias.name if alias.asname else bound
+                    namespace[bound] = importlib.import_module(top)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                if bound in used:
+                    namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
+    return namespace
+
+
+def _inline_barrier() -> tuple[Callable[..., None], str]:
+    """The `if self._war_barrier_enabled:` statement of the decode loop
+    (event_loop_overlap_disagg_decode), compiled as a function of self."""
+    source = sglang_root() / "srt" / "disaggregation" / "decode.py"
+    found = [
+        node
+        for loop in ast.walk(_parse(source))
+        if isinstance(loop, ast.FunctionDef) and loop.name == "event_loop_overlap_disagg_decode"
+        for node in ast.walk(loop)
+        if isinstance(node, ast.If)
+        and any(
+            isinstance(n, ast.Attribute) and n.attr == "_war_barrier_enabled"
+            for n in ast.walk(node.test)
+        )
+    ]
+    if len(found) != 1:
+        raise ScenarioError(
+            "the tree has no Scheduler._apply_war_barrier, and event_loop_overlap_disagg_decode "
+            f"holds {len(found)} `if self._war_barrier_enabled` statements instead of one"
+        )
+    wrapper = ast.parse("def _apply_war_barrier(self): pass").body[0]
+    assert isinstance(wrapper, ast.FunctionDef)
+    wrapper.body = found
+    ast.copy_location(wrapper, found[0])
+    how = (
+        f"inline in event_loop_overlap_disagg_decode (decode.py:{found[0].lineno}), "
+        "compiled from the source; the release has no Scheduler._apply_war_barrier"
+    )
+    from sglang.srt.disaggregation import decode
+
+    return _compiled(wrapper, source, vars(decode)), how
+
+
+def _parse(source: Path) -> ast.Module:
+    return ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
+
+
+def _compiled(function: ast.FunctionDef, source: Path, names: dict[str, Any]) -> Callable[..., Any]:
+    namespace = dict(names)
+    exec(compile(ast.Module(body=[function], type_ignores=[]), str(source), "exec"), namespace)
+    return namespace[function.name]
+
+
+def sglang_root() -> Path:
+    import sglang
+
+    return Path(sglang.__file__).resolve().parent
