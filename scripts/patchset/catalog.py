@@ -16,6 +16,7 @@ from pathlib import Path
 from .errors import BackportError, Exit
 from .manifest import (
     RELEASES_NAME,
+    PinManifest,
     RaceEntry,
     Series,
     git_blob_id,
@@ -62,10 +63,10 @@ def step_in(steps: dict[str, dict[str, str]], blobs: Blobs) -> str | None:
     return at[-1] if at else None
 
 
-def series_steps(series: Series) -> dict[str, dict[str, str]]:
+def series_steps(manifest: PinManifest) -> dict[str, dict[str, str]]:
     """Each step of a series and its blob ids, as its own manifest pins them (for a
     patch set folder that may not be the catalog's, such as one given with --patch-set)."""
-    return {step: series.manifest.blobs_at(step) for step in series.manifest.steps}
+    return {step: manifest.blobs_at(step) for step in manifest.steps}
 
 
 @dataclass

@@ -33,7 +33,7 @@ def reading(series: Series | None) -> Series:
 def recognise(catalog: Catalog, blobs: Blobs, series: Series | None = None) -> Recognised | None:
     """The series (the given one, else the one whose steps hold these files) and its step."""
     if series is not None:
-        step = step_in(series_steps(series), blobs)
+        step = step_in(series_steps(series.manifest), blobs)
         return Recognised(series, step) if step else None
     for content in catalog.lookup(blobs):
         if content.series:

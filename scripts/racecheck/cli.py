@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 from patchset import buildtree, cli, paths
+from patchset.catalog import blobs_of, series_steps, step_in
 from patchset.errors import BackportError, Exit
 from patchset.manifest import (
     PinManifest,
     Series,
-    git_blob_id,
     patch_set_folders,
     replace_tables,
     series_for_release,
@@ -242,11 +242,8 @@ def plan_runs(
 
 def step_held(manifest: PinManifest, tree: Path) -> str:
     """The (latest) step of the series whose files the tree holds, or "" for none."""
-    blobs = {
-        path: git_blob_id((tree / path).read_bytes()) if (tree / path).is_file() else None
-        for path in manifest.files
-    }
-    return next((s for s in reversed(manifest.steps) if manifest.blobs_at(s) == blobs), "")
+    files = {p: (tree / p).read_bytes() if (tree / p).is_file() else None for p in manifest.files}
+    return step_in(series_steps(manifest), blobs_of(files)) or ""
 
 
 def choose_python(explicit: Path | None) -> Path:
