@@ -21,6 +21,7 @@ from checkinstall.launchargs import (
     DISAGGREGATION_MODES,
     FIELDS,
     Settings,
+    eagle_family,
     env_bool,
     not_understood,
 )
@@ -31,10 +32,6 @@ HISPARSE_SCENARIO = "H1"
 WAR_BARRIER_ENV = "SGLANG_ENABLE_WAR_BARRIER"
 TIMEOUT_S = 10.0
 TORCH_BUILDS = ("cuda", "rocm")
-
-
-def eagle_family(value: object, table: LaunchSettings) -> bool:
-    return isinstance(value, str) and value.upper() in table.eagle_family
 
 
 # the fields /server_info gives as true or false; the others are strings or null
@@ -139,16 +136,12 @@ def judge(
 
     algorithm = settings.get("speculative_algorithm") or "none"
     plays = [p for p in scenarios if bool(p.spec) == settings.eagle and p.name in races]
-    if settings.eagle:
-        lines.append(
-            f"speculative algorithm: {algorithm} (EAGLE family): the seeding writes all five "
-            "relay buffers"
-        )
-    else:
-        lines.append(
-            f"speculative algorithm: {algorithm} (not EAGLE): the seeding writes "
-            "output_tokens_buf only"
-        )
+    family, writes = (
+        ("EAGLE family", "all five relay buffers")
+        if settings.eagle
+        else ("not EAGLE", "output_tokens_buf only")
+    )
+    lines.append(f"speculative algorithm: {algorithm} ({family}): the seeding writes {writes}")
 
     device = str(settings.get("device") or DEFAULT_DEVICE)
     named = (
@@ -221,9 +214,9 @@ def judge(
 
     reaching = (open_ if mode == "decode" else []) + ([HISPARSE_SCENARIO] if hisparse_open else [])
     entries = [entry for name in reaching for entry in races[name]]
+    if settings.unsettled:
+        lines.append("not understood: " + "; ".join(settings.unsettled))
     if reaching and overlap_on:
-        if settings.unsettled:
-            lines.append("not understood: " + "; ".join(settings.unsettled))
         lines.append(
             f"verdict: exposed: {install}; this configuration reaches the race: scenarios "
             f"{', '.join(reaching)}; buffers {', '.join(_buffers(entries))}"
@@ -232,7 +225,6 @@ def judge(
     if not keeps_out:
         keeps_out.append("no scenario this configuration plays is open at this step")
     if settings.unsettled:
-        lines.append("not understood: " + "; ".join(settings.unsettled))
         lines.append(
             f"verdict: exposure unknown: {install}; as read, this configuration would not "
             f"reach the race ({'; '.join(keeps_out)}), but what was not understood may "

@@ -31,6 +31,9 @@ JUDGED = "judged by code shape, not a known release"
 SHAPE_FIXES = {shape.AFFECTED: frozenset(), shape.FIX_A_ONLY: frozenset({"fix-a"})}
 # a file's RECORD state that says it was changed or added after its install
 MODIFIED = ("differs from RECORD", "not in RECORD", "not in installed-files.txt")
+NO_RECORD = "no RECORD: judged by content"
+NO_HASH = "in installed-files.txt (no hash): judged by content"
+SHADOWED = "; it does not own the files found (another copy on sys.path shadows it)"
 
 
 @dataclass
@@ -87,8 +90,7 @@ class InstallReport:
         Precedence: an open race is named first (whether pip knows the files
         or not), then an edit pip does not know of, then unknown content.
         """
-        open_, content = self.open, self.content
-        named = "; ".join(m.name for m in self.matches)
+        open_, content, named = self.open, self.content, self._named()
         if self.judged_as:
             named = f"{JUDGED}: {self.shape.reason}; races as in {self.judged_as.name}"
         if open_ and content:
@@ -112,11 +114,14 @@ class InstallReport:
             return Exit.OK, f"{self.shape.verdict} ({JUDGED}): {self.shape.reason}; races closed"
         match = self.matches[0]
         what = "patched" if match.ours else "fixed upstream"
-        return Exit.OK, f"{what}: {'; '.join(m.name for m in self.matches)}; races closed"
+        return Exit.OK, f"{what}: {named}; races closed"
+
+    def _named(self) -> str:
+        return "; ".join(m.name for m in self.matches)
 
     def _content(self) -> str:
         if self.matches:
-            return "; ".join(m.name for m in self.matches)
+            return self._named()
         return f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
 
 
@@ -172,9 +177,7 @@ def _editable_url(dist: ProbedDist) -> str | None:
         url = json.loads(dist.direct_url or "null")
     except ValueError:
         return None
-    if not isinstance(url, dict):
-        return None
-    info = url.get("dir_info")
+    info = url.get("dir_info") if isinstance(url, dict) else None
     if isinstance(info, dict) and info.get("editable") is True:
         return str(url.get("url", "an unnamed folder"))
     return None
@@ -183,22 +186,20 @@ def _editable_url(dist: ProbedDist) -> str | None:
 def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
     try:
-        tree = ast.parse(source)
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.AnnAssign):
+                target, value = node.target, node.value
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and target.id == "MAPPING" and value is not None:
+                mapping = ast.literal_eval(value)
+                if isinstance(mapping, dict):
+                    return {str(k): str(v) for k, v in mapping.items()}
+                return {}
     except (SyntaxError, ValueError):
         return {}
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign):
-            target, value = node.target, node.value
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target, value = node.targets[0], node.value
-        else:
-            continue
-        if isinstance(target, ast.Name) and target.id == "MAPPING" and value is not None:
-            try:
-                mapping = ast.literal_eval(value)
-            except ValueError:
-                return {}
-            return {str(k): str(v) for k, v in mapping.items()} if isinstance(mapping, dict) else {}
     return {}
 
 
@@ -222,13 +223,6 @@ def _hook_packages(hooks: list[str]) -> list[Path]:
         elif "sglang" in (mapping := _finder_mapping(text)):
             found.append(Path(mapping["sglang"]))
     return found
-
-
-SHADOWED = "; it does not own the files found (another copy on sys.path shadows it)"
-
-
-NO_RECORD = "no RECORD: judged by content"
-NO_HASH = "in installed-files.txt (no hash): judged by content"
 
 
 def _check_record(report: InstallReport, dist: ProbedDist) -> None:

@@ -201,12 +201,10 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
     if config is not None:
         if not config.is_file():
             raise not_understood(f"--config {config}: no such file here")
-        _check_config(config)
-        if at is None:
-            return [*args, CONFIG, str(config)]
-        args[at + 1] = str(config)
+        path = config
+    elif at is None:
         return args
-    if at is not None:
+    else:
         path = Path(args[at + 1])
         if not path.is_absolute():
             if root is None:
@@ -221,8 +219,10 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
                 f"--config {args[at + 1]}: {path} is not a file here",
                 "pass --config FILE with a copy of the server's file, or --config-root DIR",
             )
-        _check_config(path)
-        args[at + 1] = str(path)
+    _check_config(path)
+    if at is None:
+        return [*args, CONFIG, str(path)]
+    args[at + 1] = str(path)
     return args
 
 
@@ -264,6 +264,10 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
             )
         env[name] = value
     return env
+
+
+def eagle_family(value: object, table: LaunchSettings) -> bool:
+    return isinstance(value, str) and value.upper() in table.eagle_family
 
 
 def env_bool(value: str) -> bool | None:
@@ -387,7 +391,7 @@ def parse_with_table(
             f"them): {' '.join(unknown)}"
         )
     algorithm = values.get("speculative_algorithm")
-    eagle = isinstance(algorithm, str) and algorithm.upper() in table.eagle_family
+    eagle = eagle_family(algorithm, table)
     if algorithm is not None and not eagle:
         unsettled.append(
             f"--speculative-algorithm {algorithm}: not in the table's EAGLE family; whether "

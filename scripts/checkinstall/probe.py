@@ -100,10 +100,8 @@ class ProbedDist:
         return _normalized(self.name) != "sglang"
 
     def describe(self) -> str:
-        where = self.info or "an unnamed place"
-        if self.fork:
-            return f"{self.name} {self.version} ({where}; a fork of sglang: not named sglang)"
-        return f"{self.name} {self.version} ({where})"
+        fork = "; a fork of sglang: not named sglang" if self.fork else ""
+        return f"{self.name} {self.version} ({self.info or 'an unnamed place'}{fork})"
 
 
 def _normalized(name: str) -> str:
@@ -133,6 +131,19 @@ _JSON_NAMES = {
 }
 
 
+_OPTIONAL = (str, type(None))
+# each key of a dists item and the JSON types it may have, in the order they are checked
+_DIST_KINDS = {
+    "hooks": (list,),
+    "files": (dict,),
+    "listing": _OPTIONAL,
+    "name": (str,),
+    "version": (str,),
+    "info": _OPTIONAL,
+    "direct_url": _OPTIONAL,
+}
+
+
 def _get(obj: object, key: str, kinds: tuple[type, ...], where: str) -> Any:
     """obj[key], which must be one of kinds; _BadAnswer says what is wrong."""
     if not isinstance(obj, dict):
@@ -156,11 +167,10 @@ def _read_probe(text: str) -> Probe:
     dists = []
     for index, item in enumerate(_get(answer, "dists", (list,), top)):
         where = f"{top}'s dists[{index}]"
-        hooks = _get(item, "hooks", (list,), where)
-        if any(type(hook) is not str for hook in hooks):
+        got = {key: _get(item, key, kinds, where) for key, kinds in _DIST_KINDS.items()}
+        if any(type(hook) is not str for hook in got["hooks"]):
             raise _BadAnswer(f"{where}['hooks'] holds something that is not a string")
-        files = _get(item, "files", (dict,), where)
-        for name, entry in files.items():
+        for name, entry in got["files"].items():
             if not (
                 type(entry) is list
                 and len(entry) == 3
@@ -168,20 +178,9 @@ def _read_probe(text: str) -> Probe:
                 and all(type(value) in (str, type(None)) for value in entry[1:])
             ):
                 raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
-        listing = _get(item, "listing", (str, type(None)), where)
-        if listing is not None and listing not in LISTINGS:
-            raise _BadAnswer(f"{where}['listing'] is {listing!r}, not one of {LISTINGS}")
-        dists.append(
-            ProbedDist(
-                _get(item, "name", (str,), where),
-                _get(item, "version", (str,), where),
-                _get(item, "info", (str, type(None)), where),
-                listing,
-                _get(item, "direct_url", (str, type(None)), where),
-                hooks,
-                files,
-            )
-        )
+        if got["listing"] is not None and got["listing"] not in LISTINGS:
+            raise _BadAnswer(f"{where}['listing'] is {got['listing']!r}, not one of {LISTINGS}")
+        dists.append(ProbedDist(**got))
     return Probe(
         _get(answer, "python", (str,), top), _get(answer, "package", (str, type(None)), top), dists
     )

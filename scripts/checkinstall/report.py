@@ -20,6 +20,7 @@ from .install import JUDGED, InstallReport
 SCHEMA = "sglang-backports/check-install"
 SCHEMA_VERSION = 1
 FORMATS = ("text", "json")
+DIST_KEYS = ("name", "version", "info", "fork", "listing")
 
 
 @dataclass
@@ -49,15 +50,10 @@ def text(outcome: Outcome) -> str:
     report = outcome.install
     lines = [report.where, f"distribution: {report.distribution}"]
     for state in report.files:
-        if state.blob is None:
-            lines.append(f"  {state.path}  missing")
-        else:
-            lines.append(
-                f"  {state.path}  blob {state.blob}  sha256 {state.sha256}  {state.record}"
-            )
+        found = f"blob {state.blob}  sha256 {state.sha256}  {state.record}"
+        lines.append(f"  {state.path}  {found if state.blob else 'missing'}")
     if report.shape:
-        lines.append(f"{JUDGED}:")
-        lines += [f"  {line}" for line in report.shape.lines()]
+        lines += [f"{JUDGED}:", *(f"  {line}" for line in report.shape.lines())]
     if outcome.configuration and outcome.configuration.lines:
         lines += outcome.configuration.lines
     else:
@@ -74,26 +70,28 @@ def _record_match(record: str) -> bool | None:
     return None
 
 
+def _envelope(code: int) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "exit_code": int(code),
+        "exit_name": Exit(code).name.lower(),
+        "checker_python": sys.version.split()[0],
+    }
+
+
 def as_json(outcome: Outcome) -> dict[str, Any]:
     report, config, dist = outcome.install, outcome.configuration, outcome.install.dist
     first, judged = report.content, report.shape
     return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "exit_code": int(outcome.code),
-        "exit_name": outcome.code.name.lower(),
-        "checker_python": sys.version.split()[0],
+        **_envelope(outcome.code),
         "interpreter": (
             {"path": report.python, "version": report.python_version} if report.python else None
         ),
         "inspected": report.where,
         "distribution": {
             "description": report.distribution,
-            "name": dist.name if dist else None,
-            "version": dist.version if dist else None,
-            "info": dist.info if dist else None,
-            "fork": dist.fork if dist else None,
-            "listing": dist.listing if dist else None,
+            **{key: getattr(dist, key) if dist else None for key in DIST_KEYS},
         },
         "files": [
             {
@@ -149,18 +147,10 @@ def error_json(err: BackportError) -> dict[str, Any]:
     """A refusal as the same object, every key of the verdict null: a fleet job reads
     exit_code and error, whatever went wrong."""
     return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "exit_code": int(err.code),
-        "exit_name": Exit(err.code).name.lower(),
-        "checker_python": sys.version.split()[0],
-        "interpreter": None,
-        "inspected": None,
-        "distribution": None,
+        **_envelope(err.code),
+        **dict.fromkeys(("interpreter", "inspected", "distribution")),
         "files": [],
-        "verdict": None,
-        "races_open": None,
-        "configuration": None,
+        **dict.fromkeys(("verdict", "races_open", "configuration")),
         "error": {"problem": err.problem, "next_step": err.next_step or None},
     }
 

@@ -1,13 +1,10 @@
 """--server-info: a running server's /server_info, read as hostile input.
 
-Whatever answers at the URL may be anything: not HTTP, a body that never ends,
-a drip of one byte a second, headers without end, JSON nested a million deep,
-a redirect to somewhere else. Every such answer ends in exit 16 with the
-reason (never a traceback); the answer is read up to MAX_BYTES, within one
-deadline for the whole exchange; a redirect is followed only within the same
-origin, so the bearer token goes nowhere else; credentials in the URL and a
-key that would break the request are refused before anything is sent.
-Standard library only (check-install).
+Whatever answers may be anything (not HTTP, an endless body or drip, JSON nested a
+million deep, a redirect elsewhere): each ends in exit 16 with the reason. The answer
+is capped at MAX_BYTES within one deadline; redirects stay within the origin, so the
+token goes nowhere else; credentials in the URL and a bad key are refused before
+anything is sent.
 """
 
 from __future__ import annotations
@@ -28,9 +25,9 @@ MAX_BYTES = 1 << 20  # /server_info of a real server is a few KiB
 MAX_REDIRECTS = 3
 _CHUNK = 1 << 16
 _UP = "check that the server is up and the URL and port are right (curl URL), then run again"
+_POINT = "point it at an sglang server's /server_info"
 _HINTS = {
-    401: "pass the server's key with --api-key KEY",
-    403: "pass the server's key with --api-key KEY",
+    **dict.fromkeys((401, 403), "pass the server's key with --api-key KEY"),
     404: "point --server-info at an sglang server's /server_info (0.5.13 and later)",
 }
 
@@ -59,7 +56,7 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
             "the URL holds credentials (USER:PASSWORD@), which are neither sent nor printed",
             "pass the URL without them, and a bearer token with --api-key KEY",
         )
-    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+    if _controls(url, 0x21):
         raise _refuse(_shown(url), "the URL holds spaces or control characters", example)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise _refuse(_shown(url), "not an http:// or https:// URL with a host", example)
@@ -70,16 +67,16 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
     return parts, target, urllib.parse.urlunsplit((parts.scheme, parts.netloc, target, "", ""))
 
 
+def _controls(text: str, below: int) -> bool:
+    """Whether text holds a character under below, or DEL."""
+    return any(ord(c) < below or ord(c) == 0x7F for c in text)
+
+
 def _check_key(api_key: str | None) -> None:
-    if api_key is None:
-        return
-    try:
-        api_key.encode("latin-1")
-    except UnicodeEncodeError:
-        bad = True
-    else:
-        bad = any(ord(c) < 0x20 or ord(c) == 0x7F for c in api_key)
-    if bad:
+    # a header carries latin-1 only
+    if api_key is not None and (
+        _controls(api_key, 0x20) or max(map(ord, api_key), default=0) > 0xFF
+    ):
         raise BackportError(
             Exit.ENVIRONMENT,
             "--api-key holds a control character (a newline?) or a character an HTTP header "
@@ -200,8 +197,9 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
             try:
                 status, reason, answer_headers, body = _get(parts, target, headers, deadline)
             except _TooLarge as err:
-                raise _refuse(shown, f"its answer is larger than {MAX_BYTES} bytes ({err})",
-                              "point it at an sglang server's /server_info") from None  # fmt: skip
+                raise _refuse(
+                    shown, f"its answer is larger than {MAX_BYTES} bytes ({err})", _POINT
+                ) from None
             except (OSError, http.client.HTTPException, ValueError) as err:
                 if deadline.passed or isinstance(err, TimeoutError):
                     why = f"no whole answer within {timeout:g} s (timed out)"
@@ -234,14 +232,11 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
         info = json.loads(body)
     except (ValueError, RecursionError) as err:
         what = "nested too deeply" if isinstance(err, RecursionError) else f"starts {body[:60]!r}"
-        raise _refuse(shown, f"its answer is not JSON this command reads ({what})",
-                      "point it at an sglang server's /server_info") from None  # fmt: skip
+        raise _refuse(
+            shown, f"its answer is not JSON this command reads ({what})", _POINT
+        ) from None
     if isinstance(info, dict) and isinstance(info.get("server_args"), dict):
         info = info["server_args"]
     if not isinstance(info, dict) or "disaggregation_mode" not in info:
-        raise _refuse(
-            shown,
-            "its JSON holds no server arguments (no disaggregation_mode)",
-            "point it at an sglang server's /server_info",
-        )
+        raise _refuse(shown, "its JSON holds no server arguments (no disaggregation_mode)", _POINT)
     return info, shown

@@ -1,11 +1,8 @@
 """check-install as one file to copy into a pod (a zipapp).
 
-The archive holds check-install's code, the patchset modules it imports and
-the release data it reads, and nothing of the other commands; its bytes
-depend on those files alone. It runs from the archive itself: Python's
-zipimport reads the modules, and the data is read through zipfile.Path, so
-nothing is unpacked and nothing needs to be writable (a pod with
-readOnlyRootFilesystem and no writable /tmp).
+It holds check-install's code, the patchset modules it imports and the release data,
+nothing of the other commands; its bytes depend on those files alone. It runs from the
+archive (zipimport, zipfile.Path), so nothing needs to be writable (readOnlyRootFilesystem).
 """
 
 from __future__ import annotations
@@ -147,20 +144,15 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
         mode = out.lstat().st_mode
     except FileNotFoundError:
         mode = None
-    if mode is not None and stat.S_ISLNK(mode):
-        raise _refuse(
-            out,
-            f"a symbolic link (to {os.readlink(out)})",
-            "name the file itself, or use --zipapp - to write to standard output",
-        )
     if mode is not None and stat.S_ISDIR(mode):
         raise _refuse(out, "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz")
     if mode is not None and not stat.S_ISREG(mode):
-        raise _refuse(
-            out,
-            "not a regular file (a device, a pipe or a socket)",
-            "name a regular file, or use --zipapp - to write to standard output",
+        what, name = (
+            (f"a symbolic link (to {os.readlink(out)})", "the file itself")
+            if stat.S_ISLNK(mode)
+            else ("not a regular file (a device, a pipe or a socket)", "a regular file")
         )
+        raise _refuse(out, what, f"name {name}, or use --zipapp - to write to standard output")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
