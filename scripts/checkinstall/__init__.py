@@ -1,4 +1,1 @@
-"""check-install's own package: what an environment runs and whether its
-configuration reaches the race. Standard library only; the zipapp carries
-this package, the catalog and the release data, and no other command's code.
-"""
+"""check-install's own package: standard library only, Python 3.10 and later."""

@@ -1,8 +1,5 @@
-"""check-install's flow: the install judged, and with a configuration its exposure.
-
-scripts/commands/check_install.py parses the options and prints; this module
-decides. Standard library only, like the rest of the package.
-"""
+"""check-install's flow: the install judged, and with a configuration its exposure
+(scripts/commands/check_install.py parses the options and prints)."""
 
 from __future__ import annotations
 
@@ -37,12 +34,22 @@ def check(args: argparse.Namespace) -> report.Outcome:
         if code == Exit.OK and configured:
             verdict += "; whatever the configuration"
         return report.Outcome(found, code, verdict)
-    registry = load_releases(root / RELEASES_NAME)
     content = found.matches[0]
-    table = registry.launch.get(content.release)
+    table = load_releases(root / RELEASES_NAME).launch.get(content.release)
     settings = _settings(args, table, content.release, python, env)
     result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
-    config = _configuration(args, settings, result.lines, content.release)
+    return _outcome(args, found, settings, result, content.release)
+
+
+def _outcome(
+    args: argparse.Namespace,
+    found: install.InstallReport,
+    settings: exposure.Settings,
+    result: exposure.Exposure,
+    release: str,
+) -> report.Outcome:
+    """The outcome as judge gave it, its last line the verdict."""
+    config = _configuration(args, settings, result.lines, release)
     return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
 
 
@@ -120,10 +127,7 @@ def _unknown_content(
         result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
         lines = result.lines[:-1]
         if result.code == Exit.EXPOSED:
-            return report.Outcome(
-                found, Exit.EXPOSED, result.lines[-1].removeprefix("verdict: "),
-                _configuration(args, settings, result.lines, assumed_release),
-            )  # fmt: skip
+            return _outcome(args, found, settings, result, assumed_release)
         why = (
             f"this configuration would keep sglang {assumed_release} as shipped out of the "
             "race, but the files are not that release's, so whether it keeps them out is "

@@ -1,10 +1,5 @@
-"""Whether a deployment's configuration reaches the race: its launch settings, judged.
-
-The settings come from the launch arguments (serverargs.py: the release's own
-ServerArgs in the interpreter under check; launchargs.py: the release's [launch]
-profile) or from a running server's /server_info (serverinfo.py). The verdict
-reads the race tables of the install's step ([races] of its pin.toml) and the
-race checker's scenario catalogue. Standard library only (check-install).
+"""Whether a deployment's configuration reaches the race: its launch settings, judged
+against the races open at the install's step and race-check's scenario catalogue.
 """
 
 from __future__ import annotations

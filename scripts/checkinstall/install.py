@@ -1,9 +1,5 @@
-"""What an environment's sglang is: its three files, hashed and named, and its RECORD.
-
-inspect_install asks the interpreter under check where sglang lives (a probe
-that does not import sglang) and judges the files against the catalog and the
-installed distribution's RECORD; inspect_tree does the same for a folder.
-Standard library only: check-install runs in a pod with nothing installed.
+"""What an environment's sglang is: its three files, hashed and named, and its RECORD
+(inspect_install for an interpreter, inspect_tree for a folder).
 """
 
 from __future__ import annotations

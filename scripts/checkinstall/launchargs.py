@@ -1,14 +1,10 @@
 """A deployment's launch command read as sglang reads it, and the table parser.
 
-The command line as an operator copies it (a chart's args, a unit's ExecStart,
-a shell line with continuations and an environment prefix) becomes the words
-sglang's parser gets, the server's environment, and its --config file placed
-where this machine can read it. Where the release's own ServerArgs cannot be
-imported, parse_with_table reads the settings that matter with the release's
-[launch] table and argparse's rules (abbreviations, choices, the = form, the
-last of repeats). What sglang would refuse is a refusal here (exit 28); what
-the table cannot settle is named, and never yields "not exposed".
-Standard library only (check-install).
+An operator's copied command line (a chart's args, a unit's ExecStart, a shell line)
+becomes sglang's words, the server's environment and a readable --config path. Where
+ServerArgs cannot be imported, parse_with_table reads the release's [launch] table by
+argparse's rules. What sglang would refuse is refused here (exit 28); what the table
+cannot settle is named, and never yields "not exposed".
 """
 
 from __future__ import annotations
@@ -39,6 +35,9 @@ ENV_FALSE = ("false", "0", "no", "n")
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(?:.*/)?python[0-9.]*$")
 _SGLANG = re.compile(r"^(?:.*/)?sglang$")
+# a shell line's pieces: '...', "..." (with its escapes), an escape, or plain text
+_SHELL_PIECE = re.compile(r"""'[^']*'?|"(?:\\[\s\S]|[^"\\])*"?|\\(?:\r\n|[\s\S])?|[^'"\\]+""")
+_ESCAPE = re.compile(r"\\(\r\n|\n|[\s\S])")
 _YAML_TIMEOUT_S = 60
 MAX_CONFIG_BYTES = 1 << 20
 _YAML_ALIAS = re.compile(r"(?:^|[\s\[{,:?-])[&*][^\s\]},]", re.M)
@@ -108,24 +107,14 @@ def refused(release: str, why: str) -> BackportError:
 
 def _join_continuations(text: str) -> str:
     """text with the shell's backslash-newline continuations removed (outside '...')."""
-    out: list[str] = []
-    quote = ""
-    n = 0
-    while n < len(text):
-        char = text[n]
-        if char == "\\" and quote != "'":
-            rest = text[n + 1 : n + 3]
-            if rest.startswith("\n") or rest == "\r\n":
-                n += 1 + (2 if rest == "\r\n" else 1)
-                continue
-            out.append(text[n : n + 2])
-            n += 2
-            continue
-        if char in "'\"" and quote in ("", char):
-            quote = "" if quote else char
-        out.append(char)
-        n += 1
-    return "".join(out)
+
+    def unescape(escape: re.Match[str]) -> str:
+        return "" if escape[1] in ("\n", "\r\n") else escape[0]
+
+    return "".join(
+        piece if piece.startswith("'") else _ESCAPE.sub(unescape, piece)
+        for piece in _SHELL_PIECE.findall(text)
+    )
 
 
 def read_launch_args(text: str) -> Launch:

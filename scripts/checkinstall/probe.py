@@ -1,8 +1,6 @@
-"""The probe: what runs in the interpreter under check, and its answer, checked.
-
-The probe finds sglang and the distributions that install it without
-importing sglang; its answer is one line of JSON, read key by key and type
-by type, since that interpreter may be anything the operator points at.
+"""The probe: finds sglang and its distributions in the interpreter under check without
+importing sglang; its one line of JSON is checked key by key, since that interpreter may
+be anything the operator points at.
 """
 
 from __future__ import annotations
@@ -131,19 +129,6 @@ _JSON_NAMES = {
 }
 
 
-_OPTIONAL = (str, type(None))
-# each key of a dists item and the JSON types it may have, in the order they are checked
-_DIST_KINDS = {
-    "hooks": (list,),
-    "files": (dict,),
-    "listing": _OPTIONAL,
-    "name": (str,),
-    "version": (str,),
-    "info": _OPTIONAL,
-    "direct_url": _OPTIONAL,
-}
-
-
 def _get(obj: object, key: str, kinds: tuple[type, ...], where: str) -> Any:
     """obj[key], which must be one of kinds; _BadAnswer says what is wrong."""
     if not isinstance(obj, dict):
@@ -167,10 +152,11 @@ def _read_probe(text: str) -> Probe:
     dists = []
     for index, item in enumerate(_get(answer, "dists", (list,), top)):
         where = f"{top}'s dists[{index}]"
-        got = {key: _get(item, key, kinds, where) for key, kinds in _DIST_KINDS.items()}
-        if any(type(hook) is not str for hook in got["hooks"]):
+        hooks = _get(item, "hooks", (list,), where)
+        if any(type(hook) is not str for hook in hooks):
             raise _BadAnswer(f"{where}['hooks'] holds something that is not a string")
-        for name, entry in got["files"].items():
+        files = _get(item, "files", (dict,), where)
+        for name, entry in files.items():
             if not (
                 type(entry) is list
                 and len(entry) == 3
@@ -178,9 +164,20 @@ def _read_probe(text: str) -> Probe:
                 and all(type(value) in (str, type(None)) for value in entry[1:])
             ):
                 raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
-        if got["listing"] is not None and got["listing"] not in LISTINGS:
-            raise _BadAnswer(f"{where}['listing'] is {got['listing']!r}, not one of {LISTINGS}")
-        dists.append(ProbedDist(**got))
+        listing = _get(item, "listing", (str, type(None)), where)
+        if listing is not None and listing not in LISTINGS:
+            raise _BadAnswer(f"{where}['listing'] is {listing!r}, not one of {LISTINGS}")
+        dists.append(
+            ProbedDist(
+                _get(item, "name", (str,), where),
+                _get(item, "version", (str,), where),
+                _get(item, "info", (str, type(None)), where),
+                listing,
+                _get(item, "direct_url", (str, type(None)), where),
+                hooks,
+                files,
+            )
+        )
     return Probe(
         _get(answer, "python", (str,), top), _get(answer, "package", (str, type(None)), top), dists
     )

@@ -1,9 +1,7 @@
-"""check-install's answer, as text for a person or as one JSON object for a fleet job.
+"""check-install's answer, as text or as one JSON object, both from one Outcome.
 
-Both are written from one Outcome, so they cannot disagree; the JSON object's
-keys are documented in docs/check-install.md ("--format json") and versioned
-by SCHEMA_VERSION: a key is only added within a version, never renamed or
-given another meaning.
+The JSON keys are documented in docs/check-install.md and versioned by SCHEMA_VERSION:
+within a version a key is only added, never renamed or given another meaning.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The launch arguments as the release's own sglang ServerArgs reads them, inside the
-interpreter under check (a probe run with -c, like install's); the release's
-[launch] profile where that interpreter cannot import or run it. Standard library
-only (check-install).
+"""The launch arguments as the release's own ServerArgs reads them in the interpreter
+under check; the release's [launch] profile where that interpreter cannot run it.
 """
 
 from __future__ import annotations
@@ -121,6 +119,7 @@ def overlap_off():
     except BaseException:
         return bool(server.disable_overlap_schedule)
 def self_call(statement):
+    # NAME for a statement `self.NAME(...)`, else None
     call = statement.value if isinstance(statement, ast.Expr) else None
     method = getattr(call, "func", None)
     if isinstance(method, ast.Attribute) and getattr(method.value, "id", "") == "self":
@@ -135,19 +134,18 @@ def dispatcher(function):
     return body
 body = dispatcher(ServerArgs.__post_init__)
 turned_off_by, not_evaluated = [], []
+ON_GPU = "it takes values computed on the GPU"
 for statement in body:
-    call = statement.value if isinstance(statement, ast.Expr) else None
-    method = getattr(call, "func", None)
-    if not (isinstance(method, ast.Attribute) and getattr(method.value, "id", "") == "self"):
+    name = self_call(statement)
+    if name is None:
         for sub in ast.walk(statement):
-            name = getattr(getattr(sub, "func", None), "attr", None)
-            if isinstance(sub, ast.Call) and name in reach:
-                not_evaluated.append([name, "it takes values computed on the GPU"])
+            called = getattr(getattr(sub, "func", None), "attr", None)
+            if isinstance(sub, ast.Call) and called in reach:
+                not_evaluated.append([called, ON_GPU])
         continue
-    name = call.func.attr
-    if call.args or call.keywords:
+    if statement.value.args or statement.value.keywords:
         if name in reach:
-            not_evaluated.append([name, "it takes values computed on the GPU"])
+            not_evaluated.append([name, ON_GPU])
         continue
     before = overlap_off()
     try:
