@@ -91,7 +91,6 @@ class _Deadline:
     a read that the server keeps alive one byte at a time ends too."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
         self.end = time.monotonic() + seconds
         self.passed = False
         self.sock: socket.socket | None = None
