@@ -56,11 +56,6 @@ json prints one JSON object instead of the text (also for a refusal), with
 the same exit codes. More: docs/check-install.md.
 """
 
-CODES = [
-    Exit.PATCHSET_INVALID, Exit.AFFECTED, Exit.PARTIAL_FIX, Exit.UNKNOWN_CONTENT,
-    Exit.NOT_INSTALLED, Exit.MODIFIED, Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.AMBIGUOUS,
-    Exit.EXPOSURE_UNKNOWN,
-]  # fmt: skip
 WORDING = {
     Exit.OK: "the race is closed: a series of ours applied, or sglang 0.5.19 or later",
     Exit.AFFECTED: "affected: an unpatched sglang, every race open",
@@ -82,6 +77,8 @@ WORDING = {
     "the JSON this command asks for), a file cannot be read, or --server-info gave no "
     "usable answer (refused, timed out, 401, 404, not JSON)",
 }
+# every code worded above, and a patch set whose data cannot be read
+CODES = [Exit.PATCHSET_INVALID, *WORDING]
 
 
 def main() -> int:
