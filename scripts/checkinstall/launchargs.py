@@ -130,12 +130,11 @@ def read_launch_args(text: str) -> Launch:
         ) from None
     at = 1 if words[:1] == ["exec"] else 0
     at += 1 if words[at : at + 1] == ["env"] else 0
-    env = {}
+    prefix = at
     while at < len(words) and _ENV_WORD.match(words[at]):
-        name, _, value = words[at].partition("=")
-        env[name] = value
         at += 1
-    command = "the options alone"
+    env = parse_env(words[prefix:at])
+    command, args = "the options alone", words[at:]
     if at < len(words) and _PYTHON.match(words[at]):
         python = at
         at += 1
@@ -146,19 +145,14 @@ def read_launch_args(text: str) -> Launch:
                 f"--launch-args start {shlex.join(words[python : at + 2])!r}, not "
                 "python -m sglang.launch_server"
             )
-        at += 2
-        command = "python -m sglang.launch_server"
+        command, args = "python -m sglang.launch_server", words[at + 2 :]
     elif at < len(words) and _SGLANG.match(words[at]) and words[at + 1 : at + 2] == ["serve"]:
-        at += 2
-        command = "sglang serve"
+        command, args = "sglang serve", _model_type(words[at + 2 :])
     elif at < len(words) and not words[at].startswith("-"):
         raise not_understood(
             f"--launch-args start with {words[at]!r}: neither an option nor sglang serve or "
             "python -m sglang.launch_server",
         )
-    args = words[at:]
-    if command == "sglang serve":
-        args = _model_type(args)
     return Launch(args, env, command)
 
 
