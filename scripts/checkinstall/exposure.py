@@ -146,12 +146,11 @@ def judge(
         named += f", {settings.torch_source}"
     raw = settings.env.get(WAR_BARRIER_ENV)
     barrier_env = raw is not None and env_bool(raw) is True
+    on = ""  # what turns the WAR barrier on, if anything
     if device == "cuda" and settings.torch_build != "rocm":
         on = f"is_cuda() ({settings.torch_source})"
     elif barrier_env and table is not None and table.war_barrier_env:
         on = f"{WAR_BARRIER_ENV} is set in the server's environment"
-    else:
-        on = ""
     if on:
         graphs_off = settings.get("disable_cuda_graph") or settings.get("disable_decode_cuda_graph")
         fast = bool(table and table.war_fast_path) and not graphs_off
