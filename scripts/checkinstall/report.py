@@ -69,6 +69,7 @@ def _record_match(record: str) -> bool | None:
 
 
 def _envelope(code: int) -> dict[str, Any]:
+    """The keys every answer starts with, a refusal's too."""
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
