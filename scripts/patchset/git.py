@@ -44,6 +44,13 @@ SGLANG_PACKAGE = "python/sglang"
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
 )
+# What a file in the git folder says is half-done there.
+OPERATIONS = (
+    ("rebase-apply", "git am or rebase"),
+    ("rebase-merge", "rebase"),
+    ("MERGE_HEAD", "merge"),
+    ("CHERRY_PICK_HEAD", "cherry-pick"),
+)
 
 
 @dataclass
@@ -110,6 +117,10 @@ class Git:
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
 
+    def with_env(self, env: dict[str, str]) -> Git:
+        """The same git, with env added to what every command gets."""
+        return replace(self, extra_env=self.extra_env | env)
+
     def rev(self, spec: str) -> str | None:
         result = self.run("rev-parse", "--verify", "--quiet", spec, check=False)
         return result.stdout.strip() if result.returncode == 0 else None
@@ -141,7 +152,7 @@ class Git:
         names = sorted({key[len("filter.") :].rsplit(".", 1)[0] for key in keys.stdout.split("\0")})
         off = [(f"filter.{n}.{k}", "") for n in names if n for k in ("clean", "smudge", "process")]
         off += [(f"filter.{n}.required", "false") for n in names if n]
-        reader = replace(self, extra_env=self.extra_env | config_env(off))
+        reader = self.with_env(config_env(off))
         pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
         listing = reader.run(
             "status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec
@@ -166,15 +177,7 @@ class Git:
 
     def operation_in_progress(self) -> str | None:
         git_dir = Path(self.out("rev-parse", "--absolute-git-dir"))
-        for marker, name in (
-            ("rebase-apply", "git am or rebase"),
-            ("rebase-merge", "rebase"),
-            ("MERGE_HEAD", "merge"),
-            ("CHERRY_PICK_HEAD", "cherry-pick"),
-        ):
-            if (git_dir / marker).exists():
-                return name
-        return None
+        return next((name for marker, name in OPERATIONS if (git_dir / marker).exists()), None)
 
 
 def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:

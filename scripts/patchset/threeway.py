@@ -1,16 +1,13 @@
 """apply-patches --sglang PATH --3way: a served release's series onto a fork of it.
 
-A fork's files match no release, so no step of a series, and the patches cannot
-be checked against a pin. Here the series of the nearest served release (or of
-the one named with --base or --patch-set) is applied with git's three-way merge:
-that release's files at every step, from its pinned wheel (sha256-checked) with
-the series applied and each step checked against the manifest, are written into
-the user's repository as loose objects (harmless: nothing refers to them), so
-that `git apply --cached --3way` finds each patch's preimage. git never fuzzes
-here. The merge runs on a temporary index in a marked folder, and the branch is
-made with one ref update only when the merged files are judged "fixed" by their
-code shape (patchset/shape.py); a conflict or any other judgement changes
-nothing of the user's.
+A fork's files are at no step of a series, so the series of the nearest served
+release (or the one --base or --patch-set names) is applied with git's
+three-way merge, never a fuzz. That release's files at every step (from its
+pinned wheel, each step checked against the manifest) are written into the
+user's repository as loose objects, unreferenced, so that `git apply --cached
+--3way` finds each preimage. The merge runs on a temporary index; the branch is
+made with one ref update only when the result is judged "fixed" by its code
+shape (patchset/shape.py). Anything else changes nothing of the user's.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import shape
@@ -26,12 +23,14 @@ from . import wheel as wheels
 from .apply import (
     TEMP_PREFIX,
     ApplyReport,
-    _commit_identity,
-    _create_branch,
-    _message_of,
-    _refuse_clash,
-    _tmpdir,
+    commit_identity,
+    commit_patch,
+    create_branch,
+    delete_or_rename,
     files_per_step,
+    on_index,
+    refuse_clash,
+    tmpdir,
     verify,
 )
 from .buildtree import default_branch, files_at
@@ -68,28 +67,26 @@ class OntoFork:
         branch = self.branch or default_branch(manifest)
         exists = git.branch_exists(branch)
         if not exists:
-            _refuse_clash(git, branch, self.where)
+            refuse_clash(git, branch, self.where)
         wheel = wheels.fetch_wheel(manifest.base, self.cache)
         per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
         ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
         report = ApplyReport(where=self.where, branch=branch)
-        with marked_folder(_tmpdir(), TEMP_PREFIX) as scratch:
+        note = (
+            f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
+            "by scripts/apply-patches --3way: git's three-way merge, the result "
+            "judged fixed by its code shape.)\n"
+        )
+        with marked_folder(tmpdir(), TEMP_PREFIX) as scratch:
             ids = _write_preimages(git, per_step, scratch)
             merger, self.drivers = _merger(git, scratch)
             merger.run("read-tree", head)
             tip = head
-            _commit_identity(git)
+            commit_identity(git)
             for patch in series.patch_paths:
                 self._merge(merger, patch, ids, scratch, ours, manifest.base.version)
                 tree = merger.out("write-tree")
-                message, author = _message_of(git, patch, scratch)
-                message += (
-                    f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
-                    "by scripts/apply-patches --3way: git's three-way merge, the result "
-                    "judged fixed by its code shape.)\n"
-                )
-                committer = replace(git, extra_env=git.extra_env | author)
-                tip = committer.run("commit-tree", tree, "-p", tip, input=message).stdout.strip()
+                tip = commit_patch(git, patch, tree, tip, scratch, note)
                 report.applied.append(patch.name)
             merged = files_at(git, tip, manifest)
             judged = shape.judge(Sources.from_texts(merged))
@@ -108,7 +105,7 @@ class OntoFork:
             if exists:
                 self._already(git, branch, merged, report, manifest)
             else:
-                _create_branch(git, branch, tip, self.where)
+                create_branch(git, branch, tip, self.where)
         report.notes = [
             f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
             f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
@@ -183,8 +180,7 @@ class OntoFork:
         raise BackportError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} already exists in {self.where} and does not hold this merge",
-            f"delete it (`{shlex.join(['git', '-C', str(self.where), 'branch', '-D', branch])}`)"
-            " or pass --branch with another name; nothing of yours was changed",
+            f"{delete_or_rename(branch, self.where)}; nothing of yours was changed",
         )
 
 
@@ -216,8 +212,7 @@ def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
     )
     names = sorted({key[len("merge.") : -len(".driver")] for key in keys.stdout.split("\0") if key})
     env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
-    index = {"GIT_INDEX_FILE": str(scratch / "index")}
-    return replace(git, extra_env=git.extra_env | env | index), names
+    return on_index(git, scratch).with_env(env), names
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
