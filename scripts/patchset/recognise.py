@@ -68,19 +68,19 @@ def refusal(
     expected = manifest.blobs_at(BASE_STEP)
     if series is None:
         served = ", ".join(catalog.served)
-        lines = [f"{where} holds none of the sglang releases served here ({served}):"]
-        lines.append(f"  (compared with sglang {version}:)")
+        lines = [
+            f"{where} holds none of the sglang releases served here ({served}):",
+            f"  (compared with sglang {version}:)",
+        ]
     else:
         lines = [f"{where} is not sglang {version}, the base this series is pinned to:"]
     for path, blob in blobs.items():
-        if blob == expected.get(path):
-            continue
         if blob is None:
             lines.append(f"  {path}: missing")
-            continue
-        same_in = catalog.releases_holding(path, blob)
-        known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
-        lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
+        elif blob != expected.get(path):
+            same_in = catalog.releases_holding(path, blob)
+            known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
+            lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
 
     looks_like = catalog.releases_with(blobs)
     fixed = manifest.upstream_fixed.version
@@ -95,7 +95,9 @@ def refusal(
             "\n".join(lines),
             "no patch is needed: the fixes are already upstream",
         )
-    if not looks_like:
+    if looks_like:
+        lines.append(f"It looks like sglang {looks_like[-1]}.")
+    else:
         judged = shape.judge(Sources.from_texts(files))
         if judged.fixed:
             lines.append(
@@ -108,24 +110,18 @@ def refusal(
                 "no patch is needed; for the full check run "
                 + shlex.join(["scripts/race-check", "--tree", where]),
             )
-    if looks_like:
-        lines.append(f"It looks like sglang {looks_like[-1]}.")
-    else:
         near = catalog.nearest_release(blobs)
         lines.append(
             "It matches no sglang release this series knows"
             + (f"; the nearest is sglang {near}." if near else ".")
         )
-    if series is None:
-        next_step = (
-            "check out the tag of one of those releases; for another release a patch set "
-            "of its own is needed under patches/"
-        )
-    else:
-        next_step = (
-            f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
-            "for other releases a patch set of their own is needed under patches/"
-        )
+    next_step = (
+        "check out the tag of one of those releases; for another release a patch set "
+        "of its own is needed under patches/"
+        if series is None
+        else f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
+        "for other releases a patch set of their own is needed under patches/"
+    )
     fork_of = None if looks_like else catalog.nearest_release(blobs, catalog.served)
     if fork_of and checkout:
         command = ["scripts/apply-patches", "--sglang", where, "--3way"]
