@@ -28,10 +28,10 @@ from .lock import (
     release_interrupts,
     remove_leftovers,
 )
-from .manifest import PinManifest, Series, step_of
+from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
 from .paths import PATCHES_ROOT
-from .recognise import Files, Recognised, reading, recognise, recognise_or_refuse, refusal
+from .recognise import Files, reading, recognise, recognise_or_refuse, refusal
 
 # The lock of a user's repository: a file in its git folder while a run holds it.
 LOCK_NAME = "sglang-backports.lock"
@@ -53,11 +53,6 @@ class ApplyReport:
     @property
     def already_applied(self) -> bool:
         return not self.applied
-
-
-def _blobs_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, str | None]:
-    """The sha1 blob ids of the files at rev, also in a sha256 repository."""
-    return blobs_of(files_at(git, rev, manifest))
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
@@ -158,10 +153,8 @@ def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scr
     index.run("read-tree", base)
     tip = base
     for patch in patches:
-        # One `git apply --cached` (atomic: on failure the index is as it was). Only
-        # when it fails does --check tell a patch that does not fit (ours to
-        # report) from git failing to write (objects not writable, disk full:
-        # git's own reason, raised by the run below).
+        # One atomic `git apply --cached`; only when it fails does --check tell a patch
+        # that does not fit (ours to report) from git failing to write (git's reason).
         done = index.run(*apply, str(patch), check=False)
         if done.returncode != 0:
             check = index.run(*apply, "--check", str(patch), check=False)
@@ -176,7 +169,7 @@ def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scr
             index.run(*apply, str(patch))
         tree = index.out("write-tree")
         expected = series.manifest.blobs_at(step_of(patch.name))
-        produced = _blobs_at(git, tree, series.manifest)
+        produced = blobs_of(files_at(git, tree, series.manifest))
         if produced != expected:
             wrong = [p for p in expected if produced[p] != expected[p]]
             raise BackportError(
@@ -245,7 +238,7 @@ def apply_to_checkout(
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
         tip = f"refs/heads/{branch}"
-        if _blobs_at(git, tip, manifest) == manifest.blobs_at(manifest.final_step):
+        if blobs_of(files_at(git, tip, manifest)) == manifest.blobs_at(manifest.final_step):
             report.already = list(series.patch_names)
             return report
         next_step = (
@@ -327,7 +320,7 @@ def apply_to_user_checkout(
         _refuse_unclean(git, path)
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
-        found: Recognised | None = recognise(catalog, blobs_of(files), series)
+        found = recognise(catalog, blobs_of(files), series)
         if found is None:
             refused = refusal(catalog, files, str(path), series, checkout=True)
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
@@ -433,21 +426,16 @@ def check_series(series: Series, state: str, files: Files) -> list[CheckResult]:
     pending = {p.name for p in _patches_after(series, state)}
     results: list[CheckResult] = []
     with scratch_copy(files) as scratch:
-        blocked = False
         for patch in series.patch_paths:
             if patch.name not in pending:
                 results.append(CheckResult(patch.name, "already applied"))
-                continue
-            if blocked:
+            elif results and not results[-1].ok:
                 results.append(CheckResult(patch.name, "does not apply", "an earlier patch failed"))
-                continue
-            check = git_apply(scratch, patch, "--check")
-            if check.returncode == 0:
+            elif (check := git_apply(scratch, patch, "--check")).returncode != 0:
+                results.append(CheckResult(patch.name, "does not apply", check.stderr.strip()))
+            else:
                 git_apply(scratch, patch)
                 results.append(CheckResult(patch.name, "applies cleanly"))
-            else:
-                blocked = True
-                results.append(CheckResult(patch.name, "does not apply", check.stderr.strip()))
     return results
 
 
@@ -460,8 +448,7 @@ def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, di
     _refuse_foreign_paths(series)
     manifest = series.manifest
     where = manifest.base.wheel
-    steps = manifest.steps
-    per_step = {steps[0]: dict(base_files)}
+    per_step = {manifest.steps[0]: dict(base_files)}
     with scratch_copy(dict(base_files)) as scratch:
         for patch in series.patch_paths:
             result = git_apply(scratch, patch)
