@@ -49,9 +49,10 @@ class KnownContent:
 
 
 Blobs = dict[str, str | None]  # repository path -> git blob id (None: missing)
+Files = dict[str, bytes | None]  # repository path -> its bytes (None: missing)
 
 
-def blobs_of(files: dict[str, bytes | None]) -> Blobs:
+def blobs_of(files: Files) -> Blobs:
     """The git blob id of each file (None for a missing one)."""
     return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
 

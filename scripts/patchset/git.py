@@ -38,9 +38,8 @@ SAFE_CONFIG = [
 # What the top folder of sglang's source holds (the wheel's sglang/ is this).
 SGLANG_PACKAGE = "python/sglang"
 # The only GIT_* variables of the caller's that reach git: who commits, and when.
-# Every other one may point git at other objects, alternates, a common dir, an
-# index, config, a namespace or git's own programs, and the repository we were
-# given would not be the one git works on.
+# Any other may point git at other objects, alternates, index or config, and the
+# repository we were given would not be the one git works on.
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
 )
@@ -143,10 +142,8 @@ class Git:
     def dirty_files(self) -> list[str]:
         """Tracked files (under prefix) with staged or unstaged changes; untracked ones are safe.
 
-        Read without writing and without running a program of the user's: no
-        index refresh is written (GIT_OPTIONAL_LOCKS), and every filter driver
-        the configuration names is switched off, so a file stored through one
-        is compared as it is on disk (and may be called changed).
+        Read without writing (GIT_OPTIONAL_LOCKS) and without a program of the user's:
+        every filter driver is off, so a file stored through one may be called changed.
         """
         keys = self.run("config", "-z", "--name-only", "--get-regexp", r"^filter\.", check=False)
         names = sorted({key[len("filter.") :].rsplit(".", 1)[0] for key in keys.stdout.split("\0")})

@@ -10,12 +10,10 @@ import shlex
 from dataclasses import dataclass
 
 from . import paths, shape
-from .catalog import Blobs, Catalog, blobs_of, series_steps, step_in
+from .catalog import Blobs, Catalog, Files, blobs_of, series_steps, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
-
-Files = dict[str, bytes | None]  # repository path -> its bytes (None: missing)
 
 
 @dataclass(frozen=True)
@@ -52,11 +50,7 @@ def recognise_or_refuse(
 
 
 def refusal(
-    catalog: Catalog,
-    files: Files,
-    where: str,
-    series: Series | None = None,
-    checkout: bool = False,
+    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
 ) -> BackportError:
     """Why files that are at no step of the series (or of any series) are refused:
     ALREADY_UPSTREAM for a fixed release or a tree judged fixed by its code shape,
