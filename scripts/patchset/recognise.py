@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import paths, shape
 from .catalog import Blobs, Catalog, Files, blobs_of, series_steps, step_in
@@ -20,6 +21,11 @@ from .shapeflow import Sources
 class Recognised:
     series: Series
     step: str  # the step of the series the files are at
+
+
+def full_check(where: str | Path) -> str:
+    """The command that runs the race checker on a tree: the next step for a fork."""
+    return shlex.join(["scripts/race-check", "--tree", str(where)])
 
 
 def reading(series: Series | None) -> Series:
@@ -101,8 +107,7 @@ def refusal(
             return BackportError(
                 Exit.ALREADY_UPSTREAM,
                 "\n".join(lines),
-                "no patch is needed; for the full check run "
-                + shlex.join(["scripts/race-check", "--tree", where]),
+                f"no patch is needed; for the full check run {full_check(where)}",
             )
         near = catalog.nearest_release(blobs)
         lines.append(

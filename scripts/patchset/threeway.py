@@ -38,13 +38,14 @@ from .catalog import Catalog, blobs_of
 from .errors import BackportError, Exit
 from .git import Git, config_env
 from .lock import marked_folder
-from .manifest import PinManifest, Series, series_for_release
+from .manifest import Series, series_for_release
 from .paths import PATCHES_ROOT
-from .recognise import Files
+from .recognise import Files, full_check
 from .shapeflow import Sources, functions
 
 # A patch's blob ids (exported with --full-index): "index <pre>..<post>[ <mode>]".
 INDEX_LINE = re.compile(r"^(index )([0-9a-f]{40})\.\.([0-9a-f]{40})", re.M)
+Touched = list[tuple[str, str]]  # (path, function) that both the fork and the series change
 
 
 @dataclass
@@ -99,20 +100,23 @@ class OntoFork:
                     + _said(ours),
                     "nothing of yours was changed (no branch was made); your fork orders "
                     "the prebuilt path in its own way, so make the fix there by hand "
-                    "(docs/apply.md, --3way), then check it with "
-                    + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
+                    f"(docs/apply.md, --3way), then check it with {full_check(self.where)}",
                 )
-            if exists:
-                self._already(git, branch, merged, report, manifest)
-            else:
+            if not exists:
                 create_branch(git, branch, tip, self.where)
+            elif files_at(git, f"refs/heads/{branch}", manifest) == merged:
+                report.already, report.applied = report.applied, []
+            else:
+                raise BackportError(
+                    Exit.BRANCH_EXISTS,
+                    f"branch {branch} already exists in {self.where} and does not hold this merge",
+                    f"{delete_or_rename(branch, self.where)}; nothing of yours was changed",
+                )
         report.notes = [
             f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
             f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
             *_said(ours).strip().splitlines(),
-            "next step, the full check: "
-            + shlex.join(["scripts/race-check", "--tree", str(self.where)])
-            + " (after switching to the branch)",
+            f"next step, the full check: {full_check(self.where)} (after switching to the branch)",
         ]
         return report
 
@@ -136,7 +140,7 @@ class OntoFork:
         patch: Path,
         ids: dict[str, str],
         scratch: Path,
-        ours: list[tuple[str, str]],
+        ours: Touched,
         version: str,
     ) -> None:
         """Apply one patch to the temporary index by three-way merge; refuse a conflict."""
@@ -166,21 +170,7 @@ class OntoFork:
             "nothing of yours was changed (no branch was made); port the series by hand on "
             f"a branch of your fork (`git -C {shlex.quote(str(self.where))} am -3 "
             f"{shlex.quote(str(patch.parent))}/*.patch` stops at the conflict: the preimages "
-            "are in your repository now), then check it with "
-            + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
-        )
-
-    def _already(
-        self, git: Git, branch: str, merged: Files, report: ApplyReport, manifest: PinManifest
-    ) -> None:
-        tip = f"refs/heads/{branch}"
-        if files_at(git, tip, manifest) == merged:
-            report.already, report.applied = report.applied, []
-            return
-        raise BackportError(
-            Exit.BRANCH_EXISTS,
-            f"branch {branch} already exists in {self.where} and does not hold this merge",
-            f"{delete_or_rename(branch, self.where)}; nothing of yours was changed",
+            f"are in your repository now), then check it with {full_check(self.where)}",
         )
 
 
@@ -231,9 +221,7 @@ def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
     return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
 
 
-def fork_changes(
-    base: dict[str, bytes], fork: Files, patched: dict[str, bytes]
-) -> list[tuple[str, str]]:
+def fork_changes(base: dict[str, bytes], fork: Files, patched: dict[str, bytes]) -> Touched:
     """(path, function) of each function that both the fork (against the release's
     files) and the series (the release's files against its final step) change, by
     qualified name (Class.method); a fork's file that does not parse is named whole."""
@@ -251,7 +239,7 @@ def fork_changes(
     return found
 
 
-def _said(ours: list[tuple[str, str]]) -> str:
+def _said(ours: Touched) -> str:
     if not ours:
         return "\nNone of your fork's changes is in a function the series changes."
     listed = "".join(f"\n  {path} {name}" for path, name in ours)
