@@ -77,12 +77,8 @@ def _patches_after(series: Series, step: str) -> list[Path]:
 
 
 def _refuse_foreign_paths(series: Series) -> None:
-    """Refuse a patch that touches a path outside the manifest's files.
-
-    The paths are git's own reading of each patch (`git apply --numstat`), so
-    a plain ---/+++ diff counts as much as one with a git header; a patch
-    that creates, deletes, renames or re-modes a file is refused too.
-    """
+    """Refuse a patch that touches a path outside the manifest's files (as git reads
+    it, so a plain ---/+++ diff counts too), or creates, deletes, renames or re-modes one."""
     allowed = set(series.manifest.files)
     for patch in series.patch_paths:
         touched, problem = touched_paths(patch)
@@ -140,13 +136,8 @@ def commit_patch(
 
 
 def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scratch: Path) -> str:
-    """Commit each patch onto base with git's plumbing; the last commit.
-
-    The patches are applied to a temporary index in scratch (`git apply
-    --cached`, no fuzz, no 3-way), never to a work tree, and each step's tree
-    is checked against the manifest. The repository gains only objects, which
-    nothing refers to until the caller moves a branch onto the result.
-    """
+    """Commit each patch onto base, applied to a temporary index in scratch (no fuzz, no
+    3-way, no work tree), each step's tree checked against the manifest; the last commit."""
     index = on_index(git, scratch)
     # Where sglang is vendored, its paths are the patches' under the prefix.
     apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
@@ -184,13 +175,9 @@ def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scr
 
 
 def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
-    """Point the new branch at commit, in one ref update; from then on the run has succeeded.
-
-    The update names the zero id as the old value, so it fails if the branch
-    appeared meanwhile. Signals stay held from just before it to the end of
-    the process: once the branch exists, a late Ctrl-C cannot make the run
-    say it removed what it made.
-    """
+    """Point the new branch at commit, in one ref update that fails if the branch appeared
+    meanwhile. From then on the run has succeeded: signals stay held to the end of the
+    process, so a late Ctrl-C cannot make the run say it removed what it made."""
     hold_interrupts()
     result = git.run("update-ref", f"refs/heads/{branch}", commit, "0" * len(commit), check=False)
     if result.returncode == 0:
@@ -229,11 +216,8 @@ def apply_to_checkout(
     temp_parent: Path | None = None,
     at: tuple[str, str] | None = None,
 ) -> ApplyReport:
-    """Apply what is missing of the series to HEAD of git, on a new branch.
-
-    at: (HEAD's commit, its step of the series) where the caller has recognised
-    it already; else HEAD is read and its step recognised here.
-    """
+    """Apply what is missing of the series to HEAD of git, on a new branch; at: (HEAD's
+    commit, its step) where the caller has recognised it, else recognised here."""
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
@@ -440,11 +424,8 @@ def check_series(series: Series, state: str, files: Files) -> list[CheckResult]:
 
 
 def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    """The touched files at every step: the series applied to copies of the base's files.
-
-    Each step's files are checked against the manifest's blob ids, so what a
-    caller gets is exactly what the manifest pins.
-    """
+    """The touched files at every step: the series applied to copies of the base's files,
+    each step checked against the manifest's blob ids."""
     _refuse_foreign_paths(series)
     manifest = series.manifest
     where = manifest.base.wheel

@@ -63,13 +63,10 @@ def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[Files
 
 
 def step_trees(series: Series, build: Path) -> dict[str, Path]:
-    """step -> folder whose python/ holds that step's sglang package.
-
-    The build tree must already be patched (scripts/apply-patches). Each step is
-    a detached git worktree of it under build/steps/<version>/, reused while its
-    commit is unchanged. The build tree is ours, so pruning its worktree records
-    (of step folders someone deleted) touches nothing of a user's.
-    """
+    """step -> folder whose python/ holds that step's sglang package: a detached worktree
+    of the patched build tree under build/steps/<version>/, reused while its commit is
+    unchanged (the build tree is ours, so pruning its worktree records touches nothing
+    of a user's)."""
     manifest = series.manifest
     git = Git(build_tree_path(series, build), owned=True)
     revs = [git.rev(pristine_tag(manifest)) or "", *series_commits(git, manifest)]

@@ -1,9 +1,9 @@
 """The one catalog: which sglang release, series and step a set of files is.
 
-Loaded once from patches/releases.toml and every pin.toml: each step of each
-series and each known release, by the git blob ids of the three files, with
-the races each leaves open. Standard library only, so that check-install and
-its zipapp carry it.
+Loaded once from patches/releases.toml and every pin.toml: each step of each series
+and each known release, by the blob ids of the three files, with the races each
+leaves open. Standard library only and Python 3.10-safe: check-install's zipapp
+carries it.
 """
 
 from __future__ import annotations

@@ -54,12 +54,9 @@ OPERATIONS = (
 
 @dataclass
 class Git:
-    """Runs git in one work tree.
-
-    owned=True marks a repository this project made: user and system git
-    configuration is ignored there, so output (format-patch above all) does
-    not depend on whoever runs the command.
-    """
+    """Runs git in one work tree. owned=True marks a repository this project made: user
+    and system configuration are ignored there, so output (format-patch above all) does
+    not depend on who runs the command."""
 
     cwd: Path
     owned: bool = False
@@ -186,11 +183,8 @@ def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def open_checkout(path: Path) -> Git:
-    """A Git for a user's checkout, refusing a path that is not one.
-
-    path is the folder that holds python/sglang: the repository's top folder,
-    or a folder inside it where sglang is vendored (then Git.prefix says where).
-    """
+    """A Git for a user's checkout (the folder that holds python/sglang: the repository's
+    top, or where it vendors sglang, then named by Git.prefix); else a refusal."""
     if not path.is_dir():
         raise BackportError(
             Exit.NOT_A_CHECKOUT,

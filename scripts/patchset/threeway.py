@@ -1,13 +1,9 @@
 """apply-patches --sglang PATH --3way: a served release's series onto a fork of it.
 
-A fork's files are at no step of a series, so the series of the nearest served
-release (or the one --base or --patch-set names) is applied with git's
-three-way merge, never a fuzz. That release's files at every step (from its
-pinned wheel, each step checked against the manifest) are written into the
-user's repository as loose objects, unreferenced, so that `git apply --cached
---3way` finds each preimage. The merge runs on a temporary index; the branch is
-made with one ref update only when the result is judged "fixed" by its code
-shape (patchset/shape.py). Anything else changes nothing of the user's.
+The release's files at every step (from its pinned wheel) are written into the
+user's repository as unreferenced loose objects, so that `git apply --cached --3way`
+finds each preimage; the branch is made only when the result is judged "fixed" by
+its code shape (patchset/shape.py). docs/apply.md says the rest.
 """
 
 from __future__ import annotations
