@@ -220,9 +220,8 @@ def _run(
     extra = ["-k", args.k] if args.k else []
     phases: dict[str, float] = {}
 
-    # One entry per table printed at the end: its title, column headers and runs,
-    # and the release, whose own environment runs them. The environments are
-    # being made meanwhile (Environments), and waited for after the applies.
+    # One entry per table printed at the end: its title, column headers and runs, and
+    # the release whose environment runs them (made meanwhile, waited for after the applies).
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
         series, final = chosen[0], chosen[0].manifest.final_step
