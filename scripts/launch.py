@@ -20,11 +20,6 @@ EXIT_ENVIRONMENT = 16  # Exit.ENVIRONMENT in patchset/errors.py
 EXIT_INTERRUPTED = 130  # Exit.INTERRUPTED
 
 
-def interrupted():
-    sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\n")
-    sys.exit(EXIT_INTERRUPTED)
-
-
 def start(module_name):
     """Run the command in commands/<module_name>.py: its main() under the one wrapper."""
     try:
@@ -47,5 +42,6 @@ def start(module_name):
 
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     except KeyboardInterrupt:
-        interrupted()
+        sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\n")
+        sys.exit(EXIT_INTERRUPTED)
     cli.run(module.main)
