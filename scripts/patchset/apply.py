@@ -379,7 +379,7 @@ def apply_to_build_tree(
 
 
 @contextmanager
-def scratch_copy(files: dict[str, bytes | None]) -> Iterator[Path]:
+def scratch_copy(files: Files) -> Iterator[Path]:
     """A temporary folder holding copies of the files, for `git apply` to work on."""
     with marked_folder(tmpdir(), "sglang-backports-scratch-") as scratch:
         for path, data in files.items():
