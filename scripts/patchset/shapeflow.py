@@ -11,7 +11,9 @@ Python 3.10 and later.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +45,24 @@ class Evidence:
         return f"{where} {self.function}: {self.what}" if self.function else f"{where}: {self.what}"
 
 
+# A source file larger than this is not read (taken as absent: never "fixed" for it).
+MAX_SOURCE_BYTES = 16 << 20
+
+
+def _regular_file(path: Path) -> bytes | None:
+    """The bytes of a regular file; None for anything else (a fifo would block the read,
+    a device never end) or one over MAX_SOURCE_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_SOURCE_BYTES:
+            return None
+        return handle.read(MAX_SOURCE_BYTES + 1)
+
+
 class Sources:
     """The files of one sglang tree by repository path (python/sglang/...): those of a
     package folder (a tree's python/sglang, or site-packages/sglang), or only the
@@ -68,10 +88,7 @@ class Sources:
         if self.package is None:
             data = self._given.get(path)
         else:
-            try:
-                data = (self.package / path.removeprefix(PREFIX)).read_bytes()
-            except OSError:
-                return None
+            data = _regular_file(self.package / path.removeprefix(PREFIX))
         return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
 
     def _paths(self) -> list[str]:

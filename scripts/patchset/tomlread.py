@@ -72,6 +72,14 @@ class _Reader:
         else:
             raise self.fail(f"unexpected {self.peek()!r} after a value")
 
+    def assign(self, table: dict[str, Any]) -> None:
+        """KEY = VALUE, set in table."""
+        keys = self.key()
+        if self.peek() != "=":
+            raise self.fail("an = was expected after a key")
+        self.pos += 1
+        _set(table, keys, self.value(), self)
+
     def key(self) -> list[str]:
         parts = []
         while True:
@@ -187,11 +195,7 @@ class _Reader:
             self.pos += 1
             return table
         while True:
-            keys = self.key()
-            if self.peek() != "=":
-                raise self.fail("an = was expected after a key")
-            self.pos += 1
-            _set(table, keys, self.value(), self)
+            self.assign(table)
             self.skip_space()
             if self.peek() == "}":
                 self.pos += 1
@@ -252,11 +256,7 @@ def subset_loads(text: str) -> dict[str, Any]:
             headers.add(tuple(keys))
             current = _descend(root, keys, reader)
         else:
-            keys = reader.key()
-            if reader.peek() != "=":
-                raise reader.fail("an = was expected after a key")
-            reader.pos += 1
-            _set(current, keys, reader.value(), reader)
+            reader.assign(current)
         reader.end_of_line()
 
 

@@ -10,6 +10,7 @@ that judgement gets, and a configuration is judged on the judged shape, never
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,26 @@ def test_a_tree_the_shape_cannot_read_is_unknown(patched_tree: Path, tmp_path: P
     plain = check(tree)
     assert plain.returncode == Exit.UNKNOWN_CONTENT, plain.stdout + plain.stderr
     assert f"{JUDGED}: cannot tell: " in verdict(plain)
+
+
+def test_a_fifo_a_device_or_a_loop_in_the_tree_does_not_hold_the_judgement(
+    session_step_trees: dict[str, Path], tmp_path: Path
+) -> None:
+    """The judgement reads every .py file of the package: a fifo there would block the
+    read for ever, a link loop would have no end; both are passed over."""
+    tree = fork(session_step_trees["base"], tmp_path / "fork")
+    srt = tree / "python" / "sglang" / "srt"
+    os.mkfifo(srt / "a_fifo.py")
+    (srt / "loop").symlink_to("..")
+    (srt / "zero.py").symlink_to("/dev/zero")
+    try:
+        result = subprocess.run(
+            [sys.executable, str(SCRIPTS / "check-install"), "--tree", str(tree)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        result = None
+    assert result is not None, "check-install did not end within 60 s"
+    assert result.returncode == Exit.AFFECTED, result.stdout + result.stderr
