@@ -1,8 +1,5 @@
-"""Which served release and step a checkout's files are, through the one catalog; or why none.
-
-Every answer comes from patchset/catalog.py (blob ids) and, for files it does not
-know, patchset/shape.py (the judgement by code shape); this module only words them.
-"""
+"""Which served release and step a checkout's files are, or why none: the answers of
+patchset/catalog.py (blob ids) and patchset/shape.py (code shape), worded."""
 
 from __future__ import annotations
 
@@ -58,10 +55,9 @@ def recognise_or_refuse(
 def refusal(
     catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
 ) -> BackportError:
-    """Why files that are at no step of the series (or of any series) are refused:
-    ALREADY_UPSTREAM for a fixed release or a tree judged fixed by its code shape,
-    else BASE_MISMATCH naming the nearest release; for a user's checkout (where is
-    its path) close to a served release, the next step names --3way."""
+    """Why files at no step of the series (or of any) are refused: ALREADY_UPSTREAM when
+    fixed (by release or code shape), else BASE_MISMATCH naming the nearest release and,
+    for a user's checkout near a served release, --3way."""
     blobs = blobs_of(files)
     manifest = reading(series).manifest
     version = manifest.base.version

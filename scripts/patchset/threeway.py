@@ -190,9 +190,8 @@ def _write_preimages(
 
 
 def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
-    """git on a temporary index, with no merge driver of the user's configuration run:
-    each one (named in the list) is replaced by `false`, so a file it would merge is
-    a conflict."""
+    """git on a temporary index, each merge driver of the user's (named in the list)
+    replaced by `false`: a file one would merge is a conflict."""
     keys = git.run(
         "config", "-z", "--name-only", "--get-regexp", r"^merge\..*\.driver$", check=False
     )
