@@ -18,33 +18,30 @@ from patchset.threeway import OntoFork
 DESCRIPTION = """\
 Apply the series under patches/ to sglang.
 
-With no arguments: download the pinned sglang wheel of the default release
-(--base VERSION for another served release; sha256-checked, cached), lay its
-sglang/ tree out as python/sglang/ in a git repository under build/, commit and
-tag it as the pristine base, and apply that release's series on a branch.
+With no arguments: lay the default release's pinned sglang wheel (--base
+VERSION for another served release; sha256-checked, cached) out as
+python/sglang/ in a git repository under build/, tag it as the pristine base,
+and apply that release's series on a branch.
 With --sglang PATH (the folder of your git checkout that holds python/sglang:
-its top, or where your repository vendors sglang): recognise which served
-release it holds (by the content of the files the series touch, in a sha1 or
-sha256 repository) and apply that release's series on a new branch; your
-current branch, index and work tree are left alone, and no hook or filter
-program of yours runs.
+its top, or where your repository vendors sglang): recognise the served release
+it holds by the content of the files the series touch (sha1 or sha256
+repository) and apply its series on a new branch; your current branch, index
+and work tree are left alone, and no hook or filter program of yours runs.
 A second run says "already applied" and exits 0.
 
-With --sglang PATH --3way, for a fork (a checkout whose files are no served
-release): apply the series of the nearest served release (or the one named
-with --base) with git's three-way merge, never fuzz. Each patch's preimage
-comes from that release's pinned wheel and is written into your repository as
-a loose object (harmless, unreferenced); the merge runs on a temporary index.
-The branch is made only if nothing conflicts and the merged files are judged
-"fixed" by their code shape; else exit 10 and nothing of yours is changed. The
-run names your fork's changes to the functions the series changes, and
+With --sglang PATH --3way, for a fork (files of no served release): apply the
+series of the nearest served release (or --base's) with git's three-way merge,
+never fuzz. The preimages come from that release's pinned wheel, written into
+your repository as loose objects (harmless, unreferenced); the merge runs on a
+temporary index. The branch is made only if nothing conflicts and the result is
+judged "fixed" by its code shape; else exit 10 and nothing of yours changes.
+The run names your fork's changes to the functions the series changes, and
 `scripts/race-check --tree PATH` as the next step (docs/apply.md).
 
-One run at a time per build folder or repository: a second one waits (--wait)
-and then refuses with exit 19, naming the first. The build tree is made aside
-and renamed into place whole. Ctrl-C or a kill leaves nothing half-made that
-the next run does not remove itself; your own branches, worktrees and hooks are
-never touched or run.
+One run at a time per build folder or repository: a second waits (--wait), then
+exits 19 naming the first. The build tree is made aside and renamed into place.
+Ctrl-C or a kill leaves nothing half-made that the next run does not remove;
+your own branches, worktrees and hooks are never touched or run.
 """
 
 CODES = [

@@ -46,9 +46,7 @@ def python_of(interpreter: Path) -> str:
     except (OSError, subprocess.TimeoutExpired) as err:
         answer, detail = None, str(err)
     else:
-        answer = (
-            re.fullmatch(r"(\w+) (\d+) (\d+)\n", result.stdout) if not result.returncode else None
-        )
+        answer = None if result.returncode else re.fullmatch(r"(\w+) (\d+) (\d+)\n", result.stdout)
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
     if answer is None:
         raise BackportError(

@@ -129,10 +129,9 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
 class Environments:
     """The test environments of the releases under test, made while the series are applied.
 
-    One thread has uv make them one after another (uv itself uses every core);
-    python() waits for the one asked for. Two made at once with the same torch both
-    download it (neither finds it in uv's cache yet): a fresh machine's three took
-    130 to 144 s instead of 71 s. With --python nothing is made.
+    One thread has uv make them one after another: two made at once with the same
+    torch both download it, which took twice as long. python() waits for the one
+    asked for. With --python nothing is made.
     """
 
     def __init__(self, given: Path | None, series: list[Series]) -> None:
@@ -221,9 +220,8 @@ def _run(
     extra = ["-k", args.k] if args.k else []
     phases: dict[str, float] = {}
 
-    # One entry per table printed at the end: its title, column headers and runs,
-    # and the release, whose own environment runs them. The environments are
-    # being made meanwhile (Environments), and waited for after the applies.
+    # One entry per table printed at the end: its title, column headers and runs, and
+    # the release whose environment runs them (made meanwhile, waited for after the applies).
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
         series, final = chosen[0], chosen[0].manifest.final_step

@@ -1,4 +1,8 @@
-"""Check a base against the pin, then apply the series on a branch of its own."""
+"""Check a base against the pin, then apply the series on a branch of its own.
+
+Plumbing only: the patches go onto a temporary index in a marked folder, the
+repository gains objects, and one ref update at the end makes the branch.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import wheel as wheels
@@ -24,13 +28,17 @@ from .lock import (
     release_interrupts,
     remove_leftovers,
 )
-from .manifest import PinManifest, Series, step_of
+from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
 from .paths import PATCHES_ROOT
-from .recognise import Files, Recognised, reading, recognise, recognise_or_refuse, refusal
+from .recognise import Files, reading, recognise, recognise_or_refuse, refusal
 
 # The lock of a user's repository: a file in its git folder while a run holds it.
 LOCK_NAME = "sglang-backports.lock"
+# Our temporary folders (see lock.marked_folder): in TMPDIR for a user's
+# checkout, beside the build tree for the build folder.
+TEMP_PREFIX = "sglang-backports-apply-"
+RESTORE = "restore the patch set with `git checkout -- patches/`"
 
 
 @dataclass
@@ -45,12 +53,6 @@ class ApplyReport:
     @property
     def already_applied(self) -> bool:
         return not self.applied
-
-
-def _blobs_at(git: Git, rev: str, manifest: PinManifest) -> dict[str, str | None]:
-    """The sha1 blob ids of the files' content at rev: the manifest's ids in a
-    repository of any object format (sha256 included)."""
-    return blobs_of(files_at(git, rev, manifest))
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
@@ -71,62 +73,54 @@ def _refuse_unclean(git: Git, where: Path) -> None:
 
 
 def _patches_after(series: Series, step: str) -> list[Path]:
-    steps = series.manifest.steps
-    done = steps.index(step)
-    return series.patch_paths[done:]
+    return series.patch_paths[series.manifest.steps.index(step) :]
 
 
-# Our temporary folders (see lock.marked_folder): in TMPDIR for a user's
-# checkout, beside the build tree for the build folder.
-TEMP_PREFIX = "sglang-backports-apply-"
-
-
-def foreign_paths(series: Series) -> BackportError | None:
-    """A refusal if any patch touches a path outside the manifest's files, else None.
-
-    The paths are git's own reading of each patch (`git apply --numstat`), so
-    a plain ---/+++ diff counts as much as one with a git header; a patch
-    that creates, deletes, renames or re-modes a file is refused too.
-    """
+def _refuse_foreign_paths(series: Series) -> None:
+    """Refuse a patch that touches a path outside the manifest's files (as git reads
+    it, so a plain ---/+++ diff counts too), or creates, deletes, renames or re-modes one."""
     allowed = set(series.manifest.files)
     for patch in series.patch_paths:
         touched, problem = touched_paths(patch)
         if problem:
-            return BackportError(
-                Exit.PATCHSET_INVALID,
-                f"git cannot read patch {patch.name}: {problem}",
-                "restore the patch set with `git checkout -- patches/`",
+            raise BackportError(
+                Exit.PATCHSET_INVALID, f"git cannot read patch {patch.name}: {problem}", RESTORE
             )
         others = sorted(set(touched) - allowed)
         if others:
-            return BackportError(
+            raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"patch {patch.name} touches {', '.join(others)}, outside the files this "
                 f"series may change ({', '.join(sorted(allowed))}); nothing was changed",
-                "restore the patch set with `git checkout -- patches/`; a fix that needs "
-                "another file must add it to the manifest's [blobs] and pass lint-patches",
+                f"{RESTORE}; a fix that needs another file must add it to the manifest's "
+                "[blobs] and pass lint-patches",
             )
         events = file_events(patch)
         if events:
-            return BackportError(
+            raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"patch {patch.name} does more than change lines of the series' files "
                 f"({'; '.join(events)}); nothing was changed",
-                "restore the patch set with `git checkout -- patches/`",
+                RESTORE,
             )
-    return None
 
 
 def verify(series: Series) -> None:
     """Refuse a damaged series before anything is written: hashes, then touched paths."""
     series.verify()
-    refusal = foreign_paths(series)
-    if refusal:
-        raise refusal
+    _refuse_foreign_paths(series)
 
 
-def _message_of(git: Git, patch: Path, scratch: Path) -> tuple[str, dict[str, str]]:
-    """The commit message and author of a patch, read as `git am` reads them."""
+def on_index(git: Git, scratch: Path) -> Git:
+    """git on a temporary index in scratch (ours, never the repository's)."""
+    return git.with_env({"GIT_INDEX_FILE": str(scratch / "index")})
+
+
+def commit_patch(
+    git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str = ""
+) -> str:
+    """Commit tree onto parent with the patch's message (and note) and author, read as
+    `git am` reads them; the new commit's id."""
     msg, rest = scratch / "msg", scratch / "patch"
     info = git.run(
         "mailinfo", "--no-scissors", str(msg), str(rest),
@@ -135,35 +129,23 @@ def _message_of(git: Git, patch: Path, scratch: Path) -> tuple[str, dict[str, st
     body = msg.read_text(encoding="utf-8")
     fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
     message = git.run("stripspace", input=f"{fields.get('Subject', '')}\n\n{body}").stdout
-    author = {
-        "GIT_AUTHOR_NAME": fields.get("Author", ""),
-        "GIT_AUTHOR_EMAIL": fields.get("Email", ""),
-        "GIT_AUTHOR_DATE": fields.get("Date", ""),
-    }
-    return message, {k: v for k, v in author.items() if v}
+    names = {"GIT_AUTHOR_NAME": "Author", "GIT_AUTHOR_EMAIL": "Email", "GIT_AUTHOR_DATE": "Date"}
+    author = {var: fields[key] for var, key in names.items() if fields.get(key)}
+    committer = git.with_env(author)
+    return committer.run("commit-tree", tree, "-p", parent, input=message + note).stdout.strip()
 
 
-def _commit_series(
-    git: Git, series: Series, base: str, patches: list[Path], scratch: Path
-) -> tuple[list[str], str]:
-    """Commit each patch onto base with git's plumbing; (patches applied, last commit).
-
-    The patches are applied to a temporary index in scratch (`git apply
-    --cached`, no fuzz, no 3-way), never to a work tree, and each step's tree
-    is checked against the manifest. The repository gains only objects, which
-    nothing refers to until the caller moves a branch onto the result.
-    """
-    index = replace(git, extra_env=git.extra_env | {"GIT_INDEX_FILE": str(scratch / "index")})
+def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scratch: Path) -> str:
+    """Commit each patch onto base, applied to a temporary index in scratch (no fuzz, no
+    3-way, no work tree), each step's tree checked against the manifest; the last commit."""
+    index = on_index(git, scratch)
     # Where sglang is vendored, its paths are the patches' under the prefix.
     apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
     index.run("read-tree", base)
-    applied: list[str] = []
     tip = base
     for patch in patches:
-        # One `git apply --cached` (atomic: on failure the index is as it was). Only
-        # when it fails does --check tell a patch that does not fit (ours to
-        # report) from git failing to write (objects not writable, disk full:
-        # git's own reason, raised by the run below).
+        # One atomic `git apply --cached`; only when it fails does --check tell a patch
+        # that does not fit (ours to report) from git failing to write (git's reason).
         done = index.run(*apply, str(patch), check=False)
         if done.returncode != 0:
             check = index.run(*apply, "--check", str(patch), check=False)
@@ -178,7 +160,7 @@ def _commit_series(
             index.run(*apply, str(patch))
         tree = index.out("write-tree")
         expected = series.manifest.blobs_at(step_of(patch.name))
-        produced = _blobs_at(git, tree, series.manifest)
+        produced = blobs_of(files_at(git, tree, series.manifest))
         if produced != expected:
             wrong = [p for p in expected if produced[p] != expected[p]]
             raise BackportError(
@@ -188,21 +170,14 @@ def _commit_series(
                 "this run changed nothing of yours (its work was rolled back); "
                 "regenerate the manifest with scripts/export-patches",
             )
-        message, author = _message_of(git, patch, scratch)
-        committer = replace(git, extra_env=git.extra_env | author)
-        tip = committer.run("commit-tree", tree, "-p", tip, input=message).stdout.strip()
-        applied.append(patch.name)
-    return applied, tip
+        tip = commit_patch(git, patch, tree, tip, scratch)
+    return tip
 
 
-def _create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
-    """Point the new branch at commit, in one ref update; from then on the run has succeeded.
-
-    The update names the zero id as the old value, so it fails if the branch
-    appeared meanwhile. Signals stay held from just before it to the end of
-    the process: once the branch exists, a late Ctrl-C cannot make the run
-    say it removed what it made.
-    """
+def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
+    """Point the new branch at commit, in one ref update that fails if the branch appeared
+    meanwhile. From then on the run has succeeded: signals stay held to the end of the
+    process, so a late Ctrl-C cannot make the run say it removed what it made."""
     hold_interrupts()
     result = git.run("update-ref", f"refs/heads/{branch}", commit, "0" * len(commit), check=False)
     if result.returncode == 0:
@@ -215,11 +190,11 @@ def _create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
             "nothing of yours was changed; look at that branch, then delete it or pass "
             "--branch with another name",
         )
-    _refuse_clash(git, branch, where)
+    refuse_clash(git, branch, where)
     raise GitError(["update-ref", f"refs/heads/{branch}"], result)
 
 
-def _refuse_clash(git: Git, branch: str, where: Path) -> None:
+def refuse_clash(git: Git, branch: str, where: Path) -> None:
     """Refuse a branch name that an existing ref keeps git from making (a/b beside a)."""
     clash = git.ref_clash(branch)
     if clash:
@@ -241,35 +216,27 @@ def apply_to_checkout(
     temp_parent: Path | None = None,
     at: tuple[str, str] | None = None,
 ) -> ApplyReport:
-    """Apply what is missing of the series to HEAD of git, on a new branch.
-
-    at: (HEAD's commit, its step of the series) where the caller has recognised
-    it already; else HEAD is read and its step recognised here.
-    """
+    """Apply what is missing of the series to HEAD of git, on a new branch; at: (HEAD's
+    commit, its step) where the caller has recognised it, else recognised here."""
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
         tip = f"refs/heads/{branch}"
-        if _blobs_at(git, tip, manifest) == manifest.blobs_at(manifest.final_step):
+        if blobs_of(files_at(git, tip, manifest)) == manifest.blobs_at(manifest.final_step):
             report.already = list(series.patch_names)
             return report
-        if git.owned:
-            next_step = (
-                "the build tree holds another version of the series; if you have no "
-                f"unexported work there, delete {where} (it is generated) and run again"
-            )
-        else:
-            next_step = (
-                f"delete it (`{shlex.join(['git', '-C', str(where), 'branch', '-D', branch])}`) "
-                "or pass --branch "
-                "with another name"
-            )
+        next_step = (
+            "the build tree holds another version of the series; if you have no "
+            f"unexported work there, delete {where} (it is generated) and run again"
+            if git.owned
+            else delete_or_rename(branch, where)
+        )
         raise BackportError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} already exists in {where} and does not hold the patched files",
             next_step,
         )
-    _refuse_clash(git, branch, where)
+    refuse_clash(git, branch, where)
     if at is None:
         head = _head(git)
         files = files_at(git, head, manifest)
@@ -281,14 +248,21 @@ def apply_to_checkout(
     if not patches:
         report.branch = None
         return report
-    _commit_identity(git)
-    with marked_folder(temp_parent or _tmpdir(), TEMP_PREFIX) as scratch:
-        report.applied, tip = _commit_series(git, series, head, patches, scratch)
-        _create_branch(git, branch, tip, where)
+    commit_identity(git)
+    with marked_folder(temp_parent or tmpdir(), TEMP_PREFIX) as scratch:
+        tip = _commit_series(git, series, head, patches, scratch)
+        report.applied = [p.name for p in patches]
+        create_branch(git, branch, tip, where)
     return report
 
 
-def _commit_identity(git: Git) -> None:
+def delete_or_rename(branch: str, where: Path) -> str:
+    """The way out of a branch name that is taken in a user's repository."""
+    delete = shlex.join(["git", "-C", str(where), "branch", "-D", branch])
+    return f"delete it (`{delete}`) or pass --branch with another name"
+
+
+def commit_identity(git: Git) -> None:
     """Commit in a user's repository as the user; where git knows no identity, as ours."""
     if not git.owned and not git.run("config", "user.email", check=False).stdout.strip():
         git.extra_env.update(
@@ -296,7 +270,7 @@ def _commit_identity(git: Git) -> None:
         )
 
 
-def _tmpdir() -> Path:
+def tmpdir() -> Path:
     return Path(tempfile.gettempdir())
 
 
@@ -326,11 +300,11 @@ def apply_to_user_checkout(
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)
     with held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
-        remove_leftovers(_tmpdir(), TEMP_PREFIX)
+        remove_leftovers(tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
-        found: Recognised | None = recognise(catalog, blobs_of(files), series)
+        found = recognise(catalog, blobs_of(files), series)
         if found is None:
             refused = refusal(catalog, files, str(path), series, checkout=True)
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
@@ -341,32 +315,27 @@ def apply_to_user_checkout(
         return apply_to_checkout(git, found.series, branch, path, at=(head, found.step))
 
 
-def _lay_out_wheel(series: Series, repo: Path, cache: Path) -> None:
+def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
+    """Lay the pinned wheel out as a git tree in a marked sibling folder, tag it,
+    patch it, then rename it into place."""
     manifest = series.manifest
     wheel = wheels.fetch_wheel(manifest.base, cache)
-    repo.mkdir()
-    wheels.extract_package(wheel, repo)
-    git = Git(repo, owned=True)
-    git.run("init", "--quiet", "--initial-branch=upstream")
-    git.run("add", "--all")
-    git.run(
-        "commit", "--quiet", "--no-verify", "-m",
-        f"sglang {manifest.base.version}, laid out from {manifest.base.wheel}\n\n"
-        f"sha256 {manifest.base.sha256}; the wheel's sglang/ is python/sglang/.",
-    )  # fmt: skip
-    git.run("tag", pristine_tag(manifest))
-
-
-def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
-    """Make the patched build tree in a marked sibling folder, then rename it into place."""
     with marked_folder(repo.parent, TEMP_PREFIX) as tmp:
         aside = tmp / repo.name
-        _lay_out_wheel(series, aside, cache)
+        aside.mkdir()
+        wheels.extract_package(wheel, aside)
         git = Git(aside, owned=True)
-        branch = default_branch(series.manifest)
-        report = ApplyReport(where=repo, branch=branch)
-        base = git.out("rev-parse", "HEAD")
-        report.applied, tip = _commit_series(git, series, base, series.patch_paths, tmp)
+        git.run("init", "--quiet", "--initial-branch=upstream")
+        git.run("add", "--all")
+        git.run(
+            "commit", "--quiet", "--no-verify", "-m",
+            f"sglang {manifest.base.version}, laid out from {manifest.base.wheel}\n\n"
+            f"sha256 {manifest.base.sha256}; the wheel's sglang/ is python/sglang/.",
+        )  # fmt: skip
+        git.run("tag", pristine_tag(manifest))
+        branch = default_branch(manifest)
+        report = ApplyReport(where=repo, branch=branch, applied=list(series.patch_names))
+        tip = _commit_series(git, series, _head(git), series.patch_paths, tmp)
         git.run("update-ref", f"refs/heads/{branch}", tip, "0" * len(tip))
         git.run("checkout", "--quiet", branch)
         # One rename on one file system: a reader sees no tree or the whole one,
@@ -410,9 +379,9 @@ def apply_to_build_tree(
 
 
 @contextmanager
-def scratch_copy(files: dict[str, bytes | None]) -> Iterator[Path]:
+def scratch_copy(files: Files) -> Iterator[Path]:
     """A temporary folder holding copies of the files, for `git apply` to work on."""
-    with marked_folder(_tmpdir(), "sglang-backports-scratch-") as scratch:
+    with marked_folder(tmpdir(), "sglang-backports-scratch-") as scratch:
         for path, data in files.items():
             if data is not None:
                 (scratch / path).parent.mkdir(parents=True, exist_ok=True)
@@ -441,37 +410,26 @@ def check_series(series: Series, state: str, files: Files) -> list[CheckResult]:
     pending = {p.name for p in _patches_after(series, state)}
     results: list[CheckResult] = []
     with scratch_copy(files) as scratch:
-        blocked = False
         for patch in series.patch_paths:
             if patch.name not in pending:
                 results.append(CheckResult(patch.name, "already applied"))
-                continue
-            if blocked:
+            elif results and not results[-1].ok:
                 results.append(CheckResult(patch.name, "does not apply", "an earlier patch failed"))
-                continue
-            check = git_apply(scratch, patch, "--check")
-            if check.returncode == 0:
+            elif (check := git_apply(scratch, patch, "--check")).returncode != 0:
+                results.append(CheckResult(patch.name, "does not apply", check.stderr.strip()))
+            else:
                 git_apply(scratch, patch)
                 results.append(CheckResult(patch.name, "applies cleanly"))
-            else:
-                blocked = True
-                results.append(CheckResult(patch.name, "does not apply", check.stderr.strip()))
     return results
 
 
 def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    """The touched files at every step: the series applied to copies of the base's files.
-
-    Each step's files are checked against the manifest's blob ids, so what a
-    caller gets is exactly what the manifest pins.
-    """
-    refusal = foreign_paths(series)
-    if refusal:
-        raise refusal
+    """The touched files at every step: the series applied to copies of the base's files,
+    each step checked against the manifest's blob ids."""
+    _refuse_foreign_paths(series)
     manifest = series.manifest
     where = manifest.base.wheel
-    steps = manifest.steps
-    per_step = {steps[0]: dict(base_files)}
+    per_step = {manifest.steps[0]: dict(base_files)}
     with scratch_copy(dict(base_files)) as scratch:
         for patch in series.patch_paths:
             result = git_apply(scratch, patch)
@@ -489,7 +447,6 @@ def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, di
                 Exit.PATCHSET_INVALID,
                 f"the files of {where} at step {step} are not the ones "
                 f"{series.folder.name}'s manifest pins ([blobs])",
-                "restore the patch set with `git checkout -- patches/`, or regenerate "
-                "the manifest with scripts/export-patches",
+                f"{RESTORE}, or regenerate the manifest with scripts/export-patches",
             )
     return per_step

@@ -1,7 +1,5 @@
-"""The build tree's conventions: where it lives, its tag and branch, its step trees.
-
-Also the one way to read the series' files out of a tree, a checkout or a wheel.
-"""
+"""The build tree's conventions (where it lives, its tag and branch, its step trees),
+and the one way to read the series' files out of a tree, a checkout or a wheel."""
 
 from __future__ import annotations
 
@@ -9,11 +7,10 @@ import shutil
 from pathlib import Path
 
 from . import wheel as wheels
+from .catalog import Files
 from .errors import BackportError, Exit
 from .git import Git, open_checkout
 from .manifest import PinManifest, Series
-
-Files = dict[str, bytes | None]  # path -> its bytes, None where there is no such file
 
 
 def build_tree_path(series: Series, build: Path) -> Path:
@@ -35,11 +32,8 @@ def series_commits(git: Git, manifest: PinManifest) -> list[str]:
 
 
 def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
-    """path -> its bytes at rev (None where rev has no such file), in one git call.
-
-    The paths are sglang's own; in a repository that vendors sglang they are
-    read under git.prefix.
-    """
+    """path -> its bytes at rev (None where rev has no such file), in one git call;
+    read under git.prefix where the repository vendors sglang."""
     paths = list(manifest.files)
     asked = "".join(f"{rev}:{git.prefix}{path}\n" for path in paths).encode()
     result = git.read("cat-file", "--batch", input=asked)
@@ -59,27 +53,20 @@ def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
     return found
 
 
-def files_of_checkout(series: Series, path: Path) -> Files:
-    return files_at(open_checkout(path), "HEAD", series.manifest)
-
-
 def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[Files, str]:
     """The touched files of the build tree if it exists, else of the pinned wheel."""
     repo = build_tree_path(series, build)
     if repo.is_dir():
-        return files_of_checkout(series, repo), str(repo)
+        return files_at(open_checkout(repo), "HEAD", series.manifest), str(repo)
     wheel = wheels.fetch_wheel(series.manifest.base, cache)
     return dict(wheels.read_files(wheel, series.manifest.files)), str(wheel)
 
 
 def step_trees(series: Series, build: Path) -> dict[str, Path]:
-    """step -> folder whose python/ holds that step's sglang package.
-
-    The build tree must already be patched (scripts/apply-patches). Each step is
-    a detached git worktree of it under build/steps/<version>/, reused while its
-    commit is unchanged. The build tree is ours, so pruning its worktree records
-    (of step folders someone deleted) touches nothing of a user's.
-    """
+    """step -> folder whose python/ holds that step's sglang package: a detached worktree
+    of the patched build tree under build/steps/<version>/, reused while its commit is
+    unchanged (the build tree is ours, so pruning its worktree records touches nothing
+    of a user's)."""
     manifest = series.manifest
     git = Git(build_tree_path(series, build), owned=True)
     revs = [git.rev(pristine_tag(manifest)) or "", *series_commits(git, manifest)]

@@ -1,9 +1,9 @@
 """The one catalog: which sglang release, series and step a set of files is.
 
-Loaded once from patches/releases.toml and every pin.toml: each step of each
-series and each known release, by the git blob ids of the three files, with
-the races each leaves open. Standard library only, so that check-install and
-its zipapp carry it.
+Loaded once from patches/releases.toml and every pin.toml: each step of each series
+and each known release, by the blob ids of the three files, with the races each
+leaves open. Standard library only and Python 3.10-safe: check-install's zipapp
+carries it.
 """
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ class KnownContent:
 
 
 Blobs = dict[str, str | None]  # repository path -> git blob id (None: missing)
+Files = dict[str, bytes | None]  # repository path -> its bytes (None: missing)
 
 
-def blobs_of(files: dict[str, bytes | None]) -> Blobs:
+def blobs_of(files: Files) -> Blobs:
     """The git blob id of each file (None for a missing one)."""
     return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
 
@@ -111,11 +112,15 @@ class Catalog:
         """The known releases whose file at path is this blob, oldest first."""
         return [version for version, files in self.releases.items() if files.get(path) == blob]
 
+    def prs(self, fixes: frozenset[str]) -> frozenset[str]:
+        """The pull requests of these fixes (releases.toml's names), as KnownContent.fixes."""
+        return frozenset(self.fix_prs[fix] for fix in fixes)
+
     def like(self, fixes: frozenset[str], release: str | None) -> KnownContent | None:
         """Known content that carries exactly these fixes (releases.toml's names), so
         leaves open the races they leave open: release's own where it has such content,
         else the newest release's; a release as shipped before a step of ours."""
-        prs = frozenset(self.fix_prs[fix] for fix in fixes)
+        prs = self.prs(fixes)
         found = [c for entries in self.by_blobs.values() for c in entries if c.fixes == prs]
 
         def rank(content: KnownContent) -> tuple[object, ...]:
@@ -151,12 +156,8 @@ def load_catalog(patches_root: Path) -> Catalog:
         )
     registry = load_releases(patches_root / RELEASES_NAME)
     all_series = [Series.load(folder, registry) for folder in folders]
-
-    def prs(fixes: frozenset[str]) -> frozenset[str]:
-        return frozenset(f"sgl-project/sglang#{registry.fixes[f].pr}" for f in fixes)
-
     catalog = Catalog(files=list(all_series[0].manifest.files))
-    catalog.fix_prs = {name: next(iter(prs(frozenset([name])))) for name in registry.fixes}
+    catalog.fix_prs = {name: f"sgl-project/sglang#{fix.pr}" for name, fix in registry.fixes.items()}
     open_with: dict[frozenset[str], tuple[str, ...]] = {}
     races_with: dict[frozenset[str], tuple[tuple[str, tuple[RaceEntry, ...]], ...]] = {}
     for series in all_series:
@@ -168,40 +169,32 @@ def load_catalog(patches_root: Path) -> Catalog:
                 "its steps leave open is not known",
                 "write them from a run: scripts/race-check --write-expected",
             )
-        served = ", ".join(manifest.releases)
+        served, folder = ", ".join(manifest.releases), series.folder.name
+        label = f" +{manifest.local_version}" if manifest.local_version else ""
+        names = {
+            manifest.final_step: f"sglang {served} with the series {folder} applied{label}",
+            manifest.steps[0]: f"unpatched sglang {served}",
+        }
         for index, step in enumerate(manifest.steps):
-            if index == 0:
-                name = f"unpatched sglang {served}"
-            elif step == manifest.final_step:
-                label = f"+{manifest.local_version}" if manifest.local_version else ""
-                name = f"sglang {served} with the series {series.folder.name} applied {label}"
-            else:
-                name = f"sglang {served} with {series.folder.name} applied up to patch {step}"
-            fixes, open_ = manifest.step_fixes[step], tuple(manifest.open_races(step))
+            name = names.get(step, f"sglang {served} with {folder} applied up to patch {step}")
+            fixes, left = manifest.step_fixes[step], tuple(manifest.open_races(step))
             # a race open at any step with these fixes is open with them
-            open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + open_))
+            open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + left))
             races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
             races_with.setdefault(fixes, races)
+            version = manifest.base.version
             content = KnownContent(
-                name.strip(),
-                prs(fixes),
-                index > 0,
-                open_,
-                manifest.base.version,
-                races,
-                series.folder.name,
-                step,
+                name, catalog.prs(fixes), index > 0, left, version, races, folder, step
             )
             catalog.add(manifest.blobs_at(step), content)
     # A served release is already named by its series' base step.
     catalog.served = {r: s.folder.name for s in all_series for r in s.manifest.releases}
-    served_releases = set(catalog.served)
     catalog.releases = {
         release.version: dict(release.blobs)
         for release in sorted(registry.known.values(), key=lambda r: release_key(r.version))
     }
     for release in registry.known.values():
-        if release.version in served_releases:
+        if release.version in catalog.served:
             continue
         if release.fixes not in open_with:
             raise BackportError(
@@ -211,13 +204,14 @@ def load_catalog(patches_root: Path) -> Catalog:
                 "here holds the same fixes, so which races it leaves open is not measured",
                 "serve a release with those fixes (docs/maintaining.md), or correct its fixes",
             )
+        fixes, version = release.fixes, release.version
         content = KnownContent(
-            f"sglang {release.version}",
-            prs(release.fixes),
+            f"sglang {version}",
+            catalog.prs(fixes),
             False,
-            open_with[release.fixes],
-            release.version,
-            races_with[release.fixes],
+            open_with[fixes],
+            version,
+            races_with[fixes],
         )
         catalog.add(release.blobs, content)
     return catalog

@@ -38,22 +38,25 @@ SAFE_CONFIG = [
 # What the top folder of sglang's source holds (the wheel's sglang/ is this).
 SGLANG_PACKAGE = "python/sglang"
 # The only GIT_* variables of the caller's that reach git: who commits, and when.
-# Every other one may point git at other objects, alternates, a common dir, an
-# index, config, a namespace or git's own programs, and the repository we were
-# given would not be the one git works on.
+# Any other may point git at other objects, alternates, index or config, and the
+# repository we were given would not be the one git works on.
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
+)
+# What a file in the git folder says is half-done there.
+OPERATIONS = (
+    ("rebase-apply", "git am or rebase"),
+    ("rebase-merge", "rebase"),
+    ("MERGE_HEAD", "merge"),
+    ("CHERRY_PICK_HEAD", "cherry-pick"),
 )
 
 
 @dataclass
 class Git:
-    """Runs git in one work tree.
-
-    owned=True marks a repository this project made: user and system git
-    configuration is ignored there, so output (format-patch above all) does
-    not depend on whoever runs the command.
-    """
+    """Runs git in one work tree. owned=True marks a repository this project made: user
+    and system configuration are ignored there, so output (format-patch above all) does
+    not depend on who runs the command."""
 
     cwd: Path
     owned: bool = False
@@ -110,6 +113,10 @@ class Git:
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
 
+    def with_env(self, env: dict[str, str]) -> Git:
+        """The same git, with env added to what every command gets."""
+        return replace(self, extra_env=self.extra_env | env)
+
     def rev(self, spec: str) -> str | None:
         result = self.run("rev-parse", "--verify", "--quiet", spec, check=False)
         return result.stdout.strip() if result.returncode == 0 else None
@@ -132,16 +139,14 @@ class Git:
     def dirty_files(self) -> list[str]:
         """Tracked files (under prefix) with staged or unstaged changes; untracked ones are safe.
 
-        Read without writing and without running a program of the user's: no
-        index refresh is written (GIT_OPTIONAL_LOCKS), and every filter driver
-        the configuration names is switched off, so a file stored through one
-        is compared as it is on disk (and may be called changed).
+        Read without writing (GIT_OPTIONAL_LOCKS) and without a program of the user's:
+        every filter driver is off, so a file stored through one may be called changed.
         """
         keys = self.run("config", "-z", "--name-only", "--get-regexp", r"^filter\.", check=False)
         names = sorted({key[len("filter.") :].rsplit(".", 1)[0] for key in keys.stdout.split("\0")})
         off = [(f"filter.{n}.{k}", "") for n in names if n for k in ("clean", "smudge", "process")]
         off += [(f"filter.{n}.required", "false") for n in names if n]
-        reader = replace(self, extra_env=self.extra_env | config_env(off))
+        reader = self.with_env(config_env(off))
         pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
         listing = reader.run(
             "status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec
@@ -166,15 +171,7 @@ class Git:
 
     def operation_in_progress(self) -> str | None:
         git_dir = Path(self.out("rev-parse", "--absolute-git-dir"))
-        for marker, name in (
-            ("rebase-apply", "git am or rebase"),
-            ("rebase-merge", "rebase"),
-            ("MERGE_HEAD", "merge"),
-            ("CHERRY_PICK_HEAD", "cherry-pick"),
-        ):
-            if (git_dir / marker).exists():
-                return name
-        return None
+        return next((name for marker, name in OPERATIONS if (git_dir / marker).exists()), None)
 
 
 def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
@@ -186,11 +183,8 @@ def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def open_checkout(path: Path) -> Git:
-    """A Git for a user's checkout, refusing a path that is not one.
-
-    path is the folder that holds python/sglang: the repository's top folder,
-    or a folder inside it where sglang is vendored (then Git.prefix says where).
-    """
+    """A Git for a user's checkout (the folder that holds python/sglang: the repository's
+    top, or where it vendors sglang, then named by Git.prefix); else a refusal."""
     if not path.is_dir():
         raise BackportError(
             Exit.NOT_A_CHECKOUT,
@@ -232,8 +226,7 @@ def open_checkout(path: Path) -> Git:
 def _where_sglang_is(path: Path, here: Path, top: Path) -> BackportError:
     """The refusal of a path without python/sglang, naming the folder to pass if one is near."""
     up = [f for f in [here, *here.parents] if f == top or top in f.parents]
-    down = [f.parents[1] for f in sorted(here.glob(f"*/{SGLANG_PACKAGE}"))]
-    down += [f.parents[1] for f in sorted(here.glob(f"*/*/{SGLANG_PACKAGE}"))]
+    down = [f.parents[1] for d in ("*", "*/*") for f in sorted(here.glob(f"{d}/{SGLANG_PACKAGE}"))]
     found = [f for f in [*up, *down] if (f / SGLANG_PACKAGE).is_dir()]
     if len(found) == 1:
         return BackportError(

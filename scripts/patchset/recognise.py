@@ -1,27 +1,28 @@
-"""Which served release and step a checkout's files are, through the one catalog; or why none.
-
-Every answer comes from patchset/catalog.py (blob ids) and, for files it does not
-know, patchset/shape.py (the judgement by code shape); this module only words them.
-"""
+"""Which served release and step a checkout's files are, or why none: the answers of
+patchset/catalog.py (blob ids) and patchset/shape.py (code shape), worded."""
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import paths, shape
-from .catalog import Blobs, Catalog, blobs_of, series_steps, step_in
+from .catalog import Blobs, Catalog, Files, blobs_of, series_steps, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
-
-Files = dict[str, bytes | None]  # repository path -> its bytes (None: missing)
 
 
 @dataclass(frozen=True)
 class Recognised:
     series: Series
     step: str  # the step of the series the files are at
+
+
+def full_check(where: str | Path) -> str:
+    """The command that runs the race checker on a tree: the next step for a fork."""
+    return shlex.join(["scripts/race-check", "--tree", str(where)])
 
 
 def reading(series: Series | None) -> Series:
@@ -52,35 +53,30 @@ def recognise_or_refuse(
 
 
 def refusal(
-    catalog: Catalog,
-    files: Files,
-    where: str,
-    series: Series | None = None,
-    checkout: bool = False,
+    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
 ) -> BackportError:
-    """Why files that are at no step of the series (or of any series) are refused:
-    ALREADY_UPSTREAM for a fixed release or a tree judged fixed by its code shape,
-    else BASE_MISMATCH naming the nearest release; for a user's checkout (where is
-    its path) close to a served release, the next step names --3way."""
+    """Why files at no step of the series (or of any) are refused: ALREADY_UPSTREAM when
+    fixed (by release or code shape), else BASE_MISMATCH naming the nearest release and,
+    for a user's checkout near a served release, --3way."""
     blobs = blobs_of(files)
     manifest = reading(series).manifest
     version = manifest.base.version
     expected = manifest.blobs_at(BASE_STEP)
     if series is None:
         served = ", ".join(catalog.served)
-        lines = [f"{where} holds none of the sglang releases served here ({served}):"]
-        lines.append(f"  (compared with sglang {version}:)")
+        lines = [
+            f"{where} holds none of the sglang releases served here ({served}):",
+            f"  (compared with sglang {version}:)",
+        ]
     else:
         lines = [f"{where} is not sglang {version}, the base this series is pinned to:"]
     for path, blob in blobs.items():
-        if blob == expected.get(path):
-            continue
         if blob is None:
             lines.append(f"  {path}: missing")
-            continue
-        same_in = catalog.releases_holding(path, blob)
-        known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
-        lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
+        elif blob != expected.get(path):
+            same_in = catalog.releases_holding(path, blob)
+            known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
+            lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
 
     looks_like = catalog.releases_with(blobs)
     fixed = manifest.upstream_fixed.version
@@ -95,7 +91,9 @@ def refusal(
             "\n".join(lines),
             "no patch is needed: the fixes are already upstream",
         )
-    if not looks_like:
+    if looks_like:
+        lines.append(f"It looks like sglang {looks_like[-1]}.")
+    else:
         judged = shape.judge(Sources.from_texts(files))
         if judged.fixed:
             lines.append(
@@ -105,27 +103,20 @@ def refusal(
             return BackportError(
                 Exit.ALREADY_UPSTREAM,
                 "\n".join(lines),
-                "no patch is needed; for the full check run "
-                + shlex.join(["scripts/race-check", "--tree", where]),
+                f"no patch is needed; for the full check run {full_check(where)}",
             )
-    if looks_like:
-        lines.append(f"It looks like sglang {looks_like[-1]}.")
-    else:
         near = catalog.nearest_release(blobs)
         lines.append(
             "It matches no sglang release this series knows"
             + (f"; the nearest is sglang {near}." if near else ".")
         )
-    if series is None:
-        next_step = (
-            "check out the tag of one of those releases; for another release a patch set "
-            "of its own is needed under patches/"
-        )
-    else:
-        next_step = (
-            f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
-            "for other releases a patch set of their own is needed under patches/"
-        )
+    next_step = (
+        "check out the tag of one of those releases; for another release a patch set "
+        "of its own is needed under patches/"
+        if series is None
+        else f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
+        "for other releases a patch set of their own is needed under patches/"
+    )
     fork_of = None if looks_like else catalog.nearest_release(blobs, catalog.served)
     if fork_of and checkout:
         command = ["scripts/apply-patches", "--sglang", where, "--3way"]

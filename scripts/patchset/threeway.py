@@ -1,16 +1,9 @@
 """apply-patches --sglang PATH --3way: a served release's series onto a fork of it.
 
-A fork's files match no release, so no step of a series, and the patches cannot
-be checked against a pin. Here the series of the nearest served release (or of
-the one named with --base or --patch-set) is applied with git's three-way merge:
-that release's files at every step, from its pinned wheel (sha256-checked) with
-the series applied and each step checked against the manifest, are written into
-the user's repository as loose objects (harmless: nothing refers to them), so
-that `git apply --cached --3way` finds each patch's preimage. git never fuzzes
-here. The merge runs on a temporary index in a marked folder, and the branch is
-made with one ref update only when the merged files are judged "fixed" by their
-code shape (patchset/shape.py); a conflict or any other judgement changes
-nothing of the user's.
+The release's files at every step (from its pinned wheel) are written into the
+user's repository as unreferenced loose objects, so that `git apply --cached --3way`
+finds each preimage; the branch is made only when the result is judged "fixed" by
+its code shape (patchset/shape.py). docs/apply.md says the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import shape
@@ -26,12 +19,14 @@ from . import wheel as wheels
 from .apply import (
     TEMP_PREFIX,
     ApplyReport,
-    _commit_identity,
-    _create_branch,
-    _message_of,
-    _refuse_clash,
-    _tmpdir,
+    commit_identity,
+    commit_patch,
+    create_branch,
+    delete_or_rename,
     files_per_step,
+    on_index,
+    refuse_clash,
+    tmpdir,
     verify,
 )
 from .buildtree import default_branch, files_at
@@ -39,13 +34,14 @@ from .catalog import Catalog, blobs_of
 from .errors import BackportError, Exit
 from .git import Git, config_env
 from .lock import marked_folder
-from .manifest import PinManifest, Series, series_for_release
+from .manifest import Series, series_for_release
 from .paths import PATCHES_ROOT
-from .recognise import Files
+from .recognise import Files, full_check
 from .shapeflow import Sources, functions
 
 # A patch's blob ids (exported with --full-index): "index <pre>..<post>[ <mode>]".
 INDEX_LINE = re.compile(r"^(index )([0-9a-f]{40})\.\.([0-9a-f]{40})", re.M)
+Touched = list[tuple[str, str]]  # (path, function) that both the fork and the series change
 
 
 @dataclass
@@ -68,28 +64,26 @@ class OntoFork:
         branch = self.branch or default_branch(manifest)
         exists = git.branch_exists(branch)
         if not exists:
-            _refuse_clash(git, branch, self.where)
+            refuse_clash(git, branch, self.where)
         wheel = wheels.fetch_wheel(manifest.base, self.cache)
         per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
         ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
         report = ApplyReport(where=self.where, branch=branch)
-        with marked_folder(_tmpdir(), TEMP_PREFIX) as scratch:
+        note = (
+            f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
+            "by scripts/apply-patches --3way: git's three-way merge, the result "
+            "judged fixed by its code shape.)\n"
+        )
+        with marked_folder(tmpdir(), TEMP_PREFIX) as scratch:
             ids = _write_preimages(git, per_step, scratch)
             merger, self.drivers = _merger(git, scratch)
             merger.run("read-tree", head)
             tip = head
-            _commit_identity(git)
+            commit_identity(git)
             for patch in series.patch_paths:
                 self._merge(merger, patch, ids, scratch, ours, manifest.base.version)
                 tree = merger.out("write-tree")
-                message, author = _message_of(git, patch, scratch)
-                message += (
-                    f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
-                    "by scripts/apply-patches --3way: git's three-way merge, the result "
-                    "judged fixed by its code shape.)\n"
-                )
-                committer = replace(git, extra_env=git.extra_env | author)
-                tip = committer.run("commit-tree", tree, "-p", tip, input=message).stdout.strip()
+                tip = commit_patch(git, patch, tree, tip, scratch, note)
                 report.applied.append(patch.name)
             merged = files_at(git, tip, manifest)
             judged = shape.judge(Sources.from_texts(merged))
@@ -102,20 +96,23 @@ class OntoFork:
                     + _said(ours),
                     "nothing of yours was changed (no branch was made); your fork orders "
                     "the prebuilt path in its own way, so make the fix there by hand "
-                    "(docs/apply.md, --3way), then check it with "
-                    + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
+                    f"(docs/apply.md, --3way), then check it with {full_check(self.where)}",
                 )
-            if exists:
-                self._already(git, branch, merged, report, manifest)
+            if not exists:
+                create_branch(git, branch, tip, self.where)
+            elif files_at(git, f"refs/heads/{branch}", manifest) == merged:
+                report.already, report.applied = report.applied, []
             else:
-                _create_branch(git, branch, tip, self.where)
+                raise BackportError(
+                    Exit.BRANCH_EXISTS,
+                    f"branch {branch} already exists in {self.where} and does not hold this merge",
+                    f"{delete_or_rename(branch, self.where)}; nothing of yours was changed",
+                )
         report.notes = [
             f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
             f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
             *_said(ours).strip().splitlines(),
-            "next step, the full check: "
-            + shlex.join(["scripts/race-check", "--tree", str(self.where)])
-            + " (after switching to the branch)",
+            f"next step, the full check: {full_check(self.where)} (after switching to the branch)",
         ]
         return report
 
@@ -139,7 +136,7 @@ class OntoFork:
         patch: Path,
         ids: dict[str, str],
         scratch: Path,
-        ours: list[tuple[str, str]],
+        ours: Touched,
         version: str,
     ) -> None:
         """Apply one patch to the temporary index by three-way merge; refuse a conflict."""
@@ -169,22 +166,7 @@ class OntoFork:
             "nothing of yours was changed (no branch was made); port the series by hand on "
             f"a branch of your fork (`git -C {shlex.quote(str(self.where))} am -3 "
             f"{shlex.quote(str(patch.parent))}/*.patch` stops at the conflict: the preimages "
-            "are in your repository now), then check it with "
-            + shlex.join(["scripts/race-check", "--tree", str(self.where)]),
-        )
-
-    def _already(
-        self, git: Git, branch: str, merged: Files, report: ApplyReport, manifest: PinManifest
-    ) -> None:
-        tip = f"refs/heads/{branch}"
-        if files_at(git, tip, manifest) == merged:
-            report.already, report.applied = report.applied, []
-            return
-        raise BackportError(
-            Exit.BRANCH_EXISTS,
-            f"branch {branch} already exists in {self.where} and does not hold this merge",
-            f"delete it (`{shlex.join(['git', '-C', str(self.where), 'branch', '-D', branch])}`)"
-            " or pass --branch with another name; nothing of yours was changed",
+            f"are in your repository now), then check it with {full_check(self.where)}",
         )
 
 
@@ -208,16 +190,14 @@ def _write_preimages(
 
 
 def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
-    """git on a temporary index, with no merge driver of the user's configuration run:
-    each one (named in the list) is replaced by `false`, so a file it would merge is
-    a conflict."""
+    """git on a temporary index, each merge driver of the user's (named in the list)
+    replaced by `false`: a file one would merge is a conflict."""
     keys = git.run(
         "config", "-z", "--name-only", "--get-regexp", r"^merge\..*\.driver$", check=False
     )
     names = sorted({key[len("merge.") : -len(".driver")] for key in keys.stdout.split("\0") if key})
     env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
-    index = {"GIT_INDEX_FILE": str(scratch / "index")}
-    return replace(git, extra_env=git.extra_env | env | index), names
+    return on_index(git, scratch).with_env(env), names
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
@@ -236,9 +216,7 @@ def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
     return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
 
 
-def fork_changes(
-    base: dict[str, bytes], fork: Files, patched: dict[str, bytes]
-) -> list[tuple[str, str]]:
+def fork_changes(base: dict[str, bytes], fork: Files, patched: dict[str, bytes]) -> Touched:
     """(path, function) of each function that both the fork (against the release's
     files) and the series (the release's files against its final step) change, by
     qualified name (Class.method); a fork's file that does not parse is named whole."""
@@ -256,7 +234,7 @@ def fork_changes(
     return found
 
 
-def _said(ours: list[tuple[str, str]]) -> str:
+def _said(ours: Touched) -> str:
     if not ours:
         return "\nNone of your fork's changes is in a function the series changes."
     listed = "".join(f"\n  {path} {name}" for path, name in ours)
