@@ -40,6 +40,25 @@ try:
         ServerArgs = module.ServerArgs
 except BaseException as err:
     say({"import_error": why(err)})
+# From here sglang's handlers run: what they write goes into this scratch folder
+# (the cwd) only; a write anywhere else (an absolute --crash-dump-folder) is refused.
+SCRATCH = os.path.realpath(os.getcwd()) + os.sep
+WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+CHANGES = {"os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.symlink",
+           "os.link", "os.chmod", "os.chown", "os.truncate", "os.utime", "shutil.rmtree"}
+def outside(path):
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False  # a file descriptor: opened before, or inside
+    return not os.path.realpath(os.fsdecode(path)).startswith(SCRATCH)
+def guard(event, args):
+    if event == "open":
+        mode, flags = args[1], args[2] or 0
+        writes = (isinstance(mode, str) and set(mode) & set("wax+")) or flags & WRITES
+        if writes and outside(args[0]):
+            raise PermissionError(13, "check-install's probe writes nowhere", args[0])
+    elif event in CHANGES and args and outside(args[0]):
+        raise PermissionError(13, "check-install's probe changes nothing", args[0])
+sys.addaudithook(guard)
 parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
 ServerArgs.add_cli_args(parser)
 argv = request["args"]

@@ -308,6 +308,19 @@ def test_the_probe_runs_sglangs_handlers_in_a_scratch_folder(tmp_path: Path, mon
     assert sorted(caller.iterdir()) == [] and sorted(tmp.iterdir()) == []
 
 
+def test_the_probe_writes_nothing_outside_its_scratch_folder(tmp_path: Path, monkeypatch):
+    """An absolute --crash-dump-folder: sglang's handler would make it where it points;
+    the probe refuses that write, and the settings are still read."""
+    python, tree = release_env(DEFAULT)
+    monkeypatch.setenv("PYTHONPATH", str(tree))
+    dumps = tmp_path / "elsewhere" / "dumps"
+    args = shlex.split(DECODE_EAGLE + f" --crash-dump-folder {dumps}")
+    settings = parse_with_server_args(python, args, {}, load_releases().launch[DEFAULT])
+    assert f"sglang {DEFAULT}'s own ServerArgs" in settings.parser, settings.parser
+    assert settings.get("disaggregation_mode") == "decode"
+    assert not (tmp_path / "elsewhere").exists(), sorted((tmp_path / "elsewhere").rglob("*"))
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_arguments_the_release_does_not_parse_are_refused(release: str, probed):
     """What sglang's own parser refuses is no configuration a server runs: 28, never 26."""
