@@ -112,16 +112,14 @@ def _unknown_content(
     it has open). Exposed if the configuration reaches one of them, else exposure
     unknown; with no release to assume, the settings are read and shown, and
     exposure is unknown."""
+    shipped, assumed = found.judged_as, verdict  # the verdict says how they were judged
     version = found.dist.version.split("+")[0] if found.dist else ""
     known = registry.known.get(version)
-    as_shipped = [c for c in catalog.lookup(dict(known.blobs)) if not c.ours] if known else []
-    if found.judged_as:  # the verdict already says how the files were judged
-        shipped, assumed = found.judged_as, verdict
-    elif as_shipped:
-        shipped = as_shipped[0]
+    if shipped is None and known:
+        shipped = next((c for c in catalog.lookup(dict(known.blobs)) if not c.ours), None)
         assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"
-    assumed_release = shipped.release if found.judged_as or as_shipped else None
-    if assumed_release in registry.launch:
+    assumed_release = shipped.release if shipped else None
+    if shipped and assumed_release in registry.launch:
         table = registry.launch[assumed_release]
         settings = _settings(args, table, assumed_release, python, env)
         result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
@@ -154,8 +152,8 @@ def _table(table: LaunchSettings | None, release: str) -> LaunchSettings:
     if table is None:
         raise BackportError(
             Exit.PATCHSET_INVALID,
-            f'{zipapp.data_root() / RELEASES_NAME} has no [launch."{release}"], so the launch '
-            "arguments cannot be read for that release",
-            "add the table (docs/check-install.md says how it is measured)",
+            f"{zipapp.data_root() / RELEASES_NAME}: sglang {release} names no launch profile "
+            "(launch = PROFILE), so the launch arguments cannot be read for that release",
+            "name its [launch.PROFILE] (docs/maintaining.md, adding a release)",
         )
     return table

@@ -382,8 +382,8 @@ def parse_with_table(
         )
     return Settings(
         values,
-        f'the table [launch."{table.release}"] of releases.toml ({why}); sglang\'s own '
-        "adjustments were not evaluated",
+        f"the launch profile [launch.{table.profile}] that sglang {table.release} names in "
+        f"releases.toml ({why}); sglang's own adjustments were not evaluated",
         eagle,
         unsettled=unsettled,
     )

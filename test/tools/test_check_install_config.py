@@ -219,9 +219,10 @@ def test_exit_codes_of_issue_25():
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_launch_table_is_the_releases_own_parser(release: str, probed):
-    """Each flag of [launch."X"] as that release spells it, with its default; no other
-    option sets those fields (the table parser would miss it), --disaggregation-mode's
-    choices are the table parser's, and --model-path (which it also reads) is there."""
+    """Each flag of the launch profile the release names, as that release spells it,
+    with its default; no other option sets those fields (the table parser would miss
+    it), --disaggregation-mode's choices are the table parser's, and --model-path
+    (which it also reads) is there."""
     from checkinstall.launchargs import DISAGGREGATION_MODES, NEUTRAL
 
     listed = probe_of(probed, release, "actions").json()
@@ -376,7 +377,9 @@ def test_bare_copy_falls_back_to_the_table(tmp_path: Path):
         tree_on_path=bare,
     )  # fmt: skip
     parsed = line(result, "configuration parsed by")
-    assert f'[launch."{DEFAULT}"]' in parsed and "cannot be imported there" in parsed
+    profile = load_releases().launch[DEFAULT].profile
+    assert f"[launch.{profile}] that sglang {DEFAULT} names" in parsed
+    assert "cannot be imported there" in parsed
     assert result.returncode == Exit.EXPOSED, result.stdout
     assert "the WAR barrier is off" in line(result, "device: npu")
     assert "L1, S1, S2, S4, S6, S8; buffers new_seq_lens_buf" in result.stdout
