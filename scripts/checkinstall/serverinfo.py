@@ -1,11 +1,6 @@
-"""--server-info: a running server's /server_info, read as hostile input.
-
-Whatever answers may be anything (not HTTP, an endless body or drip, JSON nested a
-million deep, a redirect elsewhere): each ends in exit 16 with the reason. The answer
-is capped at MAX_BYTES within one deadline; redirects stay within the origin, so the
-token goes nowhere else; credentials in the URL and a bad key are refused before
-anything is sent.
-"""
+"""--server-info: a running server's /server_info, read as hostile input (anything may
+answer): exit 16 with the reason, the answer capped at MAX_BYTES within one deadline,
+redirects kept within the origin so the token goes nowhere else."""
 
 from __future__ import annotations
 
@@ -42,8 +37,7 @@ def _shown(url: str) -> str:
 
 
 def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
-    """The URL's parts, the request target (its path ending in /server_info, with its
-    query), and the URL as it may be printed."""
+    """The URL's parts, the request target (path ending in /server_info) and the URL."""
     example = "pass e.g. http://HOST:30000"
     try:
         parts = urllib.parse.urlsplit(url)
@@ -68,7 +62,6 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
 
 
 def _controls(text: str, below: int) -> bool:
-    """Whether text holds a character under below, or DEL."""
     return any(ord(c) < below or ord(c) == 0x7F for c in text)
 
 
@@ -87,8 +80,8 @@ def _check_key(api_key: str | None) -> None:
 
 
 class _Deadline:
-    """One deadline for the whole exchange: when it passes, the socket is shut down, so
-    a read that the server keeps alive one byte at a time ends too."""
+    """One deadline for the whole exchange: the socket shut down when it passes, so that
+    a read the server keeps alive one byte at a time ends too."""
 
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
@@ -119,9 +112,8 @@ class _Deadline:
 
 
 def _resolvable(host: str, port: int, deadline: _Deadline) -> None:
-    """The host resolved within the deadline: getaddrinfo takes no timeout, and
-    connect() would wait on a silent name server for as long as it likes. A name
-    that resolves once resolves again at once for the connection itself."""
+    """The host resolved within the deadline: getaddrinfo takes no timeout (a name that
+    resolves once resolves again at once for the connection itself)."""
     errors: list[OSError] = []
 
     def lookup() -> None:
@@ -142,7 +134,6 @@ def _resolvable(host: str, port: int, deadline: _Deadline) -> None:
 
 def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
          deadline: _Deadline) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
-    """One GET: the status, its reason, the headers and (for 200) the body, capped."""
     https = parts.scheme == "https"
     kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
     # the port always given: http.client would read one out of an IPv6 address's colons
@@ -183,8 +174,7 @@ class _TooLarge(Exception):
 
 
 def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dict[str, Any], str]:
-    """The server arguments a running server reports at /server_info, and its URL as it
-    may be printed; BackportError (exit 16) for anything else."""
+    """The server arguments at /server_info, and its URL as it may be printed."""
     parts, target, shown = _target(url)
     _check_key(api_key)
     headers = {"Accept": "application/json", "Connection": "close"}
@@ -211,13 +201,13 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
             moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
             try:
                 there = (moved.scheme, moved.hostname, moved.port)
-            except ValueError:
+            except ValueError:  # a port that is not a number
                 there = ("", None, None)
             if there != origin or moved.username or moved.password:
-                where = f"{moved.scheme}://{moved.hostname}:{moved.port or ''}".rstrip(":")
+                where = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}"
                 raise _refuse(
                     shown,
-                    f"it redirects (HTTP {status}) to another origin, {where}: not followed, "
+                    f"it redirects (HTTP {status}) to another origin, {where!r}: not followed, "
                     "and the token was not sent there",
                     "pass the URL of the server itself (its host and port)",
                 )
