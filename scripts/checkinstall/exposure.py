@@ -10,16 +10,8 @@ from patchset.errors import Exit
 from patchset.manifest import LaunchSettings, RaceEntry
 from patchset.plays import Play
 
-from checkinstall import serverinfo
-from checkinstall.launchargs import (
-    DISAGGREGATION_MODES,
-    ENV_BOOL,
-    FIELDS,
-    KINDS,
-    Settings,
-    eagle_family,
-    not_understood,
-)
+from checkinstall import launchargs, serverinfo
+from checkinstall.launchargs import FIELDS, Settings
 from checkinstall.serverargs import DEFAULT_DEVICE
 
 HISPARSE_SCENARIO = "H1"  # the hisparse seam: _build_hisparse_decode_batch's stash
@@ -37,17 +29,17 @@ def from_server_info(
     odd = [
         f"{name} is {value!r}"
         for name, value in values.items()
-        if value is not None and not isinstance(value, KINDS[name])
+        if value is not None and not isinstance(value, launchargs.KINDS[name])
     ]
-    if values["disaggregation_mode"] not in DISAGGREGATION_MODES:
+    if values["disaggregation_mode"] not in launchargs.DISAGGREGATION_MODES:
         odd.append(f"disaggregation_mode is {values['disaggregation_mode']!r}")
     if odd:
-        raise not_understood(
+        raise launchargs.not_understood(
             f"--server-info {shown} answers values no sglang server has: {'; '.join(odd)}",
             "point it at the sglang server itself (its host and port)",
         )
-    algorithm = values["speculative_algorithm"]
-    eagle = eagle_family(algorithm, table) if table else str(algorithm or "").startswith("EAGLE")
+    algorithm = str(values["speculative_algorithm"] or "")
+    eagle = launchargs.eagle_family(algorithm, table) if table else algorithm.startswith("EAGLE")
     return Settings(
         values,
         f"the running server's {shown} (its values after sglang's own adjustments)",
@@ -64,13 +56,12 @@ class Exposure:
 
 def judge(
     settings: Settings,
-    races: Mapping[str, tuple[RaceEntry, ...]],
+    races: Mapping[str, tuple[RaceEntry, ...]],  # scenario -> its [races] entries at the step
     table: LaunchSettings | None,
-    install: str,
-    scenarios: Iterable[Play],
+    install: str,  # the install's verdict line
+    plays: Iterable[Play],
 ) -> Exposure:
-    """Whether this configuration reaches the races open in the install (races: its step's
-    [races], scenario -> entries; install: its verdict line)."""
+    """Whether this configuration reaches the races open in the install."""
     lines = [f"configuration parsed by {settings.parser}"]
     keeps_out: list[str] = []  # the settings that keep the deployment out
 
@@ -101,7 +92,7 @@ def judge(
         keeps_out.append(f"overlap off ({by}; turning overlap on exposes it)")
 
     algorithm = settings.get("speculative_algorithm") or "none"
-    plays = [p for p in scenarios if bool(p.spec) == settings.eagle and p.name in races]
+    plays = [p for p in plays if bool(p.spec) == settings.eagle and p.name in races]
     family = "EAGLE family" if settings.eagle else "not EAGLE"
     writes = "all five relay buffers" if settings.eagle else "output_tokens_buf only"
     lines.append(f"speculative algorithm: {algorithm} ({family}): the seeding writes {writes}")
@@ -112,12 +103,12 @@ def judge(
     if device == "cuda" and settings.torch_build == "rocm":
         named += f", {settings.torch_source}"
     raw = settings.env.get(WAR_BARRIER_ENV)
-    read = "unset" if raw is None else ENV_BOOL.get(raw.lower())  # None: invalid for EnvBool
-    barrier_env = read is True
+    # None: a value sglang's EnvBool does not read
+    read = "unset" if raw is None else launchargs.ENV_BOOL.get(raw.lower())
     on = ""  # what turns the WAR barrier on, if anything
     if device == "cuda" and settings.torch_build != "rocm":
         on = f"is_cuda() ({settings.torch_source})"
-    elif barrier_env and table is not None and table.war_barrier_env:
+    elif read is True and table is not None and table.war_barrier_env:
         on = f"{WAR_BARRIER_ENV} is set in the server's environment"
     if on:
         graphs_off = settings.get("disable_cuda_graph") or settings.get("disable_decode_cuda_graph")
@@ -166,23 +157,20 @@ def judge(
     buffers = dict.fromkeys(b for _kind, names, _rows in entries for b in names)
     if settings.unsettled:
         lines.append("not understood: " + "; ".join(settings.unsettled))
+    keeps = "; ".join(keeps_out or ["no scenario this configuration plays is open at this step"])
     if reaching and overlap_on:
-        lines.append(
-            f"verdict: exposed: {install}; this configuration reaches the race: scenarios "
+        code = Exit.EXPOSED
+        verdict = (
+            f"exposed: {install}; this configuration reaches the race: scenarios "
             f"{', '.join(reaching)}; buffers {', '.join(buffers)}"
         )
-        return Exposure(Exit.EXPOSED, lines)
-    if not keeps_out:
-        keeps_out.append("no scenario this configuration plays is open at this step")
-    if settings.unsettled:
-        lines.append(
-            f"verdict: exposure unknown: {install}; as read, this configuration would not "
-            f"reach the race ({'; '.join(keeps_out)}), but what was not understood may "
-            "change that"
+    elif settings.unsettled:
+        code = Exit.EXPOSURE_UNKNOWN
+        verdict = (
+            f"exposure unknown: {install}; as read, this configuration would not reach the "
+            f"race ({keeps}), but what was not understood may change that"
         )
-        return Exposure(Exit.EXPOSURE_UNKNOWN, lines)
-    lines.append(
-        f"verdict: not exposed: {install}; this configuration does not reach the race: "
-        + "; ".join(keeps_out)
-    )
-    return Exposure(Exit.NOT_EXPOSED, lines)
+    else:
+        code = Exit.NOT_EXPOSED
+        verdict = f"not exposed: {install}; this configuration does not reach the race: {keeps}"
+    return Exposure(code, [*lines, f"verdict: {verdict}"])

@@ -19,10 +19,8 @@ from patchset.releases import LAUNCH_FLAGS, LAUNCH_OPTIONAL, LaunchSettings
 
 KINDS = {**LAUNCH_FLAGS, **LAUNCH_OPTIONAL}  # ServerArgs field -> bool (a switch) or str
 FIELDS = tuple(KINDS)
-# ServerArgs.add_cli_args: --disaggregation-mode's choices in every served release
-DISAGGREGATION_MODES = ("null", "prefill", "decode")
-# every release has them, and their one value does not bear on the race
-NEUTRAL = ("--model-path", "--model")
+DISAGGREGATION_MODES = ("null", "prefill", "decode")  # add_cli_args' choices in every release
+NEUTRAL = ("--model-path", "--model")  # in every release; their value does not bear on the race
 CONFIG = "--config"
 # sglang's EnvBool (srt/environ.py), in any case; else sglang warns and takes the default
 ENV_BOOL = dict.fromkeys(("true", "1", "yes", "y"), True)
@@ -60,18 +58,11 @@ class Settings:
     not_evaluated: list[str] = field(default_factory=list)  # "handler (why)"
     unsettled: list[str] = field(default_factory=list)  # with any, never "not exposed"
     adjusted: bool = False  # the values are after sglang's own adjustments
-    # "cuda", "rocm" (its GPU is "cuda" too, but is_cuda() is false), None: taken as CUDA
-    torch_build: str | None = None
+    torch_build: str | None = None  # "cuda", "rocm" (is_cuda() is false), None: taken as CUDA
     torch_source: str = "the torch build not known here: taken as CUDA (--torch-build)"
 
     def get(self, name: str) -> Any:
         return self.values.get(name)
-
-
-@dataclass
-class Launch:
-    args: list[str]  # the options, as sglang's parser gets them
-    env: dict[str, str]  # NAME=VALUE words before the command
 
 
 def not_understood(what: str, next_step: str = "") -> BackportError:
@@ -98,9 +89,9 @@ def _join_continuations(text: str) -> str:
     )
 
 
-def read_launch_args(text: str) -> Launch:
-    """The launch command as a shell runs it: an environment prefix, then `python -m
-    sglang.launch_server`, `sglang serve` or the options alone."""
+def read_launch_args(text: str) -> tuple[list[str], dict[str, str]]:
+    """The options sglang's parser gets and the NAME=VALUE words before the command, as a
+    shell runs it: `python -m sglang.launch_server`, `sglang serve` or the options alone."""
     try:
         words = shlex.split(_join_continuations(text))
     except ValueError as err:
@@ -121,15 +112,15 @@ def read_launch_args(text: str) -> Launch:
         if words[at : at + 2] != ["-m", "sglang.launch_server"]:
             started = shlex.join(words[: at + 2])
             raise not_understood(f"--launch-args start {started!r}, not {_LAUNCH_SERVER}")
-        return Launch(words[at + 2 :], env)
+        return words[at + 2 :], env
     if _SGLANG.match(head) and words[1:2] == ["serve"]:
-        return Launch(_model_type(words[2:]), env)
+        return _model_type(words[2:]), env
     if not head.startswith("-"):
         raise not_understood(
             f"--launch-args start with {head!r}: neither an option nor sglang serve or "
             f"{_LAUNCH_SERVER}"
         )
-    return Launch(words, env)
+    return words, env
 
 
 def _model_type(args: list[str]) -> list[str]:
@@ -151,7 +142,6 @@ def _model_type(args: list[str]) -> list[str]:
 def place_config(args: list[str], config: Path | None, root: Path | None) -> list[str]:
     """args with the --config path as read here: --config FILE (a copy of the server's)
     replaces the one named or is added; a relative one is taken from --config-root."""
-    args = list(args)
     at = config_at(args)
     if config is not None:
         if not config.is_file():
@@ -159,16 +149,14 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
         path = config
     elif at is None:
         return args
+    elif root is None and not Path(args[at + 1]).is_absolute():
+        raise not_understood(
+            f"--config {args[at + 1]} is relative to the server's working folder",
+            "pass --config-root DIR (the folder the server starts in, as copied "
+            "here) or --config FILE (a copy of the server's file)",
+        )
     else:
-        path = Path(args[at + 1])
-        if not path.is_absolute():
-            if root is None:
-                raise not_understood(
-                    f"--config {path} is relative to the server's working folder",
-                    "pass --config-root DIR (the folder the server starts in, as copied "
-                    "here) or --config FILE (a copy of the server's file)",
-                )
-            path = root / path
+        path = (root or Path()) / args[at + 1]  # an absolute path stays as it is
         if not path.is_file():
             raise not_understood(
                 f"--config {args[at + 1]}: {path} is not a file here",
@@ -177,15 +165,14 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
     _check_config(path)
     if at is None:
         return [*args, CONFIG, str(path)]
-    args[at + 1] = str(path)
-    return args
+    return [*args[: at + 1], str(path), *args[at + 2 :]]
 
 
 def _check_config(path: Path) -> None:
     """A config file small and plain: YAML aliases can expand past memory (sglang's too)."""
     try:
         size = path.stat().st_size
-        text = path.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace")
+        text = "" if size > MAX_CONFIG_BYTES else path.read_text("utf-8", "replace")
     except OSError as err:
         raise not_understood(f"--config {path} cannot be read here: {err}") from None
     if size > MAX_CONFIG_BYTES:
@@ -208,15 +195,12 @@ def config_at(args: list[str]) -> int | None:
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
     for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
+        if pair.find("=") < 1:  # no "=", or no name before it
             raise BackportError(
                 Exit.USAGE, f"--env {pair!r} is not NAME=VALUE", "pass e.g. --env FOO=1"
             )
-        env[name] = value
-    return env
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def eagle_family(value: object, table: LaunchSettings) -> bool:

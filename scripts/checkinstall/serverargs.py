@@ -1,5 +1,6 @@
-"""The launch arguments as the release's own ServerArgs reads them in the interpreter
-under check; the release's [launch] profile where that interpreter cannot run it."""
+"""The launch arguments as the release's own ServerArgs reads them in the interpreter under
+check (its parser, then each handler __post_init__ dispatches; those that can turn overlap
+off named when they cannot run), the [launch] profile where that interpreter cannot."""
 
 from __future__ import annotations
 
@@ -7,17 +8,14 @@ import contextlib
 import json
 import os
 import subprocess
-import tempfile
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
 from patchset.manifest import LaunchSettings
 
 from checkinstall.launchargs import FIELDS, Settings, not_understood, parse_with_table, refused
 
-# Runs in the interpreter under check: the release's own ServerArgs parses the arguments,
-# then the handlers __post_init__ dispatches run one by one (it stops at once for a dummy
-# model path), each that can turn overlap off named when it cannot run (no GPU, no model).
 SERVER_ARGS_PROBE = r"""
 import argparse, ast, contextlib, glob, inspect, io, json, logging, os, sys, textwrap
 sys.path[:] = [p for p in sys.path if p != ""]
@@ -84,17 +82,15 @@ OFF = "disable_overlap_schedule"
 srt = os.path.dirname(os.path.abspath(module.__file__))
 sources = [os.path.join(srt, "server_args.py"), os.path.join(srt, "speculative", "spec_info.py")]
 sources += sorted(glob.glob(os.path.join(srt, "arg_groups", "*.py")))
-def true(node):
-    return isinstance(node, ast.Constant) and node.value is True
-def named(node):
-    return isinstance(node, ast.Constant) and node.value == OFF
+def const(node):
+    return node.value if isinstance(node, ast.Constant) else None
 def sets_off(function):  # x.disable_overlap_schedule = True, x[...] = True, {...: True}
     for node in ast.walk(function):
-        targets = node.targets if isinstance(node, ast.Assign) and true(node.value) else []
-        if any(getattr(t, "attr", "") == OFF or named(getattr(t, "slice", None)) for t in targets):
+        targets = node.targets if isinstance(node, ast.Assign) and const(node.value) is True else []
+        if any(OFF in (getattr(t, "attr", ""), const(getattr(t, "slice", None))) for t in targets):
             return True
         pairs = zip(node.keys, node.values) if isinstance(node, ast.Dict) else ()
-        if any(named(key) and true(value) for key, value in pairs):
+        if any(const(key) == OFF and const(value) is True for key, value in pairs):
             return True
     return False
 names, reach = {}, set()
@@ -110,20 +106,16 @@ more = reach
 while more:
     more = {name for name, used in names.items() if name not in reach and used & reach}
     reach |= more
-try:
-    from sglang.srt.arg_groups.overrides import resolved_view
-except BaseException:
-    resolved_view = lambda server: server
 def overlap_off():
     try:
+        from sglang.srt.arg_groups.overrides import resolved_view
         return bool(getattr(resolved_view(server), OFF))
     except BaseException:
         return bool(server.disable_overlap_schedule)
 def self_call(statement):  # NAME for a statement `self.NAME(...)`, else None
     method = getattr(statement.value, "func", None) if isinstance(statement, ast.Expr) else None
-    if isinstance(method, ast.Attribute) and getattr(method.value, "id", "") == "self":
-        return method.attr
-    return None
+    ok = isinstance(method, ast.Attribute) and getattr(method.value, "id", "") == "self"
+    return method.attr if ok else None
 def dispatcher(function):  # __post_init__, or the one method it hands everything to (0.5.18)
     body = ast.parse(textwrap.dedent(inspect.getsource(function))).body[0].body
     body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
@@ -131,13 +123,12 @@ def dispatcher(function):  # __post_init__, or the one method it hands everythin
         return dispatcher(getattr(ServerArgs, self_call(body[0])))
     return body
 turned_off_by, not_evaluated = [], []
-ON_GPU = "it takes values computed on the GPU"
 for statement in dispatcher(ServerArgs.__post_init__):  # its handlers, one by one
     name = self_call(statement)
     if name is None or statement.value.args or statement.value.keywords:
         calls = ast.walk(statement) if name is None else [statement.value]
         called = [getattr(c.func, "attr", None) for c in calls if isinstance(c, ast.Call)]
-        not_evaluated += [[c, ON_GPU] for c in called if c in reach]
+        not_evaluated += [[c, "it takes values computed on the GPU"] for c in called if c in reach]
         continue
     before = overlap_off()
     try:
@@ -146,8 +137,7 @@ for statement in dispatcher(ServerArgs.__post_init__):  # its handlers, one by o
     except KeyboardInterrupt:
         raise
     except BaseException as err:
-        if name in reach:
-            not_evaluated.append([name, why(err)])
+        not_evaluated += [[name, why(err)]] if name in reach else []
         continue
     if overlap_off() and not before:
         turned_off_by.append(name)
@@ -188,20 +178,15 @@ def parse_with_server_args(
 ) -> Settings:
     """The settings as python's own sglang parses args; the table's where it cannot."""
     request = json.dumps(probe_request(args, env, table))
-    # sglang's handlers write where they run (--crash-dump-folder dumps, temporary files):
-    # in a folder of their own, removed afterwards, not the caller's
+    # sglang's handlers write where they run, and temporary files: in a folder of their own
     try:
-        with tempfile.TemporaryDirectory(
-            prefix="check-install-probe-", ignore_cleanup_errors=True
-        ) as scratch:
-            tmp = os.path.join(scratch, "tmp")
-            os.mkdir(tmp)
+        with TemporaryDirectory(prefix="check-install-probe-", ignore_cleanup_errors=True) as tmp:
             result = subprocess.run(
                 [str(python), "-c", SERVER_ARGS_PROBE, request],
                 capture_output=True,
                 text=True,
                 timeout=300,
-                cwd=scratch,
+                cwd=tmp,
                 env=dict(os.environ, TMPDIR=tmp, TEMP=tmp, TMP=tmp),
             )
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -213,18 +198,16 @@ def parse_with_server_args(
 def read_probe(
     python: Path, args: list[str], table: LaunchSettings, returncode: int, stdout: str, stderr: str
 ) -> Settings:
-    """The settings from what SERVER_ARGS_PROBE printed; the table's where it could not
-    import or run sglang's ServerArgs."""
+    """The settings SERVER_ARGS_PROBE printed; the table's where it could not run them."""
     answer = None
     with contextlib.suppress(ValueError):
         answer = json.loads((stdout.strip().splitlines() or [""])[-1])
-    if not isinstance(answer, dict):
+    if not isinstance(answer, dict) or "import_error" in answer:
         last = (stderr.strip().splitlines() or ["no output"])[-1][:160]
-        why = f"sglang's ServerArgs failed there (exit {returncode}: {last})"
-        return parse_with_table(args, table, why, python)
-    if "import_error" in answer:
-        why = f"sglang's ServerArgs cannot be imported there: {answer['import_error']}"
-        return parse_with_table(args, table, why, python)
+        why = f"failed there (exit {returncode}: {last})"
+        if isinstance(answer, dict):
+            why = f"cannot be imported there: {answer['import_error']}"
+        return parse_with_table(args, table, f"sglang's ServerArgs {why}", python)
     if "config_error" in answer:
         raise not_understood(
             f"--config: sglang's ConfigArgumentMerger in {python} refuses the file: "

@@ -31,29 +31,25 @@ def _refuse(url: str, why: str, next_step: str = _UP) -> BackportError:
     return BackportError(Exit.ENVIRONMENT, f"--server-info {url}: {why}", next_step)
 
 
-def _shown(url: str) -> str:
-    """url as it may be printed: without what stands before an @ in its authority."""
-    return repr(re.sub(r"^([^/]*//)[^/?#]*@", r"\1", url))
-
-
 def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
     """The URL's parts, the request target (path ending in /server_info) and the URL."""
     example = "pass e.g. http://HOST:30000"
+    shown = repr(re.sub(r"^([^/]*//)[^/?#]*@", r"\1", url))  # without what stands before an @
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 (a port that is not a number raises here)
     except ValueError as err:
-        raise _refuse(_shown(url), f"not a URL ({err})", example) from None
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise _refuse(shown, f"not a URL ({err})", example) from None
+    if "@" in parts.netloc:
         raise _refuse(
-            _shown(url),
+            shown,
             "the URL holds credentials (USER:PASSWORD@), which are neither sent nor printed",
             "pass the URL without them, and a bearer token with --api-key KEY",
         )
     if _controls(url, 0x21):
-        raise _refuse(_shown(url), "the URL holds spaces or control characters", example)
+        raise _refuse(shown, "the URL holds spaces or control characters", example)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _refuse(_shown(url), "not an http:// or https:// URL with a host", example)
+        raise _refuse(shown, "not an http:// or https:// URL with a host", example)
     path = parts.path.rstrip("/")
     if not path.endswith("server_info"):
         path += "/server_info"
@@ -65,23 +61,9 @@ def _controls(text: str, below: int) -> bool:
     return any(ord(c) < below or ord(c) == 0x7F for c in text)
 
 
-def _check_key(api_key: str | None) -> None:
-    # a header carries latin-1 only
-    if api_key is not None and (
-        _controls(api_key, 0x20) or max(map(ord, api_key), default=0) > 0xFF
-    ):
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            "--api-key holds a control character (a newline?) or a character an HTTP header "
-            "cannot carry; nothing was sent",
-            "pass the key as the server has it, without a trailing newline "
-            "(e.g. --api-key \"$(cat key | tr -d '\\n')\")",
-        )
-
-
 class _Deadline:
-    """One deadline for the whole exchange: the socket shut down when it passes, so that
-    a read the server keeps alive one byte at a time ends too."""
+    """One deadline for the whole exchange: the socket shut down when it passes, so that a
+    read the server keeps alive one byte at a time ends too."""
 
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
@@ -89,6 +71,7 @@ class _Deadline:
         self.sock: socket.socket | None = None
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
+        self._timer.start()
 
     def _expire(self) -> None:
         self.passed = True
@@ -103,11 +86,7 @@ class _Deadline:
             raise TimeoutError
         return left
 
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
+    def close(self) -> None:
         self._timer.cancel()
 
 
@@ -176,28 +155,34 @@ class _TooLarge(Exception):
 def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dict[str, Any], str]:
     """The server arguments at /server_info, and its URL as it may be printed."""
     parts, target, shown = _target(url)
-    _check_key(api_key)
     headers = {"Accept": "application/json", "Connection": "close"}
-    if api_key:
+    if api_key:  # a header carries latin-1 only
+        if _controls(api_key, 0x20) or max(map(ord, api_key)) > 0xFF:
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                "--api-key holds a control character (a newline?) or a character an HTTP "
+                "header cannot carry; nothing was sent",
+                "pass the key as the server has it, without a trailing newline "
+                "(e.g. --api-key \"$(cat key | tr -d '\\n')\")",
+            )
         headers["Authorization"] = f"Bearer {api_key}"
     origin = (parts.scheme, parts.hostname, parts.port)
-    with _Deadline(timeout) as deadline:
+    with contextlib.closing(_Deadline(timeout)) as deadline:
         for _hop in range(MAX_REDIRECTS + 1):
             try:
-                status, reason, answer_headers, body = _get(parts, target, headers, deadline)
+                status, reason, headers_in, body = _get(parts, target, headers, deadline)
             except _TooLarge as err:
                 raise _refuse(
                     shown, f"its answer is larger than {MAX_BYTES} bytes ({err})", _POINT
                 ) from None
             except (OSError, http.client.HTTPException, ValueError) as err:
+                why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
                 if deadline.passed or isinstance(err, TimeoutError):
                     why = f"no whole answer within {timeout:g} s (timed out)"
-                else:
-                    why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
                 raise _refuse(shown, why[:300]) from None
             if status not in (301, 302, 303, 307, 308):
                 break
-            location = answer_headers.get("Location", "")
+            location = headers_in.get("Location", "")
             moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
             try:
                 there = (moved.scheme, moved.hostname, moved.port)
