@@ -21,7 +21,6 @@ KINDS = {**LAUNCH_FLAGS, **LAUNCH_OPTIONAL}  # ServerArgs field -> bool (a switc
 FIELDS = tuple(KINDS)
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # add_cli_args' choices in every release
 NEUTRAL = ("--model-path", "--model")  # in every release; their value does not bear on the race
-CONFIG = "--config"
 # sglang's EnvBool (srt/environ.py), in any case; else sglang warns and takes the default
 ENV_BOOL = dict.fromkeys(("true", "1", "yes", "y"), True)
 ENV_BOOL |= dict.fromkeys(("false", "0", "no", "n"), False)
@@ -33,6 +32,10 @@ _LAUNCH_SERVER = "python -m sglang.launch_server"
 _SHELL_PIECE = re.compile(r"""'[^']*'?|"(?:\\[\s\S]|[^"\\])*"?|\\(?:\r\n|[\s\S])?|[^'"\\]+""")
 _ESCAPE = re.compile(r"\\\r?\n|(\\[\s\S])")  # a continuation, or an escape kept
 MAX_CONFIG_BYTES = 1 << 20
+_AS_RUN = (
+    "pass the options as the running server has them (its chart's args, its unit's ExecStart), "
+    "or ask the server itself with --server-info URL"
+)
 _YAML_ALIAS = re.compile(r"(?:^|[\s\[{,:?-])[&*][^\s\]},]", re.M)
 # yaml.safe_load, as sglang's ConfigArgumentMerger reads the file, in an interpreter with PyYAML
 _YAML_PROGRAM = r"""
@@ -65,14 +68,9 @@ class Settings:
         return self.values.get(name)
 
 
-def not_understood(what: str, next_step: str = "") -> BackportError:
-    return BackportError(
-        Exit.EXPOSURE_UNKNOWN,
-        f"configuration not understood: {what}; exposure unknown (never taken as safe)",
-        next_step
-        or "pass the options as the running server has them (its chart's args, its unit's "
-        "ExecStart), or ask the server itself with --server-info URL",
-    )
+def not_understood(what: str, next_step: str = _AS_RUN) -> BackportError:
+    problem = f"configuration not understood: {what}; exposure unknown (never taken as safe)"
+    return BackportError(Exit.EXPOSURE_UNKNOWN, problem, next_step)
 
 
 def refused(release: str, why: str) -> BackportError:
@@ -127,10 +125,9 @@ def _model_type(args: list[str]) -> list[str]:
     """args without sglang serve's own --model-type; a diffusion server is not judged here."""
     kept, kind, at = [], "auto", 0
     while at < len(args):
-        if args[at] == "--model-type" and at + 1 < len(args):
-            kind, at = args[at + 1], at + 2
-        elif args[at].startswith("--model-type="):
-            kind, at = args[at].partition("=")[2], at + 1
+        name, eq, value = args[at].partition("=")
+        if name == "--model-type" and (eq or at + 1 < len(args)):
+            kind, at = (value, at + 1) if eq else (args[at + 1], at + 2)
         else:
             kept.append(args[at])
             at += 1
@@ -164,7 +161,7 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
             )
     _check_config(path)
     if at is None:
-        return [*args, CONFIG, str(path)]
+        return [*args, "--config", str(path)]
     return [*args[: at + 1], str(path), *args[at + 2 :]]
 
 
@@ -186,7 +183,7 @@ def _check_config(path: Path) -> None:
 
 def config_at(args: list[str]) -> int | None:
     """Where `--config PATH` is: sglang merges the file for that word only, once, with a path."""
-    at = [n for n, word in enumerate(args) if word == CONFIG]
+    at = [n for n, word in enumerate(args) if word == "--config"]
     if len(at) > 1:
         raise not_understood("--config is given more than once (sglang refuses that)")
     if at and at[0] + 1 == len(args):
@@ -247,11 +244,9 @@ def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[s
         elif isinstance(value, bool):
             merged += [option, str(value).lower()]
         elif isinstance(value, list):
-            merged += [option, *(str(item) for item in value)] if value else []
-        elif isinstance(value, dict):
-            merged += [option, json.dumps(value)]
+            merged += [option, *map(str, value)] if value else []
         else:
-            merged += [option, str(value)]
+            merged += [option, json.dumps(value) if isinstance(value, dict) else str(value)]
     return merged + args[:at] + args[at + 2 :]
 
 
