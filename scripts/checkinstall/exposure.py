@@ -40,12 +40,8 @@ def from_server_info(
         )
     algorithm = str(values["speculative_algorithm"] or "")
     eagle = launchargs.eagle_family(algorithm, table) if table else algorithm.startswith("EAGLE")
-    return Settings(
-        values,
-        f"the running server's {shown} (its values after sglang's own adjustments)",
-        eagle,
-        adjusted=True,
-    )
+    parser = f"the running server's {shown} (its values after sglang's own adjustments)"
+    return Settings(values, parser, eagle, adjusted=True)
 
 
 @dataclass(frozen=True)
@@ -66,17 +62,11 @@ def judge(
     keeps_out: list[str] = []  # the settings that keep the deployment out
 
     mode = str(settings.get("disaggregation_mode") or "null")
-    if mode == "decode":
-        lines.append("disaggregation mode: decode: the prebuilt path reaches the race")
-    else:
-        lines.append(
-            f"disaggregation mode: {mode}: only decode seeds prebuilt rows, so this server "
-            "does not reach the race"
-        )
-        keeps_out.append(
-            f"--disaggregation-mode {mode} (serving as decode, --disaggregation-mode decode, "
-            "exposes it)"
-        )
+    reach = "the prebuilt path reaches the race"
+    if mode != "decode":
+        reach = "only decode seeds prebuilt rows, so this server does not reach the race"
+        keeps_out.append(f"--disaggregation-mode {mode} (serving as decode exposes it)")
+    lines.append(f"disaggregation mode: {mode}: {reach}")
 
     overlap_on = not settings.get("disable_overlap_schedule")
     if overlap_on:

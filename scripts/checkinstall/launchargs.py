@@ -27,7 +27,6 @@ ENV_BOOL |= dict.fromkeys(("false", "0", "no", "n"), False)
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(?:.*/)?python[0-9.]*$")
 _SGLANG = re.compile(r"^(?:.*/)?sglang$")
-_LAUNCH_SERVER = "python -m sglang.launch_server"
 # a shell line's pieces: '...', "..." (with its escapes), an escape, or plain text
 _SHELL_PIECE = re.compile(r"""'[^']*'?|"(?:\\[\s\S]|[^"\\])*"?|\\(?:\r\n|[\s\S])?|[^'"\\]+""")
 _ESCAPE = re.compile(r"\\\r?\n|(\\[\s\S])")  # a continuation, or an escape kept
@@ -109,14 +108,16 @@ def read_launch_args(text: str) -> tuple[list[str], dict[str, str]]:
             at += 2 if words[at] in ("-X", "-W") else 1
         if words[at : at + 2] != ["-m", "sglang.launch_server"]:
             started = shlex.join(words[: at + 2])
-            raise not_understood(f"--launch-args start {started!r}, not {_LAUNCH_SERVER}")
+            raise not_understood(
+                f"--launch-args start {started!r}, not python -m sglang.launch_server"
+            )
         return words[at + 2 :], env
     if _SGLANG.match(head) and words[1:2] == ["serve"]:
         return _model_type(words[2:]), env
     if not head.startswith("-"):
         raise not_understood(
             f"--launch-args start with {head!r}: neither an option nor sglang serve or "
-            f"{_LAUNCH_SERVER}"
+            "python -m sglang.launch_server"
         )
     return words, env
 
@@ -262,8 +263,7 @@ def parse_with_table(
     release, unknown, unsettled = table.release, [], []
     at, after_unknown = 0, False
     while at < len(args):
-        word = args[at]
-        at += 1
+        word, at = args[at], at + 1
         if word == "--" or not word.startswith("-") or word == "-":
             if after_unknown:
                 continue  # a value of an option the table does not know
@@ -291,8 +291,7 @@ def parse_with_table(
         if not eq:
             if at == len(args) or (args[at].startswith("-") and args[at] != "-"):
                 raise refused(release, f"{option} expects one value")
-            value = args[at]
-            at += 1
+            value, at = args[at], at + 1
         if flag and flag.field == "disaggregation_mode" and value not in DISAGGREGATION_MODES:
             choices = ", ".join(DISAGGREGATION_MODES)
             raise refused(release, f"{option}: invalid choice {value!r} (choose from {choices})")
@@ -310,10 +309,8 @@ def parse_with_table(
             f"--speculative-algorithm {algorithm}: not in the table's EAGLE family; whether "
             "it seeds the EAGLE draft state only sglang's SpeculativeAlgorithm knows"
         )
-    return Settings(
-        values,
+    parser = (
         f"the launch profile [launch.{table.profile}] that sglang {release} names in "
-        f"releases.toml ({why}); sglang's own adjustments were not evaluated",
-        eagle,
-        unsettled=unsettled,
+        f"releases.toml ({why}); sglang's own adjustments were not evaluated"
     )
+    return Settings(values, parser, eagle, unsettled=unsettled)

@@ -17,7 +17,7 @@ from patchset.manifest import LaunchSettings
 from checkinstall.launchargs import FIELDS, Settings, not_understood, parse_with_table, refused
 
 SERVER_ARGS_PROBE = r"""
-import argparse, ast, contextlib, glob, inspect, io, json, logging, os, sys, textwrap
+import argparse, ast, contextlib, glob, inspect, io, json, logging, os, pathlib, sys, textwrap
 sys.path[:] = [p for p in sys.path if p != ""]
 request = json.loads(sys.argv[1])
 os.environ.update(request["env"])
@@ -31,9 +31,8 @@ def why(err):
     return (type(err).__name__ + (": " + text if text else ""))[:200]
 try:
     with contextlib.redirect_stdout(sys.stderr):
-        from sglang.srt import server_args as module
+        from sglang.srt.server_args import ServerArgs
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        ServerArgs = module.ServerArgs
 except BaseException as err:
     say({"import_error": why(err)})
 # sglang's handlers run from here: they may write in this scratch folder (the cwd) only
@@ -79,7 +78,7 @@ given = {name: getattr(server, name, None) for name in request["fields"]}
 # What can turn overlap off: the functions of server_args.py, spec_info.py and arg_groups/
 # that set disable_overlap_schedule to True, and all that name them.
 OFF = "disable_overlap_schedule"
-srt = os.path.dirname(os.path.abspath(module.__file__))
+srt = os.path.dirname(os.path.abspath(inspect.getfile(ServerArgs)))
 sources = [os.path.join(srt, "server_args.py"), os.path.join(srt, "speculative", "spec_info.py")]
 sources += sorted(glob.glob(os.path.join(srt, "arg_groups", "*.py")))
 def const(node):
@@ -95,9 +94,7 @@ def sets_off(function):  # x.disable_overlap_schedule = True, x[...] = True, {..
     return False
 names, reach = {}, set()
 for source in filter(os.path.isfile, sources):
-    with open(source, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(pathlib.Path(source).read_text(encoding="utf-8"))):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             used = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node)}
             names.setdefault(node.name, set()).update(used - {node.name, None})

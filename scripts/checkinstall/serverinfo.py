@@ -18,7 +18,6 @@ from patchset.errors import BackportError, Exit
 
 MAX_BYTES = 1 << 20  # /server_info of a real server is a few KiB
 MAX_REDIRECTS = 3
-_CHUNK = 1 << 16
 _UP = "check that the server is up and the URL and port are right (curl URL), then run again"
 _POINT = "point it at an sglang server's /server_info"
 _HINTS = {
@@ -51,8 +50,7 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise _refuse(shown, "not an http:// or https:// URL with a host", example)
     path = parts.path.rstrip("/")
-    if not path.endswith("server_info"):
-        path += "/server_info"
+    path += "" if path.endswith("server_info") else "/server_info"
     target = path + (f"?{parts.query}" if parts.query else "")
     return parts, target, urllib.parse.urlunsplit((parts.scheme, parts.netloc, target, "", ""))
 
@@ -125,12 +123,12 @@ def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
             return answer.status, answer.reason, answer.headers, b""
         length = answer.getheader("Content-Length")
         if length and length.strip().isdigit() and int(length) > MAX_BYTES:
-            raise _TooLarge(f"it announces {int(length)} bytes")
+            raise _TooLarge(f"{MAX_BYTES} bytes (it announces {int(length)} bytes)")
         body = bytearray()
         while True:
             if conn.sock is not None:
                 conn.sock.settimeout(deadline.left())
-            chunk = answer.read(_CHUNK)
+            chunk = answer.read(1 << 16)
             if not chunk:
                 if deadline.passed:  # the socket was shut down, not the body ended
                     raise TimeoutError
@@ -139,7 +137,7 @@ def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
                 return answer.status, answer.reason, answer.headers, bytes(body)
             body += chunk
             if len(body) > MAX_BYTES:
-                raise _TooLarge("its body goes on past that")
+                raise _TooLarge(f"{MAX_BYTES} bytes (its body goes on past that)")
     finally:
         conn.close()
 
@@ -168,9 +166,7 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
             try:
                 status, reason, headers_in, body = _get(parts, target, headers, deadline)
             except _TooLarge as err:
-                raise _refuse(
-                    shown, f"its answer is larger than {MAX_BYTES} bytes ({err})", _POINT
-                ) from None
+                raise _refuse(shown, f"its answer is larger than {err}", _POINT) from None
             except (OSError, http.client.HTTPException, ValueError) as err:
                 why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
                 if deadline.passed or isinstance(err, TimeoutError):
