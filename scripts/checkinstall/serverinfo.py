@@ -150,7 +150,7 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
     """The server arguments at /server_info, and its URL as it may be printed."""
     parts, target, shown = _target(url)
     headers = {"Accept": "application/json", "Connection": "close"}
-    if api_key:  # a header carries latin-1 only
+    if api_key:
         if re.search(r"[^\x20-\x7e\x80-\xff]", api_key):  # a control, or not latin-1
             raise BackportError(
                 Exit.ENVIRONMENT,
@@ -176,10 +176,9 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
                 break
             location = headers_in.get("Location", "")
             moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
-            try:
+            there = None
+            with contextlib.suppress(ValueError):  # a port that is not a number
                 there = (moved.scheme, moved.hostname, moved.port)
-            except ValueError:  # a port that is not a number
-                there = ("", None, None)
             if there != origin or moved.username or moved.password:
                 where = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}"
                 raise _refuse(
