@@ -23,7 +23,7 @@ class SubsetDecodeError(ValueError):
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 _NUMBER = re.compile(r"[+-]?(?:0|[1-9](?:_?[0-9])*)(?:\.[0-9](?:_?[0-9])*)?(?:[eE][+-]?[0-9]+)?")
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
-_END_OF_VALUE = " \t\n#,]}"
+_WORDS = {"true": True, "false": False}
 
 
 def _has_control(text: str) -> bool:
@@ -43,16 +43,18 @@ class _Reader:
     def peek(self, n: int = 1) -> str:
         return self.text[self.pos : self.pos + n]
 
+    def take(self, token: str, problem: str) -> None:
+        if self.peek(len(token)) != token:
+            raise self.fail(problem)
+        self.pos += len(token)
+
     def skip_space(self, newlines: bool = False) -> None:
         """Spaces and tabs; with newlines, also line ends and comments."""
-        while self.pos < len(self.text):
-            char = self.text[self.pos]
-            if char in " \t" or (newlines and char in "\r\n"):
-                self.pos += 1
-            elif newlines and char == "#":
+        while (char := self.peek()) and (char in " \t" or (newlines and char in "\r\n#")):
+            if char == "#":
                 self.skip_comment()
             else:
-                return
+                self.pos += 1
 
     def skip_comment(self) -> None:
         end = self.text.find("\n", self.pos)
@@ -65,99 +67,98 @@ class _Reader:
         self.skip_space()
         if self.peek() == "#":
             self.skip_comment()
-        if self.peek(2) == "\r\n":
-            self.pos += 2
-        elif self.peek() == "\n" or self.pos == len(self.text):
-            self.pos += 1
-        else:
+        ending = "\r\n" if self.peek(2) == "\r\n" else self.peek()
+        if ending not in ("\r\n", "\n", ""):
             raise self.fail(f"unexpected {self.peek()!r} after a value")
+        self.pos += len(ending) or 1
+
+    def descend(self, table: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+        for key in keys:
+            node = table.setdefault(key, {})
+            if isinstance(node, list) and node and isinstance(node[-1], dict):
+                node = node[-1]
+            if not isinstance(node, dict):
+                raise self.fail(f"{key!r} is already a value, not a table")
+            table = node
+        return table
 
     def assign(self, table: dict[str, Any]) -> None:
         """KEY = VALUE, set in table."""
         keys = self.key()
-        if self.peek() != "=":
-            raise self.fail("an = was expected after a key")
-        self.pos += 1
-        _set(table, keys, self.value(), self)
+        self.take("=", "an = was expected after a key")
+        value = self.value()
+        parent = self.descend(table, keys[:-1])
+        if keys[-1] in parent:
+            raise self.fail(f"the key {'.'.join(keys)!r} is defined twice")
+        parent[keys[-1]] = value
 
     def key(self) -> list[str]:
         parts = []
         while True:
             self.skip_space()
-            char = self.peek()
-            if char == '"':
-                parts.append(self.basic_string())
-            elif char == "'":
-                parts.append(self.literal_string())
-            else:
-                found = _BARE.match(self.text, self.pos)
-                if not found:
-                    raise self.fail("a key was expected")
+            if self.peek() in ('"', "'"):
+                parts.append(self.string())
+            elif found := _BARE.match(self.text, self.pos):
                 parts.append(found.group())
                 self.pos = found.end()
+            else:
+                raise self.fail("a key was expected")
             self.skip_space()
             if self.peek() != ".":
                 return parts
             self.pos += 1
 
-    def basic_string(self) -> str:
-        self.no_multi_line('"""')
+    def string(self) -> str:
+        """A one-line basic or literal string."""
+        quote = self.peek()
+        if self.peek(3) == quote * 3:
+            raise self.fail("multi-line strings are not in the subset this reader reads")
+        self.pos += 1
+        if quote == "'":
+            end = self.text.find("'", self.pos)
+            value = self.text[self.pos : end] if end >= 0 else "\n"
+            if end < 0 or _has_control(value):
+                raise self.fail("a literal string that does not end on its line")
+            self.pos = end + 1
+            return value
         out = []
-        while True:
-            if self.pos >= len(self.text):
+        while (char := self.peek()) != '"':
+            if not char:
                 raise self.fail("a string that does not end")
-            char = self.text[self.pos]
             self.pos += 1
-            if char == '"':
-                return "".join(out)
             if char == "\\":
-                code = self.peek()
-                if code in _ESCAPES:
-                    out.append(_ESCAPES[code])
-                    self.pos += 1
-                elif code in "uU":
-                    width = 4 if code == "u" else 8
-                    digits = self.text[self.pos + 1 : self.pos + 1 + width]
-                    if not re.fullmatch(rf"[0-9A-Fa-f]{{{width}}}", digits):
-                        raise self.fail(f"a bad \\{code} escape")
-                    value = int(digits, 16)
-                    if 0xD800 <= value <= 0xDFFF or value > 0x10FFFF:
-                        raise self.fail(f"\\{code}{digits} is not a Unicode scalar value")
-                    out.append(chr(value))
-                    self.pos += 1 + width
-                else:
-                    raise self.fail(f"an escape this reader does not know: \\{code}")
+                out.append(self.escape())
             elif _has_control(char):
                 raise self.fail("a control character or line end inside a string")
             else:
                 out.append(char)
-
-    def no_multi_line(self, quotes: str) -> None:
-        if self.peek(3) == quotes:
-            raise self.fail("multi-line strings are not in the subset this reader reads")
         self.pos += 1
+        return "".join(out)
 
-    def literal_string(self) -> str:
-        self.no_multi_line("'''")
-        end = self.text.find("'", self.pos)
-        value = self.text[self.pos : end] if end >= 0 else "\n"
-        if end < 0 or _has_control(value):
-            raise self.fail("a literal string that does not end on its line")
-        self.pos = end + 1
-        return value
+    def escape(self) -> str:
+        code = self.peek()
+        self.pos += 1
+        if code in _ESCAPES:
+            return _ESCAPES[code]
+        width = {"u": 4, "U": 8}.get(code)
+        if width is None:
+            raise self.fail(f"an escape this reader does not know: \\{code}")
+        digits = self.peek(width)
+        if not re.fullmatch(rf"[0-9A-Fa-f]{{{width}}}", digits):
+            raise self.fail(f"a bad \\{code} escape")
+        if 0xD800 <= int(digits, 16) <= 0xDFFF or int(digits, 16) > 0x10FFFF:
+            raise self.fail(f"\\{code}{digits} is not a Unicode scalar value")
+        self.pos += width
+        return chr(int(digits, 16))
 
     def value(self) -> Any:
         self.skip_space()
         char = self.peek()
-        if char == '"':
-            return self.basic_string()
-        if char == "'":
-            return self.literal_string()
-        if char == "[":
-            return self.array()
-        if char == "{":
-            return self.inline_table()
-        for word, meaning in (("true", True), ("false", False)):
+        if char in ('"', "'"):
+            return self.string()
+        if char in ("[", "{"):
+            return self.array() if char == "[" else self.inline_table()
+        for word, meaning in _WORDS.items():
             if self.text.startswith(word, self.pos) and self._ends(self.pos + len(word)):
                 self.pos += len(word)
                 return meaning
@@ -170,7 +171,7 @@ class _Reader:
                         "are not in its subset)")  # fmt: skip
 
     def _ends(self, pos: int) -> bool:
-        return pos >= len(self.text) or self.text[pos] in _END_OF_VALUE or self.text[pos] == "\r"
+        return pos >= len(self.text) or self.text[pos] in " \t\r\n#,]}"
 
     def array(self) -> list[Any]:
         self.pos += 1
@@ -178,49 +179,27 @@ class _Reader:
         while True:
             self.skip_space(newlines=True)
             if self.peek() == "]":
-                self.pos += 1
-                return items
+                break
             items.append(self.value())
             self.skip_space(newlines=True)
-            if self.peek() == ",":
-                self.pos += 1
-            elif self.peek() != "]":
-                raise self.fail("an array needs a comma or a ]")
+            if self.peek() != ",":
+                break
+            self.pos += 1
+        self.take("]", "an array needs a comma or a ]")
+        return items
 
     def inline_table(self) -> dict[str, Any]:
         self.pos += 1
         table: dict[str, Any] = {}
         self.skip_space()
-        if self.peek() == "}":
-            self.pos += 1
-            return table
-        while True:
+        while table or self.peek() != "}":  # a comma before the } is not TOML 1.0
             self.assign(table)
             self.skip_space()
-            if self.peek() == "}":
-                self.pos += 1
-                return table
             if self.peek() != ",":
-                raise self.fail("an inline table needs a comma or a }")
+                break
             self.pos += 1
-
-
-def _descend(table: dict[str, Any], keys: list[str], reader: _Reader) -> dict[str, Any]:
-    for key in keys:
-        node = table.setdefault(key, {})
-        if isinstance(node, list) and node and isinstance(node[-1], dict):
-            node = node[-1]
-        if not isinstance(node, dict):
-            raise reader.fail(f"{key!r} is already a value, not a table")
-        table = node
-    return table
-
-
-def _set(table: dict[str, Any], keys: list[str], value: Any, reader: _Reader) -> None:
-    parent = _descend(table, keys[:-1], reader)
-    if keys[-1] in parent:
-        raise reader.fail(f"the key {'.'.join(keys)!r} is defined twice")
-    parent[keys[-1]] = value
+        self.take("}", "an inline table needs a comma or a }")
+        return table
 
 
 def subset_loads(text: str) -> dict[str, Any]:
@@ -233,30 +212,25 @@ def subset_loads(text: str) -> dict[str, Any]:
         reader.skip_space(newlines=True)
         if reader.pos >= len(text):
             return root
-        if reader.peek(2) == "[[":
-            reader.pos += 2
-            keys = reader.key()
-            if reader.peek(2) != "]]":
-                raise reader.fail("an array-of-tables header needs ]]")
-            reader.pos += 2
-            parent = _descend(root, keys[:-1], reader)
-            array = parent.setdefault(keys[-1], [])
-            if not isinstance(array, list) or (tuple(keys) in headers):
-                raise reader.fail(f"{'.'.join(keys)!r} is already a table or a value")
-            current = {}
-            array.append(current)
-        elif reader.peek() == "[":
-            reader.pos += 1
-            keys = reader.key()
-            if reader.peek() != "]":
-                raise reader.fail("a table header needs ]")
-            reader.pos += 1
+        if reader.peek() != "[":
+            reader.assign(current)
+            reader.end_of_line()
+            continue
+        close = "]]" if reader.peek(2) == "[[" else "]"
+        reader.pos += len(close)
+        keys = reader.key()
+        reader.take(close, f"a table header needs {close}")
+        if close == "]":
             if tuple(keys) in headers:
                 raise reader.fail(f"the table [{'.'.join(keys)}] is defined twice")
             headers.add(tuple(keys))
-            current = _descend(root, keys, reader)
+            current = reader.descend(root, keys)
         else:
-            reader.assign(current)
+            array = reader.descend(root, keys[:-1]).setdefault(keys[-1], [])
+            if not isinstance(array, list) or tuple(keys) in headers:
+                raise reader.fail(f"{'.'.join(keys)!r} is already a table or a value")
+            current = {}
+            array.append(current)
         reader.end_of_line()
 
 
