@@ -24,6 +24,7 @@ from .manifest import (
     PinManifest,
     release_key,
     require_folder,
+    series_entries,
     sha256_of,
     step_of,
 )
@@ -95,8 +96,7 @@ def _read_series(report: LintReport, folder: Path) -> tuple[list[tuple[str, int]
     if not series_file.is_file():
         report.add(series_file, None, "series", "the series file does not exist")
         return [], []
-    lines = enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1)
-    entries = [(line.strip(), n) for n, line in lines if line.strip()[:1] not in ("", "#")]
+    entries = series_entries(series_file)
     seen: dict[str, int] = {}
     existing: list[Path] = []
     for name, number in entries:
