@@ -388,12 +388,9 @@ def patch_set_folders(root: Path) -> list[Path]:
 
 def series_for_release(root: Path, version: str) -> Series:
     """The series that serves an sglang release; refuse one no patch set serves."""
-    served: dict[str, Series] = {}
     registry = load_releases(root / RELEASES_NAME)
-    for folder in patch_set_folders(root):
-        series = Series.load(folder, registry)
-        for release in series.manifest.releases:
-            served[release] = series.for_release(release)
+    all_series = [Series.load(folder, registry) for folder in patch_set_folders(root)]
+    served = {r: series.for_release(r) for series in all_series for r in series.manifest.releases}
     if version in served:
         return served[version]
     known = sorted(served, key=release_key)
