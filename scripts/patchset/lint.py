@@ -1,9 +1,7 @@
 """Lint one patch set folder: series, patches and pin manifest must agree.
 
-Every rule adds what it found to one report, so a single run lists every
-problem with its file and line. A run that had nothing to check is itself a
-failure: a linter that silently checks nothing looks exactly like one that
-passes.
+Every rule adds to one report, so one run lists every problem with its file and line; a
+run that checked nothing fails, as a linter that checks nothing looks like one that passes.
 """
 
 from __future__ import annotations
@@ -41,6 +39,8 @@ STATUS_VALUE = re.compile(r"^(?P<word>[A-Za-z-]+)(?: \[[^\]]+\])?$")
 PR_VALUE = re.compile(r"^(?:[\w.-]+/[\w.-]+#\d+|https://github\.com/[\w.-]+/[\w.-]+/pull/\d+)$")
 RELEASE_VALUE = re.compile(r"^\d+(?:\.\d+)+(?:\.post\d+)?$")
 
+EXPORT = "run scripts/export-patches"
+ON_BRANCH = f"make it on the patched branch and {EXPORT}"
 RULES = {
     "series": "series lists every patch file once, and only files that exist",
     "manifest": "pin.toml loads; its patch hashes, order and blob ids match (the base's: "
@@ -127,9 +127,7 @@ def _check_manifest(
     pinned = list(manifest.patch_hashes)
     for name, number in entries:
         if name not in manifest.patch_hashes:
-            problem = (
-                f"{name} has no sha256 in {MANIFEST_NAME} [patches]; run scripts/export-patches"
-            )
+            problem = f"{name} has no sha256 in {MANIFEST_NAME} [patches]; {EXPORT}"
             report.add(report.folder / SERIES_NAME, number, "manifest", problem)
     for name in pinned:
         if name not in listed:
@@ -143,11 +141,8 @@ def _check_manifest(
             report.checked["manifest"] += 1
             actual = sha256_of(patch.path)
             if actual != pinned_hash:
-                problem = (
-                    f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
-                    "change is wanted, make it on the patched branch and run scripts/export-patches"
-                )
-                report.add(patch.path, None, "manifest", problem)
+                problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
+                report.add(patch.path, None, "manifest", f"{problem}change is wanted, {ON_BRANCH}")
         _check_blob_ids(report, manifest, patch)
     for version in manifest.releases:  # the manifest has checked each pin's form already
         report.checked["wheels"] += 1
@@ -303,17 +298,14 @@ def _check_lines(report: LintReport, patch: Patch) -> None:
 def _check_file_bytes(report: LintReport, path: Path) -> None:
     if not path.is_file():
         return
-    report.checked["final-newline"] += 1
-    report.checked["line-endings"] += 1
+    report.checked.update(("final-newline", "line-endings"))
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         line = data.count(b"\n") + 1
         report.add(path, line, "final-newline", "no newline at the end of the file")
     if b"\r" in data:
-        problem = (
-            "a carriage return (CRLF line endings?): this file must be byte-exact LF; "
-            "a clone with core.autocrlf=true rewrites it unless .gitattributes says -text"
-        )
+        problem = "a carriage return (CRLF line endings?): this file must be byte-exact LF; a "
+        problem += "clone with core.autocrlf=true rewrites it unless .gitattributes says -text"
         report.add(path, data[: data.index(b"\r")].count(b"\n") + 1, "line-endings", problem)
 
 
@@ -347,11 +339,13 @@ def lint_patch_set(folder: Path) -> LintReport:
         for problem in label_problems(manifest):
             report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)
     if not patches or not report.checked["whitespace"]:
-        problem = (
-            "no patch with added lines was checked; a lint that checks nothing must not "
-            "pass (is the series empty, or the folder wrong?)"
+        problem = "no patch with added lines was checked; a lint that checks nothing must not "
+        report.add(
+            folder,
+            None,
+            "nothing-checked",
+            f"{problem}pass (is the series empty, or the folder wrong?)",
         )
-        report.add(folder, None, "nothing-checked", problem)
     return report
 
 

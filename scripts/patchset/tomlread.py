@@ -1,11 +1,7 @@
-"""TOML for Python 3.10 too (check-install on an Ubuntu 22.04 pod): tomllib where the
-interpreter has it, else a small reader of the subset that patches/*.toml use.
-
-The subset: comments; [table] and [[array of tables]] headers; bare, "basic" and
-'literal' keys, dotted; one-line basic and literal strings; integers; decimal
-floats; booleans; arrays (over several lines too) and inline tables. Anything
-else (multi-line strings, dates, hex numbers, inf, a key defined twice) is refused
-with its line, never read differently from tomllib (test/tools/test_tomlread.py).
+"""TOML for Python 3.10 too (check-install on an Ubuntu 22.04 pod): tomllib where present,
+else a reader of the subset patches/*.toml use: comments, [table] headers, bare and "quoted"
+dotted keys, one-line "strings" (simple escapes), integers, booleans, arrays, inline tables.
+Anything else is refused with its line, never read differently (test/tools/test_tomlread.py).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ class SubsetDecodeError(ValueError):
 
 
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
-_NUMBER = re.compile(r"[+-]?(?:0|[1-9](?:_?[0-9])*)(?:\.[0-9](?:_?[0-9])*)?(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[+-]?(?:0|[1-9](?:_?[0-9])*)")
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
 _WORDS = {"true": True, "false": False}
 
@@ -74,12 +70,9 @@ class _Reader:
 
     def descend(self, table: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         for key in keys:
-            node = table.setdefault(key, {})
-            if isinstance(node, list) and node and isinstance(node[-1], dict):
-                node = node[-1]
-            if not isinstance(node, dict):
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
                 raise self.fail(f"{key!r} is already a value, not a table")
-            table = node
         return table
 
     def assign(self, table: dict[str, Any]) -> None:
@@ -96,7 +89,7 @@ class _Reader:
         parts = []
         while True:
             self.skip_space()
-            if self.peek() in ('"', "'"):
+            if self.peek() == '"':
                 parts.append(self.string())
             elif found := _BARE.match(self.text, self.pos):
                 parts.append(found.group())
@@ -109,52 +102,30 @@ class _Reader:
             self.pos += 1
 
     def string(self) -> str:
-        """A one-line basic or literal string."""
-        quote = self.peek()
-        if self.peek(3) == quote * 3:
+        """A one-line basic string."""
+        if self.peek(3) == '"""':
             raise self.fail("multi-line strings are not in the subset this reader reads")
         self.pos += 1
-        if quote == "'":
-            end = self.text.find("'", self.pos)
-            value = self.text[self.pos : end] if end >= 0 else "\n"
-            if end < 0 or _has_control(value):
-                raise self.fail("a literal string that does not end on its line")
-            self.pos = end + 1
-            return value
         out = []
         while (char := self.peek()) != '"':
-            if not char:
-                raise self.fail("a string that does not end")
             self.pos += 1
             if char == "\\":
-                out.append(self.escape())
-            elif _has_control(char):
+                if self.peek() not in _ESCAPES:
+                    raise self.fail(f"an escape this reader does not know: \\{self.peek()}")
+                char = _ESCAPES[self.peek()]
+                self.pos += 1
+            elif not char or _has_control(char):
                 raise self.fail("a control character or line end inside a string")
-            else:
-                out.append(char)
+            out.append(char)
         self.pos += 1
         return "".join(out)
-
-    def escape(self) -> str:
-        code = self.peek()
-        self.pos += 1
-        if code in _ESCAPES:
-            return _ESCAPES[code]
-        width = {"u": 4, "U": 8}.get(code)
-        if width is None:
-            raise self.fail(f"an escape this reader does not know: \\{code}")
-        digits = self.peek(width)
-        if not re.fullmatch(rf"[0-9A-Fa-f]{{{width}}}", digits):
-            raise self.fail(f"a bad \\{code} escape")
-        if 0xD800 <= int(digits, 16) <= 0xDFFF or int(digits, 16) > 0x10FFFF:
-            raise self.fail(f"\\{code}{digits} is not a Unicode scalar value")
-        self.pos += width
-        return chr(int(digits, 16))
 
     def value(self) -> Any:
         self.skip_space()
         char = self.peek()
-        if char in ('"', "'"):
+        if self.peek(3) == "'''":
+            raise self.fail("multi-line strings are not in the subset this reader reads")
+        if char == '"':
             return self.string()
         if char in ("[", "{"):
             return self.array() if char == "[" else self.inline_table()
@@ -162,13 +133,11 @@ class _Reader:
             if self.text.startswith(word, self.pos) and self._ends(self.pos + len(word)):
                 self.pos += len(word)
                 return meaning
-        found = _NUMBER.match(self.text, self.pos)
+        found = _INTEGER.match(self.text, self.pos)
         if found and self._ends(found.end()):
             self.pos = found.end()
-            text = found.group().replace("_", "")
-            return float(text) if any(c in text for c in ".eE") else int(text)
-        raise self.fail("a value this reader does not know (dates, hex numbers, inf and nan "
-                        "are not in its subset)")  # fmt: skip
+            return int(found.group().replace("_", ""))
+        raise self.fail("a value this reader does not know (e.g. 'literal' strings, dates, floats)")
 
     def _ends(self, pos: int) -> bool:
         return pos >= len(self.text) or self.text[pos] in " \t\r\n#,]}"
@@ -212,25 +181,18 @@ def subset_loads(text: str) -> dict[str, Any]:
         reader.skip_space(newlines=True)
         if reader.pos >= len(text):
             return root
+        if reader.peek(2) == "[[":
+            raise reader.fail("arrays of tables are not in the subset this reader reads")
         if reader.peek() != "[":
             reader.assign(current)
-            reader.end_of_line()
-            continue
-        close = "]]" if reader.peek(2) == "[[" else "]"
-        reader.pos += len(close)
-        keys = reader.key()
-        reader.take(close, f"a table header needs {close}")
-        if close == "]":
+        else:
+            reader.pos += 1
+            keys = reader.key()
+            reader.take("]", "a table header needs ]")
             if tuple(keys) in headers:
                 raise reader.fail(f"the table [{'.'.join(keys)}] is defined twice")
             headers.add(tuple(keys))
             current = reader.descend(root, keys)
-        else:
-            array = reader.descend(root, keys[:-1]).setdefault(keys[-1], [])
-            if not isinstance(array, list) or tuple(keys) in headers:
-                raise reader.fail(f"{'.'.join(keys)!r} is already a table or a value")
-            current = {}
-            array.append(current)
         reader.end_of_line()
 
 
