@@ -33,7 +33,7 @@ def main() -> int:
         print(violation.render())
     checked = ", ".join(f"{rule} {n}" for rule, n in sorted(report.checked.items()))
     summary = f"{len(report.patches)} patches in {args.patch_set} (checked: {checked})"
-    if report.ok:
+    if not report.violations:
         print(f"lint ok: {summary}")
         return Exit.OK
     return cli.report(

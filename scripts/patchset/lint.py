@@ -39,8 +39,7 @@ STATUS_VALUE = re.compile(r"^(?P<word>[A-Za-z-]+)(?: \[[^\]]+\])?$")
 PR_VALUE = re.compile(r"^(?:[\w.-]+/[\w.-]+#\d+|https://github\.com/[\w.-]+/[\w.-]+/pull/\d+)$")
 RELEASE_VALUE = re.compile(r"^\d+(?:\.\d+)+(?:\.post\d+)?$")
 
-EXPORT = "run scripts/export-patches"
-ON_BRANCH = f"make it on the patched branch and {EXPORT}"
+ON_BRANCH = "make it on the patched branch and run scripts/export-patches"
 RULES = {
     "series": "series lists every patch file once, and only files that exist",
     "manifest": "pin.toml loads; its patch hashes, order and blob ids match (the base's: "
@@ -81,10 +80,6 @@ class LintReport:
     # what each rule looked at, so "nothing checked" can be told from "clean"
     checked: Counter[str] = field(default_factory=Counter)
     patches: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
 
     def add(self, path: Path, line: int | None, rule: str, message: str) -> None:
         self.violations.append(Violation(path, line, rule, message))
@@ -127,7 +122,9 @@ def _check_manifest(
     pinned = list(manifest.patch_hashes)
     for name, number in entries:
         if name not in manifest.patch_hashes:
-            problem = f"{name} has no sha256 in {MANIFEST_NAME} [patches]; {EXPORT}"
+            problem = (
+                f"{name} has no sha256 in {MANIFEST_NAME} [patches]; run scripts/export-patches"
+            )
             report.add(report.folder / SERIES_NAME, number, "manifest", problem)
     for name in pinned:
         if name not in listed:
@@ -142,7 +139,8 @@ def _check_manifest(
             actual = sha256_of(patch.path)
             if actual != pinned_hash:
                 problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
-                report.add(patch.path, None, "manifest", f"{problem}change is wanted, {ON_BRANCH}")
+                problem += f"change is wanted, {ON_BRANCH}"
+                report.add(patch.path, None, "manifest", problem)
         _check_blob_ids(report, manifest, patch)
     for version in manifest.releases:  # the manifest has checked each pin's form already
         report.checked["wheels"] += 1
@@ -165,8 +163,7 @@ def _step_before(manifest: PinManifest, patch: Patch) -> tuple[str, str] | None:
 
 
 def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    """The full index lines of a patch must name the manifest's blobs of its step, and
-    a file the patch does not touch keeps its blob id across the step."""
+    """A patch's index lines name its step's blobs; a file it does not touch keeps its blob."""
     if not (steps := _step_before(manifest, patch)):
         return
     step, before = steps
@@ -259,26 +256,20 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
 def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
     """A Backport's PR and release are those releases.toml gives the fix its step adds."""
     status = patch.trailer("Upstream-Status")
-    if not (steps := _step_before(manifest, patch)) or not status:
-        return
-    if not status[0].value.startswith("Backport"):
+    steps = _step_before(manifest, patch)
+    if not steps or not status or not status[0].value.startswith("Backport"):
         return
     step, before = steps
     registry = manifest.registry
     for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
         report.checked["trailers"] += 1
         first = next((r for r, k in registry.known.items() if name in k.fixes), None)
-        expected = {
-            "Upstream-PR": f"sgl-project/sglang#{registry.fixes[name].pr}",
-            "Upstream-Release": first,
-        }
-        for key, value in expected.items():
+        pr = f"sgl-project/sglang#{registry.fixes[name].pr}"
+        for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
             found = patch.trailer(key)
             if found and value is not None and found[0].value != value:
-                problem = (
-                    f"{key}: {found[0].value}, but {registry.path.name} says {name} "
-                    f"(what step {step} adds, [step-fixes]) is {value}"
-                )
+                problem = f"{key}: {found[0].value}, but {registry.path.name} says {name} "
+                problem += f"(what step {step} adds, [step-fixes]) is {value}"
                 report.add(patch.path, found[0].line, "trailers", problem)
 
 
@@ -339,21 +330,13 @@ def lint_patch_set(folder: Path) -> LintReport:
         for problem in label_problems(manifest):
             report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)
     if not patches or not report.checked["whitespace"]:
-        problem = "no patch with added lines was checked; a lint that checks nothing must not "
-        report.add(
-            folder,
-            None,
-            "nothing-checked",
-            f"{problem}pass (is the series empty, or the folder wrong?)",
-        )
+        why = "a lint that checks nothing must not pass (is the series empty, or the folder wrong?)"
+        report.add(folder, None, "nothing-checked", f"no patch with added lines was checked; {why}")
     return report
 
 
-# --- [build-wheel]: the wheel's version label ------------------------------------
-
 BUILD_TABLE = "build-wheel"
-# PEP 440 local version label, in its normalized form (lower case, dots), so
-# that the file name, the folder name and METADATA spell it the same way.
+# PEP 440 local version label, normalized, so file name, folder and METADATA spell it alike.
 LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:\.[a-z0-9]+)*$")
 
 
