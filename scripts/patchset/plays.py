@@ -1,20 +1,13 @@
-"""The race checker's scenarios as data: what each one admits, what is in flight,
-which barrier runs.
-
-No torch here, so race-check can describe the scenarios (its --help, the
-table) without importing anything heavy; racecheck.scenarios plays them.
-check-install's verdict reads which of them a configuration plays, so they
-live here, where its zipapp carries them without the racecheck package.
-Standard library only, Python 3.10-safe.
-"""
+"""The race checker's scenarios as data: what each admits, what is in flight, which barrier
+runs. No torch, so race-check's --help describes them cheaply (racecheck.scenarios plays them);
+here, not in racecheck, so check-install's zipapp carries them. Stdlib only, 3.10-safe."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 EAGLE = "EAGLE"
-# The scheduler's WAR barrier (Scheduler._apply_war_barrier), as each
-# configuration of the overlap loop runs it.
+# The scheduler's WAR barrier (Scheduler._apply_war_barrier), as each overlap loop runs it.
 BARRIERS = {
     "none": "no barrier (non-CUDA devices: the barrier is off)",
     "fast": "fast path (waits on the read-done event the forward records after reading its inputs)",
