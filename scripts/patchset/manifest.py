@@ -71,34 +71,30 @@ class ReleasePin:
 
     @classmethod
     def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
-        wheel = toml.wheel_pin(keys, version)
+        """keys' table, and [wheels."VERSION"] cpXY = { wheel, sha256 }: the release's wheel
+        for each other Python, a cpXY-cpXY wheel for the default wheel's platform."""
+        default = toml.wheel_pin(keys, version)
+        python, abi, platform = default.tags
+        if python != abi or not PYTHON_TAG.match(python):
+            problem = f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
+            raise toml.refuse((*keys, "wheel"), problem)
+        wheels = {python: default}
+        for cp in toml.table((WHEELS_TABLE, version), optional=True):
+            key = (WHEELS_TABLE, version, cp)
+            if not PYTHON_TAG.match(cp):
+                raise toml.refuse(key, "is not a CPython wheel tag (cp310, cp311, ...)")
+            if cp == python:
+                problem = f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
+                raise toml.refuse(key, problem)
+            pin = toml.wheel_pin(key, version)
+            if pin.tags != (cp, cp, platform):
+                problem = f"= {json.dumps(pin.wheel)} is not a {cp}-{cp}-{platform} wheel"
+                raise toml.refuse((*key, "wheel"), problem)
+            wheels[cp] = pin
         tag = toml.text((*keys, "tag"))
         pins = [toml.text((*keys, key), default="") for key in ("torch", "transformers")]
-        return cls(wheel, tag, *pins, _python_wheels(toml, keys, version, wheel))
-
-
-def _python_wheels(
-    toml: TomlFile, keys: tuple[str, ...], version: str, default: WheelPin
-) -> dict[str, WheelPin]:
-    """[wheels."VERSION"] cpXY = { wheel, sha256 }: a cpXY-cpXY wheel on the default's platform."""
-    python, abi, platform = default.tags
-    if python != abi or not PYTHON_TAG.match(python):
-        problem = f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
-        raise toml.refuse((*keys, "wheel"), problem)
-    wheels = {python: default}
-    for tag in toml.table((WHEELS_TABLE, version), optional=True):
-        key = (WHEELS_TABLE, version, tag)
-        if not PYTHON_TAG.match(tag):
-            raise toml.refuse(key, "is not a CPython wheel tag (cp310, cp311, ...)")
-        if tag == python:
-            problem = f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
-            raise toml.refuse(key, problem)
-        pin = toml.wheel_pin(key, version)
-        if pin.tags != (tag, tag, platform):
-            problem = f"= {json.dumps(pin.wheel)} is not a {tag}-{tag}-{platform} wheel"
-            raise toml.refuse((*key, "wheel"), problem)
-        wheels[tag] = pin
-    return dict(sorted(wheels.items(), key=lambda item: int(item[0][3:])))
+        by_minor = sorted(wheels.items(), key=lambda item: int(item[0][3:]))
+        return cls(default, tag, *pins, dict(by_minor))
 
 
 @dataclass
