@@ -1,7 +1,7 @@
 """TOML for Python 3.10 too (check-install on an Ubuntu 22.04 pod): tomllib where present,
-else a reader of the subset patches/*.toml use: comments, [table] headers, bare and "quoted"
-dotted keys, one-line "strings" (simple escapes), integers, booleans, arrays, inline tables.
-Anything else is refused with its line, never read differently (test/tools/test_tomlread.py).
+else a reader of the subset patches/*.toml use (LF lines, comments, [table] headers, bare and
+"quoted" dotted keys, one-line "strings", integers, booleans, arrays, inline tables); the rest
+is refused with its line, never read differently from tomllib (test/tools/test_tomlread.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ class SubsetDecodeError(ValueError):
 
 
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
-_INTEGER = re.compile(r"[+-]?(?:0|[1-9](?:_?[0-9])*)")
+_SCALAR = re.compile(r"true|false|[+-]?(?:0|[1-9](?:_?[0-9])*)")
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
-_WORDS = {"true": True, "false": False}
 
 
 def _has_control(text: str) -> bool:
@@ -46,7 +45,7 @@ class _Reader:
 
     def skip_space(self, newlines: bool = False) -> None:
         """Spaces and tabs; with newlines, also line ends and comments."""
-        while (char := self.peek()) and (char in " \t" or (newlines and char in "\r\n#")):
+        while (char := self.peek()) and (char in " \t" or (newlines and char in "\n#")):
             if char == "#":
                 self.skip_comment()
             else:
@@ -55,7 +54,7 @@ class _Reader:
     def skip_comment(self) -> None:
         end = self.text.find("\n", self.pos)
         end = len(self.text) if end < 0 else end
-        if _has_control(self.text[self.pos : end].rstrip("\r")):
+        if _has_control(self.text[self.pos : end]):
             raise self.fail("a control character in a comment")
         self.pos = end
 
@@ -63,10 +62,9 @@ class _Reader:
         self.skip_space()
         if self.peek() == "#":
             self.skip_comment()
-        ending = "\r\n" if self.peek(2) == "\r\n" else self.peek()
-        if ending not in ("\r\n", "\n", ""):
+        if self.peek() not in ("\n", ""):  # LF only, as lint requires of our files
             raise self.fail(f"unexpected {self.peek()!r} after a value")
-        self.pos += len(ending) or 1
+        self.pos += 1
 
     def descend(self, table: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         for key in keys:
@@ -129,14 +127,10 @@ class _Reader:
             return self.string()
         if char in ("[", "{"):
             return self.array() if char == "[" else self.inline_table()
-        for word, meaning in _WORDS.items():
-            if self.text.startswith(word, self.pos) and self._ends(self.pos + len(word)):
-                self.pos += len(word)
-                return meaning
-        found = _INTEGER.match(self.text, self.pos)
+        found = _SCALAR.match(self.text, self.pos)
         if found and self._ends(found.end()):
-            self.pos = found.end()
-            return int(found.group().replace("_", ""))
+            self.pos, word = found.end(), found.group()
+            return word == "true" if word in ("true", "false") else int(word.replace("_", ""))
         raise self.fail("a value this reader does not know (e.g. 'literal' strings, dates, floats)")
 
     def _ends(self, pos: int) -> bool:

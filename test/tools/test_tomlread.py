@@ -56,6 +56,7 @@ SUBSET = [
     ("v = 1.5e3\n", "a value this reader does not know"),
     ('s = "\\u00e9"\n', "an escape this reader does not know"),
     ("a = { x = 1, }\n", "a key was expected"),
+    ("a = 1\r\n", "after a value"),
     ('s = """multi\nline"""\n', "multi-line strings"),
     ("s = '''multi'''\n", "multi-line strings"),
     ("d = 1979-05-27\n", "a value this reader does not know"),
