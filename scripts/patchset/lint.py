@@ -203,18 +203,15 @@ def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -
             report.add(patch.path, line_naming(patch, path), "allow-list", problem)
 
 
-def _check_description(report: LintReport, patch: Patch) -> None:
-    report.checked["description"] += 1
+def _check_message(report: LintReport, patch: Patch, base_version: str | None) -> None:
+    """Its subject, description and trailers."""
+    report.checked.update(("description", "trailers"))
     if not patch.subject:
         report.add(patch.path, 1, "description", "no Subject: header")
     if not patch.description:
         problem = "no description: say in the message body why the patch exists and when it can "
         problem += "be dropped"
         report.add(patch.path, patch.subject_line or 1, "description", problem)
-
-
-def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) -> None:
-    report.checked["trailers"] += 1
     given: dict[str, Trailer] = {}
     for key in REQUIRED_TRAILERS:
         found = patch.trailer(key)
@@ -242,13 +239,12 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
     if "Upstream-Release" not in given:
         return
     release = given["Upstream-Release"].value
-    newer = base_version is None or release_key(release) > release_key(base_version)
     if release == "none":
         if word == "Backport":
             bad("Upstream-Release", "a Backport must name the release that has the fix")
     elif not RELEASE_VALUE.match(release):
         bad("Upstream-Release", f"{release!r} is not a version like 0.5.19 (or 'none')")
-    elif word == "Backport" and not newer:
+    elif word == "Backport" and base_version and release_key(release) <= release_key(base_version):
         problem = f"{release} is not newer than the pinned base {base_version}"
         bad("Upstream-Release", f"{problem}, so the base already has this fix")
 
@@ -316,8 +312,7 @@ def lint_patch_set(folder: Path) -> LintReport:
     patches = [parse_patch(path) for path in paths]
     for patch in patches:
         report.patches.append(patch.path.name)
-        _check_description(report, patch)
-        _check_trailers(report, patch, manifest.base.version if manifest else None)
+        _check_message(report, patch, manifest.base.version if manifest else None)
         _check_lines(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
@@ -348,16 +343,12 @@ def series_sha256(manifest: PinManifest) -> str:
 
 def label_problems(manifest: PinManifest) -> list[str]:
     """What is wrong with the manifest's [build-wheel] table; empty when it is right."""
-    table = manifest.raw.get(BUILD_TABLE)
-    actual = series_sha256(manifest)
-    if not isinstance(table, dict):
-        return [
-            f'no [{BUILD_TABLE}] table: add one with local = "pdrace.N" and '
-            f'series-sha256 = "{actual}"'
-        ]
+    table, actual = manifest.raw.get(BUILD_TABLE), series_sha256(manifest)
+    if table is None:  # PinManifest.load refused a [build-wheel] that is not a table
+        add = f'add one with local = "pdrace.N" and series-sha256 = "{actual}"'
+        return [f"no [{BUILD_TABLE}] table: {add}"]
     problems = []
-    local = table.get("local", "")
-    if not isinstance(local, str) or not LOCAL_LABEL.match(local):
+    if not LOCAL_LABEL.match(local := manifest.local_version):  # a string: PinManifest.load
         problems.append(
             f"[{BUILD_TABLE}] local = {local!r} is not a PEP 440 local version label in "
             "normalized form (lower-case letters and digits, joined by dots, e.g. pdrace.2)"
