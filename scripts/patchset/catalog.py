@@ -68,8 +68,7 @@ class Catalog:
     fix_prs: dict[str, str] = field(default_factory=dict)  # "fix-a" -> KnownContent.fixes' name
 
     def add(self, blobs: dict[str, str], content: KnownContent) -> None:
-        key = tuple(sorted(blobs.items()))
-        entries = self.by_blobs.setdefault(key, [])
+        entries = self.by_blobs.setdefault(tuple(sorted(blobs.items())), [])
         if content not in entries:
             entries.append(content)
         if content.series:
@@ -110,11 +109,11 @@ class Catalog:
 
     def nearest_release(self, blobs: Blobs, among: Iterable[str] | None = None) -> str | None:
         """The known release (of among) sharing most of these files (newest on a tie), or None."""
-        allowed = None if among is None else set(among)
+        allowed = set(self.releases if among is None else among)
         scored = [
             (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(v), v)
             for v, files in self.releases.items()
-            if allowed is None or v in allowed
+            if v in allowed
         ]
         best = max(scored, default=None)
         return best[2] if best and best[0] else None

@@ -16,10 +16,8 @@ from .paths import PATCHES_ROOT
 
 RELEASES_NAME = "releases.toml"
 RESTORE_RELEASES = "restore it with `git checkout -- patches/releases.toml`"
-REPAIR_RELEASES = (
-    f"{RESTORE_RELEASES}, or fix it as the comment at its top describes "
-    "(docs/maintaining.md: adding a release)"
-)
+ADDING = "(docs/maintaining.md: adding a release)"
+REPAIR_RELEASES = f"{RESTORE_RELEASES}, or fix it as the comment at its top describes {ADDING}"
 BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
@@ -55,7 +53,7 @@ class WheelPin:
     @property
     def tags(self) -> tuple[str, str, str]:
         """The file name's Python, ABI and platform tags (PEP 427)."""
-        python, abi, platform = self.wheel[: -len(".whl")].split("-")[2:]
+        python, abi, platform = self.wheel.removesuffix(".whl").split("-")[2:]
         return python, abi, platform
 
 
@@ -222,8 +220,7 @@ def writer_rows(toml: TomlFile) -> dict[str, dict[str, str]]:
     rows: dict[str, dict[str, str]] = {}
     for key in toml.table((WRITERS_TABLE,), optional=True):
         keys = (WRITERS_TABLE, key)
-        unknown = [name for name in toml.table(keys) if name not in WRITER_FIELDS]
-        if unknown:
+        if unknown := [name for name in toml.table(keys) if name not in WRITER_FIELDS]:
             raise toml.refuse(
                 keys, f"has {', '.join(unknown)}; a row has only {', '.join(WRITER_FIELDS)}"
             )
@@ -291,8 +288,7 @@ class Releases:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f'{self.path} has no [releases."{version}"], the release {needed_by} serves',
-                f'add [releases."{version}"] to {self.path} (docs/maintaining.md: '
-                "adding a release)",
+                f'add [releases."{version}"] to {self.path} {ADDING}',
             )
         return self.known[version]
 
