@@ -72,9 +72,8 @@ EXIT_TEXT: dict[Exit, str] = {
     Exit.RACE: "a race in the patched or given tree, or the race table differs from "
     "the expected one",
     Exit.ENVIRONMENT: "the environment: a file or folder cannot be read or written (read-only, "
-    "disk full, a file where a folder belongs), git failed, Python is older than 3.11 "
-    "(3.10 for check-install), "
-    "or a tool this command needs is missing or not as pinned",
+    "disk full, a file where a folder belongs), git failed, Python is older than 3.11 (3.10 for "
+    "check-install), or a tool this command needs is missing or not as pinned",
     Exit.SCENARIO: "a race scenario could not run on the tree (import failed or the sglang "
     "API differs)",
     Exit.TESTS_FAILED: "a test run failed or ran no test",
