@@ -36,11 +36,9 @@ def main() -> int:
     if not report.violations:
         print(f"lint ok: {summary}")
         return Exit.OK
-    return cli.report(
-        BackportError(
-            Exit.PATCHSET_INVALID,
-            f"{len(report.violations)} problems in {summary}",
-            "fix each line above; patch content is changed on the patched branch and "
-            "re-exported with scripts/export-patches",
-        )
+    raise BackportError(
+        Exit.PATCHSET_INVALID,
+        f"{len(report.violations)} problems in {summary}",
+        "fix each line above; patch content is changed on the patched branch and "
+        "re-exported with scripts/export-patches",
     )
