@@ -44,24 +44,19 @@ class _Reader:
         self.pos += len(token)
 
     def skip_space(self, newlines: bool = False) -> None:
-        """Spaces and tabs; with newlines, also line ends and comments."""
-        while (char := self.peek()) and (char in " \t" or (newlines and char in "\n#")):
-            if char == "#":
-                self.skip_comment()
-            else:
+        """Spaces, tabs and a comment (up to its line end); with newlines, line ends too."""
+        while (char := self.peek()) and (char in " \t#" or (newlines and char == "\n")):
+            if char != "#":
                 self.pos += 1
-
-    def skip_comment(self) -> None:
-        end = self.text.find("\n", self.pos)
-        end = len(self.text) if end < 0 else end
-        if _has_control(self.text[self.pos : end]):
-            raise self.fail("a control character in a comment")
-        self.pos = end
+                continue
+            end = self.text.find("\n", self.pos)
+            end = len(self.text) if end < 0 else end
+            if _has_control(self.text[self.pos : end]):
+                raise self.fail("a control character in a comment")
+            self.pos = end
 
     def end_of_line(self) -> None:
         self.skip_space()
-        if self.peek() == "#":
-            self.skip_comment()
         if self.peek() not in ("\n", ""):  # LF only, as lint requires of our files
             raise self.fail(f"unexpected {self.peek()!r} after a value")
         self.pos += 1
