@@ -1,20 +1,21 @@
-"""Start a command of scripts/: check the Python first, then import and run its module.
+"""Start a command of scripts/: hold SIGINT, check the Python, then import and run its module.
 
-Every file in scripts/ without a .py suffix calls start(). The commands, in
-scripts/commands/, use syntax no Python before 3.11 (3.10 for check-install,
-which runs in pods with only Ubuntu 22.04's python3) can parse, so the version
-is checked before they are imported. The launcher holds SIGINT while the imports
-run, so that a Ctrl-C then ends as one line and exit 130, like one later on.
-
-This file and the launchers parse on every Python, 2.7 and 3.6 included: no
-f-strings, no annotations, no `from __future__`.
+Each launcher (a file in scripts/ without a suffix) imports this first. Both parse on every
+Python, 2.7 and 3.6 included (no f-strings, annotations or `from __future__`), so that an
+old one is told which it needs before the commands' 3.11 syntax is read.
 """
 
+import signal
 import sys
 
+# Held while the command is imported (a KeyboardInterrupt inside the import machinery can
+# surface as an "Exception ignored" traceback); start() releases it, raising a pending one.
+if hasattr(signal, "pthread_sigmask"):  # Python 3.3 and later
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+
 NEEDED = (3, 11)
-# check-install (and its zipapp) runs on Python 3.10 too: what it imports is
-# 3.10-safe and reads TOML through patchset/tomlread.py
+# check-install (and its zipapp) runs in pods with only Ubuntu 22.04's python3: what it
+# imports is 3.10-safe and reads TOML through patchset/tomlread.py
 NEEDED_BY = {"check_install": (3, 10)}
 EXIT_ENVIRONMENT = 16  # Exit.ENVIRONMENT in patchset/errors.py
 EXIT_INTERRUPTED = 130  # Exit.INTERRUPTED
@@ -33,10 +34,7 @@ def start(module_name):
             )
             sys.exit(EXIT_ENVIRONMENT)
         import importlib
-        import signal
 
-        # A KeyboardInterrupt inside the import machinery can surface as an
-        # "Exception ignored" traceback; released here, a pending one is raised now.
         module = importlib.import_module("commands." + module_name)
         from patchset import cli
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import html
 import textwrap
+from collections.abc import Container
 from pathlib import Path
 
 from .notes import Note
-from .review import FileChange, FunctionComparison, FunctionSource, PatchReview, Review
+from .review import FileChange, FunctionComparison, FunctionSource, PatchReview, Review, Uncovered
 
 # identical lines kept around each difference (HTML); longer identical runs are folded
 FOLD_CONTEXT = 3
@@ -67,7 +68,8 @@ def _summary(review: Review) -> str:
     )
 
 
-# --- terminal ------------------------------------------------------------------
+def _uncovered(missing: Uncovered) -> str:
+    return f"no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
 
 
 def _indent(text: str, prefix: str = "    ") -> list[str]:
@@ -120,10 +122,7 @@ def _function_text(function: FunctionComparison, base_version: str) -> list[str]
         ):
             for i in range(start, end):
                 out.append(f"    {label} {side.first_line + i:5} | {side.lines[i]}")
-        for missing in diff.uncovered:
-            out.append(
-                f"      ? no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
-            )
+        out += [f"      ? {_uncovered(missing)}" for missing in diff.uncovered]
     if numbers:
         out.append("why:")
         for note, number in numbers.items():
@@ -162,10 +161,7 @@ def problems_text(review: Review) -> list[str]:
         for change in function.signature:
             if change.note is None:
                 out.append(f"{where} no note covers parameter {change.param}")
-        for missing in (u for diff in function.differences for u in diff.uncovered):
-            out.append(
-                f"{where} no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
-            )
+        out += [f"{where} {_uncovered(u)}" for diff in function.differences for u in diff.uncovered]
         for note in function.stale_notes:
             out.append(f"{where} STALE note (covers nothing here): {note.title}")
     return out
@@ -190,9 +186,6 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
             f"{r.unexplained:>3} unexplained  {r.stale:>3} stale  {'ok' if r.ok else 'NOT OK'}"
         )
     return "\n".join(out) + "\n"
-
-
-# --- HTML ----------------------------------------------------------------------
 
 
 def _paragraphs(text: str) -> str:
@@ -246,38 +239,36 @@ def _cumulative_html(review: Review) -> str:
     return "".join(parts)
 
 
-def _cells(source: FunctionSource, index: int | None, side: str, flagged: set[int]) -> str:
+def _cells(source: FunctionSource, i: int | None, side: str, flagged: Container[int] = ()) -> str:
     """A line's number and code; flagged holds the line numbers no note covers."""
     mid = " mid" if side == "left" else ""
-    if index is None:
+    if i is None:
         return f'<td class="ln {side} empty"></td><td class="code {side} empty{mid}"></td>'
-    number = source.first_line + index
+    number = source.first_line + i
     uncovered = " uncovered" if number in flagged else ""
     return (
         f'<td class="ln {side}">{number}</td>'
-        f'<td class="code {side}{mid}{uncovered}">{_e(source.lines[index]) or " "}</td>'
+        f'<td class="code {side}{mid}{uncovered}">{_e(source.lines[i]) or " "}</td>'
     )
 
 
 def _equal_rows(function: FunctionComparison, i1: int, i2: int, j1: int) -> list[str]:
     """Identical lines ours[i1:i2] (upstream's from j1), a long run folded in the middle."""
     ours, theirs = function.ours, function.upstream
-    shown = [(i, j1 + i - i1) for i in range(i1, i2)]
-    fold: list[str] = []
-    if len(shown) > 2 * FOLD_CONTEXT + 2:
-        (first, first_up), (last, last_up) = shown[FOLD_CONTEXT], shown[-FOLD_CONTEXT - 1]
-        fold = [
-            f'<tr class="fold"><td colspan="4">\u22ef {len(shown) - 2 * FOLD_CONTEXT} '
-            f"identical lines (ours {ours.first_line + first}\u2013{ours.first_line + last}, "
-            f"{_e(function.upstream_version)} {theirs.first_line + first_up}\u2013"
-            f"{theirs.first_line + last_up}) \u22ef</td></tr>"
-        ]
-        shown = [*shown[:FOLD_CONTEXT], *shown[-FOLD_CONTEXT:]]
-    rows = [
-        f"<tr>{_cells(ours, i, 'left', set())}{_cells(theirs, j, 'right', set())}</tr>"
-        for i, j in shown
-    ]
-    return rows[:FOLD_CONTEXT] + fold + rows[FOLD_CONTEXT:] if fold else rows
+
+    def row(i: int) -> str:
+        return f"<tr>{_cells(ours, i, 'left')}{_cells(theirs, j1 + i - i1, 'right')}</tr>"
+
+    if i2 - i1 <= 2 * FOLD_CONTEXT + 2:
+        return [row(i) for i in range(i1, i2)]
+    first, last = i1 + FOLD_CONTEXT, i2 - FOLD_CONTEXT - 1
+    fold = (
+        f'<tr class="fold"><td colspan="4">\u22ef {i2 - i1 - 2 * FOLD_CONTEXT} '
+        f"identical lines (ours {ours.first_line + first}\u2013{ours.first_line + last}, "
+        f"{_e(function.upstream_version)} {theirs.first_line + j1 + first - i1}\u2013"
+        f"{theirs.first_line + j1 + last - i1}) \u22ef</td></tr>"
+    )
+    return [*map(row, range(i1, first)), fold, *map(row, range(last + 1, i2))]
 
 
 def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict[Note, int]) -> str:

@@ -1,8 +1,7 @@
 """A reviewer's view of the series: each patch, the net diff, and ours beside upstream's fix.
 
-The differences between our patched functions and upstream's fixed release are
-found mechanically; the reasons come from notes. What no note covers
-is reported as unexplained, and a note that covers nothing as stale.
+The differences from upstream's fixed release are found mechanically, their reasons come
+from notes.py: what no note covers is unexplained, a note that covers nothing is stale.
 """
 
 from __future__ import annotations
@@ -17,10 +16,10 @@ from pathlib import Path
 from patchset import buildtree
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.catalog import blobs_of, load_catalog
+from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
-from patchset.manifest import BASE_STEP, Series, WheelPin
+from patchset.manifest import Series, WheelPin
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
 from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
@@ -28,67 +27,31 @@ from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
 MODULE_LEVEL = "(module level)"
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
+StepFiles = dict[str, dict[str, str]]  # step -> path -> text
+Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
 
 
-# --- the tree at each step ---------------------------------------------------
-
-
-@dataclass
-class StepFiles:
-    """The touched files at every step of the series, and where they came from."""
-
-    source: str
-    files: dict[str, dict[str, str]]  # step -> path -> text
-
-    @property
-    def base(self) -> dict[str, str]:
-        return self.files[BASE_STEP]
-
-    @property
-    def final(self) -> dict[str, str]:
-        return self.files[list(self.files)[-1]]
-
-
-def _from_build_tree(series: Series, build: Path) -> StepFiles | None:
-    """The build tree's files, when it holds exactly this series (the catalog says so)."""
+def step_files(series: Series, build: Path, cache: Path) -> tuple[StepFiles, str]:
+    """The touched files at every step and where they came from: the build tree when it
+    holds exactly this series (each step's blob ids as pinned), else the pinned wheel."""
+    manifest = series.manifest
     repo = buildtree.build_tree_path(series, build)
-    if not (repo / ".git").exists():
-        return None
-    git = Git(repo, owned=True)
-    manifest = series.manifest
     tag, branch = buildtree.pristine_tag(manifest), buildtree.default_branch(manifest)
-    if git.rev(tag) is None or git.rev(f"refs/heads/{branch}") is None:
-        return None
-    revs = [tag, *buildtree.series_commits(git, manifest)]
-    if len(revs) != len(manifest.steps):
-        return None
-    catalog = load_catalog(series.folder.parent)
-    files: dict[str, dict[str, str]] = {}
-    for step, rev in zip(manifest.steps, revs, strict=True):
-        found = buildtree.files_at(git, rev, manifest)
-        if None in found.values() or catalog.step_of(series.folder.name, blobs_of(found)) != step:
-            return None
-        files[step] = _decoded(found)  # type: ignore[arg-type]
-    return StepFiles(f"build tree {repo} ({tag}..{branch})", files)
-
-
-def step_files(series: Series, build: Path, cache: Path) -> StepFiles:
-    """From the build tree when it holds this series, else from the pinned wheel."""
-    found = _from_build_tree(series, build)
-    if found:
-        return found
-    manifest = series.manifest
+    git = Git(repo, owned=True)
+    if (repo / ".git").exists() and git.rev(tag) and git.rev(f"refs/heads/{branch}"):
+        revs = [tag, *buildtree.series_commits(git, manifest)]
+        found = [buildtree.files_at(git, rev, manifest) for rev in revs]
+        if [blobs_of(files) for files in found] == [manifest.blobs_at(s) for s in manifest.steps]:
+            by_step = dict(zip(manifest.steps, map(_decoded, found), strict=True))
+            return by_step, f"build tree {repo} ({tag}..{branch})"
     wheel = wheels.fetch_wheel(manifest.base, cache)
     per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
-    files = {step: _decoded(by_path) for step, by_path in per_step.items()}
-    return StepFiles(f"pinned wheel {manifest.base.wheel} with the series applied", files)
+    by_step = {step: _decoded(files) for step, files in per_step.items()}
+    return by_step, f"pinned wheel {manifest.base.wheel} with the series applied"
 
 
-def _decoded(files: dict[str, bytes]) -> dict[str, str]:
-    return {path: data.decode("utf-8") for path, data in files.items()}
-
-
-# --- functions in a source file ---------------------------------------------
+def _decoded(files: dict[str, bytes | None]) -> dict[str, str]:
+    return {path: data.decode("utf-8") for path, data in files.items() if data is not None}
 
 
 @dataclass(frozen=True)
@@ -101,9 +64,8 @@ class Scope:
 
 @functools.lru_cache(maxsize=128)
 def scopes_of(source: str) -> tuple[Scope, ...]:
-    """Every def and class with its qualified name, outermost first.
-
-    Cached per distinct text: steps and bases share many, and parsing is the cost."""
+    """Every def and class with its qualified name, outermost first (cached: steps and bases
+    share many texts, and parsing is the cost)."""
     found: list[Scope] = []
 
     def walk(body: list[ast.stmt], prefix: str) -> None:
@@ -161,9 +123,6 @@ def function_source(source: str, path: str, qualname: str) -> FunctionSource | N
     return FunctionSource(qualname, path, scope.start, lines, header_lines, _params(node))
 
 
-# --- per patch ---------------------------------------------------------------
-
-
 @dataclass
 class FileChange:
     path: str
@@ -207,14 +166,13 @@ def review_patch(patch: Patch, before: dict[str, str], after: dict[str, str]) ->
     return PatchReview(patch.path.name, subject, patch.description, status, pr, release, changes)
 
 
-def cumulative_diff(steps: StepFiles) -> dict[str, list[str]]:
+def cumulative_diff(base: dict[str, str], final: dict[str, str]) -> dict[str, list[str]]:
     """path -> unified diff lines of the pinned base against the fully patched file."""
     out: dict[str, list[str]] = {}
-    for path, before in steps.base.items():
-        after = steps.final[path]
-        scopes = scopes_of(after)
+    for path, before in base.items():
+        scopes = scopes_of(final[path])
         diff = difflib.unified_diff(
-            before.splitlines(), after.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
+            before.splitlines(), final[path].splitlines(), f"a/{path}", f"b/{path}", lineterm=""
         )
         out[path] = []
         for line in diff:
@@ -222,9 +180,6 @@ def cumulative_diff(steps: StepFiles) -> dict[str, list[str]]:
             # name the function the hunk starts in, as git diff does
             out[path].append(f"{line} {enclosing(scopes, int(header[3]) + 3)}" if header else line)
     return out
-
-
-# --- ours beside upstream ----------------------------------------------------
 
 
 @dataclass
@@ -379,9 +334,6 @@ def compare_function(
     )
 
 
-# --- the whole review --------------------------------------------------------
-
-
 @dataclass
 class Review:
     base_version: str
@@ -420,63 +372,43 @@ def _upstream_sources(pin: WheelPin, cache: Path, paths: tuple[str, ...]) -> dic
     return _decoded(wheels.read_files(wheels.fetch_wheel(pin, cache), list(paths)))
 
 
-def build_review(
-    series: Series,
-    build: Path,
-    cache: Path,
-    notes: dict[str, FunctionNotes] | None = None,
-) -> Review:
+def build_review(series: Series, build: Path, cache: Path, notes: Notes | None = None) -> Review:
     series.verify()
     notes = FUNCTION_NOTES if notes is None else notes
     manifest = series.manifest
-    upstream_version = manifest.upstream_fixed.version
+    upstream, release = manifest.upstream_fixed.version, manifest.base.version
     check_bounds(notes, manifest.registry)
-    steps = step_files(series, build, cache)
-    by_step = list(steps.files.values())
+    by_step, source = step_files(series, build, cache)
+    steps = list(by_step.values())
+    base, final = steps[0], steps[-1]
     patches = [
-        review_patch(parse_patch(path), by_step[i], by_step[i + 1])
+        review_patch(parse_patch(path), steps[i], steps[i + 1])
         for i, path in enumerate(series.patch_paths)
     ]
     paths = tuple(sorted({n.path for n in notes.values()}))
     upstream_files = _upstream_sources(manifest.upstream_fixed, cache, paths)
     functions: list[FunctionComparison] = []
-    for qualname, function_notes in notes.items():
-        path = function_notes.path
-        ours = function_source(steps.final[path], path, qualname)
+    for qualname, about in notes.items():
+        path = about.path
+        ours = function_source(final[path], path, qualname)
         theirs = function_source(upstream_files[path], path, qualname)
         if ours is None or theirs is None:
-            where = "our patched tree" if ours is None else f"sglang {upstream_version}"
+            where = "our patched tree" if ours is None else f"sglang {upstream}"
             raise BackportError(
                 Exit.INTERNAL,
                 f"{qualname} is not in {path} of {where}",
                 "update scripts/patchreview/notes.py to the functions the series changes",
             )
-        comparison = compare_function(
-            qualname,
-            ours,
-            theirs,
-            function_notes,
-            upstream_version,
-            base=function_source(steps.base[path], path, qualname),
-            touched_by=[p.name for p in patches if qualname in p.functions],
-            release=manifest.base.version,
+        was = function_source(base[path], path, qualname)
+        touched_by = [p.name for p in patches if qualname in p.functions]
+        functions.append(
+            compare_function(qualname, ours, theirs, about, upstream, was, touched_by, release)
         )
-        functions.append(comparison)
-    return Review(
-        base_version=manifest.base.version,
-        upstream_version=upstream_version,
-        source=steps.source,
-        patches=patches,
-        cumulative=cumulative_diff(steps),
-        functions=functions,
-    )
+    return Review(release, upstream, source, patches, cumulative_diff(base, final), functions)
 
 
 def build_reviews(
-    series: list[Series],
-    build: Path,
-    cache: Path,
-    notes: dict[str, FunctionNotes] | None = None,
+    series: list[Series], build: Path, cache: Path, notes: Notes | None = None
 ) -> list[Review]:
     """One review per patch set, in the order given (0.5.19's files are read once)."""
     return [build_review(one, build, cache, notes) for one in series]
