@@ -60,20 +60,15 @@ def main() -> int:
     if args.brief and not args.all:
         p.error("--brief goes with --all")
     folders = [args.patch_set or paths.DEFAULT_PATCH_DIR]
-    if args.all:
-        folders = patch_set_folders(paths.PATCHES_ROOT)
-        if not folders:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"no patch set (sglang-*/pin.toml) under {paths.PATCHES_ROOT}",
-                "run from a complete checkout of this project",
-            )
+    if args.all and not (folders := patch_set_folders(paths.PATCHES_ROOT)):
+        raise BackportError(
+            Exit.PATCHSET_INVALID,
+            f"no patch set (sglang-*/pin.toml) under {paths.PATCHES_ROOT}",
+            "run from a complete checkout of this project",
+        )
     series = [Series.load(folder) for folder in folders]
     reviews = build_reviews(series, paths.build_dir(), paths.cache_dir())
-    if args.all:
-        sys.stdout.write(render_all_text(reviews, brief=args.brief))
-    else:
-        sys.stdout.write(render_text(reviews[0]))
+    sys.stdout.write(render_all_text(reviews, args.brief) if args.all else render_text(reviews[0]))
     if args.html:
         args.html.parent.mkdir(parents=True, exist_ok=True)
         page = render_all_html(reviews) if args.all else render_html(reviews[0])

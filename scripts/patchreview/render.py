@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import textwrap
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from pathlib import Path
 
 from .notes import Note
@@ -48,7 +48,7 @@ def _numbered(function: FunctionComparison) -> dict[Note, int]:
     return {note: i for i, note in enumerate(dict.fromkeys(n for n in cited if n), 1)}
 
 
-def _titles(notes: list[Note], numbers: dict[Note, int]) -> str:
+def _titles(notes: Iterable[Note], numbers: dict[Note, int]) -> str:
     return "; ".join(f"[{numbers[n]}] {n.title}" for n in notes)
 
 
@@ -278,17 +278,13 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
     for diff in function.differences:
         (i1, i2), (j1, j2) = diff.ours, diff.upstream
         rows += _equal_rows(function, i, i1, j)
+        titles = _e(_titles(diff.notes, numbers))
         if diff.explained:
-            titles = _titles(diff.notes, numbers) or "layout only"
-            rows.append(f'<tr class="note ok"><td colspan="4">explained: {_e(titles)}</td></tr>')
+            cls, text = "ok", f"explained: {titles or 'layout only'}"
         else:
-            partly = _titles(diff.notes, numbers)
-            rows.append(
-                '<tr class="note bad"><td colspan="4">UNEXPLAINED: no note in '
-                "notes.py covers the outlined lines"
-                + (f" (partly: {_e(partly)})" if partly else "")
-                + "</td></tr>"
-            )
+            partly = f" (partly: {titles})" if titles else ""
+            cls, text = "bad", f"UNEXPLAINED: no note in notes.py covers the outlined lines{partly}"
+        rows.append(f'<tr class="note {cls}"><td colspan="4">{text}</td></tr>')
         mine, up = diff.uncovered_lines("ours"), diff.uncovered_lines("upstream")
         for k in range(max(i2 - i1, j2 - j1)):
             left = _cells(ours, i1 + k if i1 + k < i2 else None, "left", mine)
@@ -308,23 +304,13 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
 
 def _function_html(function: FunctionComparison, base_version: str, anchor: str) -> str:
     numbers = _numbered(function)
-    unexplained = function.unexplained
-    badge = (
-        _badge("bad", f"{unexplained} unexplained")
-        if unexplained
-        else _badge("ok", "all differences explained")
-    )
-    sig = ""
-    if function.signature:
-        rows = []
-        for c in function.signature:
-            why = (
-                f"[{numbers[c.note]}] {_e(c.note.title)}"
-                if c.note
-                else _badge("bad", "UNEXPLAINED")
-            )
-            rows.append([_code(c.param), _code(c.ours), _code(c.upstream), why])
-        sig = _table(["parameter", "ours", _e(function.upstream_version), "why"], rows)
+    n = function.unexplained
+    badge = _badge("bad", f"{n} unexplained") if n else _badge("ok", "all differences explained")
+    rows = []
+    for c in function.signature:
+        why = _e(_titles([c.note], numbers)) if c.note else _badge("bad", "UNEXPLAINED")
+        rows.append([_code(c.param), _code(c.ours), _code(c.upstream), why])
+    sig = _table(["parameter", "ours", _e(function.upstream_version), "why"], rows) if rows else ""
     notes = "".join(
         f'<li value="{n}"><b>{_e(note.title)}</b> <span class="meta">(bases: '
         f"{_e(note.bases)})</span><br>{_e(note.why)}</li>"

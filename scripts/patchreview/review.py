@@ -195,7 +195,7 @@ class Difference:
 
     ours: tuple[int, int]  # [start, end) into FunctionSource.lines
     upstream: tuple[int, int]
-    notes: list[Note] = field(default_factory=list)
+    notes: dict[Note, None] = field(default_factory=dict)  # cited, in order of first use
     uncovered: list[Uncovered] = field(default_factory=list)
 
     @property
@@ -204,10 +204,6 @@ class Difference:
 
     def uncovered_lines(self, side: str) -> set[int]:
         return {u.line for u in self.uncovered if u.side == side}
-
-    def cite(self, note: Note) -> None:
-        if note not in self.notes:
-            self.notes.append(note)
 
 
 @dataclass
@@ -293,9 +289,7 @@ def compare_function(
     used: set[Note] = set(signature_notes)
     matcher = difflib.SequenceMatcher(None, ours.lines, upstream.lines, autojunk=False)
     differences: list[Difference] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
+    for _, i1, i2, j1, j2 in (op for op in matcher.get_opcodes() if op[0] != "equal"):
         diff = Difference((i1, i2), (j1, j2))
         for side, source, span in (
             ("ours", ours, range(i1, i2)),
@@ -307,15 +301,14 @@ def compare_function(
                 if hit:
                     covered |= hit
                     used.add(note)
-                    diff.cite(note)
+                    diff.notes[note] = None
             for i in span:
                 text = source.lines[i]
                 if i in covered or not SIGNIFICANT.search(text):
                     continue
                 if i < source.header_lines and signature_ok:
                     # a signature line: ast compared the parameters above
-                    for note in signature_notes:
-                        diff.cite(note)
+                    diff.notes.update(dict.fromkeys(signature_notes))
                     continue
                 diff.uncovered.append(Uncovered(side, source.first_line + i, text))
         differences.append(diff)
