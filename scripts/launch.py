@@ -13,18 +13,16 @@ import sys
 if hasattr(signal, "pthread_sigmask"):  # Python 3.3 and later
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
 
-NEEDED = (3, 11)
 # check-install (and its zipapp) runs in pods with only Ubuntu 22.04's python3: what it
 # imports is 3.10-safe and reads TOML through patchset/tomlread.py
 NEEDED_BY = {"check_install": (3, 10)}
-EXIT_ENVIRONMENT = 16  # Exit.ENVIRONMENT in patchset/errors.py
-EXIT_INTERRUPTED = 130  # Exit.INTERRUPTED
+EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 16, 130  # Exit.ENVIRONMENT, .INTERRUPTED in errors.py
 
 
 def start(module_name):
     """Run the command in commands/<module_name>.py: its main() under the one wrapper."""
     try:
-        needed = NEEDED_BY.get(module_name, NEEDED)
+        needed = NEEDED_BY.get(module_name, (3, 11))
         if sys.version_info < needed:
             sys.stderr.write(
                 "error: this command needs Python %d.%d or newer; this is Python %s\n"  # noqa: UP031

@@ -220,17 +220,13 @@ class FunctionComparison:
     path: str
     ours: FunctionSource
     upstream: FunctionSource
-    base: FunctionSource | None
+    changed_by_series: bool  # ours differs from the base's (no base: new)
     upstream_version: str
     touched_by: list[str]
     signature: list[SignatureChange]
     differences: list[Difference]
     stale_notes: list[Note]
     notes: list[Note] = field(default_factory=list)  # the notes about this base
-
-    @property
-    def changed_by_series(self) -> bool:
-        return self.base is None or self.base.lines != self.ours.lines
 
     @property
     def unexplained(self) -> int:
@@ -248,10 +244,9 @@ def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
     covered: set[int] = set()
     for i in changed:
         text = lines[i]
-        if any(re.search(p, text) for p in note.lines):
+        if any(re.search(p, text) for p in (*note.lines, *note.blocks)):
             covered.add(i)
         if any(re.search(p, text) for p in note.blocks):
-            covered.add(i)
             # the block's body: the deeper-indented (or blank) lines that follow
             for j in range(i + 1, changed.stop):
                 if lines[j].strip() and _indent(lines[j]) <= _indent(text):
@@ -317,7 +312,7 @@ def compare_function(
         path=notes.path,
         ours=ours,
         upstream=upstream,
-        base=base,
+        changed_by_series=base is None or base.lines != ours.lines,
         upstream_version=upstream_version,
         touched_by=touched_by or [],
         signature=signature,
@@ -398,10 +393,3 @@ def build_review(series: Series, build: Path, cache: Path, notes: Notes | None =
             compare_function(qualname, ours, theirs, about, upstream, was, touched_by, release)
         )
     return Review(release, upstream, source, patches, cumulative_diff(base, final), functions)
-
-
-def build_reviews(
-    series: list[Series], build: Path, cache: Path, notes: Notes | None = None
-) -> list[Review]:
-    """One review per patch set, in the order given (0.5.19's files are read once)."""
-    return [build_review(one, build, cache, notes) for one in series]
