@@ -42,10 +42,9 @@ def diffstat(files: list[FileChange], width: int = 40) -> list[str]:
 
 def _numbered(function: FunctionComparison) -> dict[Note, int]:
     """Each note the function's differences cite, numbered in order of first use."""
-    cited = [c.note for c in function.signature] + [
-        n for diff in function.differences for n in diff.notes
-    ]
-    return {note: i for i, note in enumerate(dict.fromkeys(n for n in cited if n), 1)}
+    cited = [c.note for c in function.signature if c.note]
+    cited += [n for diff in function.differences for n in diff.notes]
+    return {note: i for i, note in enumerate(dict.fromkeys(cited), 1)}
 
 
 def _titles(notes: Iterable[Note], numbers: dict[Note, int]) -> str:
@@ -285,7 +284,7 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
             partly = f" (partly: {titles})" if titles else ""
             cls, text = "bad", f"UNEXPLAINED: no note in notes.py covers the outlined lines{partly}"
         rows.append(f'<tr class="note {cls}"><td colspan="4">{text}</td></tr>')
-        mine, up = diff.uncovered_lines("ours"), diff.uncovered_lines("upstream")
+        mine, up = ({u.line for u in diff.uncovered if u.side == s} for s in ("ours", "upstream"))
         for k in range(max(i2 - i1, j2 - j1)):
             left = _cells(ours, i1 + k if i1 + k < i2 else None, "left", mine)
             right = _cells(theirs, j1 + k if j1 + k < j2 else None, "right", up)

@@ -202,9 +202,6 @@ class Difference:
     def explained(self) -> bool:
         return not self.uncovered
 
-    def uncovered_lines(self, side: str) -> set[int]:
-        return {u.line for u in self.uncovered if u.side == side}
-
 
 @dataclass
 class SignatureChange:
