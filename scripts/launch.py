@@ -1,8 +1,7 @@
 """Start a command of scripts/: hold SIGINT, check the Python, then import and run its module.
 
-Each launcher (a file in scripts/ without a suffix) imports this first. Both parse on every
-Python, 2.7 and 3.6 included (no f-strings, annotations or `from __future__`), so that an
-old one is told which it needs before the commands' 3.11 syntax is read.
+It and the launchers (scripts/ files without a suffix) parse on every Python, 2.7 and 3.6
+included (no f-strings, annotations, `from __future__`): an old one is told what it needs.
 """
 
 import signal
@@ -13,10 +12,8 @@ import sys
 if hasattr(signal, "pthread_sigmask"):  # Python 3.3 and later
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
 
-# check-install (and its zipapp) runs in pods with only Ubuntu 22.04's python3: what it
-# imports is 3.10-safe and reads TOML through patchset/tomlread.py
+# for pods with only Ubuntu 22.04's python3: what check-install imports is 3.10-safe
 NEEDED_BY = {"check_install": (3, 10)}
-EXIT_ENVIRONMENT, EXIT_INTERRUPTED = 16, 130  # Exit.ENVIRONMENT, .INTERRUPTED in errors.py
 
 
 def start(module_name):
@@ -30,7 +27,7 @@ def start(module_name):
                 # no (*needed, ...): Python 2.7 cannot parse it
                 % (needed + (sys.version.split()[0],) + needed + (" ".join(sys.argv),))  # noqa: RUF005
             )
-            sys.exit(EXIT_ENVIRONMENT)
+            sys.exit(16)  # Exit.ENVIRONMENT in patchset/errors.py
         import importlib
 
         module = importlib.import_module("commands." + module_name)
@@ -39,5 +36,5 @@ def start(module_name):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     except KeyboardInterrupt:
         sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\n")
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(130)  # Exit.INTERRUPTED
     cli.run(module.main)
