@@ -184,10 +184,8 @@ class PinManifest:
         blobs = _step_blobs(toml, known, steps, registry.path)
         for step in toml.table(("step-fixes",)):
             if step == BASE_STEP:
-                problem = f'is given here; the base holds what [releases."{version}"] fixes '
-                raise toml.refuse(
-                    ("step-fixes", step), f"{problem}in {registry.path} says, so remove it"
-                )
+                holds = f'the base holds what [releases."{version}"] fixes in {registry.path} says'
+                raise toml.refuse(("step-fixes", step), f"is given here; {holds}, so remove it")
             if not STEP_NAME.match(step):
                 raise toml.refuse(("step-fixes", step), "is not a step (four digits, e.g. 0002)")
         where = f"{registry.path} [fixes]"
