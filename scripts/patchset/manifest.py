@@ -27,7 +27,6 @@ from .releases import (
 )
 
 # The registry's names, also where check-install, the catalog and racecheck import them.
-from .releases import LAUNCH_FLAGS as LAUNCH_FLAGS
 from .releases import LaunchSettings as LaunchSettings
 
 MANIFEST_NAME = "pin.toml"
