@@ -18,30 +18,26 @@ from patchset.threeway import OntoFork
 DESCRIPTION = """\
 Apply the series under patches/ to sglang.
 
-With no arguments: lay the default release's pinned sglang wheel (--base
-VERSION for another served release; sha256-checked, cached) out as
-python/sglang/ in a git repository under build/, tag it as the pristine base,
-and apply that release's series on a branch.
-With --sglang PATH (the folder of your git checkout that holds python/sglang:
-its top, or where your repository vendors sglang): recognise the served release
-it holds by the content of the files the series touch (sha1 or sha256
-repository) and apply its series on a new branch; your current branch, index
-and work tree are left alone, and no hook or filter program of yours runs.
-A second run says "already applied" and exits 0.
+With no arguments: lay the default release's pinned, sha256-checked sglang wheel
+(--base VERSION: another served release) out as python/sglang/ in a git
+repository under build/, tag it as the pristine base and apply the series on a
+branch. With --sglang PATH (the folder of your git checkout that holds
+python/sglang, or where your repository vendors it): recognise the served
+release by the content of the files the series touch and apply its series on a
+new branch; your branch, index and work tree are left alone and no hook or
+filter program of yours runs. A second run says "already applied" and exits 0.
 
-With --sglang PATH --3way, for a fork (files of no served release): apply the
-series of the nearest served release (or --base's) with git's three-way merge,
-never fuzz. The preimages come from that release's pinned wheel, written into
-your repository as loose objects (harmless, unreferenced); the merge runs on a
-temporary index. The branch is made only if nothing conflicts and the result is
-judged "fixed" by its code shape; else exit 10 and nothing of yours changes.
-The run names your fork's changes to the functions the series changes, and
+With --sglang PATH --3way, for a fork: the nearest served release's series (or
+--base's) with git's three-way merge on a temporary index, never fuzz, its
+preimages from the pinned wheel written into your repository as unreferenced
+loose objects. The branch is made only if nothing conflicts and the result is
+judged "fixed" by its code shape, else exit 10 and nothing of yours changes;
+the run names your fork's changes to the functions the series changes and
 `scripts/race-check --tree PATH` as the next step (docs/apply.md).
 
-One run at a time per build folder or repository: a second waits (--wait), then
-exits 19 naming the first. The build tree is made aside and renamed into place.
-Ctrl-C or a kill leaves nothing half-made that the next run does not remove;
-your own branches, worktrees and hooks are never touched or run.
+One run at a time per build folder or repository (a second waits, --wait, then
+exits 19 naming the first); Ctrl-C or a kill leaves nothing half-made that the
+next run does not remove.
 """
 
 CODES = [
@@ -112,11 +108,7 @@ def main() -> int:
         metavar="PATH",
         help="the folder of your git checkout that holds python/sglang",
     )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="say per patch whether it would apply cleanly; change nothing",
-    )
+    p.add_argument("--check", action="store_true", help="per patch: would it apply? change nothing")
     p.add_argument("--branch", help="branch to create (default: sglang-backports/VERSION)")
     p.add_argument(
         "--wait",

@@ -1,9 +1,5 @@
-"""Deploy the series: a patched sglang wheel.
-
-build_wheel rewrites the pinned wheel so that only the patched files, the
-.dist-info folder name, METADATA's Version and RECORD change. What an
-environment then runs is check-install's business (scripts/checkinstall/).
-"""
+"""Deploy the series: the pinned wheel rewritten so that only the patched files, the
+.dist-info folder's name, METADATA's Version and RECORD change."""
 
 from __future__ import annotations
 
@@ -21,10 +17,9 @@ from .apply import files_per_step
 from .errors import BackportError, Exit
 from .lint import label_problems
 from .lock import marked_folder
-from .manifest import BASE_STEP, Series, git_blob_id
+from .manifest import BASE_STEP, Series, git_blob_id, sha256_of
 
-# build-wheel's temporary folder in --out: prefix and suffix (see lock.marked_folder).
-BUILD_TEMP = (".build-wheel-", ".tmp")
+BUILD_TEMP = (".build-wheel-", ".tmp")  # the marked folder's prefix and suffix in --out
 NOT_PINNED = "this is not the wheel the manifest pins; delete it from the cache and run again"
 
 
@@ -61,21 +56,19 @@ def _rewrite_record(
     lines of members that did not change stay byte for byte."""
     out = []
     for line in data.decode("utf-8").splitlines(keepends=True):
-        row = next(csv.reader([line]))
-        path = row[0]
+        path, *rest = next(csv.reader([line]))
         if path not in rename and path not in changed:
             out.append(line)
             continue
         new_path = rename.get(path, path)
         if new_path == record:
-            row = [new_path, "", ""]
+            rest = ["", ""]
         elif path in changed:
-            content = changed[path]
-            row = [new_path, _record_hash(content), str(len(content))]
-        else:
-            row = [new_path, *row[1:]]
+            rest = [_record_hash(changed[path]), str(len(changed[path]))]
         buffer = io.StringIO()
-        csv.writer(buffer, lineterminator=line[len(line.rstrip("\r\n")) :]).writerow(row)
+        csv.writer(buffer, lineterminator=line[len(line.rstrip("\r\n")) :]).writerow(
+            [new_path, *rest]
+        )
         out.append(buffer.getvalue())
     return "".join(out).encode("utf-8")
 
@@ -84,10 +77,7 @@ def build_wheel(
     series: Series, cache: Path, out_dir: Path, python: str | None = None
 ) -> BuiltWheel:
     """Write the patched wheel of series' release into out_dir; same inputs, same bytes.
-
-    python: the CPython tag (cp312) of the pinned wheel to patch; default: the
-    manifest's own wheel.
-    """
+    python: the CPython tag (cp312) of the pinned wheel to patch (default: the manifest's)."""
     series.verify()
     manifest = series.manifest
     problems = label_problems(manifest)
@@ -105,8 +95,9 @@ def build_wheel(
     record = f"{new_info}RECORD"
 
     base_files = dict(wheels.read_files(source, manifest.files))
-    base_blobs = {path: git_blob_id(data) for path, data in base_files.items()}
-    if base_blobs != manifest.blobs_at(BASE_STEP):
+    if {path: git_blob_id(data) for path, data in base_files.items()} != manifest.blobs_at(
+        BASE_STEP
+    ):
         raise BackportError(
             Exit.BASE_MISMATCH,
             f"the files of {base.wheel} are not the base {series.folder.name} patches "
@@ -142,18 +133,13 @@ def build_wheel(
                         data = original.read(member)
                     rebuilt.writestr(_copy_info(member, rename), data or b"")
             os.replace(tmp / target.name, target)
-    return BuiltWheel(
-        target,
-        hashlib.sha256(target.read_bytes()).hexdigest(),
-        version,
-        [rename.get(m, m) for m in changed],
-    )
+    changed_names = [rename.get(m, m) for m in changed]
+    return BuiltWheel(target, sha256_of(target), version, changed_names)
 
 
 def _copy_info(member: zipfile.ZipInfo, rename: dict[str, str]) -> zipfile.ZipInfo:
-    """A fresh ZipInfo with the member's name (renamed), date, mode and compression:
-    what zipfile would take from the clock or the platform is the original's, so the
-    output depends on the inputs alone."""
+    """A fresh ZipInfo with the member's name (renamed), date, mode and compression: not
+    the clock's or the platform's, so the output depends on the inputs alone."""
     info = zipfile.ZipInfo(rename.get(member.filename, member.filename), member.date_time)
     for name in ("compress_type", "external_attr", "create_system", "comment", "extra"):
         setattr(info, name, getattr(member, name))

@@ -1,8 +1,5 @@
-"""Read one `git format-patch` file: its message, trailers and hunks, with line numbers.
-
-Lint and review both need the parts of a patch and where in the patch file
-each part sits, so that a problem can be reported as file:line.
-"""
+"""Read one `git format-patch` file: its message, trailers and hunks, each with its line
+in the patch file, so that lint and review can report a problem as file:line."""
 
 from __future__ import annotations
 
@@ -23,9 +20,7 @@ INDEX_LINE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
 
 @dataclass
 class PatchLine:
-    """One line of a hunk: its kind ('+', '-', ' '), text, and where it is."""
-
-    kind: str
+    kind: str  # '+', '-' or ' '
     text: str
     patch_line: int  # 1-based line in the patch file
     old_line: int | None  # line in the file before the patch ('-' and ' ')
@@ -41,7 +36,6 @@ class Hunk:
 class FileDiff:
     old_path: str
     new_path: str
-    diff_line: int  # line of `diff --git` in the patch file
     old_blob: str | None = None
     new_blob: str | None = None
     index_line: int | None = None
@@ -71,8 +65,6 @@ class Trailer:
 
 @dataclass
 class Patch:
-    """A parsed patch file."""
-
     path: Path
     text: str
     subject: str | None
@@ -152,7 +144,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         elif line.startswith("diff --git "):
             parts = line.split(" ")
             names = [_strip_diff_prefix(p) for p in parts[2:4]] if len(parts) >= 4 else ["", ""]
-            files.append(FileDiff(*names, number))
+            files.append(FileDiff(*names))
             hunk = None
         elif not files:
             continue
@@ -188,12 +180,8 @@ def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
 
 
 def touched_paths(path: Path) -> tuple[list[str], str]:
-    """The files a patch changes as git itself reads it, or ([], why git could not).
-
-    Our parser above follows `diff --git` sections; git also applies a plain
-    ---/+++ diff, so the set of touched files is taken from `git apply
-    --numstat` (it only reads the patch).
-    """
+    """The files a patch changes as git itself reads it (a plain ---/+++ diff too, which
+    our parser does not follow), or ([], why git could not)."""
     out, problem = _git_reading(path, "--numstat", "-z")
     if problem:
         return [], problem
