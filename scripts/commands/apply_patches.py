@@ -16,25 +16,20 @@ from patchset.recognise import reading, recognise_or_refuse
 from patchset.threeway import OntoFork
 
 DESCRIPTION = """\
-Apply the series under patches/ to sglang.
+Apply the series under patches/ to sglang, on a branch of its own.
 
-With no arguments: lay the default release's pinned, sha256-checked sglang wheel
-(--base VERSION: another served release) out as python/sglang/ in a git
-repository under build/, tag it as the pristine base and apply the series on a
-branch. With --sglang PATH (the folder of your git checkout that holds
-python/sglang, or where your repository vendors it): recognise the served
-release by the content of the files the series touch and apply its series on a
-new branch; your branch, index and work tree are left alone and no hook or
-filter program of yours runs. A second run says "already applied" and exits 0.
-
-With --sglang PATH --3way, for a fork: the nearest served release's series (or
---base's) with git's three-way merge on a temporary index, never fuzz, its
-preimages from the pinned wheel written into your repository as unreferenced
-loose objects. The branch is made only if nothing conflicts and the result is
-judged "fixed" by its code shape, else exit 10 and nothing of yours changes;
-the run names your fork's changes to the functions the series changes and
-`scripts/race-check --tree PATH` as the next step (docs/apply.md).
-
+With no arguments: the default release's pinned, sha256-checked wheel (--base
+VERSION: another served release) laid out as a git tree under build/, its base
+tagged pristine. With --sglang PATH (the folder of your checkout that holds
+python/sglang): the served release recognised by the files the series touch;
+your branch, index and work tree stay as they are and no hook or filter program
+of yours runs. With --sglang PATH --3way, for a fork: the nearest served
+release's series (or --base's) by git's three-way merge on a temporary index,
+its preimages written into your repository as unreferenced loose objects; the
+branch is made only if nothing conflicts and the result is judged "fixed" by its
+code shape, else exit 10 and nothing of yours changes; the run names your fork's
+changes to the functions the series changes and `scripts/race-check --tree PATH`
+as the next step (docs/apply.md). A second run says "already applied" (exit 0).
 One run at a time per build folder or repository (a second waits, --wait, then
 exits 19 naming the first); Ctrl-C or a kill leaves nothing half-made that the
 next run does not remove.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -116,14 +115,13 @@ def commit_patch(
     return author.run("commit-tree", tree, "-p", parent, input=message + note).stdout.strip()
 
 
-def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scratch: Path) -> str:
-    """Commit each patch onto base, applied to a temporary index in scratch (no fuzz, no
+def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scratch: Path) -> str:
+    """Commit each patch onto tip, applied to a temporary index in scratch (no fuzz, no
     3-way, no work tree), each step's tree checked against the manifest; the last commit."""
     index = on_index(git, scratch)
     # Where sglang is vendored, its paths are the patches' under the prefix.
     apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
-    index.run("read-tree", base)
-    tip = base
+    index.run("read-tree", tip)
     for patch in patches:
         # Only when the one atomic apply fails does --check tell a patch that does not
         # fit (ours to report) from git failing to write (git's reason).
@@ -193,8 +191,8 @@ def _apply_to_checkout(
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
-        tip = f"refs/heads/{branch}"
-        if blobs_of(files_at(git, tip, manifest)) == manifest.blobs_at(manifest.final_step):
+        held = blobs_of(files_at(git, f"refs/heads/{branch}", manifest))
+        if held == manifest.blobs_at(manifest.final_step):
             report.already = list(series.patch_names)
             return report
         next_step = (
@@ -240,15 +238,11 @@ def commit_identity(git: Git) -> None:
         )
 
 
-def tmpdir() -> Path:
-    return Path(tempfile.gettempdir())
-
-
 def _head(git: Git) -> str:
     return git.out("rev-parse", "--verify", "HEAD^{commit}")
 
 
-# Applies a series onto a fork (apply-patches --3way): (git, HEAD, its files) -> report.
+# --3way: applies a series onto a fork, given (git, HEAD, its files).
 OntoFork = Callable[[Git, str, Files], ApplyReport]
 
 
@@ -268,7 +262,7 @@ def apply_to_user_checkout(
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)
     with lock.held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
-        lock.remove_leftovers(tmpdir(), TEMP_PREFIX)
+        lock.remove_leftovers(lock.tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
@@ -280,7 +274,9 @@ def apply_to_user_checkout(
             return onto_fork(git, head, files)
         verify(found.series)
         branch = branch or default_branch(found.series.manifest)
-        return _apply_to_checkout(git, found.series, branch, path, tmpdir(), (head, found.step))
+        return _apply_to_checkout(
+            git, found.series, branch, path, lock.tmpdir(), (head, found.step)
+        )
 
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
@@ -341,7 +337,8 @@ def apply_to_build_tree(
         _refuse_unclean(git, repo)
         branch = default_branch(series.manifest)
         report = _apply_to_checkout(git, series, branch, repo, build, None)
-        if report.branch and git.current_branch() != branch:
+        current = git.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout
+        if report.branch and current.strip() != branch:
             git.run("checkout", "--quiet", branch)
         return report
 
@@ -349,7 +346,7 @@ def apply_to_build_tree(
 @contextmanager
 def scratch_copy(files: Files) -> Iterator[Path]:
     """A temporary folder holding copies of the files, for `git apply` to work on."""
-    with lock.marked_folder(tmpdir(), "sglang-backports-scratch-") as scratch:
+    with lock.marked_folder(lock.tmpdir(), "sglang-backports-scratch-") as scratch:
         for path, data in files.items():
             if data is not None:
                 (scratch / path).parent.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from . import wheel as wheels
 from .apply import files_per_step
+from .catalog import blobs_of
 from .errors import BackportError, Exit
 from .lint import label_problems
 from .lock import marked_folder
-from .manifest import BASE_STEP, Series, git_blob_id, sha256_of
+from .manifest import BASE_STEP, Series, sha256_of
 
 BUILD_TEMP = (".build-wheel-", ".tmp")  # the marked folder's prefix and suffix in --out
 NOT_PINNED = "this is not the wheel the manifest pins; delete it from the cache and run again"
@@ -31,22 +32,15 @@ class BuiltWheel:
     changed: list[str]
 
 
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-    return f"sha256={digest.decode()}"
-
-
 def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
     """METADATA with its Version header changed; the rest byte for byte."""
-    header_end = data.find(b"\n\n")
-    header = data if header_end < 0 else data[:header_end]
-    line = f"Version: {old}".encode()
-    lines = header.split(b"\n")
+    header, blank, rest = data.partition(b"\n\n")
+    lines, line = header.split(b"\n"), f"Version: {old}".encode()
     if line not in lines:
         problem = f"the wheel's METADATA has no line {line.decode()!r}"
         raise BackportError(Exit.WHEEL_HASH, problem, NOT_PINNED)
     lines[lines.index(line)] = f"Version: {new}".encode()
-    return b"\n".join(lines) + (b"" if header_end < 0 else data[header_end:])
+    return b"\n".join(lines) + blank + rest
 
 
 def _rewrite_record(
@@ -64,11 +58,11 @@ def _rewrite_record(
         if new_path == record:
             rest = ["", ""]
         elif path in changed:
-            rest = [_record_hash(changed[path]), str(len(changed[path]))]
+            digest = base64.urlsafe_b64encode(hashlib.sha256(changed[path]).digest())
+            rest = [f"sha256={digest.rstrip(b'=').decode()}", str(len(changed[path]))]
         buffer = io.StringIO()
-        csv.writer(buffer, lineterminator=line[len(line.rstrip("\r\n")) :]).writerow(
-            [new_path, *rest]
-        )
+        ending = line[len(line.rstrip("\r\n")) :]
+        csv.writer(buffer, lineterminator=ending).writerow([new_path, *rest])
         out.append(buffer.getvalue())
     return "".join(out).encode("utf-8")
 
@@ -92,12 +86,8 @@ def build_wheel(
     name, old_version, tags = base.wheel[: -len(".whl")].split("-", 2)
     version = f"{base.version}+{manifest.local_version}"
     old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
-    record = f"{new_info}RECORD"
-
     base_files = dict(wheels.read_files(source, manifest.files))
-    if {path: git_blob_id(data) for path, data in base_files.items()} != manifest.blobs_at(
-        BASE_STEP
-    ):
+    if blobs_of(base_files) != manifest.blobs_at(BASE_STEP):
         raise BackportError(
             Exit.BASE_MISMATCH,
             f"the files of {base.wheel} are not the base {series.folder.name} patches "
@@ -107,7 +97,6 @@ def build_wheel(
         )
     patched = files_per_step(series, base_files)[manifest.final_step].items()
     changed = {p.removeprefix(wheels.REPO_PREFIX): d for p, d in patched if d != base_files[p]}
-
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}-{version}-{tags}.whl"
     with zipfile.ZipFile(source) as original:
@@ -121,7 +110,7 @@ def build_wheel(
             original.read(f"{old_info}METADATA"), base.version, version
         )
         changed[f"{old_info}RECORD"] = _rewrite_record(
-            original.read(f"{old_info}RECORD"), rename, changed, record
+            original.read(f"{old_info}RECORD"), rename, changed, f"{new_info}RECORD"
         )
         # Written aside and renamed into place, so target is never half a wheel. The
         # file is made by open() (through zipfile), so its mode follows the umask.
@@ -133,8 +122,7 @@ def build_wheel(
                         data = original.read(member)
                     rebuilt.writestr(_copy_info(member, rename), data or b"")
             os.replace(tmp / target.name, target)
-    changed_names = [rename.get(m, m) for m in changed]
-    return BuiltWheel(target, sha256_of(target), version, changed_names)
+    return BuiltWheel(target, sha256_of(target), version, [rename.get(m, m) for m in changed])
 
 
 def _copy_info(member: zipfile.ZipInfo, rename: dict[str, str]) -> zipfile.ZipInfo:

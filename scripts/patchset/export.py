@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import tempfile
 from pathlib import Path
 
 from .buildtree import build_tree_path, default_branch, files_at, pristine_tag, series_commits
 from .catalog import blobs_of
 from .errors import BackportError, Exit
 from .git import Git
-from .lock import marked_folder
+from .lock import marked_folder, tmpdir
 from .manifest import MANIFEST_NAME, SERIES_NAME, Series, rewrite_tables, sha256_of, step_of
 
 # `git format-patch` output as a function of the commits alone: no commit ids, full blob
@@ -73,7 +72,7 @@ def _exported_files(folder: Path) -> dict[str, bytes]:
 
 def _fresh_export(series: Series, build: Path) -> tuple[list[str], dict[str, bytes]]:
     """The patch names and the files of an export into a marked temporary folder."""
-    with marked_folder(Path(tempfile.gettempdir()), "sglang-backports-export-") as tmp:
+    with marked_folder(tmpdir(), "sglang-backports-export-") as tmp:
         return export_to(series, build_tree_path(series, build), tmp), _exported_files(tmp)
 
 

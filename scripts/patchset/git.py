@@ -118,10 +118,6 @@ class Git:
     def branch_exists(self, branch: str) -> bool:
         return self.rev(f"refs/heads/{branch}") is not None
 
-    def current_branch(self) -> str | None:
-        result = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-        return result.stdout.strip() or None
-
     def config_names(self, section: str, var: str) -> list[str]:
         """NAME of each configured key section.NAME.var (var: a regular expression)."""
         keys = self.run(

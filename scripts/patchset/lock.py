@@ -14,9 +14,10 @@ import shutil
 import signal
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from .errors import BackportError, Exit
@@ -33,6 +34,10 @@ _held: list[int] = []
 
 def held_fds() -> tuple[int, ...]:
     return tuple(_held)
+
+
+def tmpdir() -> Path:
+    return Path(tempfile.gettempdir())
 
 
 @contextmanager
@@ -119,11 +124,9 @@ def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
     return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
 
 
-@contextmanager
-def _temp_lock(parent: Path) -> Iterator[None]:
+def _temp_lock(parent: Path) -> AbstractContextManager[None]:
     path = parent / f".sglang-backports-temp-{os.getuid()}.lock"
-    with held(path, f"the temporary folders in {parent}", DEFAULT_WAIT_S):
-        yield
+    return held(path, f"the temporary folders in {parent}", DEFAULT_WAIT_S)
 
 
 @contextmanager

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import email.policy
 import re
-import tempfile
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
 from .git import Git
-from .lock import marked_folder
+from .lock import marked_folder, tmpdir
 
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -168,7 +167,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
     """What `git apply FLAGS` says of a patch, run in an empty folder; (output, error)."""
-    with marked_folder(Path(tempfile.gettempdir()), "sglang-backports-numstat-") as scratch:
+    with marked_folder(tmpdir(), "sglang-backports-numstat-") as scratch:
         # A missing final newline has a lint rule of its own; git would call it corrupt.
         copy = scratch / "patch"
         data = path.read_bytes()

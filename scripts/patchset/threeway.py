@@ -18,7 +18,7 @@ from .buildtree import default_branch, files_at
 from .catalog import Catalog, blobs_of
 from .errors import BackportError, Exit
 from .git import Git, config_env
-from .lock import marked_folder
+from .lock import marked_folder, tmpdir
 from .manifest import Series, series_for_release
 from .paths import PATCHES_ROOT
 from .recognise import Files, full_check
@@ -57,7 +57,7 @@ class OntoFork:
             "by scripts/apply-patches --3way: git's three-way merge, the result "
             "judged fixed by its code shape.)\n"
         )
-        with marked_folder(apply.tmpdir(), apply.TEMP_PREFIX) as scratch:
+        with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
             ids = _write_preimages(git, per_step, scratch)
             merger, self.drivers = _merger(git, scratch)
             merger.run("read-tree", head)
