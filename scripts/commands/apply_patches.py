@@ -88,11 +88,10 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
     apply.verify(found.series)
     results = apply.check_series(found.series, found.step, files)
     print(f"checking {len(results)} patches against {where}")
-    for result in results:
-        print(f"  {result.patch}: {result.status}")
-        if result.detail:
-            print("    " + result.detail.replace("\n", "\n    "))
-    return Exit.OK if all(r.ok for r in results) else Exit.WOULD_NOT_APPLY
+    for name, status in results.items():
+        print(f"  {name}: " + status.replace("\n", "\n    "))
+    failed = any(status.startswith(apply.FAILS) for status in results.values())
+    return Exit.WOULD_NOT_APPLY if failed else Exit.OK
 
 
 def main() -> int:
@@ -148,17 +147,14 @@ def main() -> int:
         )
     if args.branch is not None and not args.sglang:
         p.error("--branch needs --sglang; the build tree always uses the default branch")
-    if args.branch is not None:
-        problem = branch_name_problem(args.branch)
-        if problem:
-            p.error(f"--branch {args.branch!r}: {problem}")
+    if args.branch is not None and (problem := branch_name_problem(args.branch)):
+        p.error(f"--branch {args.branch!r}: {problem}")
     series = given_series(args)
     if args.check:
         return check(args, series)
 
     if args.sglang:
-        git = open_checkout(args.sglang)
-        fork = None
+        git, fork = open_checkout(args.sglang), None
         if args.three_way:
             catalog = load_catalog(paths.PATCHES_ROOT)
             fork = OntoFork(catalog, args.sglang, paths.cache_dir(), args.branch, series, args.base)
@@ -171,10 +167,8 @@ def main() -> int:
 
     if report.already_applied:
         holder = f"branch {report.branch}" if report.branch else "its checked-out HEAD"
-        print(
-            f"already applied: {report.where} ({holder}) has all "
-            f"{len(report.already)} patches; nothing to do"
-        )
+        n = len(report.already)
+        print(f"already applied: {report.where} ({holder}) has all {n} patches; nothing to do")
         return Exit.OK
     for name in report.already:
         print(f"  already in the base: {name}")

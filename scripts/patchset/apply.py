@@ -359,31 +359,22 @@ def git_apply(cwd: Path, patch: Path) -> subprocess.CompletedProcess[str]:
     return Git(cwd, owned=True).run("apply", str(patch), check=False)
 
 
-@dataclass
-class CheckResult:
-    patch: str
-    status: str  # "already applied", "applies cleanly", "does not apply"
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status != "does not apply"
+FAILS = "does not apply"
 
 
-def check_series(series: Series, state: str, files: Files) -> list[CheckResult]:
-    """Per patch, whether it would apply to these files (at step state of the series);
-    touches nothing of theirs."""
+def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
+    """Per patch, whether it would apply to these files at step state of the series:
+    "already applied", "applies cleanly" or FAILS and, on lines below, why; changes nothing."""
     pending = _patches_after(series, state)
-    already = series.patch_names[: len(series.patch_names) - len(pending)]
-    results = [CheckResult(name, "already applied") for name in already]
+    results = dict.fromkeys(series.patch_names, "already applied")
     with scratch_copy(files) as scratch:
         for patch in pending:
-            if results and not results[-1].ok:
-                results.append(CheckResult(patch.name, "does not apply", "an earlier patch failed"))
+            if any(status.startswith(FAILS) for status in results.values()):
+                results[patch.name] = f"{FAILS}\nan earlier patch failed"
             elif (done := git_apply(scratch, patch)).returncode != 0:
-                results.append(CheckResult(patch.name, "does not apply", done.stderr.strip()))
+                results[patch.name] = f"{FAILS}\n{done.stderr.strip()}".strip()
             else:
-                results.append(CheckResult(patch.name, "applies cleanly"))
+                results[patch.name] = "applies cleanly"
     return results
 
 

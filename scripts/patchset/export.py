@@ -36,7 +36,6 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
             f"{repo} has no branch {branch} to export from",
             "run scripts/apply-patches first",
         )
-    out.mkdir(parents=True, exist_ok=True)
     # A base that already carries fix A starts at 0002: a step names one fix on every base.
     listing = git.out(
         "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={manifest.first_number}",
