@@ -28,7 +28,10 @@ WORDING = {
     Exit.BASE_MISMATCH: "no patch set serves --base, or the wheel's files are not the pinned base",
     Exit.ENVIRONMENT: "--python cannot be run, or a file or folder cannot be written",
 }
-CODES = [Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED]
+CODES = [
+    Exit.BASE_MISMATCH, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH,
+    Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
+]  # fmt: skip
 ASK_PYTHON = "import sys; print(sys.implementation.name, *sys.version_info[:2])"  # --python
 
 
@@ -66,7 +69,7 @@ def python_tag(text: str) -> str:
 
 
 def main() -> int:
-    p = cli.parser("build-wheel", DESCRIPTION, [*CODES, *WORDING], WORDING)
+    p = cli.parser("build-wheel", DESCRIPTION, CODES, WORDING)
     cli.add_patch_set(p)
     p.add_argument(
         "--base",
