@@ -60,8 +60,7 @@ class Git:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEPT_GIT_ENV}
         env["GIT_OPTIONAL_LOCKS"] = "0"  # no git of ours writes what it may skip
         if self.owned:
-            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
-            env.update(PROJECT_IDENTITY)
+            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", **PROJECT_IDENTITY)
         env.update(self.extra_env)
         return env
 

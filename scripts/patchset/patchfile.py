@@ -189,10 +189,9 @@ def touched_paths(path: Path) -> tuple[list[str], str]:
     fields = iter(out.split("\0"))
     paths: list[str] = []
     for record in fields:
-        if not record:
-            continue
-        name = record.split("\t", 2)[2]
-        paths += [name] if name else [next(fields, ""), next(fields, "")]
+        if record:
+            name = record.split("\t", 2)[2]
+            paths += [name] if name else [next(fields, ""), next(fields, "")]
     return [p for p in paths if p], ""
 
 
@@ -205,8 +204,8 @@ def file_events(path: Path) -> list[str]:
 def line_naming(patch: Patch, file: str) -> int | None:
     """The first diff header line of the patch that names file."""
     for number, line in enumerate(patch.text.split("\n"), 1):
-        if line.startswith(("diff --git ", "--- ", "+++ ")) and (
-            line.endswith("/" + file) or line.endswith(" " + file)
+        if line.startswith(("diff --git ", "--- ", "+++ ")) and line.endswith(
+            ("/" + file, " " + file)
         ):
             return number
     return None
