@@ -23,13 +23,16 @@ VERSION: another served release) laid out as a git tree under build/, its base
 tagged pristine. With --sglang PATH (the folder of your checkout that holds
 python/sglang): the served release recognised by the files the series touch;
 your branch, index and work tree stay as they are and no hook or filter program
-of yours runs. With --sglang PATH --3way, for a fork: the nearest served
-release's series (or --base's) by git's three-way merge on a temporary index,
-its preimages written into your repository as unreferenced loose objects; the
-branch is made only if nothing conflicts and the result is judged "fixed" by its
-code shape, else exit 10 and nothing of yours changes; the run names your fork's
-changes to the functions the series changes and `scripts/race-check --tree PATH`
-as the next step (docs/apply.md). A second run says "already applied" (exit 0).
+of yours runs. A second run says "already applied" (exit 0).
+
+With --sglang PATH --3way, for a fork: the nearest served release's series (or
+--base's) by git's three-way merge on a temporary index, its preimages written
+into your repository as unreferenced loose objects. The branch is made only if
+nothing conflicts and the result is judged "fixed" by its code shape, else exit
+10 and nothing of yours changes; the run names your fork's changes to the
+functions the series changes, and `scripts/race-check --tree PATH` as the next
+step (docs/apply.md).
+
 One run at a time per build folder or repository (a second waits, --wait, then
 exits 19 naming the first); Ctrl-C or a kill leaves nothing half-made that the
 next run does not remove.
@@ -52,6 +55,18 @@ WORDING = {
     "folder that does is named), or a build tree this command did not make",
     Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
     "ref is in the way of its name: pass --branch",
+}
+
+HELP = {
+    "--sglang": "the folder of your git checkout that holds python/sglang",
+    "--check": "say per patch whether it would apply cleanly; change nothing",
+    "--branch": "branch to create (default: sglang-backports/VERSION)",
+    "--wait": f"how long to wait for another run on the same target (default {DEFAULT_WAIT_S:g})",
+    "--base": f"the sglang release to lay out (default {paths.DEFAULT_BASE}); with --sglang, the "
+    "release is recognised from the checkout (with --3way: the release it is a fork of)",
+    "--patch-set": "use this patch set folder instead of the one that serves the release",
+    "--3way": "with --sglang, for a fork: apply the nearest served release's series (or "
+    "--base VERSION's) with git's three-way merge; kept only if judged fixed",
 }
 
 
@@ -96,40 +111,15 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
 
 def main() -> int:
     p = cli.parser("apply-patches", DESCRIPTION, CODES, WORDING)
+    p.add_argument("--sglang", type=cli.absolute_path, metavar="PATH", help=HELP["--sglang"])
+    p.add_argument("--check", action="store_true", help=HELP["--check"])
+    p.add_argument("--branch", help=HELP["--branch"])
     p.add_argument(
-        "--sglang",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="the folder of your git checkout that holds python/sglang",
+        "--wait", type=float, default=DEFAULT_WAIT_S, metavar="SECONDS", help=HELP["--wait"]
     )
-    p.add_argument("--check", action="store_true", help="per patch: would it apply? change nothing")
-    p.add_argument("--branch", help="branch to create (default: sglang-backports/VERSION)")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=DEFAULT_WAIT_S,
-        metavar="SECONDS",
-        help=f"how long to wait for another run on the same target (default {DEFAULT_WAIT_S:g})",
-    )
-    p.add_argument(
-        "--base",
-        metavar="VERSION",
-        help=f"the sglang release to lay out (default {paths.DEFAULT_BASE}); with --sglang, "
-        "the release is recognised from the checkout (with --3way: the release it is a fork of)",
-    )
-    p.add_argument(
-        "--patch-set",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="use this patch set folder instead of the one that serves the release",
-    )
-    p.add_argument(
-        "--3way",
-        dest="three_way",
-        action="store_true",
-        help="with --sglang, for a fork: apply the nearest served release's series (or "
-        "--base VERSION's) with git's three-way merge; kept only if judged fixed",
-    )
+    p.add_argument("--base", metavar="VERSION", help=HELP["--base"])
+    p.add_argument("--patch-set", type=cli.absolute_path, metavar="DIR", help=HELP["--patch-set"])
+    p.add_argument("--3way", dest="three_way", action="store_true", help=HELP["--3way"])
     args = p.parse_args()
     if args.base and args.patch_set:
         p.error("--base picks a patch set; give either --base or --patch-set")

@@ -32,6 +32,15 @@ CODES = [
     Exit.BASE_MISMATCH, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH,
     Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
 ]  # fmt: skip
+HELP = {
+    "--base": "the sglang release to build for; picks the patch set under patches/ that serves "
+    "it (with --patch-set: that folder must serve it)",
+    "--python-version": "build the wheel for that Python (3.10 to 3.13; default: the manifest's "
+    "own, 3.11)",
+    "--python": "build the wheel for the Python of that interpreter (asked for its version)",
+    "--all": "build the wheel of every Python the manifest pins",
+    "--out": "output folder (default: dist/)",
+}
 ASK_PYTHON = "import sys; print(sys.implementation.name, *sys.version_info[:2])"  # --python
 
 
@@ -71,35 +80,15 @@ def python_tag(text: str) -> str:
 def main() -> int:
     p = cli.parser("build-wheel", DESCRIPTION, CODES, WORDING)
     cli.add_patch_set(p)
-    p.add_argument(
-        "--base",
-        metavar="VERSION",
-        help="the sglang release to build for; picks the patch set under patches/ that "
-        "serves it (with --patch-set: that folder must serve it)",
-    )
+    p.add_argument("--base", metavar="VERSION", help=HELP["--base"])
     which = p.add_mutually_exclusive_group()
     which.add_argument(
-        "--python-version",
-        type=python_tag,
-        metavar="X.Y",
-        help="build the wheel for that Python (3.10 to 3.13; default: the manifest's own, 3.11)",
+        "--python-version", type=python_tag, metavar="X.Y", help=HELP["--python-version"]
     )
-    which.add_argument(
-        "--python",
-        type=cli.absolute_path,
-        metavar="PY",
-        help="build the wheel for the Python of that interpreter (asked for its version)",
-    )
-    which.add_argument(
-        "--all", action="store_true", help="build the wheel of every Python the manifest pins"
-    )
-    p.add_argument(
-        "--out",
-        type=cli.absolute_path,
-        default=paths.PROJECT_ROOT / "dist",
-        metavar="DIR",
-        help="output folder (default: dist/)",
-    )
+    which.add_argument("--python", type=cli.absolute_path, metavar="PY", help=HELP["--python"])
+    which.add_argument("--all", action="store_true", help=HELP["--all"])
+    dist = paths.PROJECT_ROOT / "dist"
+    p.add_argument("--out", type=cli.absolute_path, default=dist, metavar="DIR", help=HELP["--out"])
     args = p.parse_args()
     if args.base:  # the default --patch-set names the folder of patch sets to pick from
         series = series_for_release(args.patch_set.parent, args.base)
