@@ -59,19 +59,20 @@ def _holder(path: Path) -> str:
 
 def _try_lock(path: Path) -> int | None:
     """An fd holding the lock on path, or None while another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
+    with deferred_signals():  # an fd opened is closed or returned
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        # The holder before us may have removed the file after we opened it: take the new one.
+        with suppress(FileNotFoundError):
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
         os.close(fd)
-        if err.errno in (errno.EAGAIN, errno.EACCES):
-            return None
-        raise
-    # The holder before us may have removed the file after we opened it: take the new one.
-    with suppress(FileNotFoundError):
-        if os.fstat(fd).st_ino == os.stat(path).st_ino:
-            return fd
-    os.close(fd)
     return _try_lock(path)
 
 
@@ -79,11 +80,7 @@ def _try_lock(path: Path) -> int | None:
 def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
     """Hold the lock at path for target, waiting up to wait_s for another holder."""
     deadline, told = time.monotonic() + wait_s, False
-    while True:
-        with deferred_signals():
-            fd = _try_lock(path)
-        if fd is not None:
-            break
+    while (fd := _try_lock(path)) is None:
         if time.monotonic() >= deadline:
             raise BackportError(
                 Exit.LOCKED,

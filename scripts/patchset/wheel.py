@@ -21,8 +21,7 @@ DOWNLOAD_PREFIX = ".download-"  # a download's marked folder in the cache
 
 
 def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
-    actual = sha256_of(path)
-    if actual != pin.sha256:
+    if (actual := sha256_of(path)) != pin.sha256:
         raise BackportError(
             Exit.WHEEL_HASH,
             f"the {where} wheel {path} has sha256 {actual}, but the manifest pins "
