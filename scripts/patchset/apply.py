@@ -280,8 +280,7 @@ def apply_to_user_checkout(
 
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
-    """Lay the pinned wheel out as a git tree in a marked sibling folder, tag it,
-    patch it, then rename it into place."""
+    """The pinned wheel as a tagged, patched git tree in a marked sibling, renamed into place."""
     manifest = series.manifest
     wheel = wheels.fetch_wheel(manifest.base, cache)
     with lock.marked_folder(repo.parent, TEMP_PREFIX) as tmp:

@@ -46,8 +46,7 @@ def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
 def _rewrite_record(
     data: bytes, rename: dict[str, str], changed: dict[str, bytes], record: str
 ) -> bytes:
-    """RECORD with renamed paths and new hash and size for each changed member; the
-    lines of members that did not change stay byte for byte."""
+    """RECORD with renamed paths, each changed member's new hash and size; other lines kept."""
     out = []
     for line in data.decode("utf-8").splitlines(keepends=True):
         path, *rest = next(csv.reader([line]))

@@ -26,8 +26,7 @@ def full_check(where: str | Path) -> str:
 
 
 def reading(series: Series | None) -> Series:
-    """The given series, else the default one: either's manifest names the files
-    that every series touches, to read a tree by."""
+    """The given series, else the default: either names the files every series touches."""
     return series or Series.load(paths.DEFAULT_PATCH_DIR)
 
 

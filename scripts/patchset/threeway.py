@@ -166,8 +166,7 @@ def _write_preimages(
 
 
 def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
-    """git on a temporary index, each merge driver of the user's (named in the list)
-    replaced by `false`: a file one would merge is a conflict."""
+    """git on a temporary index, each of the user's merge drivers (listed) run as `false`."""
     names = git.config_names("merge", "driver")
     env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
     return apply.on_index(git, scratch).with_env(env), names
