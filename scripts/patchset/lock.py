@@ -27,6 +27,7 @@ from .interrupts import INTERRUPTS, hold_interrupts, release_interrupts  # noqa:
 from .textout import progress
 
 DEFAULT_WAIT_S = 30.0  # how long a second run waits for the first (--wait)
+TELL_AFTER_S = 1.0  # a wait shorter than this is not worth a line on stderr
 _UNNAMED_HOLDER = "a process that has not written its name yet"
 # Every git or pip we start inherits these fds: one that outlives a killed run holds them.
 _held: list[int] = []
@@ -79,16 +80,17 @@ def _try_lock(path: Path) -> int | None:
 @contextmanager
 def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
     """Hold the lock at path for target, waiting up to wait_s for another holder."""
-    deadline, told = time.monotonic() + wait_s, False
+    started = time.monotonic()
+    told = False
     while (fd := _try_lock(path)) is None:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= started + wait_s:
             raise BackportError(
                 Exit.LOCKED,
                 f"another run is working on {target}: {_holder(path)} (lock {path})",
                 "wait for it to finish and run again, or pass --wait SECONDS to wait "
                 "longer; the lock goes away by itself when that process ends",
             )
-        if not told:
+        if not told and time.monotonic() >= started + TELL_AFTER_S:
             print(f"waiting for {_holder(path)} to finish with {target}", file=sys.stderr)
             told = True
         time.sleep(0.2)
