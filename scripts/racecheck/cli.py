@@ -1,4 +1,4 @@
-"""scripts/race-check: run the scenarios on step trees or given trees, print table and races."""
+"""scripts/race-check: the scenarios on step trees or given trees; the table and the races."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from patchset import buildtree, cli, paths
 from patchset.catalog import blobs_of, series_steps, step_in
 from patchset.errors import BackportError, Exit
 from patchset.manifest import (
-    PinManifest,
     Series,
     patch_set_folders,
     replace_tables,
@@ -26,22 +25,21 @@ from .catalogue import PLAYS, SCENARIOS
 from .csan import torch_text
 
 SCRIPTS = Path(__file__).resolve().parents[1]
-# Set once race-check has moved onto the interpreter --python (or the default) names.
+# Set once race-check runs on the interpreter --python (or the default) names.
 REEXEC = "SGLANG_BACKPORTS_RACE_CHECK_PYTHON"
 
 DESCRIPTION = """\
-Prove on the CPU, from the real sglang code, which stream races in the
-PD-decode prebuilt path each step of the patch series closes. Simulated CUDA
-streams and events feed the vector clocks of PyTorch's CUDA sanitizer, which
-checks every aten read and write of a FutureMap relay buffer row by row. The
-scenarios run through the tree's own FutureMap, build_eagle_disagg_draft_input,
-get_new_prebuilt_batch and (L*) WAR barrier, on each release's signatures:
+Prove on the CPU, from the real sglang code, which stream races in the PD-decode
+prebuilt path each step of the patch series closes: simulated CUDA streams and
+events feed the vector clocks of PyTorch's CUDA sanitizer, which checks every
+aten read and write of a FutureMap relay buffer row by row. The scenarios run
+through the tree's own FutureMap, build_eagle_disagg_draft_input,
+get_new_prebuilt_batch and (L*) WAR barrier:
 {scenarios}
 
 Default: the final step of the series (the patched tree) in the build tree.
-Each tree runs in its own process, forked after the heavy third-party imports,
-one per core at a time. The expected table is the [races] table of each
-base's pin.toml.
+Each tree runs in its own forked process, one per core at a time. The expected
+table is the [races] table of each base's pin.toml.
 """
 
 EPILOG = """\
@@ -66,14 +64,11 @@ WORDING = {
     "or holds a wrong entry there",
     Exit.STALE: "(--check-expected) a [races] table is not what the run measured",
 }
-
-
 ALL = "all"
 
 
 def _series(argv: list[str] | None) -> list[Series]:
-    """The series named by --base or --patch-set (read before the full parser:
-    their steps are choices). --base all: every patch set under patches/."""
+    """The series --base or --patch-set name, read first: their steps are --step's choices."""
     early = argparse.ArgumentParser(add_help=False)
     cli.add_patch_set(early)
     early.add_argument("--base")
@@ -182,7 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     preload_s = run_trees(runs)
     wall = time.perf_counter() - started
-
     bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
     for version in dict.fromkeys(r.version for r in runs):
         if several:
@@ -196,11 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     timings = [
         f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
     ]
-    print(
-        f"timings: third-party imports {preload_s:.1f} s (once); "
-        + "; ".join(timings)
-        + f"; wall {wall:.1f} s"
-    )
+    print(f"timings: third-party imports {preload_s:.1f} s (once); " + "; ".join(timings), end="")
+    print(f"; wall {wall:.1f} s")
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
     return report.verdict(runs)
@@ -209,10 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 def plan_runs(
     chosen: list[Series], step: str | None, given: list[Path], regenerate: bool = False
 ) -> list[report.TreeRun]:
-    """The columns to measure: the chosen steps of each series' build tree (none when
-    only trees are given), then each given tree, judged by the step its files hold.
-    regenerate: the tables are to be written, so a scenario missing from pin.toml is
-    expected clean instead of refused."""
+    """The columns: the chosen steps of each series' build tree (none when only trees are
+    given), then each given tree, judged by the step its files hold. regenerate: a
+    scenario missing from pin.toml is expected clean instead of refused."""
     runs: list[report.TreeRun] = []
     for series in chosen:
         manifest = series.manifest
@@ -235,15 +225,13 @@ def plan_runs(
         for n, tree in enumerate(given, 1):
             checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
             label = f"tree {n}" if len(given) > 1 else "tree"
-            held = step_held(manifest, checked)
+            files = {
+                p: (checked / p).read_bytes() if (checked / p).is_file() else None
+                for p in manifest.files
+            }
+            held = step_in(series_steps(manifest), blobs_of(files)) or ""
             runs.append(report.TreeRun(label, held, checked, expected, final, version, given=True))
     return runs
-
-
-def step_held(manifest: PinManifest, tree: Path) -> str:
-    """The (latest) step of the series whose files the tree holds, or "" for none."""
-    files = {p: (tree / p).read_bytes() if (tree / p).is_file() else None for p in manifest.files}
-    return step_in(series_steps(manifest), blobs_of(files)) or ""
 
 
 def choose_python(explicit: Path | None) -> Path:
@@ -267,7 +255,6 @@ def choose_python(explicit: Path | None) -> Path:
 
 
 def step_trees(series: Series) -> dict[str, Path]:
-    """The build tree's step trees, laid out (as git worktrees) if needed."""
     build = paths.build_dir()
     if not buildtree.build_tree_path(series, build).is_dir():
         raise BackportError(
@@ -279,7 +266,7 @@ def step_trees(series: Series) -> dict[str, Path]:
 
 
 def run_trees(runs: list[report.TreeRun]) -> float:
-    """Every tree's scenarios (racecheck.worker) into runs; the time spent preloading."""
+    """Every tree's scenarios into runs; the seconds the preload took."""
 
     def announce(n: int) -> None:
         run = runs[n]
@@ -303,9 +290,8 @@ def run_trees(runs: list[report.TreeRun]) -> float:
 
 
 def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:
-    """Compare each base's measured table with its [races] tables; write them if asked.
-    A final step with a race is refused first, writing nothing: the tables must
-    never turn a wrong fix into an expected result."""
+    """Compare each base's measured table with its [races] tables; write them if asked. A
+    final step with a race is refused first: a wrong fix must never become expected."""
     open_final = [
         f"{r.label} ({name})"
         for r in runs

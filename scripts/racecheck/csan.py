@@ -1,11 +1,6 @@
 """The part of torch.cuda._sanitizer (CSAN), a private torch API, that the checker uses.
-
-Its EventHandler (vector clocks per stream, last write and reads per data
-pointer) and the shape of the errors it returns are checked before use, so a
-torch that changes them stops the checker with a clear message instead of
-letting it silently see nothing. Any torch whose sanitizer has that shape is
-used; the report names it and whether the tables were verified on it.
-"""
+Its shape is checked before use, so a torch that changed it stops the checker with a
+clear message instead of letting it silently see nothing."""
 
 from __future__ import annotations
 
@@ -31,31 +26,34 @@ _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
     "_handle_device_synchronization": (),
     "_handle_memory_allocation": ("data_ptr",),
 }
-_ACCESS_FIELDS = {"type", "seq_num", "stream", "operator", "aliases", "is_output", "stack_trace"}
+_ACCESS_FIELDS = {
+    "type",
+    "seq_num",
+    "stream",
+    "operator",
+    "aliases",
+    "is_output",
+    "stack_trace",
+}
 _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
 
 
 def torch_text(version: str) -> str:
-    """The torch a check ran on, and whether the table was verified on that release."""
     if version.split("+", 1)[0] in VERIFIED_TORCH:
         return f"torch {version} (verified)"
     return f"torch {version} (sanitizer API checked; table not yet verified on it)"
 
 
 def load() -> ModuleType:
-    """Import torch.cuda._sanitizer after checking the shape of its API."""
+    """torch.cuda._sanitizer, once the shape of its API is the one the checker knows."""
     next_step = "use an interpreter whose torch is one of " + ", ".join(VERIFIED_TORCH)
     try:
         import torch
         from torch.cuda import _sanitizer as csan
     except ImportError as exc:
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            f"torch (or its torch.cuda._sanitizer) is not importable here ({exc})",
-            next_step,
-        ) from None
-    problems = check_shape(csan)
-    if problems:
+        problem = f"torch (or its torch.cuda._sanitizer) is not importable here ({exc})"
+        raise BackportError(Exit.ENVIRONMENT, problem, next_step) from None
+    if problems := check_shape(csan):
         raise BackportError(
             Exit.ENVIRONMENT,
             f"torch {torch.__version__}: torch.cuda._sanitizer changed shape; the race "
@@ -84,12 +82,11 @@ def check_shape(csan: ModuleType) -> list[str]:
     elif missing := _ACCESS_FIELDS - {f.name for f in dataclasses.fields(access)}:
         problems.append(f"Access lacks {sorted(missing)}")
     error = getattr(csan, "UnsynchronizedAccessError", None)
+    params = inspect.signature(error.__init__).parameters if error else {}
     if error is None:
         problems.append("UnsynchronizedAccessError is gone")
-    else:
-        params = inspect.signature(error.__init__).parameters
-        if lacking := [a for a in _ERROR_ATTRIBUTES if a not in params]:
-            problems.append(f"UnsynchronizedAccessError lacks {lacking}")
+    elif lacking := [a for a in _ERROR_ATTRIBUTES if a not in params]:
+        problems.append(f"UnsynchronizedAccessError lacks {lacking}")
     access_type = getattr(csan, "AccessType", None)
     if access_type is None or not {"READ", "WRITE"} <= set(access_type.__members__):
         problems.append("AccessType lacks READ/WRITE")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# FutureMap's relay buffers, in the order reports list them. An EAGLE row is
-# the first five; a non-speculative row is output_tokens_buf alone.
+# FutureMap's relay buffers, in report order; an EAGLE row is the first five.
 RELAY_BUFFERS = (
     "new_seq_lens_buf",
     "output_tokens_buf",
@@ -20,9 +19,7 @@ EAGLE_ROW = RELAY_BUFFERS[:5]
 
 @dataclass(frozen=True)
 class Site:
-    """One frame of a call stack: file (relative to its root's parent), line, function."""
-
-    file: str
+    file: str  # relative to its root's parent
     line: int
     function: str
 
@@ -32,8 +29,6 @@ class Site:
 
 @dataclass(frozen=True)
 class Access:
-    """One side of a race."""
-
     kind: str  # "read" or "write"
     stream: str
     operator: str

@@ -1,12 +1,7 @@
 """The scenarios of racecheck.catalogue, played through the real sglang code of the tree
-first on sys.path: a request that has just finished still has one forward in flight
-on the forward stream, which publishes and stashes into its FutureMap row, while the
-scheduler, on the schedule stream, hands that row (or another one) to a new request.
-
-FutureMap, ScheduleBatch, Req, ChunkCache, ReqToTokenPool, get_new_prebuilt_batch
-and the WAR barrier are the tree's own; stand-ins replace only scheduler state the
-relay does not touch (server arguments, the grammar manager, the running batch).
-"""
+first on sys.path. FutureMap, ScheduleBatch, Req, ChunkCache, ReqToTokenPool,
+get_new_prebuilt_batch and the WAR barrier are the tree's own; stand-ins replace only
+scheduler state the relay does not touch."""
 
 from __future__ import annotations
 
@@ -87,12 +82,9 @@ class _World:
     def inflight_forward(
         self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None, event_attr: str = ""
     ) -> None:
-        """What run_batch does for a batch holding just-finished requests (their
-        redundant forward), on the forward stream ordered after the schedule
-        stream: read the inputs, publish, stash the relay payload. With a
-        runner, the forward records its WAR read-done event into the runner's
-        attribute event_attr where the cuda-graph runners record it: before
-        publish (non-speculative), or in EAGLE's draft_extend, after publish."""
+        """run_batch's redundant forward for just-finished requests, on the forward stream:
+        read the inputs, publish, stash. With a runner, it records its WAR read-done event
+        where the cuda-graph runners do: before publish, or after it in EAGLE's draft_extend."""
         n = len(rows)
         index = torch.tensor(rows, dtype=torch.int64)
         eagle = not self.spec_algorithm.is_none()
@@ -115,10 +107,8 @@ class _World:
                 self.future_map.stash(index, _stash_payload(n, eagle=eagle))
 
     def request(self, row: int, *, hisparse: bool = False) -> Any:
-        """A request in pool row `row`: prebuilt (prefilled on the prefill server, its
-        KV and, for EAGLE, its draft state arrived), or hisparse (its whole prompt
-        prefilled here in one chunk, its sampling parameters normalized as the
-        tokenizer manager does)."""
+        """A request in pool row `row`: prebuilt (its KV and draft state arrived from the
+        prefill server), or hisparse (its whole prompt prefilled here in one chunk)."""
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -151,10 +141,8 @@ class _World:
         return req
 
     def admit_prebuilt(self, rows: tuple[int, ...]) -> Any:
-        """The scheduler thread takes prebuilt requests into pool rows `rows`, one batch."""
         from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
 
-        # The attributes get_new_prebuilt_batch reads from the Scheduler.
         scheduler = SimpleNamespace(
             **self.relay_state(),
             grammar_manager=mock.Mock(has_waiting_grammars=mock.Mock(return_value=False)),
@@ -168,8 +156,7 @@ class _World:
             forward_stream=self.forward_stream,
         )
         function = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch
-        # From 0.5.16 on the loop hands in what it used to read from self
-        # (running_batch); each such argument is the scheduler's attribute.
+        # From 0.5.16 on the loop hands in what it read from self (running_batch).
         extra = list(inspect.signature(function).parameters)[1:]
         missing = [name for name in extra if not hasattr(scheduler, name)]
         if missing:
@@ -185,10 +172,8 @@ class _World:
         return batch
 
     def prefill_forward(self, reqs: list[Any]) -> tuple[Any, Any]:
-        """run_batch for the requests' prefill batch: its forward relays into their
-        rows (as inflight_forward does), then the real copy_to_cpu records
-        copy_done on the copy stream after it waited for the forward stream
-        (0.5.15 on), else on the forward stream itself."""
+        """run_batch for the requests' prefill batch: its forward relays into their rows,
+        then copy_to_cpu records copy_done on the copy stream (0.5.15 on) or forward stream."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -211,9 +196,8 @@ class _World:
         return batch, result
 
     def result_processor(self, coordinator: Any) -> Any:
-        """The tree's SchedulerBatchResultProcessor (a frozen dataclass of the
-        scheduler's collaborators): the relay's own objects where it has them,
-        mocks for the rest (metrics, output streaming, the model workers...)."""
+        """The tree's SchedulerBatchResultProcessor: the relay's own objects where it has
+        them, mocks for the rest (metrics, output streaming, the model workers...)."""
         from sglang.srt.disaggregation.utils import DisaggregationMode
         from sglang.srt.managers.scheduler_components import batch_result_processor
 
@@ -241,9 +225,8 @@ class _World:
 
 
 def _stash_payload(n: int, *, eagle: bool) -> Any:
-    """What the forward stashes for n requests, in this release's form: a
-    RelayPayload (0.5.15 on), else the token tensor (non-speculative) or the
-    EagleDraftInput itself (EAGLE)."""
+    """What the forward stashes: a RelayPayload (0.5.15 on), else the token tensor
+    (non-speculative) or the EagleDraftInput itself."""
     from sglang.srt.managers import overlap_utils
 
     bonus = torch.full((n,), 11, dtype=torch.int64)
@@ -263,10 +246,9 @@ def _stash_payload(n: int, *, eagle: bool) -> Any:
 
 
 def play(world: _World, scenario: Play) -> None:
-    """One scenario, in the order of the overlap decode loop: iteration N-1's forward,
-    for a batch still holding requests whose rows went back to the pool, is in
-    flight; iteration N runs the WAR barrier (loop scenarios only), batch selection
-    with prebuilt seeding and the launch of its own forward on the schedule stream."""
+    """One scenario in the overlap decode loop's order: iteration N-1's forward is in
+    flight; iteration N runs the WAR barrier (loop scenarios), prebuilt seeding and the
+    launch of its own forward."""
     runner = SimpleNamespace()
     event_attr = treecode.war_barrier_of_tree().event_attr if scenario.barrier else ""
     if event_attr:
@@ -283,21 +265,17 @@ def play(world: _World, scenario: Play) -> None:
             war_barrier(world, runner, enabled=scenario.barrier != "none")
         world.admit_prebuilt(scenario.prebuilt)
         if scenario.barrier is not None:
-            # The launch of iteration N's forward: run_batch orders it after
-            # the schedule stream before the forward reads anything.
+            # run_batch orders iteration N's forward after the schedule stream.
             world.forward_stream.wait_stream(world.schedule_stream)
     if scenario.consumer:
         consume(world, scenario.finished + scenario.prebuilt)
 
 
 def play_hisparse(world: _World, scenario: Play) -> None:
-    """H1, the hisparse seam, in the order of the overlap loop (event_loop_overlap):
-    finished requests' rows, still written by their redundant forward, go to new
-    requests that hisparse mode prefills here. Their prefill forward, its result
-    processed (process_batch_result_prefill synchronizes on copy_done and admits
-    them into staging), then _build_hisparse_decode_batch stashes their last token
-    from the schedule stream. The coordinator is a mock: its staging copies KV
-    pages, no relay row."""
+    """H1 in event_loop_overlap's order: finished rows still written by their forward go
+    to requests prefilled here; their result processed (process_batch_result_prefill
+    synchronizes on copy_done), _build_hisparse_decode_batch stashes from the schedule
+    stream. The coordinator is a mock: its staging copies KV pages, no relay row."""
     coordinator = mock.Mock(name="hisparse_coordinator")
     coordinator.collect_ready_reqs.side_effect = lambda: [
         call.args[0] for call in coordinator.admit_request_into_staging.call_args_list
@@ -317,7 +295,6 @@ def play_hisparse(world: _World, scenario: Play) -> None:
                 "process_batch_result_prefill did not admit the prefilled requests "
                 f"into hisparse staging (admitted {len(ready)} of {len(reqs)})"
             )
-        # The attributes _build_hisparse_decode_batch reads from the Scheduler.
         scheduler = SimpleNamespace(
             **world.relay_state(), device="cpu", future_map=world.future_map
         )
@@ -329,8 +306,7 @@ def play_hisparse(world: _World, scenario: Play) -> None:
 
 
 def consume(world: _World, rows: tuple[int, ...]) -> None:
-    """A later iteration reads the rows back; resolve_seq_lens_cpu waits on
-    publish_ready before it gathers new_seq_lens_buf."""
+    """A later iteration reads the rows back (resolve_seq_lens_cpu)."""
     consumer = world.device.Stream(name="consumer_stream")
     merged = SimpleNamespace(
         spec_info=SimpleNamespace(future_indices=torch.tensor(rows, dtype=torch.int64)),
@@ -344,8 +320,7 @@ def consume(world: _World, rows: tuple[int, ...]) -> None:
 
 
 def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> None:
-    """The tree's WAR barrier on a bare scheduler holding the loop's streams;
-    enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
+    """The tree's WAR barrier; enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
     barrier = treecode.war_barrier_of_tree()
     scheduler = barrier.scheduler
     scheduler._war_barrier_enabled = enabled
@@ -360,8 +335,7 @@ def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> Non
 
 
 def required(scenario: Play) -> set[tuple[str, str, str]]:
-    """Accesses a scenario must see, race or not: without them a clean result
-    would only mean that the tree no longer takes the path the scenario drives."""
+    """Accesses a scenario must see, else clean only means the tree took another path."""
     if scenario.consumer:
         return {
             ("forward_stream", "write", "new_seq_lens_buf"),
@@ -373,7 +347,6 @@ def required(scenario: Play) -> set[tuple[str, str, str]]:
 
 
 def run(name: str) -> ScenarioRun:
-    """Play one scenario on fresh simulated streams and return the races CSAN saw."""
     scenario = BY_NAME[name]
     driver = Path(__file__).resolve().parent
     with (

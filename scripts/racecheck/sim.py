@@ -1,11 +1,6 @@
-"""Simulated CUDA streams and events whose ordering operations feed CSAN.
-
-Every op runs at once on the CPU; what the simulation keeps is the order the
-GPU would be allowed to use: each stream operation goes to a CSAN
-EventHandler, whose vector clocks then decide whether two accesses are
-ordered. SimDevice mirrors the part of torch.cuda that sglang calls through
-torch.get_device_module().
-"""
+"""Simulated CUDA streams and events for torch.get_device_module(): every op runs at once
+on the CPU, and each ordering operation goes to CSAN's EventHandler, whose vector clocks
+then decide whether two accesses are ordered."""
 
 from __future__ import annotations
 
@@ -25,8 +20,6 @@ def _unmodelled(what: str) -> bool:
 
 
 class SimEvent:
-    """A CUDA event: remembers the producing stream's clock at its latest record."""
-
     def __init__(self, device: SimDevice, **_options: Any) -> None:
         self.device = device
         self.event_id = next(device._ids)
@@ -46,13 +39,8 @@ class SimEvent:
     def query(self) -> bool:
         return _unmodelled("SimEvent.query()")
 
-    def __repr__(self) -> str:
-        return f"SimEvent({self.event_id})"
-
 
 class SimStream:
-    """A CUDA stream, named for the reports."""
-
     def __init__(self, device: SimDevice, name: str, stream_id: int) -> None:
         self.device = device
         self.name = name
@@ -62,8 +50,7 @@ class SimStream:
         event.wait(self)
 
     def wait_stream(self, stream: SimStream) -> None:
-        # What torch.cuda.Stream.wait_stream does: record on the other stream, wait here.
-        self.wait_event(stream.record_event())
+        self.wait_event(stream.record_event())  # as torch.cuda.Stream.wait_stream does
 
     def record_event(self, event: SimEvent | None = None) -> SimEvent:
         event = event or SimEvent(self.device)
@@ -75,9 +62,6 @@ class SimStream:
 
     def query(self) -> bool:
         return _unmodelled("SimStream.query()")
-
-    def __repr__(self) -> str:
-        return f"SimStream({self.name})"
 
 
 class SimDevice:

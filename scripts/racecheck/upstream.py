@@ -1,10 +1,5 @@
-"""Releases we have not seen: list sglang's newer releases, fetch each wheel, judge it.
-
-A release passes when the shape of its code (patchset/shape.py) is judged fixed
-and the writer scan (writers.py) finds no FutureMap writer that a pin.toml's
-[writers] or patches/upstream-writers.toml leaves unclassified. Only the code
-is read: nothing of the wheel is imported or installed.
-"""
+"""Releases we have not seen, judged by their code only: fixed by shape, and every
+FutureMap writer classified by a pin.toml or patches/upstream-writers.toml."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from patchset import paths, shape, wheel
@@ -39,37 +33,8 @@ WHEEL_NAME = "sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
 _VERSION = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 
 
-@dataclass(frozen=True)
-class Verdict:
-    release: str  # a version, or a wheel file's name
-    wheel: str
-    sha256: str
-    judgement: shape.Judgement
-    unclassified: tuple[writers.Writer, ...]
-
-    @property
-    def passed(self) -> bool:
-        return self.judgement.fixed and not self.unclassified
-
-    def lines(self) -> list[str]:
-        """The verdict as watch-releases prints it: the wheel, the judgement, each problem."""
-        judged = self.judgement
-        lines = [f"sglang {self.release}: {self.wheel} sha256 {self.sha256}"]
-        lines += [f"  {line}" for line in judged.lines()]
-        if not judged.fixed:
-            lines.append(f"  FAILED: judged {judged.verdict}: {judged.reason}")
-        lines += [
-            f"  FAILED: FutureMap writer {w.function} ({w.what}) at {w.file}:{w.line} is "
-            f"classified by no manifest (key {w.key!r})"
-            for w in self.unclassified
-        ]
-        if self.passed:
-            lines.append("  ok: judged fixed, every FutureMap writer classified")
-        return lines
-
-
 def newer_releases(registry: Releases) -> list[str]:
-    """sglang's final releases on the package index newer than the newest the registry knows."""
+    """sglang's final releases on the package index newer than the registry's newest."""
     command = [sys.executable, "-m", "pip", "index", "versions", "sglang"]
     command += ["--disable-pip-version-check", "--only-binary=:all:"]
     result = subprocess.run(command, capture_output=True, text=True)
@@ -90,7 +55,6 @@ def newer_releases(registry: Releases) -> list[str]:
 
 
 def classified() -> dict[str, dict[str, str]]:
-    """Every writer key that some manifest classifies: each pin.toml's [writers], and ours."""
     table: dict[str, dict[str, str]] = {}
     for folder in patch_set_folders(paths.PATCHES_ROOT):
         table.update(writers.classification(Series.load(folder).manifest))
@@ -104,20 +68,32 @@ def classified() -> dict[str, dict[str, str]]:
     return table
 
 
-def judge_wheel(release: str, wheel_file: Path, classes: dict[str, dict[str, str]]) -> Verdict:
-    """One wheel's verdict: its tree laid out in a temporary folder, judged, and scanned."""
+def judge_wheel(
+    release: str, wheel_file: Path, classes: dict[str, dict[str, str]]
+) -> tuple[bool, list[str]]:
+    """Whether the wheel passes, and its verdict's lines: the judgement, each problem."""
     with tempfile.TemporaryDirectory(prefix="watch-releases-") as tmp:
         wheel.extract_package(wheel_file, Path(tmp))
-        judgement = shape.judge_tree(Path(tmp))
-        found = writers.scan(Path(tmp))
-    unclassified = tuple(w for w in found if w.key not in classes)
-    return Verdict(release, wheel_file.name, sha256_of(wheel_file), judgement, unclassified)
+        judged = shape.judge_tree(Path(tmp))
+        unclassified = [w for w in writers.scan(Path(tmp)) if w.key not in classes]
+    lines = [f"sglang {release}: {wheel_file.name} sha256 {sha256_of(wheel_file)}"]
+    lines += [f"  {line}" for line in judged.lines()]
+    if not judged.fixed:
+        lines.append(f"  FAILED: judged {judged.verdict}: {judged.reason}")
+    lines += [
+        f"  FAILED: FutureMap writer {w.function} ({w.what}) at {w.file}:{w.line} is "
+        f"classified by no manifest (key {w.key!r})"
+        for w in unclassified
+    ]
+    passed = judged.fixed and not unclassified
+    if passed:
+        lines.append("  ok: judged fixed, every FutureMap writer classified")
+    return passed, lines
 
 
 @contextmanager
 def release_wheel(version: str, registry: Releases, cache: Path) -> Iterator[Path]:
-    """A release's wheel: the pinned one (hash-checked, cached) if the registry has it,
-    else downloaded for this run only."""
+    """The pinned wheel (hash-checked, cached) if the registry has one, else a download."""
     known = registry.known.get(version)
     if known is not None and known.wheel is not None:
         yield wheel.fetch_wheel(known.wheel, cache)

@@ -1,11 +1,6 @@
-"""Run every scenario on sglang trees, one forked process per tree.
-
-A process can import only one sglang, so check_trees first imports the heavy
-third-party packages (treefork.preload), then forks one child per tree, as
-many at once as there are cores. Each child imports its tree's sglang and
-writes its result, or {"code": EXIT CODE, "error": ..., "next_step": ...}, as
-JSON into a temporary folder, with what it printed beside it.
-"""
+"""Every scenario on sglang trees, one forked child per tree (a process imports one
+sglang): each writes its result, or {"code", "error", "next_step"}, as JSON into a
+temporary folder, with what it printed beside it."""
 
 from __future__ import annotations
 
@@ -26,7 +21,6 @@ from .catalogue import SCENARIOS
 
 
 def run(tree: Path) -> dict[str, Any]:
-    """Import the tree's sglang in this process and play every scenario on it."""
     started = time.perf_counter()
     use_tree(tree)
     try:
@@ -75,7 +69,6 @@ def _error(code: Exit, problem: str, next_step: str = "") -> dict[str, Any]:
 
 
 def _short(err: BaseException) -> str:
-    """The exception and the innermost frame that raised it, without the whole trace."""
     frames = traceback.extract_tb(err.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(err).__name__}: {err}{where}"
@@ -84,14 +77,12 @@ def _short(err: BaseException) -> str:
 def check_trees(
     trees: list[Path], started: Callable[[int], None]
 ) -> tuple[list[dict[str, Any]], float]:
-    """Every scenario on each tree, in a child forked from this process per tree
-    (started(n) as the n-th starts): each tree's result, and the preload's seconds."""
+    """Each tree's result (started(n) as the n-th starts), and the preload's seconds."""
     csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
     preload_s = preload()
     with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
         outs = [Path(tmp) / f"{n}.json" for n in range(len(trees))]
-        # One child per core at a time: more would only share the cores and hold
-        # more memory (each child imports a whole sglang).
+        # More children than cores would only share them and hold more memory.
         fork_each(
             range(len(trees)),
             os.cpu_count() or 1,

@@ -1,13 +1,6 @@
-"""Every FutureMap writer of a tree, found in the source (ast) and classified by data.
-
-A writer is a reference to `future_map.publish` or `future_map.stash` (called,
-or handed on as with functools.partial), an assignment into a relay buffer
-(`x.output_tokens_buf[i] = ...`), or an in-place tensor method called on one.
-The [writers] tables (releases.toml's rows, with a base's pin.toml adding its
-own) say, for each (file, function, what), the stream it runs on, the ordering
-that covers it, and the scenarios that play it or the reason none does. Text
-only: no torch and no sglang import.
-"""
+"""Every FutureMap writer of a tree, found by ast (no import) and classified by the
+[writers] tables: a reference to `future_map.publish`/`stash`, an assignment into a relay
+buffer, or an in-place tensor method called on one."""
 
 from __future__ import annotations
 
@@ -25,8 +18,7 @@ from .races import RELAY_BUFFERS
 
 _METHODS = ("publish", "stash")
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
-# A row's scenarios: catalogue names separated by spaces, or this word for the
-# in-flight forward that every scenario plays.
+# A row's scenarios: catalogue names, or this word for the forward every scenario plays.
 EVERY_SCENARIO = "all"
 
 
@@ -43,12 +35,10 @@ class Writer:
 
 
 def may_hold_writers(text: str) -> bool:
-    """Every writer names future_map or a relay buffer; only such files are parsed."""
     return "future_map" in text or any(buffer in text for buffer in RELAY_BUFFERS)
 
 
 def scan(tree: Path) -> list[Writer]:
-    """Every FutureMap writer under tree/python/sglang, in file and line order."""
     root = tree / "python" / "sglang"
     found: list[Writer] = []
     for path in sorted(root.rglob("*.py")):
@@ -65,7 +55,6 @@ def scan(tree: Path) -> list[Writer]:
 
 
 def _writes(node: ast.AST, scope: str) -> Iterator[tuple[int, str, str]]:
-    """(line, enclosing Class.function, what) of each write under node."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             yield from _writes(child, f"{scope}.{child.name}" if scope else child.name)
@@ -98,8 +87,7 @@ def _what(node: ast.AST) -> str:
 
 
 def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
-    """The merged [writers] table (releases.toml's rows and the base's own): key ->
-    {stream, order, scenarios | reason}; every scenario it names is one of the catalogue's."""
+    """The merged [writers] table: key -> {stream, order, scenarios | reason}, checked."""
     if not manifest.writers:
         raise BackportError(
             Exit.PATCHSET_INVALID,
@@ -113,7 +101,6 @@ def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
 def checked(
     rows: dict[str, dict[str, str]], where: Callable[[str], str]
 ) -> dict[str, dict[str, str]]:
-    """rows, once each scenario they name is known to be one of the catalogue's."""
     for key, entry in rows.items():
         named = entry.get("scenarios", "")
         unknown = [n for n in named.split() if n not in BY_NAME]
