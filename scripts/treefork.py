@@ -64,7 +64,7 @@ def fork_each(
     slots: int,
     child: Callable[[Job], int],
     started: Callable[[Job], None],
-    ended: Callable[[Job, int, float], None],
+    ended: Callable[[Job, int, float], None] | None = None,
 ) -> None:
     """child(job) in a forked process per job, at most slots at a time; started(job) and
     ended(job, exit code, seconds) around each. Interrupted, the children are ended."""
@@ -78,7 +78,8 @@ def fork_each(
                 running[_fork(child, job)] = (job, time.monotonic())
             pid, status = os.wait()
             job, since = running.pop(pid)
-            ended(job, os.waitstatus_to_exitcode(status), time.monotonic() - since)
+            if ended:
+                ended(job, os.waitstatus_to_exitcode(status), time.monotonic() - since)
     finally:
         for pid in running:
             with contextlib.suppress(ProcessLookupError):

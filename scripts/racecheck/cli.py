@@ -65,6 +65,23 @@ WORDING = {
     Exit.STALE: "(--check-expected) a [races] table is not what the run measured",
 }
 ALL = "all"
+HELP = {
+    "--step": "a step of the series in the build tree, or all of them (default: {finals}); "
+    "with several bases, a base without that step is left out",
+    "--tree": "a folder holding python/sglang: the races open in it, compared with the step "
+    "of the series its files hold, if any (repeatable; with --step, the trees are "
+    "columns beside the steps')",
+    "--write-expected": "run every step (of every base, or of --base) and write the [races] "
+    "tables; refused, writing nothing, when a series' final step leaves a race open",
+    "--check-expected": "run as --write-expected does; exit 13 when a table is not what the "
+    "run measured, writing nothing (CI runs it)",
+    "--writers": "list every FutureMap writer of the tree (an ast scan), with the stream and "
+    "ordering its [writers] row gives it, instead of racing; an unclassified one fails",
+    "--python": "interpreter with torch and sglang's import closure (default: this one if it "
+    "has torch, else build/venv/bin/python)",
+    "--base": "the sglang release whose series and build tree to check, or {all!r} for "
+    "every patch set under patches/ (default: {base}, or --patch-set's)",
+}
 
 
 def _series(argv: list[str] | None) -> list[Series]:
@@ -93,53 +110,23 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         for play in PLAYS
     )
     p = cli.parser("race-check", DESCRIPTION.format(scenarios=text), CODES, WORDING, EPILOG)
+    help_of = {
+        flag: text.format(finals=finals, all=ALL, base=paths.DEFAULT_BASE)
+        for flag, text in HELP.items()
+    }
+    p.add_argument("--step", choices=[*steps, ALL], help=help_of["--step"])
     p.add_argument(
-        "--step",
-        choices=[*steps, ALL],
-        help=f"a step of the series in the build tree, or all of them (default: {finals}); "
-        "with several bases, a base without that step is left out",
-    )
-    p.add_argument(
-        "--tree",
-        type=cli.absolute_path,
-        action="append",
-        metavar="DIR",
-        help="a folder holding python/sglang: the races open in it, compared with the step "
-        "of the series its files hold, if any (repeatable; with --step, the trees are "
-        "columns beside the steps')",
+        "--tree", type=cli.absolute_path, action="append", metavar="DIR", help=help_of["--tree"]
     )
     tables = p.add_mutually_exclusive_group()
-    tables.add_argument(
-        "--write-expected",
-        action="store_true",
-        help="run every step (of every base, or of --base) and write the [races] tables; "
-        "refused, writing nothing, when a series' final step leaves a race open",
-    )
-    tables.add_argument(
-        "--check-expected",
-        action="store_true",
-        help="run as --write-expected does; exit 13 when a table is not what the run "
-        "measured, writing nothing (CI runs it)",
-    )
-    p.add_argument(
-        "--writers",
-        action="store_true",
-        help="list every FutureMap writer of the tree (an ast scan), with the stream and "
-        "ordering its [writers] row gives it, instead of racing; an unclassified one fails",
-    )
-    p.add_argument(
-        "--python",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="interpreter with torch and sglang's import closure (default: this one if it "
-        "has torch, else build/venv/bin/python)",
-    )
-    p.add_argument(
-        "--base",
-        metavar="VERSION",
-        help=f"the sglang release whose series and build tree to check, or {ALL!r} for "
-        f"every patch set under patches/ (default: {paths.DEFAULT_BASE}, or --patch-set's)",
-    )
+    for group, flag in (
+        (tables, "--write-expected"),
+        (tables, "--check-expected"),
+        (p, "--writers"),
+    ):
+        group.add_argument(flag, action="store_true", help=help_of[flag])
+    p.add_argument("--python", type=cli.absolute_path, metavar="PATH", help=help_of["--python"])
+    p.add_argument("--base", metavar="VERSION", help=help_of["--base"])
     cli.add_patch_set(p)
     return p.parse_args(argv)
 
@@ -175,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(python, [str(python), str(SCRIPTS / "race-check"), *command])
     runs = plan_runs(chosen, ALL if regenerate else args.step, args.tree or [], regenerate)
     started = time.perf_counter()
-    preload_s = run_trees(runs)
+    preload_s = worker.run_trees(runs)
     wall = time.perf_counter() - started
     bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
     for version in dict.fromkeys(r.version for r in runs):
@@ -263,30 +250,6 @@ def step_trees(series: Series) -> dict[str, Path]:
             "run scripts/apply-patches (or scripts/run-tests), or pass --tree DIR",
         )
     return buildtree.step_trees(series, build)
-
-
-def run_trees(runs: list[report.TreeRun]) -> float:
-    """Every tree's scenarios into runs; the seconds the preload took."""
-
-    def announce(n: int) -> None:
-        run = runs[n]
-        print(f"race-check: {len(SCENARIOS)} scenarios on {run.label} ({run.tree})", flush=True)
-
-    results, preload_s = worker.check_trees([r.tree for r in runs], announce)
-    for tree_run, result in zip(runs, results, strict=True):
-        if "error" in result:
-            if result["code"] == Exit.INTERNAL:
-                print(result["error"], file=sys.stderr)
-                raise RuntimeError(f"the checker failed on {tree_run.tree} (the trace above)")
-            problem = f"{tree_run.label} ({tree_run.tree}): {result['error']}"
-            raise BackportError(Exit(result["code"]), problem, result["next_step"])
-        tree_run.races = {
-            name: [report.race_from_json(r) for r in races]
-            for name, races in result["races"].items()
-        }
-        for key in ("torch", "barrier", "import_s", "run_s"):
-            setattr(tree_run, key, result[key])
-    return preload_s
 
 
 def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:

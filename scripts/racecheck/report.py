@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RACE_KINDS, PinManifest
 from patchset.textout import table
 
 from .catalogue import SCENARIOS
-from .races import RELAY_BUFFERS, Access, Race, Site
+from .races import RELAY_BUFFERS, Race
 
 # A cell: the (kind, buffer, row) of the races a scenario shows on a step.
 Cell = frozenset[tuple[str, str, int]]
@@ -112,18 +110,6 @@ def race_text(race: Race) -> str:
         f"{race.second.kind} after {race.first.stream}'s {race.first.kind}"
     )
     return "\n".join(lines)
-
-
-def race_to_json(race: Race) -> dict[str, Any]:
-    return dataclasses.asdict(race)
-
-
-def race_from_json(data: Mapping[str, Any]) -> Race:
-    def access(fields: Mapping[str, Any]) -> Access:
-        code, driver = (tuple(Site(**site) for site in fields[key]) for key in ("code", "driver"))
-        return Access(fields["kind"], fields["stream"], fields["operator"], code, driver)
-
-    return Race(data["buffer"], int(data["row"]), access(data["first"]), access(data["second"]))
 
 
 @dataclass

@@ -17,7 +17,7 @@ from unittest import mock
 import torch
 
 from . import treecode
-from .catalogue import BY_NAME, EAGLE, SCENARIOS, Play
+from .catalogue import BY_NAME, EAGLE, Play
 from .races import EAGLE_ROW, Race
 from .sim import SimDevice
 from .treecode import EAGLE_TOPK, ScenarioError, sglang_root
@@ -88,23 +88,20 @@ class _World:
         n = len(rows)
         index = torch.tensor(rows, dtype=torch.int64)
         eagle = not self.spec_algorithm.is_none()
-
-        def record_read_done() -> None:
-            event = self.device.Event()
-            event.record()
-            setattr(runner, event_attr, event)
-
+        read_done = self.device.Event()
         self.forward_stream.wait_stream(self.schedule_stream)
         with self.device.stream(self.forward_stream):
             if self.future_map.output_tokens_buf is not None:
                 self.future_map.output_tokens_buf[index].sum()  # the forward's input
             if runner is not None and not eagle:
-                record_read_done()
+                read_done.record()
             self.future_map.publish(index, torch.full((n,), PROMPT_LEN + 7, dtype=torch.int64))
             if runner is not None and eagle:
-                record_read_done()
+                read_done.record()
             if stash:
                 self.future_map.stash(index, _stash_payload(n, eagle=eagle))
+        if runner is not None:
+            setattr(runner, event_attr, read_done)
 
     def request(self, row: int, *, hisparse: bool = False) -> Any:
         """A request in pool row `row`: prebuilt (its KV and draft state arrived from the
@@ -158,12 +155,9 @@ class _World:
         function = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch
         # From 0.5.16 on the loop hands in what it read from self (running_batch).
         extra = list(inspect.signature(function).parameters)[1:]
-        missing = [name for name in extra if not hasattr(scheduler, name)]
-        if missing:
-            raise ScenarioError(
-                f"get_new_prebuilt_batch takes {', '.join(missing)}, which the "
-                "scenario's scheduler does not hold"
-            )
+        if missing := [name for name in extra if not hasattr(scheduler, name)]:
+            held = "which the scenario's scheduler does not hold"
+            raise ScenarioError(f"get_new_prebuilt_batch takes {', '.join(missing)}, {held}")
         batch = function(scheduler, *(getattr(scheduler, name) for name in extra))
         if batch is None or batch.req_pool_indices.tolist() != list(rows):
             raise ScenarioError(
@@ -216,12 +210,8 @@ class _World:
             "hisparse_coordinator": coordinator,
             "req_to_token_pool": self.req_to_token_pool,
         }
-        return cls(
-            **{
-                f.name: known[f.name] if f.name in known else mock.Mock(name=f.name)
-                for f in dataclasses.fields(cls)
-            }
-        )
+        fields = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{f: known[f] if f in known else mock.Mock(name=f) for f in fields})
 
 
 def _stash_payload(n: int, *, eagle: bool) -> Any:
@@ -249,10 +239,8 @@ def play(world: _World, scenario: Play) -> None:
     """One scenario in the overlap decode loop's order: iteration N-1's forward is in
     flight; iteration N runs the WAR barrier (loop scenarios), prebuilt seeding and the
     launch of its own forward."""
-    runner = SimpleNamespace()
     event_attr = treecode.war_barrier_of_tree().event_attr if scenario.barrier else ""
-    if event_attr:
-        setattr(runner, event_attr, None)
+    runner = SimpleNamespace(**{event_attr: None} if event_attr else {})
     with world.device.stream(world.schedule_stream):
         world.inflight_forward(
             scenario.forward_rows,
@@ -298,8 +286,8 @@ def play_hisparse(world: _World, scenario: Play) -> None:
         scheduler = SimpleNamespace(
             **world.relay_state(), device="cpu", future_map=world.future_map
         )
-        built = build(scheduler, ready)
-    if built.req_pool_indices.tolist() != list(scenario.prebuilt):
+        rows = build(scheduler, ready).req_pool_indices.tolist()
+    if rows != list(scenario.prebuilt):
         raise ScenarioError(
             f"_build_hisparse_decode_batch did not build a batch of rows {list(scenario.prebuilt)}"
         )
@@ -355,15 +343,8 @@ def run(name: str) -> ScenarioRun:
     ):
         world = _World(device, watch, scenario.spec, scenario.hisparse)
         (play_hisparse if scenario.hisparse else play)(world, scenario)
-    missing = required(scenario) - watch.seen
-    if missing:
-        raise ScenarioError(
-            f"{name} never saw "
-            + ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in sorted(missing))
-            + "; the tree's relay path differs from the one the scenario drives"
-        )
+    if missing := sorted(required(scenario) - watch.seen):
+        unseen = ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in missing)
+        path = "the tree's relay path differs from the one the scenario drives"
+        raise ScenarioError(f"{name} never saw {unseen}; {path}")
     return ScenarioRun(name, watch.races)
-
-
-def run_all() -> list[ScenarioRun]:
-    return [run(name) for name in SCENARIOS]

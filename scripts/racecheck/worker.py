@@ -1,26 +1,27 @@
 """Every scenario on sglang trees, one forked child per tree (a process imports one
-sglang): each writes its result, or {"code", "error", "next_step"}, as JSON into a
-temporary folder, with what it printed beside it."""
+sglang): each pickles its result, or {"code", "error", "next_step"}, into a temporary
+folder, with what it printed beside it."""
 
 from __future__ import annotations
 
-import json
 import os
+import pickle
+import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from patchset.errors import Exit
+from patchset.errors import BackportError, Exit
 from treefork import fork_each, preload, use_tree
 
-from . import csan, report
+from . import csan
 from .catalogue import SCENARIOS
+from .report import TreeRun
 
 
-def run(tree: Path) -> dict[str, Any]:
+def _run(tree: Path) -> dict[str, Any]:
     started = time.perf_counter()
     use_tree(tree)
     try:
@@ -37,8 +38,7 @@ def run(tree: Path) -> dict[str, Any]:
 
     from . import scenarios, treecode
 
-    root = scenarios.sglang_root()
-    expected = (tree / "python" / "sglang").resolve()
+    root, expected = scenarios.sglang_root(), (tree / "python" / "sglang").resolve()
     if root != expected:
         return _error(
             Exit.ENVIRONMENT,
@@ -47,15 +47,13 @@ def run(tree: Path) -> dict[str, Any]:
             "use an interpreter without sglang installed (build/venv, or --python PATH)",
         )
     imported = time.perf_counter()
-    races: dict[str, list[dict[str, Any]]] = {}
+    races = {}
     for name in SCENARIOS:
         try:
-            result = scenarios.run(name)
+            races[name] = scenarios.run(name).races
         except Exception as err:  # the tree's API differs from what the scenario drives
             return _error(Exit.SCENARIO, f"scenario {name} could not run: {_short(err)}")
-        races[name] = [report.race_to_json(race) for race in result.races]
     return {
-        "sglang": str(root),
         "torch": torch.__version__,
         "barrier": treecode.war_barrier_of_tree().how,
         "import_s": round(imported - started, 2),
@@ -74,23 +72,30 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def check_trees(
-    trees: list[Path], started: Callable[[int], None]
-) -> tuple[list[dict[str, Any]], float]:
-    """Each tree's result (started(n) as the n-th starts), and the preload's seconds."""
+def run_trees(runs: list[TreeRun]) -> float:
+    """Every tree's scenarios into its run; the seconds the third-party preload took."""
     csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
     preload_s = preload()
+
+    def announce(n: int) -> None:
+        print(f"race-check: {len(SCENARIOS)} scenarios on {runs[n].label} ({runs[n].tree})")
+
     with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
-        outs = [Path(tmp) / f"{n}.json" for n in range(len(trees))]
+        outs = [Path(tmp) / f"{n}.pickle" for n in range(len(runs))]
         # More children than cores would only share them and hold more memory.
-        fork_each(
-            range(len(trees)),
-            os.cpu_count() or 1,
-            lambda n: _child(trees[n], outs[n]),
-            started,
-            lambda _n, _code, _seconds: None,
-        )
-        return [_result(out) for out in outs], preload_s
+        jobs, slots = range(len(runs)), os.cpu_count() or 1
+        fork_each(jobs, slots, lambda n: _child(runs[n].tree, outs[n]), announce)
+        results = [_result(out) for out in outs]
+    for run, result in zip(runs, results, strict=True):
+        if "error" in result:
+            if result["code"] == Exit.INTERNAL:
+                print(result["error"], file=sys.stderr)
+                raise RuntimeError(f"the checker failed on {run.tree} (the trace above)")
+            problem = f"{run.label} ({run.tree}): {result['error']}"
+            raise BackportError(Exit(result["code"]), problem, result["next_step"])
+        for key in ("races", "torch", "barrier", "import_s", "run_s"):
+            setattr(run, key, result[key])
+    return preload_s
 
 
 def _child(tree: Path, out: Path) -> int:
@@ -99,17 +104,17 @@ def _child(tree: Path, out: Path) -> int:
     os.dup2(log, 1)
     os.dup2(log, 2)
     try:
-        result = run(tree)
+        result = _run(tree)
     except BaseException:
         result = _error(Exit.INTERNAL, traceback.format_exc())
-    out.write_text(json.dumps(result))
+    out.write_bytes(pickle.dumps(result))
     return 0
 
 
 def _result(out: Path) -> dict[str, Any]:
     """What the child wrote, or what it printed if it ended without writing it."""
     if out.is_file():
-        return json.loads(out.read_text())
+        return pickle.loads(out.read_bytes())
     log = out.with_suffix(".log")
     printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
     return _error(
