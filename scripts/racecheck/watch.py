@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import sim
-from .races import Access, Race, Site
+from .report import Access, Race, Site
 from .sim import SimDevice
 
 # The checker's own frames are never a call site worth reporting.

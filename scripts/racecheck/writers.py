@@ -8,13 +8,12 @@ import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest
 
 from .catalogue import BY_NAME
-from .races import RELAY_BUFFERS
+from .report import RELAY_BUFFERS
 
 _METHODS = ("publish", "stash")
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
@@ -70,14 +69,12 @@ def _what(node: ast.AST) -> str:
         owner = node.value
         name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
         return node.attr if name == "future_map" else ""
-    if isinstance(node, ast.Assign):
-        targets = [t.value for t in node.targets if isinstance(t, ast.Subscript)]
-    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-        targets = [node.target.value] if isinstance(node.target, ast.Subscript) else []
+    targets = []  # what is written into: a subscript's value, an in-place method's owner
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        assigned = node.targets if isinstance(node, ast.Assign) else [node.target]
+        targets = [t.value for t in assigned if isinstance(t, ast.Subscript)]
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         targets = [node.func.value] if node.func.attr in _IN_PLACE else []
-    else:
-        targets = []
     for target in targets:
         while isinstance(target, ast.Subscript):
             target = target.value
@@ -118,19 +115,14 @@ def checked(
 
 def main(tree: Path, manifest: PinManifest) -> int:
     print(f"race-check: scanning {tree / 'python' / 'sglang'} for FutureMap writers")
-    classes: dict[str, dict[str, Any]] = classification(manifest)
+    classes = classification(manifest)
     found = scan(tree)
     print("writer | at | stream | ordering that covers it | scenario / reason")
     for w in found:
-        entry = classes.get(w.key)
-        cells = (
-            [entry["stream"], entry["order"], entry.get("scenarios") or entry["reason"]]
-            if entry
-            else ["UNCLASSIFIED", "", ""]
-        )
+        row = classes.get(w.key, {"stream": "UNCLASSIFIED", "order": "", "reason": ""})
+        cells = [row["stream"], row["order"], row.get("scenarios") or row["reason"]]
         print(" | ".join([f"{w.function} {w.what}", f"{w.file}:{w.line}", *cells]))
-    unclassified = [w.key for w in found if w.key not in classes]
-    if unclassified:
+    if unclassified := [w.key for w in found if w.key not in classes]:
         print(
             f"FAILED: {len(unclassified)} writer(s) the [writers] table does not classify: "
             + ", ".join(unclassified)

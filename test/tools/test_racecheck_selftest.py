@@ -21,7 +21,7 @@ from conftest import TORCH_IN_PROCESS
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series
 from racecheck import catalogue, csan, report
-from racecheck.races import Race
+from racecheck.report import Race
 from racecheck.sim import SimDevice, SimStream
 from racecheck.watch import BufferWatch, simulated_gpu
 
