@@ -5,6 +5,7 @@ skipped, and the child reports what sglang itself cannot import."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import os
@@ -30,22 +31,18 @@ PRELOAD = """
     pytest _pytest.junitxml
 """
 
-_took: float | None = None
 
-
+@functools.cache
 def preload() -> float:
     """Import what of PRELOAD is importable and freeze it, once; the seconds it took.
     gc.freeze(): else each forked child's collections walk these millions of objects."""
-    global _took
-    if _took is None:
-        started = time.perf_counter()
-        for name in PRELOAD.split():
-            with contextlib.suppress(Exception):
-                importlib.import_module(name)
-        gc.collect()
-        gc.freeze()
-        _took = time.perf_counter() - started
-    return _took
+    started = time.perf_counter()
+    for name in PRELOAD.split():
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+    return time.perf_counter() - started
 
 
 def use_tree(tree: Path) -> None:
@@ -89,22 +86,18 @@ def fork_each(
                 os.waitpid(pid, 0)
 
 
-def _flush() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-
-
 def _fork(child: Callable[[Job], int], job: Job) -> int:
-    _flush()  # what this process has buffered is written once, by this process
-    pid = os.fork()
-    if pid:
+    code = 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # what this process has buffered is written once, by this process
+    if pid := os.fork():
         return pid
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    code = 1
     try:
         code = child(job)
     except BaseException:
         traceback.print_exc()
     finally:
-        _flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)

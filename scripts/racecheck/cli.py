@@ -110,23 +110,18 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         for play in PLAYS
     )
     p = cli.parser("race-check", DESCRIPTION.format(scenarios=text), CODES, WORDING, EPILOG)
-    help_of = {
-        flag: text.format(finals=finals, all=ALL, base=paths.DEFAULT_BASE)
-        for flag, text in HELP.items()
-    }
-    p.add_argument("--step", choices=[*steps, ALL], help=help_of["--step"])
-    p.add_argument(
-        "--tree", type=cli.absolute_path, action="append", metavar="DIR", help=help_of["--tree"]
-    )
     tables = p.add_mutually_exclusive_group()
-    for group, flag in (
-        (tables, "--write-expected"),
-        (tables, "--check-expected"),
-        (p, "--writers"),
+    for flag, options in (
+        ("--step", {"choices": [*steps, ALL]}),
+        ("--tree", {"type": cli.absolute_path, "action": "append", "metavar": "DIR"}),
+        ("--write-expected", {"action": "store_true"}),
+        ("--check-expected", {"action": "store_true"}),
+        ("--writers", {"action": "store_true"}),
+        ("--python", {"type": cli.absolute_path, "metavar": "PATH"}),
+        ("--base", {"metavar": "VERSION"}),
     ):
-        group.add_argument(flag, action="store_true", help=help_of[flag])
-    p.add_argument("--python", type=cli.absolute_path, metavar="PATH", help=help_of["--python"])
-    p.add_argument("--base", metavar="VERSION", help=help_of["--base"])
+        what = HELP[flag].format(finals=finals, all=ALL, base=paths.DEFAULT_BASE)
+        (tables if flag.endswith("-expected") else p).add_argument(flag, help=what, **options)
     cli.add_patch_set(p)
     return p.parse_args(argv)
 
@@ -222,11 +217,11 @@ def plan_runs(
 
 
 def choose_python(explicit: Path | None) -> Path:
+    if explicit is not None and not explicit.is_file():
+        raise BackportError(
+            Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
+        )
     if explicit is not None:
-        if not explicit.is_file():
-            raise BackportError(
-                Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
-            )
         return explicit
     if importlib.util.find_spec("torch") is not None:
         return Path(sys.executable)
@@ -255,30 +250,19 @@ def step_trees(series: Series) -> dict[str, Path]:
 def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:
     """Compare each base's measured table with its [races] tables; write them if asked. A
     final step with a race is refused first: a wrong fix must never become expected."""
-    open_final = [
-        f"{r.label} ({name})"
-        for r in runs
-        if r.step == r.expected_final
-        for name in SCENARIOS
-        if r.races[name]
-    ]
-    if open_final:
+    finals = [r for r in runs if r.step == r.expected_final]
+    if open_final := [f"{r.label} ({name})" for r in finals for name in SCENARIOS if r.races[name]]:
+        opened = ", ".join(open_final)
         print(
-            "FAILED: the final step of a series leaves races open: "
-            + ", ".join(open_final)
-            + "; nothing was written"
+            f"FAILED: the final step of a series leaves races open: {opened}; nothing was written"
         )
         return Exit.RACE
     stale = []
     for series in chosen:
         manifest = series.manifest
+        mine = [r for r in runs if r.version in ("", manifest.base.version)]
         measured = {
-            name: {
-                r.step: report.cell_of(r.races[name])
-                for r in runs
-                if r.version in ("", manifest.base.version)
-            }
-            for name in SCENARIOS
+            name: {r.step: report.cell_of(r.races[name]) for r in mine} for name in SCENARIOS
         }
         written = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
         differ = [name for name in SCENARIOS if written.get(name) != measured[name]]
@@ -287,9 +271,8 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
             print(f"ok: {pin} [races] is what the run measured")
         elif write:
             tables = {f"races.{name}": report.table_lines(measured[name]) for name in SCENARIOS}
-            pin.write_text(
-                replace_tables(pin.read_text(encoding="utf-8"), tables), encoding="utf-8"
-            )
+            text = replace_tables(pin.read_text(encoding="utf-8"), tables)
+            pin.write_text(text, encoding="utf-8")
             print(f"wrote {pin} [races]: {', '.join(differ)} changed")
         else:
             print(f"STALE: {pin} [races] differs from the run in: {', '.join(differ)}")

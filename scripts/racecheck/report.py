@@ -186,15 +186,14 @@ class TreeRun:
 
 def grid_text(runs: list[TreeRun]) -> str:
     """One base's table: a row per scenario, a column per run, differing cells marked."""
-    rows = []
-    for name in SCENARIOS:
-        row = [name]
-        for r in runs:
-            measured = cell_of(r.races[name])
-            expected = r.expected[name][r.step] if r.step else measured
-            text = describe(measured)
-            row.append(text if expected == measured else f"{text} [EXPECTED: {describe(expected)}]")
-        rows.append(row)
+
+    def cell_text(r: TreeRun, name: str) -> str:
+        measured = cell_of(r.races[name])
+        expected = r.expected[name][r.step] if r.step else measured
+        text = describe(measured)
+        return text if expected == measured else f"{text} [EXPECTED: {describe(expected)}]"
+
+    rows = [[name, *(cell_text(r, name) for r in runs)] for name in SCENARIOS]
     columns = [r.label.removeprefix(f"{r.version} ") for r in runs]  # each base has its grid
     return table(["scenario", *columns], rows, wrap=36)
 
@@ -215,11 +214,11 @@ def verdict(runs: list[TreeRun]) -> int:
     wrong where the step its files hold expects otherwise."""
     code = Exit.OK
     steps = [r for r in runs if not r.given]
-    patched = [
-        r.step == r.expected_final and not any(r.expected[name][r.step] for name in SCENARIOS)
+    clean_final = [
+        r.step == r.expected_final and not any(r.expected[n][r.step] for n in SCENARIOS)
         for r in steps
     ]
-    if all(patched):
+    if all(clean_final):
         for r in steps:
             if r.count:
                 print(f"FAILED: {r.count} race(s) in the patched tree {r.tree}")
@@ -231,10 +230,7 @@ def verdict(runs: list[TreeRun]) -> int:
         code = Exit.RACE
     else:
         print("ok: the measured table is the expected one")
-    for r in runs:
-        if r.given:
-            code = max(code, _given_verdict(r))
-    return code
+    return max([code, *(_given_verdict(r) for r in runs if r.given)])
 
 
 def _given_verdict(run: TreeRun) -> int:

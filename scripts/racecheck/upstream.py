@@ -49,23 +49,21 @@ def newer_releases(registry: Releases) -> list[str]:
         )
     newest = max(release_key(v) for v in registry.known)
     versions = {v.strip() for v in listed[1].split(",")}
-    return sorted(
-        (v for v in versions if _VERSION.match(v) and release_key(v) > newest), key=release_key
-    )
+    newer = [v for v in versions if _VERSION.match(v) and release_key(v) > newest]
+    return sorted(newer, key=release_key)
 
 
 def classified() -> dict[str, dict[str, str]]:
-    table: dict[str, dict[str, str]] = {}
+    table = {}
     for folder in patch_set_folders(paths.PATCHES_ROOT):
-        table.update(writers.classification(Series.load(folder).manifest))
+        table |= writers.classification(Series.load(folder).manifest)
     ours = TomlFile.load(
         UPSTREAM_WRITERS,
         "writer table",
         "restore it with `git checkout -- patches/upstream-writers.toml`",
         "fix the row the message names (the file's header is the schema)",
     )
-    table.update(writers.checked(writer_rows(ours), lambda key: str(UPSTREAM_WRITERS)))
-    return table
+    return table | writers.checked(writer_rows(ours), lambda key: str(UPSTREAM_WRITERS))
 
 
 def judge_wheel(
