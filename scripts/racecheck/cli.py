@@ -72,17 +72,16 @@ WORDING = {
 }
 ALL = "all"
 HELP = {
-    "--step": "a step of the series in the build tree, or all of them (default: {finals}); "
-    "with several bases, a base without that step is left out",
-    "--tree": "a folder holding python/sglang: the races open in it, compared with the step "
-    "of the series its files hold, if any (repeatable; with --step, the trees are "
-    "columns beside the steps')",
+    "--step": "a step of the series in the build tree, or all (default: {finals}); with "
+    "several bases, a base without that step is left out",
+    "--tree": "a folder holding python/sglang: its open races, compared with the step its "
+    "files hold, if any (repeatable; with --step, columns beside the steps')",
     "--write-expected": "run every step (of every base, or of --base) and write the [races] "
     "tables; refused, writing nothing, when a series' final step leaves a race open",
     "--check-expected": "run as --write-expected does; exit 13 when a table is not what the "
     "run measured, writing nothing (CI runs it)",
-    "--writers": "list every FutureMap writer of the tree (an ast scan), with the stream and "
-    "ordering its [writers] row gives it, instead of racing; an unclassified one fails",
+    "--writers": "instead of racing, list every FutureMap writer of the tree (an ast scan) "
+    "with its [writers] row's stream and ordering; an unclassified one fails",
     "--python": "interpreter with torch and sglang's import closure (default: this one if it "
     "has torch, else build/venv/bin/python)",
     "--base": "the sglang release whose series and build tree to check, or {all!r} for "

@@ -110,10 +110,9 @@ class _World:
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         params = SamplingParams(max_new_tokens=16)
-        extra: dict[str, Any] = {}
+        extra = {"vocab_size": VOCAB_SIZE} if hisparse else {}
         if hisparse:
-            params.normalize(None)
-            extra["vocab_size"] = VOCAB_SIZE
+            params.normalize(None)  # as the tokenizer manager does
         req = Req(
             rid=f"{'hisparse' if hisparse else 'prebuilt'}-{row}",
             origin_input_text="",

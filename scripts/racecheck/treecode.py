@@ -175,17 +175,16 @@ def _imports_used(module: ast.Module, function: ast.FunctionDef) -> dict[str, An
     used = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
     namespace: dict[str, Any] = {}
     for node in ast.walk(module):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                if bound in used:
-                    top = alias.name if alias.asname else bound
-                    namespace[bound] = importlib.import_module(top)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            for alias in node.names:
-                bound = alias.asname or alias.name
-                if bound in used:
-                    namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
+        if not isinstance(node, ast.Import | ast.ImportFrom) or getattr(node, "level", 0):
+            continue
+        for alias in node.names:
+            bound = alias.asname or alias.name.split(".")[0]
+            if bound not in used:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
+            else:
+                namespace[bound] = importlib.import_module(alias.name if alias.asname else bound)
     return namespace
 
 

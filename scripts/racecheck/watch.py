@@ -87,7 +87,12 @@ class BufferWatch(TorchDispatchMode):
                     target.setdefault(self._key(name, row), []).append(argument.name)
         result = func(*args, **kwargs)
         if reads or writes:
-            self._launch(func, reads, writes)
+            launch = (set(reads) - set(writes), set(writes), set(), func._schema, reads | writes)
+            stream_id = self.device.current_stream().stream_id
+            for error in self.device.handler._handle_kernel_launch(stream_id, *launch):
+                before, now = error.previous_access, error.current_access
+                buffer, row = list(self._keys)[error.data_ptr - _FIRST_KEY]
+                self.races.append(Race(buffer, row, self._access(before), self._access(now)))
         return result
 
     def _watched(self) -> dict[int, tuple[str, torch.Tensor]]:
@@ -100,20 +105,6 @@ class BufferWatch(TorchDispatchMode):
             self._keys[(name, row)] = _FIRST_KEY + len(self._keys)
             self.device.handler._handle_memory_allocation(self._keys[(name, row)])
         return self._keys[(name, row)]
-
-    def _launch(self, func, reads: dict[int, list[str]], writes: dict[int, list[str]]) -> None:
-        errors = self.device.handler._handle_kernel_launch(
-            self.device.current_stream().stream_id,
-            set(reads) - set(writes),
-            set(writes),
-            set(),
-            func._schema,
-            reads | writes,
-        )
-        for error in errors:
-            first, second = self._access(error.previous_access), self._access(error.current_access)
-            buffer, row = list(self._keys)[error.data_ptr - _FIRST_KEY]
-            self.races.append(Race(buffer, row, first, second))
 
     def _access(self, access: Any) -> Access:
         sites: dict[str, list[Site]] = {"code": [], "driver": []}
