@@ -19,12 +19,7 @@ from typing import Any
 from patchset import buildtree, cli, paths
 from patchset.catalog import blobs_of, series_steps, step_in
 from patchset.errors import BackportError, Exit
-from patchset.manifest import (
-    Series,
-    patch_set_folders,
-    replace_tables,
-    series_for_release,
-)
+from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
 from treefork import fork_each, preload, use_tree
 
 from . import csan, report, writers

@@ -26,15 +26,7 @@ _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
     "_handle_device_synchronization": (),
     "_handle_memory_allocation": ("data_ptr",),
 }
-_ACCESS_FIELDS = {
-    "type",
-    "seq_num",
-    "stream",
-    "operator",
-    "aliases",
-    "is_output",
-    "stack_trace",
-}
+_ACCESS_FIELDS = {"type", "seq_num", "stream", "operator", "aliases", "is_output", "stack_trace"}
 _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
 
 

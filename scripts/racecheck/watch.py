@@ -31,10 +31,7 @@ class BufferWatch(TorchDispatchMode):
     buffers are looked up at every op, so a lazily allocated one is watched too."""
 
     def __init__(
-        self,
-        device: SimDevice,
-        code_roots: Sequence[Path] = (),
-        driver_roots: Sequence[Path] = (),
+        self, device: SimDevice, code_roots: Sequence[Path] = (), driver_roots: Sequence[Path] = ()
     ) -> None:
         super().__init__()
         self.device = device
