@@ -80,7 +80,7 @@ class _World:
         }
 
     def inflight_forward(
-        self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None, event_attr: str = ""
+        self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None
     ) -> None:
         """run_batch's redundant forward for just-finished requests, on the forward stream:
         read the inputs, publish, stash. With a runner, it records its WAR read-done event
@@ -101,7 +101,7 @@ class _World:
             if stash:
                 self.future_map.stash(index, _stash_payload(n, eagle=eagle))
         if runner is not None:
-            setattr(runner, event_attr, read_done)
+            setattr(runner, treecode.war_barrier_of_tree().event_attr, read_done)
 
     def request(self, row: int, *, hisparse: bool = False) -> Any:
         """A request in pool row `row`: prebuilt (its KV and draft state arrived from the
@@ -241,13 +241,9 @@ def play(world: _World, scenario: Play) -> None:
     event_attr = treecode.war_barrier_of_tree().event_attr if scenario.barrier else ""
     runner = SimpleNamespace(**{event_attr: None} if event_attr else {})
     with world.device.stream(world.schedule_stream):
-        world.inflight_forward(
-            scenario.forward_rows,
-            stash=not scenario.consumer,
-            # only the fast configuration's forward records the read-done event
-            runner=runner if event_attr and scenario.barrier == "fast" else None,
-            event_attr=event_attr,
-        )
+        # only the fast configuration's forward records the read-done event
+        fast = runner if event_attr and scenario.barrier == "fast" else None
+        world.inflight_forward(scenario.forward_rows, stash=not scenario.consumer, runner=fast)
         if scenario.barrier is not None:
             war_barrier(world, runner, enabled=scenario.barrier != "none")
         world.admit_prebuilt(scenario.prebuilt)
