@@ -24,6 +24,7 @@ RELAY_BUFFERS = (
     "dsa_topk_indices_buf",
 )
 EAGLE_ROW = RELAY_BUFFERS[:5]
+_ORDER = {buffer: n for n, buffer in enumerate(RELAY_BUFFERS)}
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,10 @@ def entries_of(cell: Cell) -> list[tuple[str, tuple[int, ...], list[str]]]:
             if k == kind:
                 rows_of.setdefault(buffer, set()).add(row)
         groups: dict[tuple[int, ...], list[str]] = {}
-        for buffer in sorted(rows_of, key=_rank):
+        for buffer in sorted(rows_of, key=lambda b: (_ORDER.get(b, len(_ORDER)), b)):
             groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
         entries += [(kind, rows, buffers) for rows, buffers in groups.items()]
     return entries
-
-
-def _rank(buffer: str) -> tuple[int, str]:
-    return (RELAY_BUFFERS.index(buffer) if buffer in RELAY_BUFFERS else len(RELAY_BUFFERS), buffer)
 
 
 def table_lines(by_step: Mapping[str, Cell]) -> list[str]:

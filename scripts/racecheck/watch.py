@@ -46,9 +46,6 @@ class BufferWatch(TorchDispatchMode):
         }
         self._file_root: dict[str, tuple[str, str] | None] = {}
 
-    def watch(self, name: str, tensor: torch.Tensor) -> None:
-        self._sources.append(lambda: {name: tensor})
-
     def watch_attributes(self, obj: object, suffix: str = "_buf") -> None:
         """Watch every tensor attribute of obj whose name ends with suffix, now and later."""
         self._sources.append(

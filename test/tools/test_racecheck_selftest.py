@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def gpu():
     """A simulated device with streams A, B, C and a watched 8x4 buffer 'buf'."""
     with simulated_gpu(code_roots=[HERE.parent]) as (device, watch):
         buf = torch.zeros(8, 4)
-        watch.watch("buf", buf)
+        watch.watch_attributes(SimpleNamespace(buf=buf), suffix="buf")
         streams = {name: device.Stream(name=name) for name in "ABC"}
         yield device, watch, buf, streams
 
@@ -178,7 +179,7 @@ def test_ordered_accesses_are_clean_and_the_same_without_order_are_not(ordering:
     def play(order: bool) -> list[Race]:
         with simulated_gpu() as (device, watch):
             buf = torch.zeros(8)
-            watch.watch("buf", buf)
+            watch.watch_attributes(SimpleNamespace(buf=buf), suffix="buf")
             a, b = device.Stream(name="A"), device.Stream(name="B")
             with device.stream(a):
                 buf[rows(5)] = 1.0
