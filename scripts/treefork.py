@@ -1,6 +1,5 @@
-"""Import sglang's heavy third-party closure once, then fork one child per sglang tree
-(a process holds one sglang). The preload is only a speed-up: a missing module is
-skipped, and the child reports what sglang itself cannot import."""
+"""Import sglang's third-party closure once, then fork one child per sglang tree (a process
+holds one sglang); a module the preload misses, the child imports (or reports) itself."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""scripts/race-check: the scenarios on step trees or given trees, each in a child forked
-for it (a process imports one sglang) that pickles its races, or {"code", "error",
-"next_step"}, into a temporary folder; then the table, the races and the verdict."""
+"""scripts/race-check: the scenarios on each tree in a child forked for it (a process
+imports one sglang) that pickles its races back; then the table, races and verdict."""
 
 from __future__ import annotations
 
@@ -182,9 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 def plan_runs(
     chosen: list[Series], step: str | None, given: list[Path], regenerate: bool = False
 ) -> list[report.TreeRun]:
-    """The columns: the chosen steps of each series' build tree (none when only trees are
-    given), then each given tree, judged by the step its files hold. regenerate: a
-    scenario missing from pin.toml is expected clean instead of refused."""
+    """The chosen steps' columns, then each given tree's (judged by the step its files
+    hold); regenerate: a scenario missing from pin.toml is expected clean, not refused."""
     runs: list[report.TreeRun] = []
     for series in chosen:
         manifest = series.manifest

@@ -1,6 +1,5 @@
-"""The part of torch.cuda._sanitizer (CSAN), a private torch API, that the checker uses.
-Its shape is checked before use, so a torch that changed it stops the checker with a
-clear message instead of letting it silently see nothing."""
+"""torch.cuda._sanitizer (CSAN), a private torch API, checked before use: a torch that
+changed it stops the checker with a message instead of letting it silently see nothing."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The scenarios of racecheck.catalogue, played through the real sglang code of the tree
-first on sys.path. FutureMap, ScheduleBatch, Req, ChunkCache, ReqToTokenPool,
-get_new_prebuilt_batch and the WAR barrier are the tree's own; stand-ins replace only
-scheduler state the relay does not touch."""
+first on sys.path; stand-ins replace only scheduler state the relay does not touch."""
 
 from __future__ import annotations
 
@@ -104,8 +102,7 @@ class _World:
             setattr(runner, treecode.war_barrier_of_tree().event_attr, read_done)
 
     def request(self, row: int, *, hisparse: bool = False) -> Any:
-        """A request in pool row `row`: prebuilt (its KV and draft state arrived from the
-        prefill server), or hisparse (its whole prompt prefilled here in one chunk)."""
+        """Prebuilt (KV and draft state arrived), or hisparse (prefilled here in one chunk)."""
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -165,8 +162,8 @@ class _World:
         return batch
 
     def prefill_forward(self, reqs: list[Any]) -> tuple[Any, Any]:
-        """run_batch for the requests' prefill batch: its forward relays into their rows,
-        then copy_to_cpu records copy_done on the copy stream (0.5.15 on) or forward stream."""
+        """The prefill batch's forward, then copy_to_cpu's copy_done on the copy stream
+        (0.5.15 on) or the forward stream."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -189,8 +186,7 @@ class _World:
         return batch, result
 
     def result_processor(self, coordinator: Any) -> Any:
-        """The tree's SchedulerBatchResultProcessor: the relay's own objects where it has
-        them, mocks for the rest (metrics, output streaming, the model workers...)."""
+        """The tree's SchedulerBatchResultProcessor: the relay's objects, else mocks."""
         from sglang.srt.disaggregation.utils import DisaggregationMode
         from sglang.srt.managers.scheduler_components import batch_result_processor
 
@@ -214,8 +210,7 @@ class _World:
 
 
 def _stash_payload(n: int, *, eagle: bool) -> Any:
-    """What the forward stashes: a RelayPayload (0.5.15 on), else the token tensor
-    (non-speculative) or the EagleDraftInput itself."""
+    """A RelayPayload (0.5.15 on), else the token tensor or the EagleDraftInput itself."""
     from sglang.srt.managers import overlap_utils
 
     bonus = torch.full((n,), 11, dtype=torch.int64)
@@ -235,9 +230,8 @@ def _stash_payload(n: int, *, eagle: bool) -> Any:
 
 
 def play(world: _World, scenario: Play) -> None:
-    """One scenario in the overlap decode loop's order: iteration N-1's forward is in
-    flight; iteration N runs the WAR barrier (loop scenarios), prebuilt seeding and the
-    launch of its own forward."""
+    """In the overlap loop's order: iteration N-1's forward in flight; iteration N's WAR
+    barrier (loop scenarios), prebuilt seeding and the launch of its own forward."""
     event_attr = treecode.war_barrier_of_tree().event_attr if scenario.barrier else ""
     runner = SimpleNamespace(**{event_attr: None} if event_attr else {})
     with world.device.stream(world.schedule_stream):
@@ -255,10 +249,9 @@ def play(world: _World, scenario: Play) -> None:
 
 
 def play_hisparse(world: _World, scenario: Play) -> None:
-    """H1 in event_loop_overlap's order: finished rows still written by their forward go
-    to requests prefilled here; their result processed (process_batch_result_prefill
-    synchronizes on copy_done), _build_hisparse_decode_batch stashes from the schedule
-    stream. The coordinator is a mock: its staging copies KV pages, no relay row."""
+    """H1 in event_loop_overlap's order: finished rows go to requests prefilled here, their
+    result processed (synchronizing on copy_done), then _build_hisparse_decode_batch
+    stashes. The coordinator is a mock: its staging copies KV pages, no relay row."""
     coordinator = mock.Mock(name="hisparse_coordinator")
     coordinator.collect_ready_reqs.side_effect = lambda: [
         call.args[0] for call in coordinator.admit_request_into_staging.call_args_list

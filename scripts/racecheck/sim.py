@@ -1,6 +1,5 @@
-"""Simulated CUDA streams and events for torch.get_device_module(): every op runs at once
-on the CPU, and each ordering operation goes to CSAN's EventHandler, whose vector clocks
-then decide whether two accesses are ordered."""
+"""Simulated CUDA streams and events: ops run at once on the CPU, and each ordering
+operation goes to CSAN's EventHandler, whose vector clocks decide what is ordered."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What the scenarios take from the tree under test, as each release spells it: server
-arguments, the WAR barrier, Scheduler methods (compiled from source where scheduler.py
-does not import on the CPU)."""
+arguments, the WAR barrier, Scheduler methods."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Per-row reads and writes of watched buffers, checked by CSAN's vector clocks. CSAN keys
-an access by data pointer, so each row gets its own key (else two streams writing different
-rows would race): an indexed op touches the rows its index names, any other op the rows its
-view spans."""
+"""Per-row reads and writes of watched buffers for CSAN, which keys an access by data
+pointer: each row gets its own key, else two streams writing different rows would race."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Every FutureMap writer of a tree, found by ast (no import) and classified by the
-[writers] tables: a reference to `future_map.publish`/`stash`, an assignment into a relay
-buffer, or an in-place tensor method called on one."""
+"""Every FutureMap writer of a tree (publish/stash, or a write into a relay buffer), found
+by ast (no import) and classified by the [writers] tables."""
 
 from __future__ import annotations
 
