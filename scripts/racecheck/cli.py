@@ -187,12 +187,9 @@ def plan_runs(
     for series in chosen:
         manifest = series.manifest
         version, final = manifest.base.version, manifest.final_step
-        if regenerate:
-            present = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
-            clean = dict.fromkeys(manifest.steps, report.Cell())
-            expected = {name: present.get(name, clean) for name in SCENARIOS}
-        else:
-            expected = report.expected_table(manifest, SCENARIOS)
+        named = [n for n in SCENARIOS if n in manifest.races or not regenerate]
+        expected = dict.fromkeys(SCENARIOS, dict.fromkeys(manifest.steps, report.Cell()))
+        expected |= report.expected_table(manifest, named)
         wanted = step or ("" if given else final)
         if wanted and wanted != ALL and wanted not in manifest.steps:
             print(f"race-check: sglang {version} has no step {wanted}; left out")

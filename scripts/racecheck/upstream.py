@@ -53,7 +53,7 @@ def newer_releases(registry: Releases) -> list[str]:
     return sorted(newer, key=release_key)
 
 
-def classified() -> dict[str, dict[str, str]]:
+def classified() -> writers.Rows:
     table = {}
     for folder in patch_set_folders(paths.PATCHES_ROOT):
         table |= writers.classification(Series.load(folder).manifest)
@@ -66,9 +66,7 @@ def classified() -> dict[str, dict[str, str]]:
     return table | writers.checked(writer_rows(ours), lambda key: str(UPSTREAM_WRITERS))
 
 
-def judge_wheel(
-    release: str, wheel_file: Path, classes: dict[str, dict[str, str]]
-) -> tuple[bool, list[str]]:
+def judge_wheel(release: str, wheel_file: Path, classes: writers.Rows) -> tuple[bool, list[str]]:
     """Whether the wheel passes, and its verdict's lines: the judgement, each problem."""
     with tempfile.TemporaryDirectory(prefix="watch-releases-") as tmp:
         wheel.extract_package(wheel_file, Path(tmp))

@@ -18,6 +18,7 @@ _METHODS = ("publish", "stash")
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
 # A row's scenarios: catalogue names, or this word for the forward every scenario plays.
 EVERY_SCENARIO = "all"
+Rows = dict[str, dict[str, str]]  # writer key -> {stream, order, scenarios | reason}
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ def _what(node: ast.AST) -> str:
     return ""
 
 
-def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
-    """The merged [writers] table: key -> {stream, order, scenarios | reason}, checked."""
+def classification(manifest: PinManifest) -> Rows:
+    """The merged [writers] table (releases.toml's rows and the base's own), checked."""
     if not manifest.writers:
         raise BackportError(
             Exit.PATCHSET_INVALID,
@@ -94,9 +95,7 @@ def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
     return checked(manifest.writers, lambda key: "pin.toml" if key in own else "releases.toml")
 
 
-def checked(
-    rows: dict[str, dict[str, str]], where: Callable[[str], str]
-) -> dict[str, dict[str, str]]:
+def checked(rows: Rows, where: Callable[[str], str]) -> Rows:
     for key, entry in rows.items():
         named = entry.get("scenarios", "")
         unknown = [n for n in named.split() if n not in BY_NAME]
