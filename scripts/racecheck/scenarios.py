@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,12 +25,6 @@ CONTEXT_LEN = 64
 PROMPT_LEN = 5
 HIDDEN_SIZE = 4
 VOCAB_SIZE = 1000
-
-
-@dataclass
-class ScenarioRun:
-    name: str
-    races: list[Race]
 
 
 class _World:
@@ -322,7 +315,8 @@ def required(scenario: Play) -> set[tuple[str, str, str]]:
     return {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in buffers}
 
 
-def run(name: str) -> ScenarioRun:
+def run(name: str) -> list[Race]:
+    """The races CSAN saw as the scenario played on fresh simulated streams."""
     scenario = BY_NAME[name]
     driver = Path(__file__).resolve().parent
     with (
@@ -335,4 +329,4 @@ def run(name: str) -> ScenarioRun:
         unseen = ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in missing)
         path = "the tree's relay path differs from the one the scenario drives"
         raise ScenarioError(f"{name} never saw {unseen}; {path}")
-    return ScenarioRun(name, watch.races)
+    return watch.races
