@@ -15,8 +15,8 @@ import torch
 
 from . import treecode
 from .catalogue import BY_NAME, EAGLE, Play
+from .csan import SimDevice
 from .report import EAGLE_ROW, Race
-from .sim import SimDevice
 from .treecode import EAGLE_TOPK, ScenarioError, sglang_root
 from .watch import BufferWatch, simulated_gpu
 

@@ -13,12 +13,12 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import sim
+from . import csan
+from .csan import SimDevice
 from .report import Access, Race, Site
-from .sim import SimDevice
 
 # The checker's own frames are never a call site worth reporting.
-_MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
+_MACHINERY = {os.path.realpath(__file__), os.path.realpath(csan.__file__)}
 
 # Far above real stream/event ids and small enough to stay an int key.
 _FIRST_KEY = 1 << 40

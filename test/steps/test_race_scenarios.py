@@ -130,7 +130,7 @@ def test_hisparse_stash_is_ordered_by_the_host_synchronize() -> None:
     played again with every host synchronize of an event doing nothing, the
     same scenario races: the forward stream's relay write into the row and the
     schedule stream's stash from _build_hisparse_decode_batch, unordered."""
-    from racecheck.sim import SimEvent
+    from racecheck.csan import SimEvent
 
     with mock.patch.object(SimEvent, "synchronize", autospec=True) as synchronize:
         races = scenarios.run("H1")

@@ -22,8 +22,8 @@ from conftest import TORCH_IN_PROCESS
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series
 from racecheck import catalogue, csan, report
+from racecheck.csan import SimDevice, SimStream
 from racecheck.report import Race
-from racecheck.sim import SimDevice, SimStream
 from racecheck.watch import BufferWatch, simulated_gpu
 
 pytestmark = TORCH_IN_PROCESS
