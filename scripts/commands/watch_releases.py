@@ -7,7 +7,7 @@ import contextlib
 from patchset import cli, paths
 from patchset.errors import Exit
 from patchset.manifest import load_releases, release_key
-from racecheck import upstream
+from racecheck import writers
 
 DESCRIPTION = """\
 Judge each sglang release on the package index newer than the newest that
@@ -51,19 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         if not wheel_file.is_file():
             p.error(f"--wheel {wheel_file}: no such file")
     registry = load_releases()
-    classes = upstream.classified()
-    releases = args.release or ([] if args.wheel else upstream.newer_releases(registry))
+    classes = writers.classified()
+    releases = args.release or ([] if args.wheel else writers.newer_releases(registry))
     if not releases and not args.wheel:
         newest = max(registry.known, key=release_key)
         print(f"watch-releases: no sglang release on the package index is newer than {newest}")
         return Exit.OK
     cache = paths.cache_dir()
-    wheels = [(v, upstream.release_wheel(v, registry, cache)) for v in releases]
+    wheels = [(v, writers.release_wheel(v, registry, cache)) for v in releases]
     wheels += [(w.name, contextlib.nullcontext(w)) for w in args.wheel]
     failed = []
     for release, wheel in wheels:
         with wheel as wheel_file:
-            passed, lines = upstream.judge_wheel(release, wheel_file, classes)
+            passed, lines = writers.judge_wheel(release, wheel_file, classes)
         if not passed:
             failed.append(release)
         print("\n".join(lines) + "\n")
