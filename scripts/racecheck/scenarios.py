@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from array import array
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -318,10 +317,9 @@ def required(scenario: Play) -> set[tuple[str, str, str]]:
 def run(name: str) -> list[Race]:
     """The races CSAN saw as the scenario played on fresh simulated streams."""
     scenario = BY_NAME[name]
-    driver = Path(__file__).resolve().parent
     with (
         treecode.server_args_restored(),
-        simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver]) as (device, watch),
+        simulated_gpu(code_roots=[sglang_root()]) as (device, watch),
     ):
         world = _World(device, watch, scenario.spec, scenario.hisparse)
         (play_hisparse if scenario.hisparse else play)(world, scenario)

@@ -19,6 +19,7 @@ from .report import Access, Race, Site
 
 # The checker's own frames are never a call site worth reporting.
 _MACHINERY = {os.path.realpath(__file__), os.path.realpath(csan.__file__)}
+_DRIVER = os.path.dirname(os.path.realpath(__file__))
 
 # Far above real stream/event ids and small enough to stay an int key.
 _FIRST_KEY = 1 << 40
@@ -28,9 +29,7 @@ class BufferWatch(TorchDispatchMode):
     """Reports each aten op's row accesses on watched buffers to the device's CSAN handler;
     buffers are looked up at every op, so a lazily allocated one is watched too."""
 
-    def __init__(
-        self, device: SimDevice, code_roots: Sequence[Path] = (), driver_roots: Sequence[Path] = ()
-    ) -> None:
+    def __init__(self, device: SimDevice, code_roots: Sequence[Path] = ()) -> None:
         super().__init__()
         self.device = device
         self.races: list[Race] = []
@@ -38,10 +37,8 @@ class BufferWatch(TorchDispatchMode):
         self.seen: set[tuple[str, str, str]] = set()
         self._sources: list[Callable[[], dict[str, torch.Tensor]]] = []
         self._keys: dict[tuple[str, int], int] = {}  # (buffer, row) -> its CSAN key
-        self._roots = {
-            "code": [os.path.realpath(r) for r in code_roots],
-            "driver": [os.path.realpath(r) for r in driver_roots],
-        }
+        # frames in the code under test, and in the scenarios that drive it (this package)
+        self._roots = {"code": [os.path.realpath(r) for r in code_roots], "driver": [_DRIVER]}
         self._file_root: dict[str, tuple[str, str] | None] = {}
 
     def watch_attributes(self, obj: object, suffix: str = "_buf") -> None:
@@ -129,11 +126,9 @@ class BufferWatch(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def simulated_gpu(
-    code_roots: Sequence[Path] = (), driver_roots: Sequence[Path] = ()
-) -> Iterator[tuple[SimDevice, BufferWatch]]:
+def simulated_gpu(code_roots: Sequence[Path] = ()) -> Iterator[tuple[SimDevice, BufferWatch]]:
     device = SimDevice()
-    watch = BufferWatch(device, code_roots, driver_roots)
+    watch = BufferWatch(device, code_roots)
     with mock.patch.object(torch, "get_device_module", lambda device_=None: device), watch:
         yield device, watch
 
