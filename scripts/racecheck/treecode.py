@@ -159,10 +159,8 @@ def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
             for node in cls.body
             if isinstance(node, ast.FunctionDef) and node.name == name
         ]
-        how = (
-            f"compiled from scheduler.py's source (the module does not import here: "
-            f"{type(err).__name__}: {err})"
-        )
+        reason = f"{type(err).__name__}: {err}"
+        how = f"compiled from scheduler.py's source (the module does not import here: {reason})"
         if not found:
             return None, how
         return _compiled(found[0], source, _imports_used(module, found[0])), how
