@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     timings = [
         f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
     ]
-    print(f"timings: third-party imports {preload_s:.1f} s (once); " + "; ".join(timings), end="")
-    print(f"; wall {wall:.1f} s")
+    joined = "; ".join(timings)
+    print(f"timings: third-party imports {preload_s:.1f} s (once); {joined}; wall {wall:.1f} s")
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
     return report.verdict(runs)
