@@ -11,49 +11,28 @@ from patchset.errors import BackportError, Exit
 
 DESCRIPTION = """\
 Find the sglang that an interpreter would import (importlib.util.find_spec
-only: sglang itself is not imported, so no GPU is needed), hash its three
-files (git blob id and sha256), and name what they are from every manifest
-under patches/: an unpatched base (which races are open), fix A only (0.5.16
-to 0.5.18, or a partly applied series), a series of ours applied, fixed
-upstream (0.5.19 or later), or unknown content. Each file is also checked
-against the installed distribution's RECORD; an editable install (pip install
--e: direct_url.json says dir_info.editable) lists only its hooks there, so its
-files are judged by their content, in the folder its .pth file or finder
-module names; a distribution without RECORD is judged by content alone. The
-distribution is found by the files it owns, whatever its name (a fork named
-otherwise is named as a fork); two that install sglang on the path are
-refused: which one pip sees depends on the order of sys.path. Needs only
-Python 3.10's standard library: copy scripts/ and patches/ into a container
-and run scripts/check-install with the container's python, or use --zipapp.
+only: sglang is not imported, no GPU needed), hash its three files (git blob
+id and sha256) and name them from patches/: an unpatched base, fix A only, a
+series of ours, fixed upstream (0.5.19 or later), else judged by code shape.
+Each file is checked against its distribution's RECORD; an editable install's
+files are judged where its .pth file or finder module puts them, one without
+RECORD by content alone. The distribution is found by the files it owns
+(a fork is named as one); two on the path are refused. Needs only Python
+3.10's standard library: copy scripts/ and patches/ into a container, or use
+--zipapp OUT (one file: python3 OUT takes the same options, writes nothing).
 
-The races named are scripts/race-check's scenarios (its --help says what
-each plays); which of them each step of each series leaves open is the
-[races] table of its pin.toml, written from a run by race-check
---write-expected, and a release not served here leaves open those of a step
-that holds the same fixes (patches/releases.toml).
+The races named are race-check's scenarios; which ones each step leaves open
+is its pin.toml's [races] table (race-check --write-expected).
 
-When several verdicts hold, the first in this order decides the exit code:
-not installed; two distributions; a race open (affected, partial fix), whether
-or not pip knows the files; files that differ from RECORD; unknown content.
-Exit 0 only when the race is closed and the files match RECORD (or belong to an
-editable install, or no distribution owns them).
+When several verdicts hold, the first decides: not installed; two
+distributions; a race open; files that differ from RECORD; unknown content.
 
-With the deployment's configuration (--launch-args, or --server-info of the
-running server; --env for its environment), an affected or partly fixed
-install gets a verdict per setting: disaggregation mode, overlap scheduling,
-speculative algorithm, device and WAR barrier, hisparse; and exit 25 (this
-configuration reaches the race: scenarios and buffers named), 26 (it does
-not: the setting that keeps it out named) or 28 (something in it is not
-understood, and named: never taken as safe). Content no release has is never
-"not exposed": judged as the release its distribution's version names (25),
-else exposure unknown (28). The launch arguments are parsed by the
-interpreter's own sglang ServerArgs where it imports, else by the release's
-[launch] profile in patches/releases.toml, with a --config YAML file merged as
-sglang merges it; the output says which.
---zipapp OUT writes all of this as one file to copy into a pod: python3 OUT
-takes the same options and runs from the archive, nothing written. --format
-json prints one JSON object instead of the text (also for a refusal), with
-the same exit codes. More: docs/check-install.md.
+With the deployment's configuration (--launch-args, parsed by the
+interpreter's own ServerArgs where it imports, else by the release's [launch]
+profile, a --config YAML merged as sglang merges it; or --server-info; --env),
+an affected install gets a verdict per setting and exit 25, 26 or 28 (below);
+content no release has is never "not exposed". --format json prints one JSON
+object instead (a refusal too), same exit codes. More: docs/check-install.md.
 """
 
 WORDING = {
@@ -81,84 +60,50 @@ WORDING = {
 CODES = [Exit.PATCHSET_INVALID, *WORDING]
 
 
+HELP = {
+    "--python": "the interpreter that runs sglang (default: this one)",
+    "--tree": "judge the files of DIR/sglang or DIR/python/sglang instead (no RECORD)",
+    "--launch-args": "the deployment's sglang launch arguments, quoted as one string "
+    "(as in a Helm chart, compose file or systemd unit)",
+    "--server-info": "the running server's /server_info (e.g. http://10.0.0.5:30000/server_info)",
+    "--config": "the server's --config YAML file, as copied here (it stands for the one "
+    "--launch-args names, or is added to them); read as the release reads it",
+    "--config-root": "the server's working folder, as copied here: a relative --config path "
+    "in --launch-args is read from there",
+    "--api-key": "the bearer token --server-info sends",
+    "--timeout": f"how long --server-info waits for the answer (default {exposure.TIMEOUT_S:g})",
+    "--env": "a variable of the server's environment (e.g. SGLANG_ENABLE_WAR_BARRIER=1); "
+    "repeat for more",
+    "--torch-build": "the server's torch build: rocm on an AMD GPU (sglang names its device "
+    "cuda there, but is_cuda() is false, so the WAR barrier is off). Default: what torch "
+    "says where --python runs sglang's ServerArgs, else cuda",
+    "--format": "text (default), or json: one JSON object on standard output, also for a "
+    "refusal (docs/check-install.md lists its keys); the exit codes are the same",
+    "--zipapp": "write check-install, the release data and the manifests as one zipapp to OUT "
+    "(a regular file, or - for standard output) and stop (run it as python3 OUT [options]; "
+    "it needs nothing writable)",
+}
+
+
 def main() -> int:
     p = cli.parser("check-install", DESCRIPTION, CODES, WORDING)
-    which = p.add_mutually_exclusive_group()
-    which.add_argument(
-        "--python",
-        type=cli.absolute_path,
-        metavar="PY",
-        help="the interpreter that runs sglang (default: this one)",
-    )
-    which.add_argument(
-        "--tree",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="judge the files of DIR/sglang or DIR/python/sglang instead (no RECORD)",
-    )
-    config = p.add_mutually_exclusive_group()
-    config.add_argument(
-        "--launch-args",
-        metavar="ARGS",
-        help="the deployment's sglang launch arguments, quoted as one string "
-        "(as in a Helm chart, compose file or systemd unit)",
-    )
-    config.add_argument(
-        "--server-info",
-        metavar="URL",
-        help="the running server's /server_info (e.g. http://10.0.0.5:30000/server_info)",
-    )
-    p.add_argument(
-        "--config",
-        type=cli.absolute_path,
-        metavar="FILE",
-        help="the server's --config YAML file, as copied here (it stands for the one "
-        "--launch-args names, or is added to them); read as the release reads it",
-    )
-    p.add_argument(
-        "--config-root",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="the server's working folder, as copied here: a relative --config path in "
-        "--launch-args is read from there",
-    )
-    p.add_argument("--api-key", metavar="KEY", help="the bearer token --server-info sends")
-    p.add_argument(
-        "--timeout",
-        type=cli.seconds,
-        metavar="SECONDS",
-        help=f"how long --server-info waits for the answer (default {exposure.TIMEOUT_S:g})",
-    )
-    p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a variable of the server's environment (e.g. SGLANG_ENABLE_WAR_BARRIER=1); "
-        "repeat for more",
-    )
-    p.add_argument(
-        "--torch-build",
-        choices=exposure.TORCH_BUILDS,
-        help="the server's torch build: rocm on an AMD GPU (sglang names its device cuda "
-        "there, but is_cuda() is false, so the WAR barrier is off). Default: what torch "
-        "says where --python runs sglang's ServerArgs, else cuda",
-    )
-    p.add_argument(
-        "--format",
-        choices=report.FORMATS,
-        default="text",
-        help="text (default), or json: one JSON object on standard output, also for a "
-        "refusal (docs/check-install.md lists its keys); the exit codes are the same",
-    )
-    p.add_argument(
-        "--zipapp",
-        type=_zipapp_out,
-        metavar="OUT",
-        help="write check-install, the release data and the manifests as one zipapp "
-        "to OUT (a regular file, or - for standard output) and stop (run it as "
-        "python3 OUT [options]; it needs nothing writable)",
-    )
+    which, config = p.add_mutually_exclusive_group(), p.add_mutually_exclusive_group()
+    path = {"type": cli.absolute_path}
+    for group, flag, how in (
+        (which, "--python", path | {"metavar": "PY"}),
+        (which, "--tree", path | {"metavar": "DIR"}),
+        (config, "--launch-args", {"metavar": "ARGS"}),
+        (config, "--server-info", {"metavar": "URL"}),
+        (p, "--config", path | {"metavar": "FILE"}),
+        (p, "--config-root", path | {"metavar": "DIR"}),
+        (p, "--api-key", {"metavar": "KEY"}),
+        (p, "--timeout", {"type": cli.seconds, "metavar": "SECONDS"}),
+        (p, "--env", {"action": "append", "default": [], "metavar": "NAME=VALUE"}),
+        (p, "--torch-build", {"choices": exposure.TORCH_BUILDS}),
+        (p, "--format", {"choices": report.FORMATS, "default": "text"}),
+        (p, "--zipapp", {"type": _zipapp_out, "metavar": "OUT"}),
+    ):
+        group.add_argument(flag, help=HELP[flag], **how)
     args = p.parse_args()
     if args.zipapp:
         out = None if args.zipapp == "-" else args.zipapp
@@ -184,10 +129,8 @@ def main() -> int:
         sys.stdout.write(report.dump(report.error_json(err)))
         print(f"error: {err}", file=sys.stderr)
         return err.code
-    if args.format == "json":
-        sys.stdout.write(report.dump(report.as_json(outcome)))
-    else:
-        sys.stdout.write(report.text(outcome))
+    wants_json = args.format == "json"
+    sys.stdout.write(report.dump(report.as_json(outcome)) if wants_json else report.text(outcome))
     return outcome.code
 
 
