@@ -1,5 +1,4 @@
-"""check-install's flow: the install judged, and with a configuration its exposure
-(scripts/commands/check_install.py parses the options and prints)."""
+"""check-install's flow: the install judged, and with a configuration its exposure."""
 
 from __future__ import annotations
 
@@ -38,19 +37,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
     table = load_releases(root / RELEASES_NAME).launch.get(content.release)
     settings = _settings(args, table, content.release, python, env)
     result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
-    return _outcome(args, found, settings, result, content.release)
-
-
-def _outcome(
-    args: argparse.Namespace,
-    found: install.InstallReport,
-    settings: exposure.Settings,
-    result: exposure.Exposure,
-    release: str,
-) -> report.Outcome:
-    """The outcome as judge gave it, its last line the verdict."""
-    config = _configuration(args, settings, result.lines, release)
-    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
+    return _outcome(args, found, settings, result.lines, result.code, content.release)
 
 
 def _settings(
@@ -82,10 +69,16 @@ def _settings(
     return settings
 
 
-def _configuration(
-    args: argparse.Namespace, settings: exposure.Settings, lines: list[str], release: str | None
-) -> report.Configuration:
-    return report.Configuration(
+def _outcome(
+    args: argparse.Namespace,
+    found: install.InstallReport,
+    settings: exposure.Settings,
+    lines: list[str],
+    code: Exit,
+    release: str | None,
+) -> report.Outcome:
+    """The outcome with its configuration; the last of lines is the verdict."""
+    config = report.Configuration(
         "server-info" if args.server_info else "launch-args",
         settings.parser,
         {name: settings.get(name) for name in exposure.FIELDS},
@@ -94,6 +87,7 @@ def _configuration(
         lines,
         release,
     )
+    return report.Outcome(found, code, lines[-1].removeprefix("verdict: "), config)
 
 
 def _unknown_content(
@@ -105,13 +99,9 @@ def _unknown_content(
     python: Path,
     env: dict[str, str],
 ) -> report.Outcome:
-    """Files no blob id names, with a configuration: the verdict is never "not
-    exposed". Files judged affected (or fix A only) by their shape are judged with
-    the races of known content that has the same fixes; else, where the
-    distribution's version names a release, as that release as shipped (every race
-    it has open). Exposed if the configuration reaches one of them, else exposure
-    unknown; with no release to assume, the settings are read and shown, and
-    exposure is unknown."""
+    """Files no blob id names, with a configuration: never "not exposed". Judged with the races
+    of known content with the shape's fixes, else of the release the distribution's version
+    names, as shipped: exposed if the configuration reaches one, else exposure unknown."""
     shipped, assumed = found.judged_as, verdict  # the verdict says how they were judged
     version = found.dist.version.split("+")[0] if found.dist else ""
     known = registry.known.get(version)
@@ -125,7 +115,7 @@ def _unknown_content(
         result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
         lines = result.lines[:-1]
         if result.code == Exit.EXPOSED:
-            return _outcome(args, found, settings, result, assumed_release)
+            return _outcome(args, found, settings, result.lines, result.code, assumed_release)
         why = (
             f"this configuration would keep sglang {assumed_release} as shipped out of the "
             "race, but the files are not that release's, so whether it keeps them out is "
@@ -143,9 +133,8 @@ def _unknown_content(
             "no release can be assumed for these files (their distribution names none this "
             "project knows), so which races they leave open is not known"
         )
-    line = f"exposure unknown: {verdict}; {why}"
-    config = _configuration(args, settings, [*lines, f"verdict: {line}"], assumed_release)
-    return report.Outcome(found, Exit.EXPOSURE_UNKNOWN, line, config)
+    lines.append(f"verdict: exposure unknown: {verdict}; {why}")
+    return _outcome(args, found, settings, lines, Exit.EXPOSURE_UNKNOWN, assumed_release)
 
 
 def _table(table: LaunchSettings | None, release: str) -> LaunchSettings:

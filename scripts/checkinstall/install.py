@@ -1,6 +1,4 @@
-"""What an environment's sglang is: its three files, hashed and named, and its RECORD
-(inspect_install for an interpreter, inspect_tree for a folder).
-"""
+"""What an environment's sglang is: its three files, hashed and named, and its RECORD."""
 
 from __future__ import annotations
 
@@ -25,6 +23,7 @@ BY_SHAPE = "code shape"
 JUDGED = "judged by code shape, not a known release"
 # what each judgement's files carry, as releases.toml names the fixes
 SHAPE_FIXES = {shape.AFFECTED: frozenset(), shape.FIX_A_ONLY: frozenset({"fix-a"})}
+MATCHES = "matches RECORD"
 # a file's RECORD state that says it was changed or added after its install
 MODIFIED = ("differs from RECORD", "not in RECORD", "not in installed-files.txt")
 NO_RECORD = "no RECORD: judged by content"
@@ -38,9 +37,12 @@ class FileState:
     location: Path
     blob: str | None = None
     sha256: str | None = None
-    # "matches RECORD", "differs from RECORD", "not in RECORD", "editable: not in RECORD",
-    # NO_RECORD, NO_HASH (judged by content alone), or "-" (no distribution owns the file)
-    record: str = "-"
+    record: str = "-"  # MATCHES, a MODIFIED state, NO_RECORD, ...; "-": none owns it
+
+    @property
+    def record_match(self) -> bool | None:
+        """Whether the file matches its distribution's RECORD: None where nothing says."""
+        return self.record == MATCHES if self.record in (MATCHES, *MODIFIED) else None
 
 
 @dataclass
@@ -52,12 +54,9 @@ class InstallReport:
     dist: ProbedDist | None = None  # the one distribution that installs sglang, if any
     python: str | None = None  # the inspected interpreter (None for --tree)
     python_version: str | None = None
-    # how the content was named: by the git blob ids of the three files
-    # (catalog.lookup), else by the code's shape (shape.py)
-    basis: str | None = None
+    basis: str | None = None  # BY_BLOB_ID or BY_SHAPE
     shape: shape.Judgement | None = None  # for files no blob id names
-    # known content with the fixes the shape has: whose races are taken as open
-    judged_as: KnownContent | None = None
+    judged_as: KnownContent | None = None  # with the shape's fixes: whose races are open
 
     @property
     def modified(self) -> bool:
@@ -81,12 +80,10 @@ class InstallReport:
         return list(self.content.open)
 
     def verdict(self) -> tuple[Exit, str]:
-        """The exit code and the verdict line.
-
-        Precedence: an open race is named first (whether pip knows the files
-        or not), then an edit pip does not know of, then unknown content.
-        """
-        open_, content, named = self.open, self.content, self._named()
+        """The exit code and the verdict line: an open race first, whether pip knows the
+        files or not, then an edit pip does not know of, then unknown content."""
+        open_, content, names = self.open, self.content, "; ".join(m.name for m in self.matches)
+        named = names
         if self.judged_as:
             named = f"{JUDGED}: {self.shape.reason}; races as in {self.judged_as.name}"
         if open_ and content:
@@ -97,9 +94,10 @@ class InstallReport:
                 )
             return Exit.AFFECTED, f"affected: {named}; races open: {', '.join(open_)}"
         if self.modified:
+            judged = f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
             return Exit.MODIFIED, (
                 "modified: the files differ from the RECORD of the installed distribution "
-                f"(an edit pip does not know of); content: {self._content()}"
+                f"(an edit pip does not know of); content: {names or judged}"
             )
         if open_ is None or (self.shape and not self.matches and not self.settled_by_shape):
             why = f"; {JUDGED}: {self.shape.verdict}: {self.shape.reason}" if self.shape else ""
@@ -111,14 +109,6 @@ class InstallReport:
         match = self.matches[0]
         what = "patched" if match.ours else "fixed upstream"
         return Exit.OK, f"{what}: {named}; races closed"
-
-    def _named(self) -> str:
-        return "; ".join(m.name for m in self.matches)
-
-    def _content(self) -> str:
-        if self.matches:
-            return self._named()
-        return f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
 
 
 def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
@@ -142,7 +132,7 @@ def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallRep
     if report.matches:
         report.basis = BY_BLOB_ID
         return report
-    report.basis, report.shape = BY_SHAPE, shape.judge(Sources.from_package(package))
+    report.basis, report.shape = BY_SHAPE, shape.judge(Sources(package))
     if report.shape.verdict in SHAPE_FIXES:
         # the races open are those of known content with the same fixes: the release
         # the distribution names, else the one that shares most of the files
@@ -183,29 +173,24 @@ def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
     try:
         for node in ast.parse(source).body:
-            if isinstance(node, ast.AnnAssign):
-                target, value = node.target, node.value
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target, value = node.targets[0], node.value
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                target = node.target
             else:
                 continue
-            if isinstance(target, ast.Name) and target.id == "MAPPING" and value is not None:
-                mapping = ast.literal_eval(value)
-                if isinstance(mapping, dict):
-                    return {str(k): str(v) for k, v in mapping.items()}
-                return {}
-    except (SyntaxError, ValueError):
-        return {}
+            if isinstance(target, ast.Name) and target.id == "MAPPING":
+                mapping = ast.literal_eval(node.value)  # type: ignore[arg-type]
+                found = isinstance(mapping, dict)
+                return {str(k): str(v) for k, v in mapping.items()} if found else {}
+    except (SyntaxError, ValueError, TypeError):
+        pass
     return {}
 
 
 def _hook_packages(hooks: list[str]) -> list[Path]:
-    """Where an editable install's hooks put the sglang package.
-
-    A .pth file's path lines go onto sys.path (relative ones from its folder,
-    as site.py reads them), so sglang is PATH/sglang; a setuptools finder
-    module maps the name to its folder in MAPPING.
-    """
+    """Where an editable install's hooks put sglang: PATH/sglang for a .pth file's path line
+    (relative to its folder, as site.py reads it), else a setuptools finder's MAPPING."""
     found = []
     for hook in map(Path, hooks):
         try:
@@ -231,7 +216,6 @@ def _check_record(report: InstallReport, dist: ProbedDist) -> None:
         for state in report.files:
             state.record = NO_RECORD
         return
-    owned = 0
     for state in report.files:
         entry = dist.files.get(state.path.removeprefix(REPO_PREFIX))
         if entry is None:
@@ -241,21 +225,19 @@ def _check_record(report: InstallReport, dist: ProbedDist) -> None:
         if Path(str(located)).resolve() != state.location.resolve():
             state.record = "-"
             continue
-        owned += 1
         if dist.listing != "RECORD":
             state.record = NO_HASH
         elif state.sha256 is None or mode != "sha256":
             state.record = "differs from RECORD"
         else:
             digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256)).rstrip(b"=").decode()
-            state.record = "matches RECORD" if digest == value else "differs from RECORD"
-    if not owned and all(s.record == "-" for s in report.files):
+            state.record = MATCHES if digest == value else "differs from RECORD"
+    if all(s.record == "-" for s in report.files):  # it owns none of them
         report.distribution += SHADOWED
 
 
 def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: Path) -> None:
-    """An editable install: its RECORD lists only its hooks; the files are judged
-    by their content, where the hooks say they live."""
+    """An editable install's RECORD lists only its hooks: the files are judged by content."""
     packages = _hook_packages(dist.hooks)
     report.distribution += f", an editable install of {url}"
     if any(found.resolve() == package.resolve() for found in packages):
@@ -288,11 +270,8 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         named = "; ".join(
             f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in probe.dists
         )
-        what = (
-            "distributions named sglang"
-            if not any(d.fork for d in probe.dists)
-            else "distributions that install the sglang package"
-        )
+        forked = any(d.fork for d in probe.dists)
+        what = f"distributions {'that install the sglang package' if forked else 'named sglang'}"
         pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {probe.dists[0].name}"
         raise BackportError(
             Exit.AMBIGUOUS,

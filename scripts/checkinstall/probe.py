@@ -1,6 +1,5 @@
 """The probe: finds sglang and its distributions in the interpreter under check without
-importing sglang; its one line of JSON is checked key by key, since that interpreter may
-be anything the operator points at.
+importing it; its one line of JSON is checked key by key: that interpreter may be anything.
 """
 
 from __future__ import annotations
@@ -14,12 +13,9 @@ from typing import Any
 
 from patchset.errors import BackportError, Exit
 
-# Runs in the inspected interpreter (Python 3.8 or later): finds sglang, and
-# every distribution that installs files under sglang/ (by its RECORD, or an
-# egg-info's installed-files.txt) or says it is sglang, whatever it is named
-# (a fork such as sglang-kt installs the sglang package under another name),
-# without importing sglang: find_spec of a top-level package does not run its
-# __init__.
+# Runs in the inspected interpreter (Python 3.8+): sglang, found by find_spec (which does
+# not run its __init__), and every distribution that installs files under sglang/ (RECORD,
+# installed-files.txt) or says it is sglang, whatever its name (a fork: sglang-kt).
 _PROBE = r"""
 import json, os, posixpath, re, sys
 sys.path[:] = [p for p in sys.path if p != ""]
@@ -82,8 +78,7 @@ LISTINGS = ("RECORD", "installed-files.txt")
 
 @dataclass(frozen=True)
 class ProbedDist:
-    """One installed distribution that installs the sglang package, as the inspected
-    interpreter sees it."""
+    """One distribution that installs the sglang package, as the inspected interpreter sees it."""
 
     name: str  # as its metadata spells it: sglang, or a fork's own name
     version: str
@@ -95,16 +90,11 @@ class ProbedDist:
 
     @property
     def fork(self) -> bool:
-        return _normalized(self.name) != "sglang"
+        return re.sub(r"[-_.]+", "-", self.name).lower() != "sglang"  # as PEP 503 compares
 
     def describe(self) -> str:
         fork = "; a fork of sglang: not named sglang" if self.fork else ""
         return f"{self.name} {self.version} ({self.info or 'an unnamed place'}{fork})"
-
-
-def _normalized(name: str) -> str:
-    """A distribution name as PEP 503 compares them."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -114,19 +104,18 @@ class Probe:
     dists: list[ProbedDist]
 
 
+_TEXT = (str, type(None))
+# each key of a probed distribution and the JSON types it may hold
+_DIST_KINDS = {"hooks": (list,), "files": (dict,), "listing": _TEXT, "name": (str,)}
+_DIST_KINDS |= {"version": (str,), "info": _TEXT, "direct_url": _TEXT}
+
+
 class _BadAnswer(ValueError):
     """What is wrong with the inspected interpreter's answer."""
 
 
-_JSON_NAMES = {
-    dict: "an object",
-    list: "an array",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "true or false",
-    type(None): "null",
-}
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
+_JSON_NAMES |= {int: "a number", float: "a number", type(None): "null"}
 
 
 def _get(obj: object, key: str, kinds: tuple[type, ...], where: str) -> Any:
@@ -148,39 +137,26 @@ def _read_probe(text: str) -> Probe:
         answer = json.loads(text)
     except ValueError as err:
         raise _BadAnswer(f"its answer is not JSON ({err})") from None
-    top = "the answer"
-    dists = []
+    top, dists = "the answer", []
     for index, item in enumerate(_get(answer, "dists", (list,), top)):
         where = f"{top}'s dists[{index}]"
-        hooks = _get(item, "hooks", (list,), where)
-        if any(type(hook) is not str for hook in hooks):
-            raise _BadAnswer(f"{where}['hooks'] holds something that is not a string")
-        files = _get(item, "files", (dict,), where)
-        for name, entry in files.items():
-            if not (
-                type(entry) is list
-                and len(entry) == 3
-                and type(entry[0]) is str
-                and all(type(value) in (str, type(None)) for value in entry[1:])
-            ):
-                raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
-        listing = _get(item, "listing", (str, type(None)), where)
-        if listing is not None and listing not in LISTINGS:
-            raise _BadAnswer(f"{where}['listing'] is {listing!r}, not one of {LISTINGS}")
-        dists.append(
-            ProbedDist(
-                _get(item, "name", (str,), where),
-                _get(item, "version", (str,), where),
-                _get(item, "info", (str, type(None)), where),
-                listing,
-                _get(item, "direct_url", (str, type(None)), where),
-                hooks,
-                files,
-            )
-        )
-    return Probe(
-        _get(answer, "python", (str,), top), _get(answer, "package", (str, type(None)), top), dists
-    )
+        dist: dict[str, Any] = {}
+        for key, kinds in _DIST_KINDS.items():  # in this order, so the first fault is named
+            value = dist[key] = _get(item, key, kinds, where)
+            if key == "hooks" and any(type(hook) is not str for hook in value):
+                raise _BadAnswer(f"{where}['hooks'] holds something that is not a string")
+            for name, entry in value.items() if key == "files" else ():
+                if not (
+                    type(entry) is list
+                    and len(entry) == 3
+                    and type(entry[0]) is str
+                    and all(type(part) in _TEXT for part in entry[1:])
+                ):
+                    raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
+            if key == "listing" and value is not None and value not in LISTINGS:
+                raise _BadAnswer(f"{where}['listing'] is {value!r}, not one of {LISTINGS}")
+        dists.append(ProbedDist(**dist))
+    return Probe(_get(answer, "python", (str,), top), _get(answer, "package", _TEXT, top), dists)
 
 
 def _last_line(text: str, default: str) -> str:

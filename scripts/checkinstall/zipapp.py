@@ -1,8 +1,6 @@
-"""check-install as one file to copy into a pod (a zipapp).
-
-It holds check-install's code, the patchset modules it imports and the release data,
-nothing of the other commands; its bytes depend on those files alone. It runs from the
-archive (zipimport, zipfile.Path), so nothing needs to be writable (readOnlyRootFilesystem).
+"""check-install as one file to copy into a pod (a zipapp): its code, the patchset modules
+it imports and the release data, its bytes from those files alone. It runs from the archive
+(zipimport, zipfile.Path): nothing needs to be writable (readOnlyRootFilesystem).
 """
 
 from __future__ import annotations
@@ -21,13 +19,11 @@ from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import MANIFEST_NAME, RELEASES_NAME, SERIES_NAME
 
-# A folder of data on disk, or the same inside the zipapp (both have iterdir,
-# is_file, read_text, name and /).
+# patches/ on disk, or inside the zipapp: both have iterdir, is_file, read_text, name and /
 DataRoot = Path | zipfile.Path
 
-# The zipapp's entry: written in syntax every Python reads, so that launch.py can
-# refuse an old one. The archive's scripts/ folder goes on sys.path as it is:
-# zipimport imports from inside the archive, with nothing written anywhere.
+# The zipapp's entry, in syntax every Python reads so that launch.py can refuse an old one;
+# the archive's scripts/ goes on sys.path as it is (zipimport: nothing written anywhere).
 ZIPAPP_MAIN = '''\
 """check-install as one file: python3 check-install.pyz [--python PY] [--launch-args ARGS] ..."""
 import os
@@ -47,19 +43,11 @@ def main():
 
 main()
 '''
-# check-install's own code; the patchset modules it imports are added by import_closure
-CODE = (
-    "scripts/launch.py",
-    "scripts/commands/__init__.py",
-    "scripts/commands/check_install.py",
-    "scripts/checkinstall/*.py",
-)
-# what it reads: the release data and each patch set's manifest and series
-DATA = (
-    f"patches/{RELEASES_NAME}",
-    f"patches/sglang-*/{MANIFEST_NAME}",
-    f"patches/sglang-*/{SERIES_NAME}",
-)
+# check-install's own code (import_closure adds the patchset modules it imports) and data
+CODE = ("scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py")
+CODE += ("scripts/checkinstall/*.py",)
+DATA = (f"patches/{RELEASES_NAME}", f"patches/sglang-*/{MANIFEST_NAME}")
+DATA += (f"patches/sglang-*/{SERIES_NAME}",)
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 PACKAGE = "patchset"
 
@@ -122,11 +110,8 @@ def _refuse(out: Path, what: str, next_step: str) -> BackportError:
 
 
 def write_zipapp(data: bytes, out: Path | None) -> str:
-    """data to out, or to standard output for None; returns its sha256.
-
-    out must be a regular file or not exist: a symlink (/dev/stdout), a
-    device or a folder is refused rather than replaced by a regular file.
-    """
+    """data to out (None: standard output); returns its sha256. A symlink (/dev/stdout), a
+    device or a folder at out is refused rather than replaced by a regular file."""
     digest = hashlib.sha256(data).hexdigest()
     if out is None:
         if sys.stdout.isatty():

@@ -35,29 +35,19 @@ content no release has is never "not exposed". --format json prints one JSON
 object instead (a refusal too), same exit codes. More: docs/check-install.md.
 """
 
+# check-install's own words where errors.EXIT_TEXT's general ones say less
 WORDING = {
     Exit.OK: "the race is closed: a series of ours applied, or sglang 0.5.19 or later",
-    Exit.AFFECTED: "affected: an unpatched sglang, every race open",
     Exit.PARTIAL_FIX: "fix A only (0.5.16 to 0.5.18, or a partly applied series): races open",
-    Exit.UNKNOWN_CONTENT: "the files match no release and no series this project knows",
     Exit.NOT_INSTALLED: "that interpreter (or --tree) has no sglang",
     Exit.MODIFIED: "the race is closed or the content unknown, but the files differ from "
     "the installed distribution's RECORD (an in-place edit pip does not know of)",
-    Exit.AMBIGUOUS: "two or more distributions that install sglang on that interpreter's "
-    "path (they are named, a fork too): remove all but one",
-    Exit.EXPOSED: "affected or partial fix, and this configuration reaches the race "
-    "(--launch-args or --server-info; the scenarios and buffers are named)",
-    Exit.NOT_EXPOSED: "affected or partial fix, but this configuration does not reach the "
-    "race: the setting that keeps it out is named (changing it exposes the deployment)",
-    Exit.EXPOSURE_UNKNOWN: "the configuration could not be fully understood (a config file, "
-    "an option, a value, or the release to read it by): what was not understood is named, "
-    "and the deployment may reach the race",
     Exit.ENVIRONMENT: "--python cannot be run or asked (it crashed, or its answer is not "
     "the JSON this command asks for), a file cannot be read, or --server-info gave no "
     "usable answer (refused, timed out, 401, 404, not JSON)",
 }
-# every code worded above, and a patch set whose data cannot be read
-CODES = [Exit.PATCHSET_INVALID, *WORDING]
+CODES = [*WORDING, Exit.PATCHSET_INVALID, Exit.AFFECTED, Exit.UNKNOWN_CONTENT, Exit.AMBIGUOUS]
+CODES += [Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.EXPOSURE_UNKNOWN]
 
 
 HELP = {

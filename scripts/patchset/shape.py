@@ -184,4 +184,4 @@ def _at(process: sf.Evidence) -> str:
 
 def judge_tree(tree: Path) -> Judgement:
     """A folder holding python/sglang."""
-    return judge(sf.Sources.from_package(tree / "python" / "sglang"))
+    return judge(sf.Sources(tree / "python" / "sglang"))
