@@ -8,7 +8,7 @@ from pathlib import Path
 
 from patchset import catalog as catalogs
 from patchset.errors import BackportError, Exit
-from patchset.manifest import RELEASES_NAME, LaunchSettings, Releases, load_releases, release_key
+from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases, release_key
 from patchset.plays import PLAYS
 
 from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
@@ -16,37 +16,32 @@ from checkinstall import exposure, install, launchargs, report, serverargs, zipa
 
 def check(args: argparse.Namespace) -> report.Outcome:
     """The install judged, and with a configuration its exposure."""
-    env = launchargs.parse_env(args.env)
-    root = zipapp.data_root()
-    catalog = catalogs.load_catalog(root)
-    python = args.python or Path(sys.executable)
+    args.env = launchargs.parse_env(args.env)  # NAME=VALUE words -> the server's environment
+    args.python = args.python or Path(sys.executable)
+    catalog = catalogs.load_catalog(zipapp.data_root())
     if args.tree:
         found = install.inspect_tree(args.tree, catalog)
     else:
-        found = install.inspect_install(python, catalog)
+        found = install.inspect_install(args.python, catalog)
     code, verdict = found.verdict()
     configured = args.launch_args is not None or args.config or args.server_info
     if configured and not found.matches and not found.settled_by_shape:
-        registry = load_releases(root / RELEASES_NAME)
-        return _unknown_content(args, found, verdict, registry, catalog, python, env)
+        return _unknown_content(args, found, verdict, catalog)
     if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX):
         if code == Exit.OK and configured:
             verdict += "; whatever the configuration"
         return report.Outcome(found, code, verdict)
     content = found.matches[0]
-    table = load_releases(root / RELEASES_NAME).launch.get(content.release)
-    settings = _settings(args, table, content.release, python, env)
+    table = load_releases(zipapp.data_root() / RELEASES_NAME).launch.get(content.release)
+    settings = _settings(args, table, content.release)
     result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
     return _outcome(args, found, settings, result.lines, result.code, content.release)
 
 
 def _settings(
-    args: argparse.Namespace,
-    table: LaunchSettings | None,
-    release: str,
-    python: Path,
-    env: dict[str, str],
+    args: argparse.Namespace, table: LaunchSettings | None, release: str
 ) -> exposure.Settings:
+    env = args.env
     if args.server_info:
         settings = exposure.from_server_info(
             args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
@@ -55,13 +50,20 @@ def _settings(
         launch = launchargs.read_launch_args(args.launch_args or "")
         words = launchargs.place_config(launch.args, args.config, args.config_root)
         env.update(launch.env)  # the command's own prefix, over the container's
-        needed = _table(table, release)
+        if table is None:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{zipapp.data_root() / RELEASES_NAME}: sglang {release} names no launch "
+                "profile (launch = PROFILE), so the launch arguments cannot be read for that "
+                "release",
+                "name its [launch.PROFILE] (docs/maintaining.md, adding a release)",
+            )
         if args.tree:
             settings = launchargs.parse_with_table(
-                words, needed, "--tree: no interpreter here to run sglang's ServerArgs"
+                words, table, "--tree: no interpreter here to run sglang's ServerArgs"
             )
         else:
-            settings = serverargs.parse_with_server_args(python, words, env, needed)
+            settings = serverargs.parse_with_server_args(args.python, words, env, table)
     settings.env = env
     if args.torch_build:
         settings.torch_build = args.torch_build
@@ -91,17 +93,12 @@ def _outcome(
 
 
 def _unknown_content(
-    args: argparse.Namespace,
-    found: install.InstallReport,
-    verdict: str,
-    registry: Releases,
-    catalog: catalogs.Catalog,
-    python: Path,
-    env: dict[str, str],
+    args: argparse.Namespace, found: install.InstallReport, verdict: str, catalog: catalogs.Catalog
 ) -> report.Outcome:
     """Files no blob id names, with a configuration: never "not exposed". Judged with the races
     of known content with the shape's fixes, else of the release the distribution's version
     names, as shipped: exposed if the configuration reaches one, else exposure unknown."""
+    registry = load_releases(zipapp.data_root() / RELEASES_NAME)
     shipped, assumed = found.judged_as, verdict  # the verdict says how they were judged
     version = found.dist.version.split("+")[0] if found.dist else ""
     known = registry.known.get(version)
@@ -111,7 +108,7 @@ def _unknown_content(
     assumed_release = shipped.release if shipped else None
     if shipped and assumed_release in registry.launch:
         table = registry.launch[assumed_release]
-        settings = _settings(args, table, assumed_release, python, env)
+        settings = _settings(args, table, assumed_release)
         result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
         lines = result.lines[:-1]
         if result.code == Exit.EXPOSED:
@@ -123,7 +120,7 @@ def _unknown_content(
         )
     else:
         newest = max(registry.launch, key=release_key)
-        settings = _settings(args, registry.launch[newest], newest, python, env)
+        settings = _settings(args, registry.launch[newest], newest)
         lines = [
             f"configuration parsed by {settings.parser}, with the flags of sglang {newest} "
             "(the newest release this project knows the flags of)",
@@ -135,14 +132,3 @@ def _unknown_content(
         )
     lines.append(f"verdict: exposure unknown: {verdict}; {why}")
     return _outcome(args, found, settings, lines, Exit.EXPOSURE_UNKNOWN, assumed_release)
-
-
-def _table(table: LaunchSettings | None, release: str) -> LaunchSettings:
-    if table is None:
-        raise BackportError(
-            Exit.PATCHSET_INVALID,
-            f"{zipapp.data_root() / RELEASES_NAME}: sglang {release} names no launch profile "
-            "(launch = PROFILE), so the launch arguments cannot be read for that release",
-            "name its [launch.PROFILE] (docs/maintaining.md, adding a release)",
-        )
-    return table

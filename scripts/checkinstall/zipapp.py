@@ -19,9 +19,6 @@ from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import MANIFEST_NAME, RELEASES_NAME, SERIES_NAME
 
-# patches/ on disk, or inside the zipapp: both have iterdir, is_file, read_text, name and /
-DataRoot = Path | zipfile.Path
-
 # The zipapp's entry, in syntax every Python reads so that launch.py can refuse an old one;
 # the archive's scripts/ goes on sys.path as it is (zipimport: nothing written anywhere).
 ZIPAPP_MAIN = '''\
@@ -54,8 +51,7 @@ PACKAGE = "patchset"
 
 def _imported(source: Path, package: str) -> set[str]:
     """The modules of package that source imports, at its top or inside a function."""
-    found = set()
-    inside = source.parent.name == package
+    found, inside = set(), source.parent.name == package
     for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{package}.")}
@@ -149,8 +145,9 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
     return digest
 
 
-def data_root() -> DataRoot:
-    """Where patches/ is: inside the zipapp when this module was imported from it."""
+def data_root() -> Path | zipfile.Path:
+    """Where patches/ is: inside the zipapp when this module was imported from it (both kinds
+    of path have iterdir, is_file, read_text, name and /)."""
     loader = __spec__.loader if __spec__ else None
     if isinstance(loader, zipimport.zipimporter):
         return zipfile.Path(loader.archive, "patches/")
