@@ -52,16 +52,13 @@ def listing(dist, info):
     # (what lists the files, [[path under the site folder, located, mode, hash]])
     if info and info.endswith(".egg-info"):
         text = dist.read_text("installed-files.txt")
-        if text is not None:
-            site = os.path.dirname(info)
-            rows = []
-            for line in text.splitlines():
-                if line.strip():
-                    located = os.path.normpath(os.path.join(info, line.strip()))
-                    rows.append([os.path.relpath(located, site).replace(os.sep, "/"),
-                                 located, None, None])
-            return "installed-files.txt", rows
-        return None, []
+        if text is None:
+            return None, []
+        site = os.path.dirname(info)
+        located = [os.path.normpath(os.path.join(info, line.strip()))
+                   for line in text.splitlines() if line.strip()]
+        return "installed-files.txt", [[os.path.relpath(path, site).replace(os.sep, "/"),
+                                        path, None, None] for path in located]
     if dist.read_text("RECORD") is None:
         return None, []
     return "RECORD", [[posixpath.normpath(f.as_posix()), str(dist.locate_file(f)),
@@ -84,13 +81,9 @@ for dist in md.distributions():
         continue
     seen.add(info)
     out["dists"].append({
-        "name": name,
-        "version": dist.version or "unknown",
-        "info": info,
-        "listing": listed,
+        "name": name, "version": dist.version or "unknown", "info": info, "listing": listed,
         "direct_url": dist.read_text("direct_url.json"),
-        "hooks": [row[1] for row in rows
-                  if "/" not in row[0] and row[0].endswith((".pth", ".py"))],
+        "hooks": [r[1] for r in rows if "/" not in r[0] and r[0].endswith((".pth", ".py"))],
         "files": {row[0]: row[1:] for row in rows if row[0].startswith("sglang/srt/")},
     })
 print(json.dumps(out))
@@ -169,22 +162,13 @@ def _read_probe(text: str) -> Probe:
             if key == "hooks" and any(type(hook) is not str for hook in value):
                 raise _BadAnswer(f"{where}['hooks'] holds something that is not a string")
             for name, entry in value.items() if key == "files" else ():
-                if not (
-                    type(entry) is list
-                    and len(entry) == 3
-                    and type(entry[0]) is str
-                    and all(type(part) in _TEXT for part in entry[1:])
-                ):
+                listed = type(entry) is list and len(entry) == 3 and type(entry[0]) is str
+                if not (listed and all(type(part) in _TEXT for part in entry[1:])):
                     raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
             if key == "listing" and value is not None and value not in LISTINGS:
                 raise _BadAnswer(f"{where}['listing'] is {value!r}, not one of {LISTINGS}")
         dists.append(ProbedDist(**dist))
     return Probe(_get(answer, "python", (str,), top), _get(answer, "package", _TEXT, top), dists)
-
-
-def _last_line(text: str, default: str) -> str:
-    line = (text.strip().splitlines() or [default])[-1]
-    return line[:160] + "..." if len(line) > 160 else line
 
 
 def ask(python: Path) -> Probe:
@@ -209,10 +193,11 @@ def ask(python: Path) -> Probe:
         return _read_probe((result.stdout.strip().splitlines() or [""])[-1])
     except _BadAnswer as err:
         said = result.stderr if result.returncode != 0 else result.stdout
+        said = (said.strip().splitlines() or ["no output"])[-1]  # its last line, cut short
+        said = said[:160] + "..." if len(said) > 160 else said
         raise BackportError(
             Exit.ENVIRONMENT,
-            f"--python {python} is not a python this command can ask ({err}; it said: "
-            f"{_last_line(said, 'no output')})",
+            f"--python {python} is not a python this command can ask ({err}; it said: {said})",
             "pass a Python 3.8 or later interpreter",
         ) from None
 

@@ -26,19 +26,13 @@ ZIPAPP_MAIN = '''\
 import os
 import sys
 
-
-def main():
-    try:
-        archive = os.path.dirname(os.path.abspath(__file__))
-        sys.path.insert(0, os.path.join(archive, "scripts"))
-        from launch import start
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\\n")
-        sys.exit(130)
-    start("check_install")
-
-
-main()
+try:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+    from launch import start
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\\n")
+    sys.exit(130)
+start("check_install")
 '''
 # check-install's own code (import_closure adds the patchset modules it imports) and data
 CODE = ("scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py")
@@ -121,13 +115,10 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return digest
-    try:
-        mode = out.lstat().st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and stat.S_ISDIR(mode):
+    mode = out.lstat().st_mode if os.path.lexists(out) else stat.S_IFREG  # a new file
+    if stat.S_ISDIR(mode):
         raise _refuse(out, "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz")
-    if mode is not None and not stat.S_ISREG(mode):
+    if not stat.S_ISREG(mode):
         what, name = (
             (f"a symbolic link (to {os.readlink(out)})", "the file itself")
             if stat.S_ISLNK(mode)

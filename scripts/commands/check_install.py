@@ -3,36 +3,29 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from checkinstall import check, exposure, report, zipapp
 from patchset import cli, paths
 from patchset.errors import BackportError, Exit
 
 DESCRIPTION = """\
-Find the sglang that an interpreter would import (importlib.util.find_spec
-only: sglang is not imported, no GPU needed), hash its three files (git blob
-id and sha256) and name them from patches/: an unpatched base, fix A only, a
-series of ours, fixed upstream (0.5.19 or later), else judged by code shape.
-Each file is checked against its distribution's RECORD; an editable install's
-files are judged where its .pth file or finder module puts them, one without
-RECORD by content alone. The distribution is found by the files it owns
-(a fork is named as one); two on the path are refused. Needs only Python
-3.10's standard library: copy scripts/ and patches/ into a container, or use
---zipapp OUT (one file: python3 OUT takes the same options, writes nothing).
-
-The races named are race-check's scenarios; which ones each step leaves open
-is its pin.toml's [races] table (race-check --write-expected).
+Find the sglang an interpreter would import (find_spec only: sglang is not
+imported, no GPU needed), hash its three files (git blob id, sha256) and name
+them from patches/: unpatched, fix A only, a series of ours, fixed upstream,
+else judged by code shape. Each file is checked against its distribution's
+RECORD (editable: where its hooks put the files; no RECORD: by content alone);
+two distributions that install sglang are refused. Standard library only
+(Python 3.10+): copy scripts/ and patches/ into a container, or use --zipapp.
 
 When several verdicts hold, the first decides: not installed; two
-distributions; a race open; files that differ from RECORD; unknown content.
-
-With the deployment's configuration (--launch-args, parsed by the
-interpreter's own ServerArgs where it imports, else by the release's [launch]
-profile, a --config YAML merged as sglang merges it; or --server-info; --env),
-an affected install gets a verdict per setting and exit 25, 26 or 28 (below);
-content no release has is never "not exposed". --format json prints one JSON
-object instead (a refusal too), same exit codes. More: docs/check-install.md.
+distributions; a race open (race-check's scenarios, per pin.toml's [races]);
+files that differ from RECORD; unknown content. With the deployment's
+configuration (--launch-args, read by the interpreter's own ServerArgs where
+it imports, else by the release's [launch] profile, with --config merged as
+sglang merges it; or --server-info; --env), an affected install gets a verdict
+per setting and exit 25, 26 or 28; content no release has is never "not
+exposed". --format json: one JSON object, same exit codes.
+More: docs/check-install.md.
 """
 
 # check-install's own words where errors.EXIT_TEXT's general ones say less
@@ -78,7 +71,8 @@ HELP = {
 def main() -> int:
     p = cli.parser("check-install", DESCRIPTION, CODES, WORDING)
     which, config = p.add_mutually_exclusive_group(), p.add_mutually_exclusive_group()
-    path = {"type": cli.absolute_path}
+    absolute = cli.absolute_path
+    path = {"type": absolute}
     for group, flag, how in (
         (which, "--python", path | {"metavar": "PY"}),
         (which, "--tree", path | {"metavar": "DIR"}),
@@ -91,7 +85,7 @@ def main() -> int:
         (p, "--env", {"action": "append", "default": [], "metavar": "NAME=VALUE"}),
         (p, "--torch-build", {"choices": exposure.TORCH_BUILDS}),
         (p, "--format", {"choices": report.FORMATS, "default": "text"}),
-        (p, "--zipapp", {"type": _zipapp_out, "metavar": "OUT"}),
+        (p, "--zipapp", {"type": lambda t: t if t == "-" else absolute(t), "metavar": "OUT"}),
     ):
         group.add_argument(flag, help=HELP[flag], **how)
     args = p.parse_args()
@@ -122,8 +116,3 @@ def main() -> int:
     wants_json = args.format == "json"
     sys.stdout.write(report.dump(report.as_json(outcome)) if wants_json else report.text(outcome))
     return outcome.code
-
-
-def _zipapp_out(text: str) -> Path | str:
-    """argparse type for --zipapp: - (standard output) or an absolute path."""
-    return text if text == "-" else cli.absolute_path(text)
