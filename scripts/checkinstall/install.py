@@ -113,13 +113,8 @@ class ProbedDist:
         return f"{self.name} {self.version} ({self.info or 'an unnamed place'}{fork})"
 
 
-@dataclass(frozen=True)
-class Probe:
-    python: str
-    package: str | None
-    dists: list[ProbedDist]
-
-
+# what the probe found: the Python version, sglang's folder (None: no sglang), its distributions
+Probe = tuple[str, str | None, list[ProbedDist]]
 _TEXT = (str, type(None))
 # each key of a probed distribution and the JSON types it may hold
 _DIST_KINDS = {"hooks": (list,), "files": (dict,), "listing": _TEXT, "name": (str,)}
@@ -168,7 +163,7 @@ def _read_probe(text: str) -> Probe:
             if key == "listing" and value is not None and value not in LISTINGS:
                 raise _BadAnswer(f"{where}['listing'] is {value!r}, not one of {LISTINGS}")
         dists.append(ProbedDist(**dist))
-    return Probe(_get(answer, "python", (str,), top), _get(answer, "package", _TEXT, top), dists)
+    return _get(answer, "python", (str,), top), _get(answer, "package", _TEXT, top), dists
 
 
 def ask(python: Path) -> Probe:
@@ -429,24 +424,22 @@ def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: 
 
 def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
     """The sglang that python would import: its three files, judged, and its RECORD."""
-    probe = ask(python)
-    where = f"{python} (Python {probe.python})"
-    if not probe.package:
+    version, found, dists = ask(python)
+    where = f"{python} (Python {version})"
+    if not found:
         raise BackportError(
             Exit.NOT_INSTALLED,
             f"{where} finds no sglang package",
             "install sglang into that environment, or pass --python with the one that runs it",
         )
-    if len(probe.dists) > 1:
-        named = "; ".join(
-            f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in probe.dists
-        )
-        forked = any(d.fork for d in probe.dists)
+    if len(dists) > 1:
+        named = "; ".join(f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in dists)
+        forked = any(d.fork for d in dists)
         what = f"distributions {'that install the sglang package' if forked else 'named sglang'}"
-        pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {probe.dists[0].name}"
+        pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {dists[0].name}"
         raise BackportError(
             Exit.AMBIGUOUS,
-            f"{where} has {len(probe.dists)} {what} on its path: {named}. "
+            f"{where} has {len(dists)} {what} on its path: {named}. "
             "Which one pip and importlib.metadata take depends on the order of sys.path, "
             "and each may have written some of the files, so the files cannot be judged "
             "against a RECORD",
@@ -454,12 +447,12 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
             "the environment alone (on PYTHONPATH or in a .pth file's folder): take that "
             "folder off the path or delete it; then run again",
         )
-    package = Path(probe.package)
+    package = Path(found)
     report = InstallReport(f"sglang imported by {where}: {package}", _hash_files(package, catalog))
-    report.python, report.python_version = str(python), probe.python
+    report.python, report.python_version = str(python), version
     report.distribution = NO_DISTRIBUTION
-    if probe.dists:
-        report.dist = dist = probe.dists[0]
+    if dists:
+        report.dist = dist = dists[0]
         report.distribution = dist.describe()
         url = _editable_url(dist)
         if url is None:

@@ -5,7 +5,6 @@ it imports and the release data, its bytes from those files alone. It runs from 
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import io
 import os
@@ -13,6 +12,7 @@ import stat
 import sys
 import zipfile
 import zipimport
+from modulefinder import ModuleFinder
 from pathlib import Path
 
 from patchset import paths
@@ -34,7 +34,7 @@ except KeyboardInterrupt:
     sys.exit(130)
 start("check_install")
 '''
-# check-install's own code (import_closure adds the patchset modules it imports) and data
+# check-install's own code (members adds the patchset modules it imports) and data
 CODE = ("scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py")
 CODE += ("scripts/checkinstall/*.py",)
 DATA = (f"patches/{RELEASES_NAME}", f"patches/sglang-*/{MANIFEST_NAME}")
@@ -43,38 +43,16 @@ ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 PACKAGE = "patchset"
 
 
-def _imported(source: Path, package: str) -> set[str]:
-    """The modules of package that source imports, at its top or inside a function."""
-    found, inside = set(), source.parent.name == package
-    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{package}.")}
-        elif isinstance(node, ast.ImportFrom):
-            relative = node.level == 1 and inside
-            if node.module == package or (relative and not node.module):
-                found |= {alias.name for alias in node.names}
-            elif node.module and (node.module.startswith(f"{package}.") or relative):
-                found.add(node.module.split(".")[-1] if not relative else node.module)
-    return found
-
-
-def import_closure(project: Path, sources: list[Path]) -> list[Path]:
-    """The patchset modules that sources import, and those these import, in turn."""
-    folder = project / "scripts" / PACKAGE
-    wanted, todo = {"__init__"}, list(sources)
-    while todo:
-        for name in _imported(todo.pop(), PACKAGE) - wanted:
-            if (folder / f"{name}.py").is_file():
-                wanted.add(name)
-                todo.append(folder / f"{name}.py")
-    return sorted(folder / f"{name}.py" for name in wanted)
-
-
 def members(project: Path) -> list[Path]:
-    """Every file the zipapp holds, besides its __main__.py."""
-    code = sorted({path for pattern in CODE for path in project.glob(pattern)})
-    data = sorted({path for pattern in DATA for path in project.glob(pattern)})
-    return sorted({*code, *import_closure(project, code), *data})
+    """Every file the zipapp holds besides its __main__.py: CODE, the patchset modules it
+    imports (at its top or inside a function, in turn), and DATA."""
+    code = {path for pattern in CODE for path in project.glob(pattern)}
+    finder = ModuleFinder(path=[str(project / "scripts")])  # ours only: the stdlib is not read
+    for source in sorted(code):
+        finder.run_script(str(source))
+    found = [m.__file__ for name, m in finder.modules.items() if name.split(".")[0] == PACKAGE]
+    data = {path for pattern in DATA for path in project.glob(pattern)}
+    return sorted({*code, *(Path(f) for f in found if f), *data})
 
 
 def build_zipapp(project: Path) -> bytes:

@@ -41,8 +41,6 @@ WORDING = {
 }
 CODES = [*WORDING, Exit.PATCHSET_INVALID, Exit.AFFECTED, Exit.UNKNOWN_CONTENT, Exit.AMBIGUOUS]
 CODES += [Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.EXPOSURE_UNKNOWN]
-
-
 HELP = {
     "--python": "the interpreter that runs sglang (default: this one)",
     "--tree": "judge the files of DIR/sglang or DIR/python/sglang instead (no RECORD)",
@@ -55,16 +53,13 @@ HELP = {
     "in --launch-args is read from there",
     "--api-key": "the bearer token --server-info sends",
     "--timeout": f"how long --server-info waits for the answer (default {exposure.TIMEOUT_S:g})",
-    "--env": "a variable of the server's environment (e.g. SGLANG_ENABLE_WAR_BARRIER=1); "
-    "repeat for more",
-    "--torch-build": "the server's torch build: rocm on an AMD GPU (sglang names its device "
-    "cuda there, but is_cuda() is false, so the WAR barrier is off). Default: what torch "
-    "says where --python runs sglang's ServerArgs, else cuda",
+    "--env": "a variable of the server's environment, e.g. SGLANG_ENABLE_WAR_BARRIER=1 (repeat)",
+    "--torch-build": "the server's torch build: rocm on an AMD GPU (is_cuda() is false there: "
+    "no WAR barrier). Default: what torch says where --python runs ServerArgs, else cuda",
     "--format": "text (default), or json: one JSON object on standard output, also for a "
     "refusal (docs/check-install.md lists its keys); the exit codes are the same",
-    "--zipapp": "write check-install, the release data and the manifests as one zipapp to OUT "
-    "(a regular file, or - for standard output) and stop (run it as python3 OUT [options]; "
-    "it needs nothing writable)",
+    "--zipapp": "write check-install and the release data as one zipapp to OUT (a regular file, "
+    "or - for standard output) and stop; python3 OUT [options] runs it, writing nothing",
 }
 
 

@@ -183,11 +183,9 @@ def ordering(call: ast.Call) -> tuple[str, str] | None:
             return "unknown", f"{text(call)}: streams of names sglang does not use"
         return "partial", f"{text(call)}: not the schedule stream waiting for the forward stream"
     if func.attr == "synchronize":
-        if (
-            owner_name in ("forward_stream", "device_module")
-            or owner in _DEVICE_MODULES
-            or (isinstance(func.value, ast.Call) and tail(func.value.func) == "get_device_module")
-        ):
+        device = owner_name in ("forward_stream", "device_module") or owner in _DEVICE_MODULES
+        got = isinstance(func.value, ast.Call) and tail(func.value.func) == "get_device_module"
+        if device or got:
             return "full", f"{text(call)}: the host waits for the forward stream"
         return "partial", f"{text(call)}: not the forward stream or the device"
     if func.attr == "wait_event":
