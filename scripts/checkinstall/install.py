@@ -201,7 +201,7 @@ def ask(python: Path) -> Probe:
 class FileState:
     path: str  # python/sglang/... as in the manifests
     location: Path
-    blob: str | None = None
+    blob_id: str | None = None
     sha256: str | None = None
     record: str = "-"  # MATCHES, a MODIFIED state, NO_RECORD, ...; "-": none owns it
 
@@ -284,14 +284,14 @@ def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
         state = FileState(path, location)
         if location.is_file():
             data = location.read_bytes()
-            state.blob = git_blob_id(data)
+            state.blob_id = git_blob_id(data)
             state.sha256 = hashlib.sha256(data).hexdigest()
         states.append(state)
     return states
 
 
 def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallReport:
-    blobs = {f.path: f.blob for f in report.files}
+    blobs = {f.path: f.blob_id for f in report.files}
     report.matches = catalog.lookup(blobs) if all(blobs.values()) else []
     # a step of our series is named before a release with the same files
     report.matches.sort(key=lambda m: not m.ours)

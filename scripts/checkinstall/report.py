@@ -17,6 +17,7 @@ SCHEMA = "sglang-backports/check-install"
 SCHEMA_VERSION = 1
 FORMATS = ("text", "json")
 DIST_KEYS = ("name", "version", "info", "fork", "listing")
+FILE_KEYS = ("path", "location", "blob_id", "sha256", "record", "record_match")
 CONFIG_KEYS = ("source", "parser", "release", "settings", "environment", "torch_build")
 
 
@@ -45,8 +46,8 @@ def text(outcome: Outcome) -> str:
     report = outcome.install
     lines = [report.where, f"distribution: {report.distribution}"]
     for state in report.files:
-        found = f"blob {state.blob}  sha256 {state.sha256}  {state.record}"
-        lines.append(f"  {state.path}  {found if state.blob else 'missing'}")
+        found = f"blob {state.blob_id}  sha256 {state.sha256}  {state.record}"
+        lines.append(f"  {state.path}  {found if state.blob_id else 'missing'}")
     if report.shape:
         lines += [f"{JUDGED}:", *(f"  {line}" for line in report.shape.lines())]
     if outcome.configuration and outcome.configuration.lines:
@@ -81,14 +82,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
             **{key: getattr(dist, key) if dist else None for key in DIST_KEYS},
         },
         "files": [
-            {
-                "path": state.path,
-                "location": str(state.location),
-                "blob_id": state.blob,
-                "sha256": state.sha256,
-                "record": state.record,
-                "record_match": state.record_match,
-            }
+            {**{key: getattr(state, key) for key in FILE_KEYS}, "location": str(state.location)}
             for state in report.files
         ],
         "verdict": {

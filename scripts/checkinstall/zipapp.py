@@ -40,7 +40,6 @@ CODE += ("scripts/checkinstall/*.py",)
 DATA = (f"patches/{RELEASES_NAME}", f"patches/sglang-*/{MANIFEST_NAME}")
 DATA += (f"patches/sglang-*/{SERIES_NAME}",)
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-PACKAGE = "patchset"
 
 
 def members(project: Path) -> list[Path]:
@@ -50,7 +49,7 @@ def members(project: Path) -> list[Path]:
     finder = ModuleFinder(path=[str(project / "scripts")])  # ours only: the stdlib is not read
     for source in sorted(code):
         finder.run_script(str(source))
-    found = [m.__file__ for name, m in finder.modules.items() if name.split(".")[0] == PACKAGE]
+    found = [m.__file__ for name, m in finder.modules.items() if name.split(".")[0] == "patchset"]
     data = {path for pattern in DATA for path in project.glob(pattern)}
     return sorted({*code, *(Path(f) for f in found if f), *data})
 
@@ -65,9 +64,8 @@ def build_zipapp(project: Path) -> bytes:
             *((p.relative_to(project).as_posix(), p.read_bytes()) for p in members(project)),
         ]:
             info = zipfile.ZipInfo(name, ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
-            archive.writestr(info, data)
+            archive.writestr(info, data, zipfile.ZIP_DEFLATED)
     return buffer.getvalue()
 
 

@@ -44,20 +44,19 @@ CODES += [Exit.EXPOSED, Exit.NOT_EXPOSED, Exit.EXPOSURE_UNKNOWN]
 HELP = {
     "--python": "the interpreter that runs sglang (default: this one)",
     "--tree": "judge the files of DIR/sglang or DIR/python/sglang instead (no RECORD)",
-    "--launch-args": "the deployment's sglang launch arguments, quoted as one string "
-    "(as in a Helm chart, compose file or systemd unit)",
+    "--launch-args": "the deployment's sglang launch arguments as one quoted string (as a Helm "
+    "chart, compose file or systemd unit has them)",
     "--server-info": "the running server's /server_info (e.g. http://10.0.0.5:30000/server_info)",
     "--config": "the server's --config YAML file, as copied here (it stands for the one "
     "--launch-args names, or is added to them); read as the release reads it",
-    "--config-root": "the server's working folder, as copied here: a relative --config path "
-    "in --launch-args is read from there",
+    "--config-root": "the server's working folder, as copied here: for a relative --config path",
     "--api-key": "the bearer token --server-info sends",
     "--timeout": f"how long --server-info waits for the answer (default {exposure.TIMEOUT_S:g})",
     "--env": "a variable of the server's environment, e.g. SGLANG_ENABLE_WAR_BARRIER=1 (repeat)",
     "--torch-build": "the server's torch build: rocm on an AMD GPU (is_cuda() is false there: "
     "no WAR barrier). Default: what torch says where --python runs ServerArgs, else cuda",
-    "--format": "text (default), or json: one JSON object on standard output, also for a "
-    "refusal (docs/check-install.md lists its keys); the exit codes are the same",
+    "--format": "text (default), or json: one JSON object, a refusal's too, same exit codes "
+    "(docs/check-install.md lists its keys)",
     "--zipapp": "write check-install and the release data as one zipapp to OUT (a regular file, "
     "or - for standard output) and stop; python3 OUT [options] runs it, writing nothing",
 }
