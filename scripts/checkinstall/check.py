@@ -35,7 +35,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
     table = load_releases(zipapp.data_root() / RELEASES_NAME).launch.get(content.release)
     settings = _settings(args, table, content.release)
     result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
-    return _outcome(args, found, settings, result.lines, result.code, content.release)
+    return _outcome(args, found, settings, result, content.release)
 
 
 def _settings(
@@ -75,21 +75,20 @@ def _outcome(
     args: argparse.Namespace,
     found: install.InstallReport,
     settings: exposure.Settings,
-    lines: list[str],
-    code: Exit,
+    result: exposure.Exposure,
     release: str | None,
 ) -> report.Outcome:
-    """The outcome with its configuration; the last of lines is the verdict."""
+    """The outcome with its configuration; the last of result's lines is the verdict."""
     config = report.Configuration(
         "server-info" if args.server_info else "launch-args",
         settings.parser,
         {name: settings.get(name) for name in exposure.FIELDS},
         dict(settings.env),
         settings.torch_build,
-        lines,
+        result.lines,
         release,
     )
-    return report.Outcome(found, code, lines[-1].removeprefix("verdict: "), config)
+    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
 
 
 def _unknown_content(
@@ -112,7 +111,7 @@ def _unknown_content(
         result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
         lines = result.lines[:-1]
         if result.code == Exit.EXPOSED:
-            return _outcome(args, found, settings, result.lines, result.code, assumed_release)
+            return _outcome(args, found, settings, result, assumed_release)
         why = (
             f"this configuration would keep sglang {assumed_release} as shipped out of the "
             "race, but the files are not that release's, so whether it keeps them out is "
@@ -131,4 +130,5 @@ def _unknown_content(
             "project knows), so which races they leave open is not known"
         )
     lines.append(f"verdict: exposure unknown: {verdict}; {why}")
-    return _outcome(args, found, settings, lines, Exit.EXPOSURE_UNKNOWN, assumed_release)
+    unknown = exposure.Exposure(Exit.EXPOSURE_UNKNOWN, lines)
+    return _outcome(args, found, settings, unknown, assumed_release)

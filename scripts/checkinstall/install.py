@@ -272,21 +272,17 @@ class InstallReport:
             )
         if self.shape and not self.matches:
             return Exit.OK, f"{self.shape.verdict} ({JUDGED}): {self.shape.reason}; races closed"
-        match = self.matches[0]
-        what = "patched" if match.ours else "fixed upstream"
+        what = "patched" if self.matches[0].ours else "fixed upstream"
         return Exit.OK, f"{what}: {named}; races closed"
 
 
 def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
-    states = []
-    for path in catalog.files:
-        location = package / path.removeprefix(f"{REPO_PREFIX}sglang/")
-        state = FileState(path, location)
-        if location.is_file():
-            data = location.read_bytes()
-            state.blob_id = git_blob_id(data)
-            state.sha256 = hashlib.sha256(data).hexdigest()
-        states.append(state)
+    prefix = f"{REPO_PREFIX}sglang/"
+    states = [FileState(path, package / path.removeprefix(prefix)) for path in catalog.files]
+    for state in states:
+        if state.location.is_file():
+            data = state.location.read_bytes()
+            state.blob_id, state.sha256 = git_blob_id(data), hashlib.sha256(data).hexdigest()
     return states
 
 

@@ -19,6 +19,7 @@ FORMATS = ("text", "json")
 DIST_KEYS = ("name", "version", "info", "fork", "listing")
 FILE_KEYS = ("path", "location", "blob_id", "sha256", "record", "record_match")
 CONFIG_KEYS = ("source", "parser", "release", "settings", "environment", "torch_build")
+NOT_EFFECTS = ("verdict: ", "configuration parsed by ")  # a configuration's other lines
 
 
 @dataclass
@@ -106,11 +107,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
         if config is None
         else {
             **{key: getattr(config, key) for key in CONFIG_KEYS},
-            "effects": [
-                line
-                for line in config.lines
-                if not line.startswith(("verdict: ", "configuration parsed by "))
-            ],
+            "effects": [line for line in config.lines if not line.startswith(NOT_EFFECTS)],
         },
         "error": None,
     }

@@ -19,13 +19,12 @@ two distributions that install sglang are refused. Standard library only
 
 When several verdicts hold, the first decides: not installed; two
 distributions; a race open (race-check's scenarios, per pin.toml's [races]);
-files that differ from RECORD; unknown content. With the deployment's
-configuration (--launch-args, read by the interpreter's own ServerArgs where
-it imports, else by the release's [launch] profile, with --config merged as
-sglang merges it; or --server-info; --env), an affected install gets a verdict
-per setting and exit 25, 26 or 28; content no release has is never "not
-exposed". --format json: one JSON object, same exit codes.
-More: docs/check-install.md.
+files that differ from RECORD; unknown content. Given the deployment's
+configuration (--launch-args, read by the interpreter's own ServerArgs, else
+by the release's [launch] profile, --config merged as sglang merges it; or
+--server-info; --env), an affected install gets a verdict per setting and
+exit 25, 26 or 28: content no release has is never "not exposed". More:
+docs/check-install.md.
 """
 
 # check-install's own words where errors.EXIT_TEXT's general ones say less
@@ -105,8 +104,7 @@ def main() -> int:
             raise
         err = caught if isinstance(caught, BackportError) else cli.describe_os_error(caught)
         sys.stdout.write(report.dump(report.error_json(err)))
-        print(f"error: {err}", file=sys.stderr)
-        return err.code
+        return cli.report(err)
     wants_json = args.format == "json"
     sys.stdout.write(report.dump(report.as_json(outcome)) if wants_json else report.text(outcome))
     return outcome.code
