@@ -113,9 +113,8 @@ def _unknown_content(
         if result.code == Exit.EXPOSED:
             return _outcome(args, found, settings, result, assumed_release)
         why = (
-            f"this configuration would keep sglang {assumed_release} as shipped out of the "
-            "race, but the files are not that release's, so whether it keeps them out is "
-            "not known"
+            f"this configuration would keep sglang {assumed_release} as shipped out of the race, "
+            "but the files are not that release's, so whether it keeps them out is not known"
         )
     else:
         newest = max(registry.launch, key=release_key)

@@ -18,7 +18,7 @@ from typing import Any
 
 from patchset import shape
 from patchset.catalog import REPO_PREFIX, Catalog, KnownContent
-from patchset.errors import BackportError, Exit
+from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import git_blob_id
 from patchset.shapeflow import Sources
 
@@ -267,9 +267,7 @@ class InstallReport:
             )
         if open_ is None or (self.shape and not self.matches and not self.settled_by_shape):
             why = f"; {JUDGED}: {self.shape.verdict}: {self.shape.reason}" if self.shape else ""
-            return Exit.UNKNOWN_CONTENT, (
-                f"unknown content: the files match no release and no series this project knows{why}"
-            )
+            return Exit.UNKNOWN_CONTENT, f"unknown content: {EXIT_TEXT[Exit.UNKNOWN_CONTENT]}{why}"
         if self.shape and not self.matches:
             return Exit.OK, f"{self.shape.verdict} ({JUDGED}): {self.shape.reason}; races closed"
         what = "patched" if self.matches[0].ours else "fixed upstream"

@@ -89,10 +89,9 @@ def main() -> int:
         name = out.name if out else "check-install.pyz"
         print(f"{where} (sha256 {digest}); run it as python3 {name}", file=sys.stderr)
         return Exit.OK
-    if args.api_key and not args.server_info:
-        p.error("--api-key goes with --server-info")
-    if args.timeout is not None and not args.server_info:
-        p.error("--timeout goes with --server-info")
+    for flag, given in (("--api-key", args.api_key), ("--timeout", args.timeout is not None)):
+        if given and not args.server_info:
+            p.error(f"{flag} goes with --server-info")
     if args.server_info and (args.config or args.config_root):
         p.error("--config and --config-root go with --launch-args, not --server-info")
     if args.config_root and args.launch_args is None:
