@@ -153,10 +153,6 @@ def body_calls(fn: Fn) -> Iterator[ast.Call]:
     return (call for stmt in fn.node.body for call, _ in calls(stmt))
 
 
-def short(fn: Fn) -> str:
-    return fn.name.rsplit(".", 1)[-1]
-
-
 text = ast.unparse
 
 
@@ -441,7 +437,7 @@ class Flow:
             name, method = func.attr, True
         else:
             return None
-        if len(self.stack) >= _MAX_DEPTH or any(short(f) == name for f in self.stack):
+        if len(self.stack) >= _MAX_DEPTH or any(f.node.name == name for f in self.stack):
             return None
         found = defined(self.sources, name, fn.file, method)
         same = [f for f in found if f.owner == fn.owner] or found
@@ -462,7 +458,7 @@ class Flow:
         if key not in self._relevant:
             self._relevant[key] = False  # a call cycle is not relevant by itself
             module = self.sources.module(fn.file)
-            locals_ = {short(f): f for f in functions(module, fn.file)}
+            locals_ = {f.node.name: f for f in functions(module, fn.file)}
             self._relevant[key] = any(
                 tail(c.func) in (PREPARE, PROCESS)
                 or ordering(c) is not None
@@ -483,4 +479,4 @@ def defined(sources: Sources, name: str, first: str, method: bool | None = None)
 def named(sources: Sources, path: str, name: str, method: bool | None = None) -> list[Fn]:
     """The functions of this name in path (methods only, or none, as method says)."""
     found = functions(sources.module(path), path)
-    return [f for f in found if short(f) == name and method in (None, bool(f.owner))]
+    return [f for f in found if f.node.name == name and method in (None, bool(f.owner))]
