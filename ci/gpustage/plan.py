@@ -86,23 +86,17 @@ def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[b
 
 
 def _step_tree(opts: Options, step: str) -> Path:
-    """The folder that holds step's sglang: the git-less trees, else build/steps/ as
-    patchset.buildtree lays it out."""
+    """The folder that holds step's sglang: the git-less trees, else build/steps/."""
     root = opts.trees or paths.build_dir() / "steps"
     return layout.tree_path(root, opts.series, step) / "python"
 
 
 def _gpu_stages(opts: Options) -> list[Stage]:
-    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark.
-
-    The pytest stages run the GPU test file against one step's tree, judged by
-    judge_gpu_step; the image's pytest plugins stay out
-    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) and the one the run needs is named with -p.
-    """
-    online = opts.venv is not None
+    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark;
+    pytest without the image's plugins (PYTEST_DISABLE_PLUGIN_AUTOLOAD), ours named with -p."""
     python = str(opts.venv / "bin" / "python") if opts.venv else opts.python
-    extra_path = [] if online else [str(opts.site)]
-    needs = ("cuda-check", "apply") if online else ("install", "layout")
+    extra_path = [] if opts.venv else [str(opts.site)]
+    needs = ("cuda-check", "apply") if opts.venv else ("install", "layout")
     manifest = opts.series.manifest
     base, final = manifest.steps[0], manifest.final_step
     # an S1 stage's played or required CUDA: the rehearsal imports as on the lent machine
@@ -133,9 +127,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
             cuda: "1",
         }
         judge = judge_gpu_step(report, shown, rehearsal=opts.rehearse)
-        return Stage(
-            name, purpose, command, GPU, stage_env, needs, judge, budget_s=BUDGET_S[budget]
-        )
+        return Stage(name, purpose, command, GPU, stage_env, needs, judge, None, BUDGET_S[budget])
 
     stages = [
         stage(
@@ -367,7 +359,7 @@ def _git_less_layout(opts: Options) -> Stage:
 
 def facts(opts: Options) -> dict[str, str]:
     """What the dry run's plan shows above its stages."""
-    manifest = opts.series.manifest
+    manifest, house = opts.series.manifest, opts.wheelhouse
     shown = {
         "repository": str(ROOT),
         "base": f"sglang {manifest.base.version}, steps {', '.join(manifest.steps)}",
@@ -379,15 +371,12 @@ def facts(opts: Options) -> dict[str, str]:
             "venv": str(opts.venv),
             "wheel": str(paths.cache_dir() / manifest.base.wheel),
         }
-    house = opts.wheelhouse
+    held = "MISSING: a real run refuses"
+    if house:
+        held = f"Python {house.python_version}, {len(house.entries)} wheels, "
+        held += f"{house.total_bytes / 2**20:.1f} MiB, hashes checked"
     return shown | {
-        "wheelhouse": str(opts.wheelhouse_dir)
-        + (
-            f" (Python {house.python_version}, {len(house.entries)} wheels, "
-            f"{house.total_bytes / 2**20:.1f} MiB, hashes checked)"
-            if house
-            else " (MISSING: a real run refuses)"
-        ),
+        "wheelhouse": f"{opts.wheelhouse_dir} ({held})",
         "site": str(opts.site),
         "step files": f"{opts.step_files} (blob ids checked against pin.toml)",
         "step trees": str(opts.trees),
