@@ -1,14 +1,12 @@
 """The wheelhouse an offline GPU runner installs from: what it holds, its manifest, its checks.
 
-A CUDA image is assumed to hold its own torch and what torch needs (IMAGE_HOLDS).
-The wheelhouse holds the rest of the import closure of the modules under test
-(the base's requirements/<env>.txt, less IMAGE_HOLDS and less NOT_IMPORTED), the test pins
-of ci/requirements-gpu-test.txt and the base's pinned sglang wheel, with a
-manifest of names, versions and sha256 (wheelhouse.json).
+What the CUDA image lacks of the import closure (the base's requirements/<env>.txt less
+IMAGE_HOLDS and NOT_IMPORTED), the GPU test pins and the pinned sglang wheel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -28,18 +26,15 @@ MANIFEST = "wheelhouse.json"
 TEST_PINS = PROJECT_ROOT / "ci" / "requirements-gpu-test.txt"
 LIMIT_BYTES = 60 * 1024 * 1024  # what may travel to the runner, with room to spare
 
-# What a CUDA torch image holds: torch (the base's pin) with the packages torch
-# requires, torchvision built for that torch (sglang.srt.utils.common imports
-# it) with pillow (torchvision imports it), and numpy. torch and torchvision
-# must match each other, so they cannot come from the wheelhouse.
+# A CUDA torch image's torch, what torch needs, torchvision (with pillow) built for that
+# torch, numpy: torch and torchvision must match, so neither can come from the wheelhouse.
 IMAGE_HOLDS = (
     "torch", "torchvision", "pillow", "triton", "numpy", "filelock", "fsspec", "jinja2",
     "markupsafe", "mpmath", "networkx", "sympy", "typing-extensions", "setuptools",
 )  # fmt: skip
 IMAGE_PREFIXES = ("nvidia-", "cuda-")
-# In the base's requirements/<env>.txt but not imported by the modules under test (found by
-# importing them with each blocked): IPython's interactive side, CLI helpers,
-# optional accelerators. Leaving them out keeps the wheelhouse under the limit.
+# Not imported by the modules under test (found by blocking each): left out to keep under
+# the limit.
 NOT_IMPORTED = (
     "annotated-doc", "asttokens", "executing", "hf-xet", "ipython-pygments-lexers", "jedi",
     "jiter", "markdown-it-py", "matplotlib-inline", "mdurl", "parso", "pexpect",
@@ -64,8 +59,7 @@ def read_pins(path: Path) -> dict[str, str]:
 
 
 def closure_file(manifest: PinManifest) -> Path:
-    """The base's test environment: its CPU import closure, exactly pinned (requirements/)."""
-    return venv.env_for(manifest).requirements[0]
+    return venv.env_for(manifest).requirements[0]  # the CPU import closure, exactly pinned
 
 
 def wanted_pins(manifest: PinManifest) -> dict[str, str]:
@@ -100,9 +94,10 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
         raise BackportError(
             Exit.USAGE, f"--python-version {python_version!r} is not like 3.12", "pass e.g. 3.12"
         )
-    if is_current(out, manifest, python_version):
-        print(f"{out} already holds every wheel, each with its sha256: nothing to download")
-        return out / MANIFEST
+    with contextlib.suppress(BackportError):  # load checks every pin and hash
+        if load(out, manifest).python_version == python_version:
+            print(f"{out} already holds every wheel, each with its sha256: nothing to download")
+            return out / MANIFEST
     out.mkdir(parents=True, exist_ok=True)
     pins = wanted_pins(manifest)
     with marked_folder(out, ".download-") as tmp:
@@ -127,18 +122,6 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
     return write_manifest(manifest, python_version, out)
-
-
-def is_current(folder: Path, manifest: PinManifest, python_version: str) -> bool:
-    """Whether folder is a wheelhouse of these pins for this Python, every hash intact."""
-    try:
-        house = load(folder, manifest)
-    except BackportError:
-        return False
-    versions = {e.name: e.version for e in house.entries}
-    return house.python_version == python_version and all(
-        versions.get(canonical(name)) == version for name, version in wanted_pins(manifest).items()
-    )
 
 
 def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Path:
@@ -174,10 +157,8 @@ def _entry(path: Path) -> Entry:
 
 @dataclass(frozen=True)
 class Wheelhouse:
-    folder: Path
-    base: str
     python_version: str
-    sglang_wheel: Path
+    sglang_wheel: str
     entries: list[Entry]
 
     @property
@@ -185,12 +166,11 @@ class Wheelhouse:
         return sum(e.size for e in self.entries)
 
     def requirements(self) -> str:
-        """A hash-pinned requirements file for pip --require-hashes, of every wheel but
-        sglang's, which is laid out as a tree."""
+        """For pip --require-hashes: every wheel but sglang's, which is laid out as a tree."""
         return "".join(
             f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n"
             for e in self.entries
-            if e.file != self.sglang_wheel.name
+            if e.file != self.sglang_wheel
         )
 
 
@@ -215,9 +195,9 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
             f"the wheelhouse {folder} is for sglang {base}, not {manifest.base.version}",
             f"pass --base {base}, or {again}",
         )
-    have = {_dist_of(e.file)[0] for e in entries}
+    have = {_dist_of(e.file) for e in entries}
     for name, version in wanted_pins(manifest).items():
-        if canonical(name) not in have:
+        if (canonical(name), version) not in have:
             raise refuse(f"the wheelhouse {folder} lacks the package {name}=={version}")
     for entry in entries:
         wheel = folder / entry.file
@@ -237,4 +217,4 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
             f"the wheelhouse's {sglang} is not the wheel the patch set pins "
             f"({manifest.base.sha256})"
         )
-    return Wheelhouse(folder, base, python_version, folder / sglang, entries)
+    return Wheelhouse(python_version, sglang, entries)
