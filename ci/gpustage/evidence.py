@@ -1,9 +1,7 @@
 """What a GPU run measured, each figure beside its expected value; the criteria; the tarball.
 
-The success criteria are fixed here, before any run, and written into the
-reports folder before the first stage. The figures come from what the stages
-left there: each pytest stage's outcome file (the S1 tally with its measured
-sleep, the CSAN report, kept as recorded properties), bench.json and facts.json.
+The criteria are fixed here and written before the first stage; the figures come from the
+stages' outcome files (S1 and CSAN as recorded properties), bench.json and facts.json.
 """
 
 from __future__ import annotations
@@ -52,18 +50,15 @@ CRITERIA = f"""\
 
 
 def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
-    """Every file a run writes into reports: a new run removes an earlier run's first,
-    so that no figure of another run is read or packed."""
+    """Every file a run writes into reports: removed first, so no other run's figure is read."""
     files = [reports / f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
     names = (CRITERIA_FILE, machine.FILE, BENCH_FILE, SUMMARY_FILE)
     return files + [reports / name for name in names]
 
 
-def write_criteria(reports: Path) -> Path:
+def write_criteria(reports: Path) -> None:
     reports.mkdir(parents=True, exist_ok=True)
-    path = reports / CRITERIA_FILE
-    path.write_text(CRITERIA, encoding="utf-8")
-    return path
+    (reports / CRITERIA_FILE).write_text(CRITERIA, encoding="utf-8")
 
 
 def _property(reports: Path, stage: str, name: str = contract.S1_PROPERTY) -> dict[str, Any] | None:
@@ -113,13 +108,10 @@ def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> li
         return rows
     if kind == "fix-a":
         rows.append((f"{label}: S1 stash fields stale", f"{split}; torn {torn}", "reported", "yes"))
-    slept = s1.get("slept_ms")
-    sleep = (
-        f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
-        f"{s1['sleep_target_ms']:g} ms asked"
-        if slept
-        else "not measured"
-    )
+    sleep = "not measured"
+    if slept := s1.get("slept_ms"):
+        sleep = f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
+        sleep += f"{s1['sleep_target_ms']:g} ms asked"
     rows.append((f"{label}: measured sleep", sleep, "about the asked time, warm", "reported"))
     if s1.get("clocks_warm"):
         rows.append(
@@ -129,16 +121,17 @@ def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> li
 
 
 def _csan_row(label: str, csan: dict[str, Any] | None, fixed: bool) -> tuple[str, ...]:
-    expected = "silent" if fixed else "race reported"
-    if csan is None:
-        return (f"{label}: CSAN", NOT_RUN, expected, "no")
-    if "error" in csan:
-        return (f"{label}: CSAN", f"error: {csan['error']}", expected, "NO")
-    if csan["race"]:
-        seen = f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
-    else:
-        seen = f"silent over {csan['iterations']} iterations"
-    return (f"{label}: CSAN", seen, expected, "yes" if csan["race"] is not fixed else "NO")
+    seen, met = NOT_RUN, "no"
+    if csan and "error" in csan:
+        seen, met = f"error: {csan['error']}", "NO"
+    elif csan:
+        seen = (
+            f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
+            if csan["race"]
+            else f"silent over {csan['iterations']} iterations"
+        )
+        met = "yes" if csan["race"] is not fixed else "NO"
+    return (f"{label}: CSAN", seen, "silent" if fixed else "race reported", met)
 
 
 def _bench_rows(bench: dict[str, Any] | None) -> list[tuple[str, ...]]:
