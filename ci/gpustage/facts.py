@@ -35,14 +35,12 @@ def python_version(python: str) -> str | None:
 
 
 def clocks() -> str | None:
-    """The GPU's clocks now, one CSV line per GPU (CLOCKS' fields), or None without nvidia-smi.
-
-    Read at the start (idle) and again by the S1 tests after their warm-up."""
+    """The GPU's clocks now (idle at the start, warm after the S1 tests' warm-up), CSV."""
     return output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
 
 
 def describe(found: dict[str, Any]) -> str:
-    """The machine in one line, from what record wrote: device, torch, triton, git."""
+    """The machine in one line, from what record wrote."""
     versions = found.get("versions") or {}
     return (
         f"{versions.get('device') or 'no CUDA device'}; torch {versions.get('torch')}, "

@@ -1,9 +1,7 @@
 """The rehearsal's double of the lent machine's image: Python 3.12 and the image's packages.
 
-A rehearsal on our test environment would hide every package the wheelhouse
-lacks, since that environment holds the whole import closure. The double holds
-only the image's packages (ci/requirements-image-double.txt, hashed, made from
-its .in file), no sgl_kernel, in the cache folder so that every clone shares it.
+Our test environment holds the whole import closure, so a rehearsal there would hide what
+the wheelhouse lacks; the double (in the cache folder, shared) has no sgl_kernel either.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ PYTHON_VERSION = "3.12"  # the image's Python is 3.12.3
 
 
 def find_python() -> str:
-    """A Python 3.12 that runs: python3.12 on PATH (not a shim that names no version),
-    else the newest of pyenv's 3.12.x, since nothing here can download one."""
+    """python3.12 on PATH if it runs (a shim may not), else pyenv's newest 3.12.x: nothing here
+    can download one."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     pyenv = sorted(
         root.glob(f"{PYTHON_VERSION}.*/bin/python{PYTHON_VERSION}"),
