@@ -18,7 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from subprocess import PIPE, STDOUT
+from typing import Any, TextIO
 from xml.etree import ElementTree
 
 from patchset import textout
@@ -109,8 +110,8 @@ def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
     print("\nThe run ends with a summary table: stage | result | time.")
 
 
-class DeadlineReached(Exception):
-    """A stage's command was stopped because the run's deadline came."""
+# each command in its own process group: the deadline or an interrupt stops all it started
+_PIPED: dict[str, Any] = {"stdout": PIPE, "stderr": STDOUT, "text": True, "start_new_session": True}
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
@@ -118,12 +119,9 @@ def _kill(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
-    """Run the stage's `&&`-joined commands in turn; the first failing one's status, else 0.
-
-    Each has its own process group, so that the deadline (timeout seconds from
-    now) or an interrupt stops it with every process it started.
-    """
+def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int | None:
+    """Run the stage's `&&`-joined commands in turn: the first failing one's status, else 0;
+    None when stopped at the deadline (timeout seconds from now)."""
     env = stage_environment(stage, os.environ) | {"PYTHONUNBUFFERED": "1"}  # logs as printed
     end = None if timeout is None else time.monotonic() + timeout
     parts = [list(w) for sep, w in itertools.groupby(stage.command, "&&".__eq__) if not sep]
@@ -131,15 +129,7 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
         for part in parts:
             out.write(f"$ {shlex.join(part)}\n")
             out.flush()
-            proc = subprocess.Popen(
-                part,
-                cwd=PROJECT_ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(part, cwd=PROJECT_ROOT, env=env, **_PIPED)
             timer = threading.Timer(max(0.0, (end or 0) - time.monotonic()), _kill, (proc,))
             if end is not None:
                 timer.start()
@@ -153,7 +143,7 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
                 timer.cancel()
             if end is not None and rc == -signal.SIGKILL and time.monotonic() >= end:
                 out.write("stopped: the run's deadline came\n")
-                raise DeadlineReached
+                return None
             if rc != 0:
                 return rc
     return 0
@@ -216,7 +206,7 @@ def run_stage(
         rc = run_command(stage, log, left)
     except OSError as err:
         return outcome(False, f"FAIL: {err}")
-    except DeadlineReached:
+    if rc is None:
         return outcome(
             False, f"FAIL: stopped at the deadline after {time.monotonic() - start:.0f} s"
         )
