@@ -41,6 +41,7 @@ NOT_IMPORTED = (
     "prompt-toolkit", "ptyprocess", "pure-eval", "shellingham", "stack-data", "truststore",
     "typer", "wcwidth", "ruff",
 )  # fmt: skip
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s\\;]+)")  # name==version, hashes skipped
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -49,13 +50,7 @@ def canonical(name: str) -> str:
 
 
 def read_pins(path: Path) -> dict[str, str]:
-    """name -> version of the `name==version` lines of a requirements file (hashes skipped)."""
-    pins: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        found = re.match(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s\\;]+)", line)
-        if found:
-            pins[found[1]] = found[2]
-    return pins
+    return {m[1]: m[2] for line in path.read_text("utf-8").splitlines() if (m := PIN.match(line))}
 
 
 def closure_file(manifest: PinManifest) -> Path:
@@ -88,16 +83,16 @@ def _dist_of(file: str) -> tuple[str, str]:
     return canonical(name), version
 
 
-def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) -> Path:
-    """Download the wheels into out and write its manifest; returns the manifest's path."""
+def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) -> Wheelhouse:
+    """Download the wheels into out and write its manifest; the wheelhouse, checked."""
     if not re.fullmatch(r"3\.\d+", python_version):
         raise BackportError(
             Exit.USAGE, f"--python-version {python_version!r} is not like 3.12", "pass e.g. 3.12"
         )
     with contextlib.suppress(BackportError):  # load checks every pin and hash
-        if load(out, manifest).python_version == python_version:
+        if (house := load(out, manifest)).python_version == python_version:
             print(f"{out} already holds every wheel, each with its sha256: nothing to download")
-            return out / MANIFEST
+            return house
     out.mkdir(parents=True, exist_ok=True)
     pins = wanted_pins(manifest)
     with marked_folder(out, ".download-") as tmp:
@@ -121,22 +116,18 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
             path.replace(out / path.name)
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
-    return write_manifest(manifest, python_version, out)
+    write_manifest(manifest, python_version, out)
+    return load(out, manifest)  # refuses a pin that pip did not bring
 
 
-def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Path:
-    """wheelhouse.json for the wheels in out: the sglang wheel and one per wanted pin."""
-    entries = [_entry(out / manifest.base.wheel)]
-    by_name = {_dist_of(p.name)[0]: p for p in out.glob("*.whl")}
-    for name, version in wanted_pins(manifest).items():
-        path = by_name.get(canonical(name))
-        if path is None or _dist_of(path.name)[1] != version:
-            raise BackportError(
-                Exit.SETUP,
-                f"pip did not bring {name}=={version}",
-                "run again; report it if it stays",
-            )
-        entries.append(_entry(path))
+def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> None:
+    """wheelhouse.json for the wheels in out: the sglang wheel and those of the wanted pins."""
+    by_dist = {_dist_of(p.name): p for p in out.glob("*.whl")}
+    wanted = [(canonical(name), version) for name, version in wanted_pins(manifest).items()]
+    entries = [
+        _entry(out / manifest.base.wheel),
+        *(_entry(by_dist[w]) for w in wanted if w in by_dist),
+    ]
     data = {
         "base": manifest.base.version,
         "python_version": python_version,
@@ -145,9 +136,7 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Pat
         "total_bytes": sum(e.size for e in entries),
         "packages": [e.__dict__ for e in entries],
     }
-    path = out / MANIFEST
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    (out / MANIFEST).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def _entry(path: Path) -> Entry:
