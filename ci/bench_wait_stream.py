@@ -60,12 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = cli.parser("bench_wait_stream.py", __doc__ or "", CODES, CODES)
     for name, (default, text, _, _) in INTS.items():
         p.add_argument(f"--{name}", type=int, default=default, help=f"{text} (default {default})")
-    p.add_argument(
-        "--json",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="also write the results here (a relative path is taken from the current folder)",
-    )
+    p.add_argument("--json", type=cli.absolute_path, metavar="PATH", help="also write them here")
     args = p.parse_args(argv)
     for name, (_, _, least, said) in INTS.items():
         if getattr(args, name) < least:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchset import paths
-from patchset.errors import BackportError
 from patchset.manifest import Series
 from testrun.outcomes import OPTION as OUTCOMES_OPTION
 from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
@@ -335,11 +334,7 @@ def _git_less_layout(opts: Options) -> Stage:
     wheel = opts.wheelhouse_dir / series.manifest.base.wheel
 
     def lay_out() -> tuple[bool, str]:
-        try:
-            laid = layout.lay_out(series, wheel, step_files, trees)
-        except BackportError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return False, f"FAIL: {err.problem}"
+        laid = layout.lay_out(series, wheel, step_files, trees)
         return True, f"ok: {', '.join(laid)} laid out, {len(series.manifest.files)} blob ids each"
 
     return Stage(

@@ -8,7 +8,6 @@ docs/gpu.md says why this is enough; nothing is stubbed.
 from __future__ import annotations
 
 import ast
-import contextlib
 import dis
 import importlib
 import importlib.abc
@@ -137,11 +136,11 @@ def cuda_flags_read() -> dict[str, set[str]]:
 
 
 def _is_package(name: str) -> bool:
-    with contextlib.suppress(ImportError, ValueError):  # found without importing it
-        return (
-            getattr(importlib.util.find_spec(name), "submodule_search_locations", None) is not None
-        )
-    return False
+    try:  # found without importing it
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.submodule_search_locations is not None
 
 
 def imports_in(code: CodeType, package: str) -> set[str]:

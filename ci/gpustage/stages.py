@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from xml.etree import ElementTree
 
 from patchset import textout
-from patchset.errors import Exit
+from patchset.errors import BackportError, Exit
 from patchset.paths import PROJECT_ROOT
 from testrun import outcomes as testrun_outcomes
 
@@ -198,7 +198,11 @@ def run_stage(
             False, f"not run: deadline ({stage.budget_s:.0f} s needed, {left:.0f} s left)"
         )
     if stage.action is not None:
-        ok, text = stage.action()
+        try:
+            ok, text = stage.action()
+        except BackportError as err:  # a refusal fails the stage with its message
+            print(f"error: {err}", file=sys.stderr)
+            ok, text = False, f"FAIL: {err.problem}"
         print(text)
         return outcome(ok, text)
     log = reports / f"{stage.name}.log"
