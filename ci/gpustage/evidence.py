@@ -1,12 +1,15 @@
 """What a GPU run measured, each figure beside its expected value; the criteria; the tarball.
 
 The criteria are fixed here and written before the first stage; the figures come from the
-stages' outcome files (S1 and CSAN as recorded properties), bench.json and facts.json.
+stages' outcome files (S1 and CSAN as recorded properties), bench.json and the machine's
+facts (facts.json: GPU, driver, clocks, torch, triton, git).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import tarfile
 from collections.abc import Collection
 from pathlib import Path
@@ -17,12 +20,64 @@ from patchset.manifest import PinManifest
 from testrun.outcomes import read_outcomes
 
 from . import contract
-from . import facts as machine
 from .contract import ARRIVAL_RATES, DECODE_STEPS_MS
 from .stages import SUMMARY_FILE
 
-CRITERIA_FILE = "criteria.md"
-BENCH_FILE = "bench.json"
+FACTS_FILE, CRITERIA_FILE, BENCH_FILE = "facts.json", "criteria.md", "bench.json"
+CLOCKS = "name,driver_version,pstate,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw"
+VERSIONS = (
+    "import json, torch\n"
+    "try:\n    import triton; t = triton.__version__\nexcept ImportError:\n    t = None\n"
+    "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': t,"
+    " 'device': torch.cuda.get_device_name() if torch.cuda.is_available() else None}))"
+)
+
+
+def output(command: list[str]) -> str | None:
+    """What the command printed, or None where it is missing or failed."""
+    if shutil.which(command[0]) is None and not Path(command[0]).is_file():
+        return None
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def python_version(python: str) -> str | None:
+    """X.Y of the Python python names (a path or a name on PATH), or None where it fails."""
+    return output([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+
+
+def clocks() -> str | None:
+    """The GPU's clocks now (idle at the start, warm after the S1 tests' warm-up), CSV."""
+    return output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
+
+
+def describe(found: dict[str, Any]) -> str:
+    """The machine in one line, from what record wrote."""
+    versions = found.get("versions") or {}
+    return (
+        f"{versions.get('device') or 'no CUDA device'}; torch {versions.get('torch')}, "
+        f"triton {versions.get('triton')}; git: {found.get('git') or 'none'}"
+    )
+
+
+def record(python: str, reports: Path) -> tuple[bool, str]:
+    """Write facts.json into reports; the stage's result line. Missing facts are said, not fatal."""
+    versions = output([python, "-c", VERSIONS])
+    found = {
+        "nvidia_smi": output(["nvidia-smi"]),
+        "clocks": clocks(),
+        "python": output([python, "--version"]),
+        "versions": json.loads(versions) if versions else None,
+        "git": shutil.which("git"),  # `command -v git`: the runner may have none
+    }
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / FACTS_FILE).write_text(json.dumps(found, indent=2) + "\n", encoding="utf-8")
+    return True, f"ok: {describe(found)}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"
+
+
 MIN_RACE_SHARE = 0.9
 
 CRITERIA = f"""\
@@ -52,7 +107,7 @@ CRITERIA = f"""\
 def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
     """Every file a run writes into reports: removed first, so no other run's figure is read."""
     files = [reports / f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
-    names = (CRITERIA_FILE, machine.FILE, BENCH_FILE, SUMMARY_FILE)
+    names = (CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE)
     return files + [reports / name for name in names]
 
 
@@ -167,10 +222,10 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
     base, final = manifest.steps[0], manifest.final_step
     step_fixes = {step: manifest.step_fixes.get(step, frozenset()) for step in manifest.steps}
     rows: list[tuple[str, ...]] = []
-    found = _json(reports / machine.FILE)
+    found = _json(reports / FACTS_FILE)
     if found:
         expected = "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
-        rows.append(("machine", machine.describe(found), expected, "reported"))
+        rows.append(("machine", describe(found), expected, "reported"))
         if found.get("clocks"):
             clocks = found["clocks"].replace("\n", "; ")
             rows.append(("clocks before the GPU stages", clocks, "", ""))

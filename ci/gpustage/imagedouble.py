@@ -15,7 +15,7 @@ from patchset.errors import BackportError, Exit
 from patchset.paths import PROJECT_ROOT, cache_dir
 from testrun import venv
 
-from . import facts
+from . import evidence
 
 PINS = PROJECT_ROOT / "ci" / "requirements-image-double.txt"
 PYTHON_VERSION = "3.12"  # the image's Python is 3.12.3
@@ -32,7 +32,7 @@ def find_python() -> str:
     )
     on_path = shutil.which(f"python{PYTHON_VERSION}")
     for candidate in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
-        if facts.python_version(candidate) == PYTHON_VERSION:
+        if evidence.python_version(candidate) == PYTHON_VERSION:
             return candidate
     raise BackportError(
         Exit.ENVIRONMENT,

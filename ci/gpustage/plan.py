@@ -17,7 +17,6 @@ from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
 from testrun.venv import PYTHON_VERSION
 
 from . import contract, evidence, layout
-from . import facts as machine
 from . import wheelhouse as wh
 from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
 
@@ -66,7 +65,7 @@ def _lib(code: str) -> list[str]:
 
 def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[bool, str]]:
     def check() -> tuple[bool, str]:
-        found = machine.python_version(python)
+        found = evidence.python_version(python)
         if found is None:
             return False, f"FAIL: {python} not found; pass --python with a Python {version}"
         if found != version:
@@ -319,11 +318,11 @@ def _facts(opts: Options, python: str, needs: tuple[str, ...]) -> Stage:
         "facts",
         "the machine's facts into facts.json: nvidia-smi, clocks, torch, triton, git",
         [
-            *("nvidia-smi", "&&", "nvidia-smi", f"--query-gpu={machine.CLOCKS}", "--format=csv"),
+            *("nvidia-smi", "&&", "nvidia-smi", f"--query-gpu={evidence.CLOCKS}", "--format=csv"),
             *("&&", python, "-c", "import torch, triton", "&&", "command", "-v", "git"),
         ],
         needs=needs,
-        action=lambda: machine.record(python, opts.reports),
+        action=lambda: evidence.record(python, opts.reports),
     )
 
 
