@@ -1,13 +1,17 @@
 """The wheelhouse an offline GPU runner installs from: what it holds, its manifest, its checks.
 
 What the CUDA image lacks of the import closure (the base's requirements/<env>.txt less
-IMAGE_HOLDS and NOT_IMPORTED), the GPU test pins and the pinned sglang wheel.
+IMAGE_HOLDS and NOT_IMPORTED), the GPU test pins and the pinned sglang wheel. And the
+rehearsal's double of the image (Python 3.12, the image's packages, no sgl_kernel, in the
+cache folder): our test environment holds the whole closure, so it would hide what is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -19,12 +23,16 @@ from patchset import wheel as wheels
 from patchset.errors import BackportError, Exit
 from patchset.lock import marked_folder
 from patchset.manifest import PinManifest, sha256_of
-from patchset.paths import PROJECT_ROOT
+from patchset.paths import PROJECT_ROOT, cache_dir
 from testrun import venv
+
+from .evidence import python_version as version_of
 
 MANIFEST = "wheelhouse.json"
 TEST_PINS = PROJECT_ROOT / "ci" / "requirements-gpu-test.txt"
 LIMIT_BYTES = 60 * 1024 * 1024  # what may travel to the runner, with room to spare
+DOUBLE_PINS = PROJECT_ROOT / "ci" / "requirements-image-double.txt"
+DOUBLE_PYTHON = "3.12"  # the image's Python is 3.12.3
 
 # A CUDA torch image's torch, what torch needs, torchvision (with pillow) built for that
 # torch, numpy: torch and torchvision must match, so neither can come from the wheelhouse.
@@ -207,3 +215,33 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
             f"({manifest.base.sha256})"
         )
     return Wheelhouse(python_version, sglang, entries)
+
+
+def ensure_double() -> Path:
+    """The image double's python, made (or synced to its pins) first."""
+    digest = hashlib.sha256(f"python {DOUBLE_PYTHON}\n".encode() + DOUBLE_PINS.read_bytes())
+    folder = cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
+    venv.ensure_venv(folder, [DOUBLE_PINS], "the lent machine's image, doubled", python=_python())
+    return venv.venv_python(folder)
+
+
+def _python() -> str:
+    """python3.12 on PATH if it runs (a shim may not), else pyenv's newest 3.12.x: nothing here
+    can download one."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    pyenv = sorted(
+        root.glob(f"{DOUBLE_PYTHON}.*/bin/python{DOUBLE_PYTHON}"),
+        key=lambda p: [int(x) for x in p.parts[-3].split(".") if x.isdigit()],
+        reverse=True,
+    )
+    on_path = shutil.which(f"python{DOUBLE_PYTHON}")
+    for candidate in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
+        if version_of(candidate) == DOUBLE_PYTHON:
+            return candidate
+    raise BackportError(
+        Exit.ENVIRONMENT,
+        f"no Python {DOUBLE_PYTHON} runs here (python{DOUBLE_PYTHON} on PATH: "
+        f"{on_path or 'none'}; {root}: {len(pyenv)} {DOUBLE_PYTHON}.x): the image double "
+        "needs the image's Python",
+        f"install Python {DOUBLE_PYTHON} (e.g. `pyenv install {DOUBLE_PYTHON}`) and run again",
+    )
