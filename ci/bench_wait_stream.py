@@ -1,13 +1,10 @@
 #!/usr/bin/env python3
 """What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop.
 
-The overlap scheduler's rhythm on two CUDA streams through the real FutureMap and
-build_eagle_disagg_draft_input, one iteration in flight; "patched" waits for the
-forward stream before seeding (0002's line), "unpatched" does not; runs alternate.
-Reported: time per iteration (ratio, difference), the wait itself (host time) and the
-idle gap (forward stream idle between forwards, patched less unpatched), as shares of
-decode steps (docs/gpu.md). A measurement, not a test. Run it with an sglang tree on
-PYTHONPATH (ci/run-gpu uses the final step's tree).
+Two CUDA streams in the overlap scheduler's rhythm through the real FutureMap, "patched"
+(0002's wait before seeding) and "unpatched" runs alternating; the wait itself and the idle
+gap it adds, as shares of decode steps (docs/gpu.md). A measurement, not a test. Run it
+with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
 """
 
 from __future__ import annotations
@@ -236,15 +233,6 @@ def time_pairs(run: Callable[[int, bool], RunTimes], args: argparse.Namespace) -
     }
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
-    return {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        **time_pairs(loop.run, args),
-    }
-
-
 def table(result: dict[str, Any]) -> str:
     def spread_row(name: str, values: dict[str, float], form: str = ".4f") -> tuple[str, ...]:
         return (name, *(f"{values[k]:{form}}" for k in ("median", "min", "max")))
@@ -287,7 +275,9 @@ def main() -> int:
             "sglang is not importable",
             "put a step tree first on PYTHONPATH (e.g. PYTHONPATH=build/steps/VERSION/STEP/python)",
         )
-    result = measure(args)
+    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    result |= time_pairs(loop.run, args)
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -59,11 +59,9 @@ _CUDA_DEPENDENT = re.compile(
 
 
 def _clear_device_caches() -> None:
-    common = sys.modules.get("sglang.srt.utils.common")
-    if common is None:
-        return
-    for name in set(RESTORED.values()):
-        getattr(common, name).cache_clear()
+    if common := sys.modules.get("sglang.srt.utils.common"):
+        for name in set(RESTORED.values()):
+            getattr(common, name).cache_clear()
 
 
 def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
