@@ -21,6 +21,7 @@ from . import wheelhouse as wh
 from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
 
 ROOT = paths.PROJECT_ROOT
+SCRIPTS = str(ROOT / "scripts")
 GPU_TEST = ROOT / "test" / "steps" / "test_gpu_prebuilt_race.py"
 BENCH = ROOT / "ci" / "bench_wait_stream.py"
 # the online venv installs the pinned wheel, built for the test environments' Python
@@ -56,11 +57,7 @@ class Options:
 
 
 def _lib(code: str) -> list[str]:
-    return [
-        sys.executable,
-        "-c",
-        f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); {code}",
-    ]
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); {code}"]
 
 
 def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[bool, str]]:
@@ -116,7 +113,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
         command += ["-k", select] if select else []
         command += [f"--junitxml={report.with_suffix('.xml')}", OUTCOMES_OPTION, str(report)]
         stage_env = {
-            "PYTHONPATH": os.pathsep.join([str(tree), *extra_path, str(ROOT / "scripts")]),
+            "PYTHONPATH": os.pathsep.join([str(tree), *extra_path, SCRIPTS]),
             STEP_ENV: step,
             PATCH_SET_ENV: str(opts.series.folder),
             TREE_ENV: str(tree.parent),
@@ -327,8 +324,7 @@ def _facts(opts: Options, python: str, needs: tuple[str, ...]) -> Stage:
 
 
 def _git_less_layout(opts: Options) -> Stage:
-    assert opts.wheelhouse_dir is not None and opts.step_files is not None
-    assert opts.trees is not None
+    assert opts.wheelhouse_dir and opts.step_files and opts.trees
     series, trees, step_files = opts.series, opts.trees, opts.step_files
     wheel = opts.wheelhouse_dir / series.manifest.base.wheel
 
@@ -361,10 +357,8 @@ def facts(opts: Options) -> dict[str, str]:
         "reports": str(opts.reports),
     }
     if opts.venv is not None:
-        return shown | {
-            "venv": str(opts.venv),
-            "wheel": str(paths.cache_dir() / manifest.base.wheel),
-        }
+        wheel = paths.cache_dir() / manifest.base.wheel
+        return shown | {"venv": str(opts.venv), "wheel": str(wheel)}
     held = "MISSING: a real run refuses"
     if house:
         held = f"Python {house.python_version}, {len(house.entries)} wheels, "
