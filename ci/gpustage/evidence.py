@@ -106,9 +106,8 @@ CRITERIA = f"""\
 
 def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
     """Every file a run writes into reports: removed first, so no other run's figure is read."""
-    files = [reports / f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
-    names = (CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE)
-    return files + [reports / name for name in names]
+    names = [f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
+    return [reports / n for n in [*names, CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE]]
 
 
 def write_criteria(reports: Path) -> None:

@@ -188,8 +188,7 @@ def run_stage(
     def outcome(ok: bool, text: str) -> Outcome:
         return Outcome(stage.name, ok, text, time.monotonic() - start, stage.kind)
 
-    blocked = [n for n in stage.needs if not done.get(n, False)]
-    if blocked:
+    if blocked := [n for n in stage.needs if not done.get(n, False)]:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
     left = None if deadline is None else deadline.left()
     if left is not None and left < stage.budget_s:
@@ -283,10 +282,8 @@ def judge_bench(json_path: Path) -> Judge:
 
 
 def exit_code(outcomes: list[Outcome]) -> Exit:
-    if any(not o.ok and o.kind == SETUP for o in outcomes):
-        return Exit.SETUP
-    if any(not o.ok for o in outcomes):
-        return Exit.TESTS_FAILED
+    if failed := [o for o in outcomes if not o.ok]:
+        return Exit.SETUP if any(o.kind == SETUP for o in failed) else Exit.TESTS_FAILED
     return Exit.OK
 
 
