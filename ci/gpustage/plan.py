@@ -6,8 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from patchset import paths
@@ -60,24 +60,21 @@ def _lib(code: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); {code}"]
 
 
-def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[bool, str]]:
-    def check() -> tuple[bool, str]:
-        found = evidence.python_version(python)
-        if found is None:
-            return False, f"FAIL: {python} not found; pass --python with a Python {version}"
-        if found != version:
-            return False, f"FAIL: {python} is Python {found}; this run needs {version}"
-        if not need_gpu:
-            return True, f"ok: Python {found}; rehearsal: no GPU needed"
-        if shutil.which("nvidia-smi") is None:
-            return False, "FAIL: nvidia-smi not found: no NVIDIA driver on this machine"
-        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-        lines = gpus.stdout.strip().splitlines()
-        if gpus.returncode != 0 or not lines:
-            return False, f"FAIL: nvidia-smi -L found no GPU ({gpus.stderr.strip()})"
-        return True, f"ok: Python {found}; {lines[0]}"
-
-    return check
+def preflight(python: str, version: str, need_gpu: bool) -> tuple[bool, str]:
+    found = evidence.python_version(python)
+    if found is None:
+        return False, f"FAIL: {python} not found; pass --python with a Python {version}"
+    if found != version:
+        return False, f"FAIL: {python} is Python {found}; this run needs {version}"
+    if not need_gpu:
+        return True, f"ok: Python {found}; rehearsal: no GPU needed"
+    if shutil.which("nvidia-smi") is None:
+        return False, "FAIL: nvidia-smi not found: no NVIDIA driver on this machine"
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    lines = gpus.stdout.strip().splitlines()
+    if gpus.returncode != 0 or not lines:
+        return False, f"FAIL: nvidia-smi -L found no GPU ({gpus.stderr.strip()})"
+    return True, f"ok: Python {found}; {lines[0]}"
 
 
 def _step_tree(opts: Options, step: str) -> Path:
@@ -200,7 +197,7 @@ def online(opts: Options) -> list[Stage]:
             "preflight",
             f"Python {VENV_PYTHON} for the venv and a CUDA GPU are present",
             [opts.python, "--version", "&&", "nvidia-smi", "-L"],
-            action=preflight(opts.python, VENV_PYTHON, need_gpu=True),
+            action=partial(preflight, opts.python, VENV_PYTHON, need_gpu=True),
         ),
         Stage(
             "fetch-wheel",
@@ -285,7 +282,7 @@ def offline(opts: Options) -> list[Stage]:
             f"Python {version} and {'no GPU (rehearsal)' if opts.rehearse else 'a CUDA GPU'} "
             "are present",
             [opts.python, "--version", *gpu],
-            action=preflight(opts.python, version, need_gpu=not opts.rehearse),
+            action=partial(preflight, opts.python, version, need_gpu=not opts.rehearse),
         ),
         Stage(
             "torch-check",

@@ -64,14 +64,14 @@ def _clear_device_caches() -> None:
             getattr(common, name).cache_clear()
 
 
-def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
+def import_modules() -> dict[str, ModuleType]:
     """The modules, imported with CUDA hidden, their call-time CUDA flags restored."""
     modules: dict[str, ModuleType] = {}
     real = torch.cuda.is_available
     _clear_device_caches()
     torch.cuda.is_available = lambda: False  # type: ignore[assignment]
     try:
-        for entry in (*names, *(entry.partition(":")[0] for entry in PATH_UNDER_TEST)):
+        for entry in (*MODULES, *(entry.partition(":")[0] for entry in PATH_UNDER_TEST)):
             name = entry.removesuffix("?")
             try:
                 modules.setdefault(name, importlib.import_module(name))
