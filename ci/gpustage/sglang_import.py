@@ -31,7 +31,8 @@ MODULES = (
     "sglang.srt.speculative.spec_info",
 )
 
-# What the S1 rig and the benchmark run, as module:qualified name.
+# What the S1 rig and the benchmark run, as module:qualified name. RelayPayload came with
+# 0.5.15, the DSA top-k relay buffer with 0.5.15.post1, stash's n-gram buffers with 0.5.18.
 PATH_UNDER_TEST = (
     "sglang.srt.managers.overlap_utils:FutureMap.__init__",
     "sglang.srt.managers.overlap_utils:FutureMap._lazy_init_forward_buf",
