@@ -3,16 +3,12 @@ pipeline sets, the figures the tests record, and the skips a GPU run allows (BY_
 
 from __future__ import annotations
 
-# Set by ci/run-gpu on GPU runs: a CUDA test without a device fails instead of skipping.
-REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
-# Set by a rehearsal's GPU stages: the test file plays a CUDA machine without sgl_kernel.
-PLAY_CUDA_ENV = "SGLANG_BACKPORTS_PLAY_CUDA"
-# Set by the control stage that runs S1 with the forward not held back (sleep 0).
-NO_SLEEP_ENV = "SGLANG_BACKPORTS_S1_NO_SLEEP"
+REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"  # GPU runs: no device fails, not skips
+PLAY_CUDA_ENV = "SGLANG_BACKPORTS_PLAY_CUDA"  # a rehearsal: CUDA played, no sgl_kernel
+NO_SLEEP_ENV = "SGLANG_BACKPORTS_S1_NO_SLEEP"  # the control: the forward not held back
 S1_ITERATIONS_ENV = "SGLANG_BACKPORTS_S1_ITERATIONS"  # at least S1_MIN_ITERATIONS, the default
 S1_MIN_ITERATIONS = 200
-# How long the CSAN child may run: below the 10 minutes a lent machine gives one command.
-CSAN_TIMEOUT_S = 300
+CSAN_TIMEOUT_S = 300  # below the 10 minutes a lent machine gives one command
 S1_PROPERTY, CSAN_PROPERTY = "s1", "csan"  # the recorded figures (pytest's record_property)
 # The benchmark's shares: prebuilt batches per decode step (1 is today's upper bound), and
 # real decode steps in ms beside the benchmark's own synthetic one (about 1 ms).

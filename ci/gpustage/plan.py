@@ -28,8 +28,7 @@ BENCH = ROOT / "ci" / "bench_wait_stream.py"
 VENV_PYTHON = ".".join(map(str, PYTHON_VERSION))
 LONG_S1_ITERATIONS = 1000  # the fixed step's long run, beside every step's 200
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
-# The least time each kind of GPU stage needs on an H200 (imports, S1, the CSAN
-# child), said so that a deadline skips a stage rather than cutting it short.
+# The least time each kind of GPU stage needs on an H200: a deadline skips, not cuts, a stage.
 BUDGET_S = {"step": 45.0, "long": 40.0, "control": 30.0, "bench": 45.0}
 PIP_INSTALL = ["-m", "pip", "install", "--disable-pip-version-check"]
 

@@ -47,12 +47,9 @@ class Stage:
     kind: str = SETUP
     env: dict[str, str] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
-    # turns a finished run into (ok, result text); default: exit status 0
-    judge: Judge | None = None
-    # run in-process instead of as a command; same contract as judge
-    action: Callable[[], tuple[bool, str]] | None = None
-    # the least time the stage needs: with less left before the deadline it is not started
-    budget_s: float = 0.0
+    judge: Judge | None = None  # a finished run's (ok, result text); default: exit status 0
+    action: Callable[[], tuple[bool, str]] | None = None  # in-process instead of the command
+    budget_s: float = 0.0  # the least time it needs: not started with less left
 
 
 @dataclass(frozen=True)
