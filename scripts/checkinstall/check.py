@@ -65,9 +65,9 @@ def _settings(
             args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
         )
     else:
-        launch = launchargs.read_launch_args(args.launch_args or "")
-        words = launchargs.place_config(launch.args, args.config, args.config_root)
-        env.update(launch.env)  # the command's own prefix, over the container's
+        words, prefix = launchargs.read_launch_args(args.launch_args or "")
+        words = launchargs.place_config(words, args.config, args.config_root)
+        env.update(prefix)  # the command's own prefix, over the container's
         needed = _table(table, release)
         if args.tree:
             settings = launchargs.parse_with_table(
