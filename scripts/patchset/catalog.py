@@ -47,15 +47,10 @@ def blobs_of(files: Files) -> Blobs:
     return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
 
 
-def step_in(steps: dict[str, dict[str, str]], blobs: Blobs) -> str | None:
-    """Which of these steps (in series order) the files are at (the last on a tie), or None."""
-    at = [step for step, pinned in steps.items() if pinned == blobs]
+def step_in(manifest: PinManifest, blobs: Blobs) -> str | None:
+    """Which step of the series the files are at (the last on a tie), or None."""
+    at = [step for step in manifest.steps if manifest.blobs_at(step) == blobs]
     return at[-1] if at else None
-
-
-def series_steps(manifest: PinManifest) -> dict[str, dict[str, str]]:
-    """Each step's blob ids, as its manifest pins them (also one given with --patch-set)."""
-    return {step: manifest.blobs_at(step) for step in manifest.steps}
 
 
 @dataclass
@@ -63,7 +58,6 @@ class Catalog:
     by_blobs: dict[tuple[tuple[str, str], ...], list[KnownContent]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     releases: dict[str, dict[str, str]] = field(default_factory=dict)  # as shipped, oldest first
-    steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # series -> step
     served: dict[str, str] = field(default_factory=dict)  # release -> its series' folder name
     fix_prs: dict[str, str] = field(default_factory=dict)  # "fix-a" -> KnownContent.fixes' name
 
@@ -71,19 +65,11 @@ class Catalog:
         entries = self.by_blobs.setdefault(tuple(sorted(blobs.items())), [])
         if content not in entries:
             entries.append(content)
-        if content.series:
-            self.steps.setdefault(content.series, {})[content.step] = dict(blobs)
 
     def lookup(self, blobs: Blobs) -> list[KnownContent]:
         """Everything these blob ids are: steps of our series first, then releases."""
         found = self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
         return sorted(found, key=lambda content: not content.ours)
-
-    def step_blobs(self, series: str, step: str) -> dict[str, str]:
-        return self.steps[series][step]
-
-    def step_of(self, series: str, blobs: Blobs) -> str | None:
-        return step_in(self.steps.get(series, {}), blobs)
 
     def releases_with(self, blobs: Blobs) -> list[str]:
         """The known releases whose files are exactly these, oldest first."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from patchset import buildtree, cli, paths
-from patchset.catalog import blobs_of, series_steps, step_in
+from patchset.catalog import blobs_of, step_in
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
 from treefork import fork_each, preload, use_tree
@@ -206,7 +206,7 @@ def plan_runs(
                 p: (checked / p).read_bytes() if (checked / p).is_file() else None
                 for p in manifest.files
             }
-            held = step_in(series_steps(manifest), blobs_of(files)) or ""
+            held = step_in(manifest, blobs_of(files)) or ""
             runs.append(report.TreeRun(label, held, checked, expected, final, version, given=True))
     return runs
 
