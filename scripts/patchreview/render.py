@@ -177,11 +177,6 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def _paragraphs(text: str) -> str:
-    blocks = (" ".join(block.split()) for block in text.split("\n\n") if block.strip())
-    return "".join(f"<p>{_e(block)}</p>" for block in blocks)
-
-
 def _badge(cls: str, text: str) -> str:
     return f'<span class="badge {cls}">{text}</span>'
 
@@ -203,12 +198,14 @@ def _patch_html(patch: PatchReview) -> str:
         f"<li>{_code(c.path)}: " + ", ".join(_code(f) for f in c.functions) + "</li>"
         for c in patch.files
     )
+    blocks = (" ".join(block.split()) for block in patch.why.split("\n\n") if block.strip())
+    why = "".join(f"<p>{_e(block)}</p>" for block in blocks)
     return (
         f'<div class="card"><h3>{_e(patch.name)}</h3>'
         f'<div class="meta"><b>{_e(patch.subject)}</b></div>'
         f'<div class="meta">{_badge(status_class, f"Upstream-Status: {_e(patch.status)}")}'
         f" PR {_code(patch.pr)} · released in sglang {_code(patch.release)}</div>"
-        f'<div class="why">{_paragraphs(patch.why)}</div>'
+        f'<div class="why">{why}</div>'
         f"<div><b>Touches</b><ul>{touched}</ul></div>"
         f'<pre class="stat">{_e(chr(10).join(diffstat(patch.files)))}</pre></div>'
     )

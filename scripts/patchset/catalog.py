@@ -71,14 +71,6 @@ class Catalog:
         found = self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
         return sorted(found, key=lambda content: not content.ours)
 
-    def releases_with(self, blobs: Blobs) -> list[str]:
-        """The known releases whose files are exactly these, oldest first."""
-        return [version for version, files in self.releases.items() if files == blobs]
-
-    def releases_holding(self, path: str, blob: str | None) -> list[str]:
-        """The known releases whose file at path is this blob, oldest first."""
-        return [version for version, files in self.releases.items() if files.get(path) == blob]
-
     def prs(self, fixes: frozenset[str]) -> frozenset[str]:
         return frozenset(self.fix_prs[fix] for fix in fixes)
 
@@ -139,7 +131,8 @@ def load_catalog(patches_root: Path) -> Catalog:
         }
         for index, step in enumerate(manifest.steps):
             name = names.get(step, f"sglang {served} with {folder} applied up to patch {step}")
-            fixes, left = manifest.step_fixes[step], tuple(manifest.open_races(step))
+            left = tuple(name for name, by_step in manifest.races.items() if by_step[step])
+            fixes = manifest.step_fixes[step]
             # a race open at any step with these fixes is open with them
             open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + left))
             races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())

@@ -119,10 +119,6 @@ class PinManifest:
         return self.registry.upstream_fixed
 
     @property
-    def upstream_prs(self) -> dict[str, int]:
-        return {name: fix.pr for name, fix in self.registry.fixes.items()}
-
-    @property
     def base(self) -> WheelPin:
         return self.release.wheel
 
@@ -159,9 +155,6 @@ class PinManifest:
     @property
     def final_step(self) -> str:
         return self.steps[-1]
-
-    def open_races(self, step: str) -> list[str]:
-        return [name for name, by_step in self.races.items() if by_step[step]]
 
     def blobs_at(self, step: str) -> dict[str, str]:
         return {path: by_step[step] for path, by_step in self.blobs.items()}

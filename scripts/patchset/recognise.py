@@ -71,13 +71,13 @@ def refusal(
         if blob is None:
             lines.append(f"  {path}: missing")
         elif blob != expected.get(path):
-            same_in = catalog.releases_holding(path, blob)
+            same_in = [v for v, known in catalog.releases.items() if known.get(path) == blob]
             known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
             lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
 
-    looks_like = catalog.releases_with(blobs)
+    looks_like = [v for v, known in catalog.releases.items() if known == blobs]
     fixed = manifest.upstream_fixed.version
-    prs = " and ".join(f"#{pr}" for pr in manifest.upstream_prs.values())
+    prs = " and ".join(f"#{fix.pr}" for fix in manifest.registry.fixes.values())
     if any(release_key(r) >= release_key(fixed) for r in looks_like):
         lines.append(
             f"It looks like sglang {looks_like[-1]}, which already contains the fixes"

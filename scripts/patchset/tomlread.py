@@ -56,12 +56,6 @@ class _Reader:
                 raise self.fail("a control character in a comment")
             self.pos = end
 
-    def end_of_line(self) -> None:
-        self.skip_space()
-        if self.peek() not in ("\n", ""):  # LF only, as lint requires of our files
-            raise self.fail(f"unexpected {self.peek()!r} after a value")
-        self.pos += 1
-
     def descend(self, table: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         for key in keys:
             table = table.setdefault(key, {})
@@ -171,7 +165,10 @@ def subset_loads(text: str) -> dict[str, Any]:
                 raise reader.fail(f"the table [{'.'.join(keys)}] is defined twice")
             headers.add(tuple(keys))
             current = reader.descend(root, keys)
-        reader.end_of_line()
+        reader.skip_space()
+        if reader.peek() not in ("\n", ""):  # LF only, as lint requires of our files
+            raise reader.fail(f"unexpected {reader.peek()!r} after a value")
+        reader.pos += 1
 
 
 try:
