@@ -1,8 +1,5 @@
-"""A reviewer's view of the series: each patch, the net diff, and ours beside upstream's fix.
-
-The differences from upstream's fixed release are found mechanically, their reasons come
-from notes.py: what no note covers is unexplained, a note that covers nothing is stale.
-"""
+"""Ours beside upstream's fix: differences found mechanically, their reasons from notes.py
+(what no note covers is unexplained, a note that covers nothing is stale)."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ class Scope:
 
 @functools.lru_cache(maxsize=128)
 def scopes_of(source: str) -> tuple[Scope, ...]:
-    """Every def and class with its qualified name, outermost first (cached: steps and bases
-    share many texts, and parsing is the cost)."""
+    """Every def and class with its qualified name, outermost first (cached: bases share texts)."""
     found: list[Scope] = []
 
     def walk(body: list[ast.stmt], prefix: str) -> None:

@@ -1,8 +1,5 @@
-"""Lint one patch set folder: series, patches and pin manifest must agree.
-
-Every rule adds to one report, so one run lists every problem with its file and line; a
-run that checked nothing fails, as a linter that checks nothing looks like one that passes.
-"""
+"""Lint one patch set folder: every rule adds to one report, so one run lists every problem;
+a run that checked nothing fails, as a linter that checks nothing looks like one that passes."""
 
 from __future__ import annotations
 

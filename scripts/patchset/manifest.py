@@ -70,8 +70,7 @@ class ReleasePin:
 
     @classmethod
     def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
-        """keys' table, and [wheels."VERSION"] cpXY = { wheel, sha256 }: the release's wheel
-        for each other Python, a cpXY-cpXY wheel for the default wheel's platform."""
+        """keys' table, and [wheels."VERSION"]: a cpXY-cpXY wheel per other Python, one platform."""
         default = toml.wheel_pin(keys, version)
         python, abi, platform = default.tags
         if python != abi or not PYTHON_TAG.match(python):
@@ -147,8 +146,7 @@ class PinManifest:
 
     @property
     def first_number(self) -> int:
-        """The first patch's number (an empty series: [step-fixes]'), so that a step
-        number names the same fix on every base."""
+        """The first patch's number (or [step-fixes]'): a step number names one fix on all bases."""
         planned = sorted(self.raw.get("step-fixes", {}))
         return int((self.steps[1:] or planned or ["1"])[0])
 
@@ -161,8 +159,7 @@ class PinManifest:
 
     @classmethod
     def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
-        """Read and check pin.toml: every key a command reads is there and well formed
-        (registry: default patches/releases.toml)."""
+        """pin.toml, checked: every key a command reads is there and well formed."""
         registry = registry or load_releases()
         missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
         toml = TomlFile.load(path, "pin manifest", missing, REPAIR)
