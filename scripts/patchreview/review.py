@@ -228,10 +228,6 @@ class FunctionComparison:
         )
 
 
-def _indent(text: str) -> int:
-    return len(text) - len(text.lstrip())
-
-
 def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
     """Indices of changed lines (of one side) that this note covers."""
     covered: set[int] = set()
@@ -241,8 +237,9 @@ def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
             covered.add(i)
         if any(re.search(p, text) for p in note.blocks):
             # the block's body: the deeper-indented (or blank) lines that follow
+            depth = len(text) - len(text.lstrip())
             for j in range(i + 1, changed.stop):
-                if lines[j].strip() and _indent(lines[j]) <= _indent(text):
+                if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= depth:
                     break
                 covered.add(j)
         if text.lstrip().startswith("#") and any(re.search(p, text) for p in note.comments):
@@ -285,8 +282,7 @@ def compare_function(
         ):
             covered: set[int] = set()
             for note in about:
-                hit = _covered_lines(source.lines, span, note)
-                if hit:
+                if hit := _covered_lines(source.lines, span, note):
                     covered |= hit
                     used.add(note)
                     diff.notes[note] = None

@@ -131,11 +131,10 @@ def load_catalog(patches_root: Path) -> Catalog:
         }
         for index, step in enumerate(manifest.steps):
             name = names.get(step, f"sglang {served} with {folder} applied up to patch {step}")
-            left = tuple(name for name, by_step in manifest.races.items() if by_step[step])
-            fixes = manifest.step_fixes[step]
+            races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
+            fixes, left = manifest.step_fixes[step], tuple(s for s, entries in races if entries)
             # a race open at any step with these fixes is open with them
             open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + left))
-            races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
             races_with.setdefault(fixes, races)
             prs, version = catalog.prs(fixes), manifest.base.version
             content = KnownContent(name, prs, index > 0, left, version, races, folder, step)
