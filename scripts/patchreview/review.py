@@ -22,7 +22,6 @@ from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
 
 MODULE_LEVEL = "(module level)"
-DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
 StepFiles = dict[str, dict[str, str]]  # step -> path -> text
 Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
@@ -66,7 +65,7 @@ def scopes_of(source: str) -> tuple[Scope, ...]:
 
     def walk(body: list[ast.stmt], prefix: str) -> None:
         for node in body:
-            if isinstance(node, DEFS):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 name = f"{prefix}{node.name}"
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 found.append(Scope(name, start, node.end_lineno or node.lineno, node))

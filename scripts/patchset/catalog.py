@@ -35,8 +35,7 @@ class KnownContent:
     open: tuple[str, ...] = ()  # the scenarios left open ([races] of the manifests)
     release: str = ""  # the release whose [launch] settings apply
     races: tuple[tuple[str, tuple[RaceEntry, ...]], ...] = ()  # by scenario ([] clean)
-    series: str = ""  # for a step of one of our series: its folder's name and the step
-    step: str = ""
+    series: str = ""  # for a step of one of our series: its folder's name
 
 
 Blobs = dict[str, str | None]  # repository path -> git blob id (None: missing)
@@ -137,7 +136,7 @@ def load_catalog(patches_root: Path) -> Catalog:
             open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + left))
             races_with.setdefault(fixes, races)
             prs, version = catalog.prs(fixes), manifest.base.version
-            content = KnownContent(name, prs, index > 0, left, version, races, folder, step)
+            content = KnownContent(name, prs, index > 0, left, version, races, folder)
             catalog.add(manifest.blobs_at(step), content)
     # A served release is already named by its series' base step.
     catalog.served = {r: s.folder.name for s in all_series for r in s.manifest.releases}

@@ -180,11 +180,9 @@ class PinManifest:
         where = f"{registry.path} [fixes]"
         step_fixes = {BASE_STEP: known.fixes}
         step_fixes |= {s: toml.names(("step-fixes", s), registry.fixes, where) for s in steps[1:]}
-        same_files = {
-            other: ReleasePin.from_table(toml, ("same-files", other), other)
-            for other in toml.table(("same-files",), optional=True)
-        }
-        for other in same_files:
+        same_files: dict[str, ReleasePin] = {}
+        for other in toml.table(("same-files",), optional=True):
+            same_files[other] = ReleasePin.from_table(toml, ("same-files", other), other)
             if registry.release(other, path).blobs != known.blobs:
                 raise toml.refuse(
                     ("same-files", other),
