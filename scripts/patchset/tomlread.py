@@ -91,8 +91,6 @@ class _Reader:
 
     def string(self) -> str:
         """A one-line basic string."""
-        if self.peek(3) == '"""':
-            raise self.fail("multi-line strings are not in the subset this reader reads")
         self.pos += 1
         out = []
         while (char := self.peek()) != '"':
@@ -111,7 +109,7 @@ class _Reader:
     def value(self) -> Any:
         self.skip_space()
         char = self.peek()
-        if self.peek(3) == "'''":
+        if self.peek(3) in ('"""', "'''"):
             raise self.fail("multi-line strings are not in the subset this reader reads")
         if char == '"':
             return self.string()
