@@ -21,14 +21,12 @@ from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
 from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
 
-MODULE_LEVEL = "(module level)"
 SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
-StepFiles = dict[str, dict[str, str]]  # step -> path -> text
 Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
 
 
-def step_files(series: Series, build: Path, cache: Path) -> tuple[StepFiles, str]:
-    """The touched files at every step and where they came from: the build tree when it
+def step_files(series: Series, build: Path, cache: Path) -> tuple[dict[str, dict[str, str]], str]:
+    """The touched files (text) at every step and where they came from: the build tree when it
     holds exactly this series (each step's blob ids as pinned), else the pinned wheel."""
     manifest = series.manifest
     repo = buildtree.build_tree_path(series, build)
@@ -77,7 +75,7 @@ def scopes_of(source: str) -> tuple[Scope, ...]:
 
 def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
     inner = [s for s in scopes if s.start <= line <= s.end]
-    return max(inner, key=lambda s: s.start).qualname if inner else MODULE_LEVEL
+    return max(inner, key=lambda s: s.start).qualname if inner else "(module level)"
 
 
 @dataclass

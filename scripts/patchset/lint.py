@@ -119,9 +119,7 @@ def _check_manifest(
     pinned = list(manifest.patch_hashes)
     for name, number in entries:
         if name not in manifest.patch_hashes:
-            problem = (
-                f"{name} has no sha256 in {MANIFEST_NAME} [patches]; run scripts/export-patches"
-            )
+            problem = f"{name} has no sha256 in {pin.name} [patches]; run scripts/export-patches"
             report.add(report.folder / SERIES_NAME, number, "manifest", problem)
     for name in pinned:
         if name not in listed:
