@@ -13,6 +13,7 @@ from .errors import BackportError
 from .manifest import (
     BASE_STEP,
     MANIFEST_NAME,
+    ON_BRANCH,
     PYTHONS,
     SERIES_NAME,
     WHEELS_TABLE,
@@ -36,7 +37,6 @@ STATUS_VALUE = re.compile(r"^(?P<word>[A-Za-z-]+)(?: \[[^\]]+\])?$")
 PR_VALUE = re.compile(r"^(?:[\w.-]+/[\w.-]+#\d+|https://github\.com/[\w.-]+/[\w.-]+/pull/\d+)$")
 RELEASE_VALUE = re.compile(r"^\d+(?:\.\d+)+(?:\.post\d+)?$")
 
-ON_BRANCH = "make it on the patched branch and run scripts/export-patches"
 RULES = {
     "series": "series lists every patch file once, and only files that exist",
     "manifest": "pin.toml loads; its patch hashes, order and blob ids match (the base's: "

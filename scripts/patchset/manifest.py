@@ -36,6 +36,7 @@ STEP_NAME = re.compile(r"^\d{4}$")
 RESTORE = "restore it with `git checkout -- patches/`"
 REGENERATE = "regenerate it with scripts/export-patches"
 REPAIR = f"{RESTORE}, or {REGENERATE}"
+ON_BRANCH = "make it on the patched branch and run scripts/export-patches"
 # A [races] entry: (kind: first access/second, buffers, rows); every buffer races in every row.
 RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
 RACE_KINDS = ("write/write", "write/read", "read/write")
@@ -342,8 +343,7 @@ class Series:
                 raise _invalid(
                     f"patch {path.name} has sha256 {actual}, but the manifest pins {pinned}: "
                     "the file was changed after it was exported",
-                    f"{RESTORE}, or, if the change is wanted, make it on the patched branch "
-                    "and run scripts/export-patches",
+                    f"{RESTORE}, or, if the change is wanted, {ON_BRANCH}",
                 )
 
     def for_release(self, version: str) -> Series:
