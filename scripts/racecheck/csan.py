@@ -32,6 +32,7 @@ _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
 }
 _ACCESS_FIELDS = {"type", "seq_num", "stream", "operator", "aliases", "is_output", "stack_trace"}
 _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
+DEFAULT_STREAM_ID = 0  # CSAN knows stream 0 from the start; check_shape pins the value
 
 
 def torch_text(version: str) -> str:
@@ -86,13 +87,9 @@ def check_shape(csan: ModuleType) -> list[str]:
     access_type = getattr(csan, "AccessType", None)
     if access_type is None or not {"READ", "WRITE"} <= set(access_type.__members__):
         problems.append("AccessType lacks READ/WRITE")
-    if getattr(csan, "DEFAULT_STREAM_ID", None) != 0:
+    if getattr(csan, "DEFAULT_STREAM_ID", None) != DEFAULT_STREAM_ID:
         problems.append("DEFAULT_STREAM_ID is no longer 0")
     return problems
-
-
-# CSAN knows stream 0 from the start (check_shape pins the value).
-DEFAULT_STREAM_ID = 0
 
 
 def _unmodelled(what: str) -> bool:
@@ -174,10 +171,8 @@ class SimDevice:
 
     @contextlib.contextmanager
     def stream(self, stream: SimStream | None) -> Iterator[None]:
-        if stream is None:  # torch.cuda.stream(None) changes nothing
-            yield
-            return
-        previous, self._current = self._current, stream
+        previous = self._current
+        self._current = stream or previous  # torch.cuda.stream(None) changes nothing
         try:
             yield
         finally:
