@@ -168,11 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         bases.setdefault(tree_run.barrier, {})[tree_run.version] = None
     barriers = [f"{' '.join(b)}: {how}" if several else how for how, b in bases.items()]
     print(f"ran on {csan.torch_text(runs[0].torch)}; WAR barrier " + "; ".join(barriers))
-    timings = [
+    timings = "; ".join(
         f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
-    ]
-    joined = "; ".join(timings)
-    print(f"timings: third-party imports {preload_s:.1f} s (once); {joined}; wall {wall:.1f} s")
+    )
+    print(f"timings: third-party imports {preload_s:.1f} s (once); {timings}; wall {wall:.1f} s")
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
     return report.verdict(runs)
@@ -248,9 +247,7 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
     finals = [r for r in runs if r.step == r.expected_final]
     if open_final := [f"{r.label} ({name})" for r in finals for name in SCENARIOS if r.races[name]]:
         opened = ", ".join(open_final)
-        print(
-            f"FAILED: the final step of a series leaves races open: {opened}; nothing was written"
-        )
+        print(f"FAILED: the final step of a series leaves races open: {opened}; nothing written")
         return Exit.RACE
     stale = []
     for series in chosen:

@@ -72,9 +72,8 @@ class _World:
     def inflight_forward(
         self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None
     ) -> None:
-        """run_batch's redundant forward for just-finished requests, on the forward stream:
-        read the inputs, publish, stash. With a runner, it records its WAR read-done event
-        where the cuda-graph runners do: before publish, or after it in EAGLE's draft_extend."""
+        """run_batch's forward of just-finished requests; a runner gets the read-done event
+        where the cuda-graph runners record it: before publish, after it in EAGLE's draft_extend."""
         n = len(rows)
         index = torch.tensor(rows, dtype=torch.int64)
         eagle = not self.spec_algorithm.is_none()
@@ -154,8 +153,7 @@ class _World:
         return batch
 
     def prefill_forward(self, reqs: list[Any]) -> tuple[Any, Any]:
-        """The prefill batch's forward, then copy_to_cpu's copy_done on the copy stream
-        (0.5.15 on) or the forward stream."""
+        """The prefill forward; copy_done on the copy stream (0.5.15 on) or forward stream."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -236,14 +234,22 @@ def play(world: _World, scenario: Play) -> None:
         if scenario.barrier is not None:
             # run_batch orders iteration N's forward after the schedule stream.
             world.forward_stream.wait_stream(world.schedule_stream)
-    if scenario.consumer:
-        consume(world, scenario.finished + scenario.prebuilt)
+    if scenario.consumer:  # a later iteration reads the rows back
+        rows = scenario.finished + scenario.prebuilt
+        merged = SimpleNamespace(
+            spec_info=SimpleNamespace(future_indices=torch.tensor(rows, dtype=torch.int64)),
+            req_pool_indices_cpu=torch.tensor(rows, dtype=torch.int64),
+            seq_lens=None,
+            seq_lens_cpu=None,
+            seq_lens_sum=None,
+        )
+        with world.device.stream(world.device.Stream(name="consumer_stream")):
+            world.future_map.resolve_seq_lens_cpu(merged)
 
 
 def play_hisparse(world: _World, scenario: Play) -> None:
-    """H1 in event_loop_overlap's order: finished rows go to requests prefilled here, their
-    result processed (synchronizing on copy_done), then _build_hisparse_decode_batch
-    stashes. The coordinator is a mock: its staging copies KV pages, no relay row."""
+    """H1 in event_loop_overlap's order: prefill, its result processed (synchronizing on
+    copy_done), the stash; the coordinator is a mock (its staging copies KV, no relay row)."""
     coordinator = mock.Mock(name="hisparse_coordinator")
     coordinator.collect_ready_reqs.side_effect = lambda: [
         call.args[0] for call in coordinator.admit_request_into_staging.call_args_list
@@ -273,20 +279,6 @@ def play_hisparse(world: _World, scenario: Play) -> None:
         )
 
 
-def consume(world: _World, rows: tuple[int, ...]) -> None:
-    """A later iteration reads the rows back (resolve_seq_lens_cpu)."""
-    consumer = world.device.Stream(name="consumer_stream")
-    merged = SimpleNamespace(
-        spec_info=SimpleNamespace(future_indices=torch.tensor(rows, dtype=torch.int64)),
-        req_pool_indices_cpu=torch.tensor(rows, dtype=torch.int64),
-        seq_lens=None,
-        seq_lens_cpu=None,
-        seq_lens_sum=None,
-    )
-    with world.device.stream(consumer):
-        world.future_map.resolve_seq_lens_cpu(merged)
-
-
 def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> None:
     """The tree's WAR barrier; enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
     barrier = treecode.war_barrier_of_tree()
@@ -304,14 +296,11 @@ def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> Non
 
 def required(scenario: Play) -> set[tuple[str, str, str]]:
     """Accesses a scenario must see, else clean only means the tree took another path."""
-    if scenario.consumer:
-        return {
-            ("forward_stream", "write", "new_seq_lens_buf"),
-            ("schedule_stream", "write", "new_seq_lens_buf"),
-            ("consumer_stream", "read", "new_seq_lens_buf"),
-        }
     buffers = EAGLE_ROW if scenario.spec == EAGLE else ("output_tokens_buf",)
-    return {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in buffers}
+    if scenario.consumer:  # both streams write the seq lens the consumer reads
+        buffers = ("new_seq_lens_buf",)
+    seen = {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in buffers}
+    return seen | ({("consumer_stream", "read", buffers[0])} if scenario.consumer else set())
 
 
 def run(name: str) -> list[Race]:
