@@ -182,7 +182,3 @@ class SimDevice:
 
     def synchronize(self, device: Any = None) -> None:
         self.handler._handle_device_synchronization()
-
-    def stream_name(self, stream_id: int) -> str:
-        stream = self.streams.get(stream_id)
-        return stream.name if stream else f"stream {stream_id}"

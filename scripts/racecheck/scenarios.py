@@ -29,17 +29,15 @@ VOCAB_SIZE = 1000
 class _World:
     """A decode scheduler's relay state: streams, request pool, FutureMap, ChunkCache."""
 
-    def __init__(self, device: SimDevice, watch: BufferWatch, spec: str | None, hisparse: bool):
+    def __init__(self, device: SimDevice, watch: BufferWatch, server_args: Any):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.device = device
-        self.server_args = treecode.stand_in_server_args(spec, hisparse)
-        # SamplingBatchInfo and spec_need_hidden_states read the process-wide args.
-        treecode.publish_server_args(self.server_args)
-        self.spec_algorithm = SpeculativeAlgorithm.from_string(spec)
+        self.server_args = server_args
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.schedule_stream = device.Stream(name="schedule_stream")
         self.forward_stream = device.Stream(name="forward_stream")
         self.req_to_token_pool = ReqToTokenPool(
@@ -306,11 +304,13 @@ def required(scenario: Play) -> set[tuple[str, str, str]]:
 def run(name: str) -> list[Race]:
     """The races CSAN saw as the scenario played on fresh simulated streams."""
     scenario = BY_NAME[name]
+    args = treecode.stand_in_server_args(scenario.spec, scenario.hisparse)
+    # SamplingBatchInfo and spec_need_hidden_states read the process-wide args.
     with (
-        treecode.server_args_restored(),
+        treecode.server_args_published(args),
         simulated_gpu(code_roots=[sglang_root()]) as (device, watch),
     ):
-        world = _World(device, watch, scenario.spec, scenario.hisparse)
+        world = _World(device, watch, args)
         (play_hisparse if scenario.hisparse else play)(world, scenario)
     if missing := sorted(required(scenario) - watch.seen):
         unseen = ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in missing)

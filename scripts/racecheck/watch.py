@@ -99,7 +99,7 @@ class BufferWatch(TorchDispatchMode):
                 sites[where[0]].append(Site(where[1], frame.lineno, frame.name))
         return Access(
             kind="write" if access.type.name == "WRITE" else "read",
-            stream=self.device.stream_name(access.stream),
+            stream=self.device.streams[access.stream].name,
             operator=str(access.operator.name),
             code=tuple(sites["code"]),
             driver=tuple(sites["driver"]),
