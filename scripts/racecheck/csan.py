@@ -1,6 +1,5 @@
-"""torch.cuda._sanitizer (CSAN), a private torch API, checked before use (a changed one
-stops the checker instead of letting it see nothing); and simulated CUDA streams and
-events, whose ordering operations feed its vector clocks while ops run on the CPU."""
+"""torch.cuda._sanitizer (CSAN), a private API checked before use (a changed one must stop
+the checker, not blind it); simulated streams and events feed its clocks on the CPU."""
 
 from __future__ import annotations
 

@@ -207,8 +207,7 @@ def _stash_payload(n: int, *, eagle: bool) -> Any:
         "topk_index": torch.full((n, EAGLE_TOPK), 3, dtype=torch.int64),
         "hidden_states": torch.full((n, HIDDEN_SIZE), 0.25),
     }
-    relay_payload = getattr(overlap_utils, "RelayPayload", None)
-    if relay_payload is not None:
+    if (relay_payload := getattr(overlap_utils, "RelayPayload", None)) is not None:
         return relay_payload(bonus_tokens=bonus, **(extras if eagle else {}))
     if not eagle:
         return bonus

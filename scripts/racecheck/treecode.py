@@ -130,9 +130,8 @@ _IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 @functools.cache
 def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
-    """Scheduler.<name> (None where the release has none) and how it was obtained: where
-    scheduler.py does not import on the CPU, compiled from its source (same file and
-    lines) with what its imports bind for the names it uses."""
+    """Scheduler.<name> (None: the release has none) and how it was got; where scheduler.py
+    does not import on the CPU, compiled from its source with what its imports bind."""
     try:
         from sglang.srt.managers.scheduler import Scheduler
     except Exception as err:  # the scheduler module needs more than the relay does
