@@ -56,8 +56,7 @@ class Race:
     second: Access
 
     @property
-    def kind(self) -> str:
-        """'write/write', 'write/read' or 'read/write' (first access / second)."""
+    def kind(self) -> str:  # the first access's kind / the second's: "write/read"
         return f"{self.first.kind}/{self.second.kind}"
 
 

@@ -207,9 +207,9 @@ def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, li
 
 
 @contextmanager
-def release_wheel(version: str, registry: Releases, cache: Path) -> Iterator[Path]:
+def release_wheel(version: str, registry: Releases) -> Iterator[Path]:
     """The pinned wheel (hash-checked, cached) if the registry has one, else a download."""
-    known = registry.known.get(version)
+    known, cache = registry.known.get(version), paths.cache_dir()
     if known is not None and known.wheel is not None:
         yield wheel.fetch_wheel(known.wheel, cache)
         return
