@@ -8,14 +8,13 @@ import importlib.util
 import os
 import pickle
 import sys
-import tempfile
 import textwrap
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from patchset import buildtree, cli, paths
+from patchset import buildtree, cli, lock, paths
 from patchset.catalog import blobs_of, step_in
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
@@ -336,8 +335,8 @@ def run_trees(runs: list[report.TreeRun]) -> float:
     def announce(n: int) -> None:
         print(f"race-check: {len(SCENARIOS)} scenarios on {runs[n].label} ({runs[n].tree})")
 
-    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
-        outs = [Path(tmp) / f"{n}.pickle" for n in range(len(runs))]
+    with lock.marked_folder(lock.tmpdir(), "race-check-") as tmp:
+        outs = [tmp / f"{n}.pickle" for n in range(len(runs))]
         # More children than cores would only share them and hold more memory.
         jobs, slots = range(len(runs)), os.cpu_count() or 1
         fork_each(jobs, slots, lambda n: _child(runs[n].tree, outs[n]), announce)

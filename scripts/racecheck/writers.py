@@ -7,13 +7,12 @@ import ast
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchset import paths, shape, wheel
+from patchset import lock, paths, shape, wheel
 from patchset.errors import BackportError, Exit
 from patchset.manifest import (
     PinManifest,
@@ -187,10 +186,10 @@ def classified() -> Rows:
 
 def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, list[str]]:
     """Whether the wheel passes, and its verdict's lines: the judgement, each problem."""
-    with tempfile.TemporaryDirectory(prefix="watch-releases-") as tmp:
-        wheel.extract_package(wheel_file, Path(tmp))
-        judged = shape.judge_tree(Path(tmp))
-        unclassified = [w for w in scan(Path(tmp)) if w.key not in classes]
+    with lock.marked_folder(lock.tmpdir(), "watch-releases-") as tmp:
+        wheel.extract_package(wheel_file, tmp)
+        judged = shape.judge_tree(tmp)
+        unclassified = [w for w in scan(tmp) if w.key not in classes]
     lines = [f"sglang {release}: {wheel_file.name} sha256 {sha256_of(wheel_file)}"]
     lines += [f"  {line}" for line in judged.lines()]
     if not judged.fixed:
