@@ -117,7 +117,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
             **(env or {}),
             cuda: "1",
         }
-        judge = judge_gpu_step(report, shown, rehearsal=opts.rehearse)
+        judge = partial(judge_gpu_step, report, shown, opts.rehearse)
         return Stage(name, purpose, command, GPU, stage_env, needs, judge, None, BUDGET_S[budget])
 
     stages = [
@@ -173,7 +173,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
             GPU,
             {"PYTHONPATH": os.pathsep.join([str(_step_tree(opts, final)), *extra_path])},
             needs,
-            judge_bench(bench_json),
+            partial(judge_bench, bench_json),
             budget_s=BUDGET_S["bench"],
         ),
     ]
@@ -269,9 +269,16 @@ CUDA_CHECK = (
 
 
 def offline(opts: Options) -> list[Stage]:
-    assert opts.wheelhouse_dir is not None and opts.site is not None
+    assert opts.wheelhouse_dir and opts.site and opts.step_files and opts.trees
+    series, trees, step_files = opts.series, opts.trees, opts.step_files
+    wheel = opts.wheelhouse_dir / series.manifest.base.wheel
+
+    def lay_out() -> tuple[bool, str]:
+        laid = layout.lay_out(series, wheel, step_files, trees)
+        return True, f"ok: {', '.join(laid)} laid out, {len(series.manifest.files)} blob ids each"
+
     version = opts.wheelhouse.python_version if opts.wheelhouse else "of the wheelhouse"
-    torch_pin = opts.series.manifest.release.torch or "?"
+    torch_pin = series.manifest.release.torch or "?"
     gpu = [] if opts.rehearse else ["&&", "nvidia-smi", "-L"]
     cuda = [] if opts.rehearse else ["&&", opts.python, "-c", CUDA_CHECK]
     policy = "any" if opts.any_torch else "pinned"
@@ -301,7 +308,19 @@ def offline(opts: Options) -> list[Stage]:
             needs=("torch-check",),
         ),
         _facts(opts, opts.python, ("torch-check",)),
-        _git_less_layout(opts),
+        Stage(
+            "layout",
+            f"the step trees in {rel(trees)} without git: the wheelhouse's sglang wheel, each "
+            f"step's touched files from {rel(step_files)}, every blob id checked against pin.toml",
+            _lib(  # what the action runs in-process
+                f"sys.path.insert(0, {str(ROOT / 'ci')!r}); from pathlib import Path; "
+                "from gpustage import layout; from patchset.manifest import Series; "
+                f"layout.lay_out(Series.load(Path({str(series.folder)!r})), Path({str(wheel)!r}), "
+                f"Path({str(step_files)!r}), Path({str(trees)!r}))"
+            ),
+            needs=("preflight",),
+            action=lay_out,
+        ),
         *_gpu_stages(opts),
     ]
 
@@ -316,30 +335,6 @@ def _facts(opts: Options, python: str, needs: tuple[str, ...]) -> Stage:
         ],
         needs=needs,
         action=lambda: evidence.record(python, opts.reports),
-    )
-
-
-def _git_less_layout(opts: Options) -> Stage:
-    assert opts.wheelhouse_dir and opts.step_files and opts.trees
-    series, trees, step_files = opts.series, opts.trees, opts.step_files
-    wheel = opts.wheelhouse_dir / series.manifest.base.wheel
-
-    def lay_out() -> tuple[bool, str]:
-        laid = layout.lay_out(series, wheel, step_files, trees)
-        return True, f"ok: {', '.join(laid)} laid out, {len(series.manifest.files)} blob ids each"
-
-    return Stage(
-        "layout",
-        f"the step trees in {rel(trees)} without git: the wheelhouse's sglang wheel, each "
-        f"step's touched files from {rel(step_files)}, every blob id checked against pin.toml",
-        _lib(  # what the action runs in-process
-            f"sys.path.insert(0, {str(ROOT / 'ci')!r}); from pathlib import Path; "
-            "from gpustage import layout; from patchset.manifest import Series; "
-            f"layout.lay_out(Series.load(Path({str(series.folder)!r})), Path({str(wheel)!r}), "
-            f"Path({str(step_files)!r}), Path({str(trees)!r}))"
-        ),
-        needs=("preflight",),
-        action=lay_out,
     )
 
 

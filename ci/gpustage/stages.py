@@ -52,15 +52,7 @@ class Stage:
     budget_s: float = 0.0  # the least time it needs: not started with less left
 
 
-@dataclass(frozen=True)
-class Deadline:
-    """When the run must be over (time.monotonic()); the reserve is for the summary and tarball."""
-
-    end: float
-    reserve_s: float = 10.0
-
-    def left(self) -> float:
-        return self.end - self.reserve_s - time.monotonic()
+RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
 
 
 @dataclass
@@ -177,8 +169,9 @@ def tee_output(path: Path) -> Iterator[None]:
 
 
 def run_stage(
-    stage: Stage, done: dict[str, bool], reports: Path, deadline: Deadline | None = None
+    stage: Stage, done: dict[str, bool], reports: Path, end: float | None = None
 ) -> Outcome:
+    """end: the time.monotonic() by which the stages must be over."""
     start = time.monotonic()
     print(f"\n=== {stage.name}: {stage.purpose}", flush=True)
 
@@ -187,7 +180,7 @@ def run_stage(
 
     if blocked := [n for n in stage.needs if not done.get(n, False)]:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
-    left = None if deadline is None else deadline.left()
+    left = None if end is None else end - time.monotonic()
     if left is not None and left < stage.budget_s:
         print(f"not run: {left:.0f} s left before the deadline, it needs {stage.budget_s:.0f} s")
         return outcome(
@@ -215,41 +208,39 @@ def run_stage(
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
 
 
-def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
+def judge_gpu_step(
+    report: Path, shown: str, rehearsal: bool, rc: int, _log: Path
+) -> tuple[bool, str]:
     """Every test passed or failed as expected (strict xfail), shown says what that shows; a
     skip only by design (contract.allowed, its reason from the JUnit XML beside report)."""
-
-    def judge(rc: int, _log: Path) -> tuple[bool, str]:
-        if not report.is_file():
-            return False, f"FAIL: no test report (pytest exit {rc})"
-        by_test = testrun_outcomes.read_outcomes(report)[0]
-        counts = Counter(by_test.values())
-        good, skipped = counts[testrun_outcomes.PASS], counts[testrun_outcomes.SKIP]
-        text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
-        bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
-        if rc != 0 or bad:
-            return False, f"FAIL: {text}"
-        xml = report.with_suffix(".xml")
-        cases = ElementTree.parse(xml).iter("testcase") if xml.is_file() else ()
-        skip_tags = ((case.get("name", ""), case.find("skipped")) for case in cases)
-        reasons = {name: tag.get("message", "") for name, tag in skip_tags if tag is not None}
-        skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
-        refused = [
-            f"{test} ({reasons.get(test) or 'no reason found'})"
-            for test in skips
-            if not contract.allowed(test, reasons.get(test, ""), rehearsal)
-        ]
-        if refused:
-            where = "in a rehearsal" if rehearsal else "on a GPU run"
-            return False, f"FAIL: {text}; not a skip by design {where}: {'; '.join(refused)}"
-        if good == 0:
-            return False, f"FAIL: nothing passed: {text}"
-        if rehearsal:
-            return True, f"ok (rehearsal: CUDA tests skipped, no GPU): {text}"
-        by_design = f"; {skipped} skipped by design" if skipped else ""
-        return True, f"ok ({shown}{by_design}): {text}"
-
-    return judge
+    if not report.is_file():
+        return False, f"FAIL: no test report (pytest exit {rc})"
+    by_test = testrun_outcomes.read_outcomes(report)[0]
+    counts = Counter(by_test.values())
+    good, skipped = counts[testrun_outcomes.PASS], counts[testrun_outcomes.SKIP]
+    text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
+    bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
+    if rc != 0 or bad:
+        return False, f"FAIL: {text}"
+    xml = report.with_suffix(".xml")
+    cases = ElementTree.parse(xml).iter("testcase") if xml.is_file() else ()
+    skip_tags = ((case.get("name", ""), case.find("skipped")) for case in cases)
+    reasons = {name: tag.get("message", "") for name, tag in skip_tags if tag is not None}
+    skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
+    refused = [
+        f"{test} ({reasons.get(test) or 'no reason found'})"
+        for test in skips
+        if not contract.allowed(test, reasons.get(test, ""), rehearsal)
+    ]
+    if refused:
+        where = "in a rehearsal" if rehearsal else "on a GPU run"
+        return False, f"FAIL: {text}; not a skip by design {where}: {'; '.join(refused)}"
+    if good == 0:
+        return False, f"FAIL: nothing passed: {text}"
+    if rehearsal:
+        return True, f"ok (rehearsal: CUDA tests skipped, no GPU): {text}"
+    by_design = f"; {skipped} skipped by design" if skipped else ""
+    return True, f"ok ({shown}{by_design}): {text}"
 
 
 def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
@@ -263,19 +254,16 @@ def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
     return True, "; ".join(["ok", *warnings])
 
 
-def judge_bench(json_path: Path) -> Judge:
-    def judge(rc: int, _log: Path) -> tuple[bool, str]:
-        if rc != 0 or not json_path.is_file():
-            return False, f"FAIL: exit {rc}"
-        data = json.loads(json_path.read_text(encoding="utf-8"))
-        ratio, delta = data["ratio"], data["delta_ms"]
-        return True, (
-            f"patched/unpatched {ratio['median']:.3f} (runs {ratio['min']:.3f}.."
-            f"{ratio['max']:.3f}); +{delta['median'] * 1e3:.1f} us/iteration; the wait "
-            f"{data['wait_us']['median']:.1f} us, idle gap {data['idle_gap_us']['added']:.1f} us"
-        )
-
-    return judge
+def judge_bench(json_path: Path, rc: int, _log: Path) -> tuple[bool, str]:
+    if rc != 0 or not json_path.is_file():
+        return False, f"FAIL: exit {rc}"
+    data = json.loads(json_path.read_text(encoding="utf-8"))
+    ratio, delta = data["ratio"], data["delta_ms"]
+    return True, (
+        f"patched/unpatched {ratio['median']:.3f} (runs {ratio['min']:.3f}.."
+        f"{ratio['max']:.3f}); +{delta['median'] * 1e3:.1f} us/iteration; the wait "
+        f"{data['wait_us']['median']:.1f} us, idle gap {data['idle_gap_us']['added']:.1f} us"
+    )
 
 
 def exit_code(outcomes: list[Outcome]) -> Exit:
@@ -293,7 +281,7 @@ def summary_table(outcomes: list[Outcome]) -> str:
 def run_all(
     stages: list[Stage],
     reports: Path,
-    deadline: Deadline | None = None,
+    end: float | None = None,
     figures: Callable[[], str] | None = None,
 ) -> Exit:
     """Run the stages in order, print and store the summary (with figures(), what the run
@@ -303,7 +291,7 @@ def run_all(
     outcomes: list[Outcome] = []
     for stage in stages:
         try:
-            outcome = run_stage(stage, done, reports, deadline)
+            outcome = run_stage(stage, done, reports, end)
         except Exception as err:  # a bug of ours fails this stage, not the whole run
             traceback.print_exc()
             outcome = Outcome(stage.name, False, f"FAIL: internal error: {err!r}", 0.0, stage.kind)
