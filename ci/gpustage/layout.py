@@ -1,7 +1,5 @@
-"""Step trees without git: the wheel's sglang, each step's touched files carried, blob ids checked.
-
-``write_step_files`` runs where git is; ``lay_out`` on a runner that may have none.
-"""
+"""Step trees without git (lay_out) from the wheel and the touched files written where git is
+(write_step_files), every blob id checked."""
 
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ def tree_path(root: Path, series: Series, step: str) -> Path:
 
 
 def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[str, Path]:
-    """step -> its tree under root, every blob checked: the wheel unpacked once, later steps
-    hard-linked to it, a carried file replacing its link (never written through it)."""
+    """step -> its tree: later steps hard-link the base's; a carried file replaces a link."""
     manifest = series.manifest
     carried = carried_files(series, step_files)
     trees: dict[str, Path] = {}

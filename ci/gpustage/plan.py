@@ -83,8 +83,7 @@ def _step_tree(opts: Options, step: str) -> Path:
 
 
 def _gpu_stages(opts: Options) -> list[Stage]:
-    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark;
-    pytest without the image's plugins (PYTEST_DISABLE_PLUGIN_AUTOLOAD), ours named with -p."""
+    """S1 and CSAN per step, the long run, the controls, the bench; no plugins of the image."""
     python = str(opts.venv / "bin" / "python") if opts.venv else opts.python
     extra_path = [] if opts.venv else [str(opts.site)]
     needs = ("cuda-check", "apply") if opts.venv else ("install", "layout")

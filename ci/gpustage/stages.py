@@ -65,8 +65,7 @@ class Outcome:
 
 
 def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
-    """GPU stages lose what hides the race (unless they set it: the controls); the CPU
-    gate sees no GPU, so sglang takes its CPU import branches there."""
+    """GPU stages lose what hides the race (unless set: the controls); the CPU gate sees no GPU."""
     hidden = HIDES_THE_RACE if stage.kind == GPU else ()
     env = {k: v for k, v in base.items() if k not in hidden} | stage.env
     if stage.kind == CPU:
@@ -109,8 +108,7 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 
 def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int | None:
-    """Run the stage's `&&`-joined commands in turn: the first failing one's status, else 0;
-    None when stopped at the deadline (timeout seconds from now)."""
+    """The first failing `&&` part's status, else 0; None when stopped timeout seconds from now."""
     env = stage_environment(stage, os.environ) | {"PYTHONUNBUFFERED": "1"}  # logs as printed
     end = None if timeout is None else time.monotonic() + timeout
     parts = [list(w) for sep, w in itertools.groupby(stage.command, "&&".__eq__) if not sep]
@@ -211,8 +209,7 @@ def run_stage(
 def judge_gpu_step(
     report: Path, shown: str, rehearsal: bool, rc: int, _log: Path
 ) -> tuple[bool, str]:
-    """Every test passed or failed as expected (strict xfail), shown says what that shows; a
-    skip only by design (contract.allowed, its reason from the JUnit XML beside report)."""
+    """Each test passed or xfailed (strict); a skip only by design (its reason from the XML)."""
     if not report.is_file():
         return False, f"FAIL: no test report (pytest exit {rc})"
     by_test = testrun_outcomes.read_outcomes(report)[0]
@@ -284,8 +281,7 @@ def run_all(
     end: float | None = None,
     figures: Callable[[], str] | None = None,
 ) -> Exit:
-    """Run the stages in order, print and store the summary (with figures(), what the run
-    measured, below the table); the run's exit code."""
+    """Run the stages; print and store the summary, figures() below it; the run's exit code."""
     reports.mkdir(parents=True, exist_ok=True)
     done: dict[str, bool] = {}
     outcomes: list[Outcome] = []
