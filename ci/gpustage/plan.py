@@ -76,12 +76,6 @@ def preflight(python: str, version: str, need_gpu: bool) -> tuple[bool, str]:
     return True, f"ok: Python {found}; {lines[0]}"
 
 
-def _step_tree(opts: Options, step: str) -> Path:
-    """The folder that holds step's sglang: the git-less trees, else build/steps/."""
-    root = opts.trees or paths.build_dir() / "steps"
-    return layout.tree_path(root, opts.series, step) / "python"
-
-
 def _gpu_stages(opts: Options) -> list[Stage]:
     """S1 and CSAN per step, the long run, the controls, the bench; no plugins of the image."""
     python = str(opts.venv / "bin" / "python") if opts.venv else opts.python
@@ -91,6 +85,8 @@ def _gpu_stages(opts: Options) -> list[Stage]:
     base, final = manifest.steps[0], manifest.final_step
     # an S1 stage's played or required CUDA: the rehearsal imports as on the lent machine
     cuda = contract.PLAY_CUDA_ENV if opts.rehearse else contract.REQUIRE_CUDA_ENV
+    trees = opts.trees or paths.build_dir() / "steps"  # the git-less trees, else git's
+    sglang_of = {s: layout.tree_path(trees, opts.series, s) / "python" for s in manifest.steps}
 
     def stage(
         name: str,
@@ -101,7 +97,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
         select: str | None = None,
         env: dict[str, str] | None = None,
     ) -> Stage:
-        tree = _step_tree(opts, step)
+        tree = sglang_of[step]
         report = opts.reports / f"{name}.json"
         command = [python, "-m", "pytest", str(GPU_TEST), "--rootdir", str(ROOT)]
         command += ["-p", "testrun.outcomes", "-p", "no:cacheprovider", "-rA"]
@@ -170,7 +166,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
             "idle gap, each as a share of a decode step",
             [python, str(BENCH), "--runs", str(opts.bench_runs), "--json", str(bench_json)],
             GPU,
-            {"PYTHONPATH": os.pathsep.join([str(_step_tree(opts, final)), *extra_path])},
+            {"PYTHONPATH": os.pathsep.join([str(sglang_of[final]), *extra_path])},
             needs,
             partial(judge_bench, bench_json),
             budget_s=BUDGET_S["bench"],
