@@ -29,7 +29,6 @@ from testrun import outcomes as testrun_outcomes
 
 from . import contract
 
-# A failed setup stage is Exit.SETUP; a failed CPU or GPU test stage Exit.TESTS_FAILED.
 SETUP, CPU, GPU = "setup", "cpu", "gpu"
 
 # Variables that would hide the race on a GPU: serialised launches, one hardware queue.
@@ -179,11 +178,9 @@ def run_stage(
     if blocked := [n for n in stage.needs if not done.get(n, False)]:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
     left = None if end is None else end - time.monotonic()
-    if left is not None and left < stage.budget_s:
-        print(f"not run: {left:.0f} s left before the deadline, it needs {stage.budget_s:.0f} s")
-        return outcome(
-            False, f"not run: deadline ({stage.budget_s:.0f} s needed, {left:.0f} s left)"
-        )
+    if left is not None and left < (need := stage.budget_s):
+        print(f"not run: {left:.0f} s left before the deadline, it needs {need:.0f} s")
+        return outcome(False, f"not run: deadline ({need:.0f} s needed, {left:.0f} s left)")
     if stage.action is not None:
         try:
             ok, text = stage.action()

@@ -37,8 +37,7 @@ IMAGE_HOLDS = (
     "markupsafe", "mpmath", "networkx", "sympy", "typing-extensions", "setuptools",
 )  # fmt: skip
 IMAGE_PREFIXES = ("nvidia-", "cuda-")
-# Not imported by the modules under test (found by blocking each): left out to keep under
-# the limit.
+# Not imported by the modules under test (found by blocking each): left out for the limit.
 NOT_IMPORTED = (
     "annotated-doc", "asttokens", "executing", "hf-xet", "ipython-pygments-lexers", "jedi",
     "jiter", "markdown-it-py", "matplotlib-inline", "mdurl", "parso", "pexpect",
