@@ -11,6 +11,7 @@ from patchset import wheel as wheels
 from patchset.apply import files_per_step
 from patchset.catalog import blobs_of, load_catalog
 from patchset.errors import BackportError, Exit
+from patchset.lock import marked_folder
 from patchset.manifest import BASE_STEP, Series
 
 MARKER = ".laid-out-by-run-gpu"  # a tree laid out here, which a later run may replace
@@ -92,9 +93,9 @@ def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[s
                     "move it aside, or pass another build folder (SGLANG_BACKPORTS_BUILD)",
                 )
             shutil.rmtree(tree)
-        aside = tree.with_name(f".{step}.partial")
-        shutil.rmtree(aside, ignore_errors=True)
-        try:
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        with marked_folder(tree.parent, f".{step}.partial-") as tmp:
+            aside = tmp / step
             if trees:
                 ignore = shutil.ignore_patterns(MARKER)
                 shutil.copytree(trees[BASE_STEP], aside, copy_function=os.link, ignore=ignore)
@@ -109,7 +110,5 @@ def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[s
                 _check_blob(series, step, path, (aside / path).read_bytes(), where)
             (aside / MARKER).write_text("made by ci/run-gpu; replaced by its next run\n")
             aside.replace(tree)
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
         trees[step] = tree
     return trees
