@@ -49,6 +49,9 @@ def _run_program(code: str, arg: str, out: Path, err: Path) -> int:
         os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 1)
         os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
         sys.argv = ["-c", arg]
+        # in a folder of its own, as check-install runs its probe (sglang's handlers
+        # write where they run, and the probe refuses writes outside it)
+        os.chdir(tempfile.mkdtemp(dir=out.parent))
         signal.alarm(PROGRAM_TIMEOUT_S)  # a program that hangs is killed, and fails
         try:
             exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
