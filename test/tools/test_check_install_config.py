@@ -143,7 +143,8 @@ class Probed:
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Probed]]:
     """release -> program -> what it printed: the launch table's dump, the served fields
-    and check-install's own ServerArgs probe for each of CONFIGURATIONS.
+    (the default release's) and check-install's own ServerArgs probe for each of
+    CONFIGURATIONS.
 
     One interpreter per test environment runs them all (probe_trees.py: it imports
     torch and the rest once, then forks per tree and per program), at once for the
@@ -159,7 +160,9 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Prob
         if not there:
             continue  # its tests skip (probe_of)
         table = load_releases().launch[release]
-        programs = {"actions": [ACTIONS, ""], "fields": [FIELDS_SERVED, ""]}
+        programs = {"actions": [ACTIONS, ""]}
+        if release == DEFAULT:  # the fields /server_info serves (server_args_fields)
+            programs["fields"] = [FIELDS_SERVED, ""]
         for name, text in CONFIGURATIONS.items():
             request = probe_request(words(text, tmp), {}, table)
             programs[name] = [SERVER_ARGS_PROBE, json.dumps(request)]
