@@ -1,10 +1,6 @@
-"""Test environments, made with uv: one virtual environment per set of pins.
-
-Releases with the same torch and transformers pins share requirements/<name>.txt
-and one environment in the cache folder, named by the digest of its requirement
-files, so every clone reuses it and a changed file gets a fresh one.
-docs/testing.md says how they are made, kept and shared.
-"""
+"""Test environments, made with uv: one per set of pins (requirements/<name>.txt), in
+the cache folder under the digest of its files, so every clone reuses it and a changed
+file gets a fresh one (docs/testing.md)."""
 
 from __future__ import annotations
 
