@@ -1,21 +1,10 @@
 #!/usr/bin/env python3
 """What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop.
 
-Two CUDA streams run the overlap scheduler's rhythm through the real FutureMap
-and build_eagle_disagg_draft_input: the forward stream runs a memory-bound
-"decode step" and publishes and stashes its rows, the schedule stream seeds a
-prebuilt request each iteration; the host keeps one iteration in flight. The
-"patched" variant makes the schedule stream wait for the forward stream before
-it seeds (the line 0002 adds), "unpatched" does not; runs alternate. Reported:
-the time per iteration (ratio and difference, spread over the runs), the wait
-itself (host time of the wait_stream call) and the idle gap (the forward
-stream's idle time between two forwards, patched less unpatched), each also as
-a share of a decode step at 1, 0.1 and 0.01 prebuilt batches per step, of the
-loop's own synthetic step (about 1 ms: it overstates) and of real steps of 5,
-10 and 30 ms. docs/gpu.md says more. A measurement, not a test: it never fails
-on a slow ratio.
-
-Run it with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
+Two CUDA streams in the overlap scheduler's rhythm through the real FutureMap, "patched"
+(0002's wait before seeding) and "unpatched" runs alternating; the wait itself and the idle
+gap it adds, as shares of decode steps (docs/gpu.md). A measurement, not a test. Run it
+with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
 """
 
 from __future__ import annotations
@@ -47,12 +36,18 @@ POOL_ROWS = 512
 MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch and the prebuilt row batch + 1
 TOPK = 4
 CODES = {Exit.OK: "measured (and written to --json)"}
+INTS = {  # flag: default, help, the least value, said when below it
+    "runs": (5, "runs per variant", 2, "at least 2 to give a spread"),
+    "iters": (300, "iterations per run", 1, "at least 1"),
+    "warmup": (50, "untimed iterations per run (0: none)", 0, "0 or more"),
+    "batch": (64, "running requests", 1, "at least 1"),
+    "hidden": (8192, "hidden size", 1, "at least 1"),
+    "layers": (32, "matmuls per forward", 1, "at least 1"),
+}
 
 
 @dataclass
 class RunTimes:
-    """One timed run of one variant."""
-
     seconds_per_iteration: float
     wait_us: list[float] = field(default_factory=list)  # host time of each wait_stream call
     gap_us: list[float] = field(default_factory=list)  # forward stream idle between forwards
@@ -60,26 +55,13 @@ class RunTimes:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = cli.parser("bench_wait_stream.py", __doc__ or "", CODES, CODES)
-    p.add_argument("--runs", type=int, default=5, help="runs per variant (default 5)")
-    p.add_argument("--iters", type=int, default=300, help="iterations per run (default 300)")
-    p.add_argument("--warmup", type=int, default=50, help="untimed iterations per run (0: none)")
-    p.add_argument("--batch", type=int, default=64, help="running requests (default 64)")
-    p.add_argument("--hidden", type=int, default=8192, help="hidden size (default 8192)")
-    p.add_argument("--layers", type=int, default=32, help="matmuls per forward (default 32)")
-    p.add_argument(
-        "--json",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="also write the results here (a relative path is taken from the current folder)",
-    )
+    for name, (default, text, _, _) in INTS.items():
+        p.add_argument(f"--{name}", type=int, default=default, help=f"{text} (default {default})")
+    p.add_argument("--json", type=cli.absolute_path, metavar="PATH", help="also write them here")
     args = p.parse_args(argv)
-    for name in ("runs", "iters", "batch", "hidden", "layers"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
-    if args.warmup < 0:
-        p.error("--warmup must be 0 or more")
-    if args.runs < 2:
-        p.error("--runs must be at least 2 to give a spread")
+    for name, (_, _, least, said) in INTS.items():
+        if getattr(args, name) < least:
+            p.error(f"--{name} must be {said}")
     # rows 1..batch run, row batch + 1 is the prebuilt one; row 0 is the pool's padding
     if args.batch > MAX_BATCH:
         p.error(f"--batch must be at most {MAX_BATCH} (the pool has {POOL_ROWS} rows)")
@@ -90,7 +72,7 @@ class Loop:
     """Everything one decode-like loop needs, built once and reused by both variants."""
 
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
-        # Imported as the GPU test does: no sgl_kernel needed (ci/gpustage/sglang_import.py).
+        # imported as the GPU test does: no sgl_kernel needed
         mods = sglang_import.import_modules()
         FutureMap = mods["sglang.srt.managers.overlap_utils"].FutureMap
         RelayPayload = mods["sglang.srt.managers.overlap_utils"].RelayPayload
@@ -239,9 +221,7 @@ def time_pairs(run: Callable[[int, bool], RunTimes], args: argparse.Namespace) -
         "wait_us": wait,
         "idle_gap_us": gap,
         "shares": shares(wait["median"], gap["added"], step_ms),
-        "config": {
-            k: getattr(args, k) for k in ("runs", "iters", "warmup", "batch", "hidden", "layers")
-        },
+        "config": {k: getattr(args, k) for k in INTS},
         "ms_per_iteration": {
             v: {k: x * 1e3 for k, x in spread(ts).items()} for v, ts in times.items()
         },
@@ -250,15 +230,6 @@ def time_pairs(run: Callable[[int, bool], RunTimes], args: argparse.Namespace) -
         # patched - unpatched, milliseconds per iteration, per run pair
         "delta_ms": spread(deltas),
         "deltas_ms": deltas,
-    }
-
-
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
-    return {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        **time_pairs(loop.run, args),
     }
 
 
@@ -304,7 +275,9 @@ def main() -> int:
             "sglang is not importable",
             "put a step tree first on PYTHONPATH (e.g. PYTHONPATH=build/steps/VERSION/STEP/python)",
         )
-    result = measure(args)
+    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    result |= time_pairs(loop.run, args)
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,7 @@
 """The README's exit-code table, made from the one enum and the codes each command declares.
 
-`python3 ci/exit_codes.py --write` rewrites the table in README.md between its
-two markers; without --write it exits 13 (stale) when the README's table
-differs from a fresh one (test/tools/test_readme.py runs that check). It
-lives here, above every library, because it imports every command.
+--write rewrites it between its two markers; without, exit 13 (stale) when it differs from a
+fresh one. It lives here, above every library, because it imports every command.
 """
 
 from __future__ import annotations
@@ -12,47 +10,37 @@ import argparse
 import importlib
 import runpy
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "ci")]
 
 from patchset.errors import COMMON, EXIT_TEXT, Exit  # noqa: E402
-from patchset.paths import PROJECT_ROOT  # noqa: E402
 
-README = PROJECT_ROOT / "README.md"
+README = ROOT / "README.md"
 BEGIN = "<!-- exit codes: made by `python3 ci/exit_codes.py --write` -->"
 END = "<!-- end of exit codes -->"
-# The commands: every launcher in scripts/ (its module in scripts/commands/),
-# and the GPU pipeline's script, read by path.
-LAUNCHERS = sorted(
-    p.name for p in (PROJECT_ROOT / "scripts").iterdir() if p.is_file() and not p.suffix
-)
-COMMANDS = {name: f"commands.{name.replace('-', '_')}" for name in LAUNCHERS} | {
-    "ci/run-gpu": "ci/run-gpu"
-}
+# Every launcher in scripts/ (its module in scripts/commands/), and ci/run-gpu, read by path.
+LAUNCHERS = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file() and not p.suffix)
 
 
-def declared_codes(where: str) -> set[Exit]:
+def declared_codes(command: str) -> set[Exit]:
     """The codes a command says it can return (its CODES), with those every command has."""
-    if "/" in where:
-        codes: Iterable[Exit] = runpy.run_path(str(PROJECT_ROOT / where), run_name="docs")["CODES"]
-    else:
-        codes = importlib.import_module(where).CODES
-    return set(codes) | set(COMMON)
+    if command.startswith("ci/"):
+        return set(runpy.run_path(str(ROOT / command), run_name="docs")["CODES"]) | set(COMMON)
+    return set(importlib.import_module(f"commands.{command.replace('-', '_')}").CODES) | set(COMMON)
 
 
 def exit_code_table() -> str:
     """One row per code of the enum: its meaning and the commands that can return it."""
+    commands = [*LAUNCHERS, "ci/run-gpu"]
     by_code: dict[Exit, list[str]] = {code: [] for code in Exit}
-    for command, where in COMMANDS.items():
-        for code in declared_codes(where):
+    for command in commands:
+        for code in declared_codes(command):
             by_code[code].append(command)
     lines = ["| code | meaning | returned by |", "|---|---|---|"]
     for code in sorted(Exit):
-        commands = by_code[code]
-        who = "every command" if len(commands) == len(COMMANDS) else ", ".join(commands)
+        who = "every command" if len(by_code[code]) == len(commands) else ", ".join(by_code[code])
         lines.append(f"| {int(code)} | {EXIT_TEXT[code]} | {who or 'none'} |")
     return "\n".join(lines) + "\n"
 

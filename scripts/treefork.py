@@ -1,16 +1,10 @@
-"""Import sglang's heavy third-party closure once, then fork one child per sglang tree.
-
-A process can hold only one sglang. The step-suite worker (testrun.worker)
-and the race checker (racecheck.worker) import torch, transformers and the
-rest here first (preload), then fork a child per tree (fork_each) that puts
-its tree first on the import path (use_tree) and imports only its sglang.
-The preload is only a speed-up: a missing module is skipped, and the child
-then reports whatever sglang itself cannot import.
-"""
+"""Import sglang's third-party closure once, then fork one child per sglang tree (a process
+holds one sglang); a module the preload misses, the child imports (or reports) itself."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib
 import os
@@ -24,8 +18,7 @@ from typing import TypeVar
 
 from patchset import paths
 
-# The modules to preload, by name; the last line's are not sglang's but the
-# test runner that every child of testrun.worker starts.
+# The last line's are the test runner every child of testrun.worker starts.
 PRELOAD = """
     torch torch._inductor.lowering torch._inductor.compile_fx torch._functorch.aot_autograd
     torchvision torchvision.transforms.v2 triton numpy
@@ -37,30 +30,23 @@ PRELOAD = """
     pytest _pytest.junitxml
 """
 
-_took: float | None = None
 
-
+@functools.cache
 def preload() -> float:
     """Import what of PRELOAD is importable and freeze it, once; the seconds it took.
-    gc.freeze() moves the millions of objects these imports made out of the
-    collector's reach: a forked child's collections would otherwise walk them
-    all, about half a second each, and copy every page they touch."""
-    global _took
-    if _took is None:
-        started = time.perf_counter()
-        for name in PRELOAD.split():
-            with contextlib.suppress(Exception):
-                importlib.import_module(name)
-        gc.collect()
-        gc.freeze()
-        _took = time.perf_counter() - started
-    return _took
+    gc.freeze(): else each forked child's collections walk these millions of objects."""
+    started = time.perf_counter()
+    for name in PRELOAD.split():
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    gc.collect()
+    gc.freeze()
+    return time.perf_counter() - started
 
 
 def use_tree(tree: Path) -> None:
-    """Put tree/python first on sys.path, for a forked child about to import its sglang.
-    A step tree (ours, under build/) keeps its bytecode even where
-    PYTHONDONTWRITEBYTECODE is set: else each run compiles a thousand modules again."""
+    """Put tree/python first on sys.path; a step tree (ours, under build/) keeps its
+    bytecode even with PYTHONDONTWRITEBYTECODE, else each run compiles it all again."""
     sys.path.insert(0, str(tree / "python"))
     if tree.resolve().is_relative_to(paths.build_dir().resolve()):
         sys.dont_write_bytecode = False
@@ -74,12 +60,10 @@ def fork_each(
     slots: int,
     child: Callable[[Job], int],
     started: Callable[[Job], None],
-    ended: Callable[[Job, int, float], None],
+    ended: Callable[[Job, int, float], None] | None = None,
 ) -> None:
-    """child(job) in a process forked from this one per job, at most slots at a time;
-    started(job) as each starts, ended(job, exit code, seconds) as each ends. A child
-    exits with what child returns, or 1 after printing what escaped it. Interrupted
-    (KeyboardInterrupt), this process ends and waits for the children still running."""
+    """child(job) in a forked process per job, at most slots at a time; started(job) and
+    ended(job, exit code, seconds) around each. Interrupted, the children are ended."""
     pending = list(jobs)
     running: dict[int, tuple[Job, float]] = {}
     try:
@@ -90,7 +74,8 @@ def fork_each(
                 running[_fork(child, job)] = (job, time.monotonic())
             pid, status = os.wait()
             job, since = running.pop(pid)
-            ended(job, os.waitstatus_to_exitcode(status), time.monotonic() - since)
+            if ended:
+                ended(job, os.waitstatus_to_exitcode(status), time.monotonic() - since)
     finally:
         for pid in running:
             with contextlib.suppress(ProcessLookupError):
@@ -100,22 +85,18 @@ def fork_each(
                 os.waitpid(pid, 0)
 
 
-def _flush() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-
-
 def _fork(child: Callable[[Job], int], job: Job) -> int:
-    _flush()  # what this process has buffered is written once, by this process
-    pid = os.fork()
-    if pid:
+    code = 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # what this process has buffered is written once, by this process
+    if pid := os.fork():
         return pid
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    code = 1
     try:
         code = child(job)
     except BaseException:
         traceback.print_exc()
     finally:
-        _flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)

@@ -1,29 +1,15 @@
-"""What test/steps/test_gpu_prebuilt_race.py and the GPU pipeline share.
-
-The variables the pipeline sets for the tests, the names of the figures the
-tests record (pytest's record_property, kept in the outcome file), and the
-skips a GPU run allows: each test that skips by design, named, with its
-reasons. The GPU judge (stages.judge_gpu_step) accepts a skip on a GPU run
-only where the test and the reason are both listed here; a rehearsal without
-a GPU also accepts NO_CUDA or PLAYED_CUDA, the reason of every CUDA test there.
-"""
+"""What test/steps/test_gpu_prebuilt_race.py and the GPU pipeline share: the variables the
+pipeline sets, the figures the tests record, and the skips a GPU run allows (BY_DESIGN)."""
 
 from __future__ import annotations
 
-# Set by ci/run-gpu on GPU runs: a CUDA test without a device fails instead of skipping.
-REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"
-# Set by a rehearsal's GPU stages: the test file plays a CUDA machine without sgl_kernel.
-PLAY_CUDA_ENV = "SGLANG_BACKPORTS_PLAY_CUDA"
-# Set by the control stage that runs S1 with the forward not held back (sleep 0).
-NO_SLEEP_ENV = "SGLANG_BACKPORTS_S1_NO_SLEEP"
-# How many S1 iterations a run takes (at least S1_MIN_ITERATIONS, the default).
-S1_ITERATIONS_ENV = "SGLANG_BACKPORTS_S1_ITERATIONS"
+REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"  # GPU runs: no device fails, not skips
+PLAY_CUDA_ENV = "SGLANG_BACKPORTS_PLAY_CUDA"  # a rehearsal: CUDA played, no sgl_kernel
+NO_SLEEP_ENV = "SGLANG_BACKPORTS_S1_NO_SLEEP"  # the control: the forward not held back
+S1_ITERATIONS_ENV = "SGLANG_BACKPORTS_S1_ITERATIONS"  # at least S1_MIN_ITERATIONS, the default
 S1_MIN_ITERATIONS = 200
-# How long the CSAN child may run: below the 10 minutes a lent machine gives one command.
-CSAN_TIMEOUT_S = 300
-# The recorded figures: S1's tally with the measured sleep, and the CSAN child's report.
-S1_PROPERTY = "s1"
-CSAN_PROPERTY = "csan"
+CSAN_TIMEOUT_S = 300  # below the 10 minutes a lent machine gives one command
+S1_PROPERTY, CSAN_PROPERTY = "s1", "csan"  # the recorded figures (pytest's record_property)
 # The benchmark's shares: prebuilt batches per decode step (1 is today's upper bound), and
 # real decode steps in ms beside the benchmark's own synthetic one (about 1 ms).
 ARRIVAL_RATES = (1.0, 0.1, 0.01)

@@ -1,14 +1,15 @@
 """What a GPU run measured, each figure beside its expected value; the criteria; the tarball.
 
-The success criteria are fixed here, before any run, and written into the
-reports folder before the first stage. The figures come from what the stages
-left there: each pytest stage's outcome file (the S1 tally with its measured
-sleep, the CSAN report, kept as recorded properties), bench.json and facts.json.
+The criteria are fixed here and written before the first stage; the figures come from the
+stages' outcome files (S1 and CSAN as recorded properties), bench.json and the machine's
+facts (facts.json: GPU, driver, clocks, torch, triton, git).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import tarfile
 from collections.abc import Collection
 from pathlib import Path
@@ -19,12 +20,64 @@ from patchset.manifest import PinManifest
 from testrun.outcomes import read_outcomes
 
 from . import contract
-from . import facts as machine
 from .contract import ARRIVAL_RATES, DECODE_STEPS_MS
 from .stages import SUMMARY_FILE
 
-CRITERIA_FILE = "criteria.md"
-BENCH_FILE = "bench.json"
+FACTS_FILE, CRITERIA_FILE, BENCH_FILE = "facts.json", "criteria.md", "bench.json"
+CLOCKS = "name,driver_version,pstate,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw"
+VERSIONS = (
+    "import json, torch\n"
+    "try:\n    import triton; t = triton.__version__\nexcept ImportError:\n    t = None\n"
+    "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': t,"
+    " 'device': torch.cuda.get_device_name() if torch.cuda.is_available() else None}))"
+)
+
+
+def output(command: list[str]) -> str | None:
+    """What the command printed, or None where it is missing or failed."""
+    if shutil.which(command[0]) is None and not Path(command[0]).is_file():
+        return None
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def python_version(python: str) -> str | None:
+    """X.Y of the Python python names (a path or a name on PATH), or None where it fails."""
+    return output([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+
+
+def clocks() -> str | None:
+    """The GPU's clocks now (idle at the start, warm after the S1 tests' warm-up), CSV."""
+    return output(["nvidia-smi", f"--query-gpu={CLOCKS}", "--format=csv"])
+
+
+def describe(found: dict[str, Any]) -> str:
+    """The machine in one line, from what record wrote."""
+    versions = found.get("versions") or {}
+    return (
+        f"{versions.get('device') or 'no CUDA device'}; torch {versions.get('torch')}, "
+        f"triton {versions.get('triton')}; git: {found.get('git') or 'none'}"
+    )
+
+
+def record(python: str, reports: Path) -> tuple[bool, str]:
+    """Write facts.json into reports; the stage's result line. Missing facts are said, not fatal."""
+    versions = output([python, "-c", VERSIONS])
+    found = {
+        "nvidia_smi": output(["nvidia-smi"]),
+        "clocks": clocks(),
+        "python": output([python, "--version"]),
+        "versions": json.loads(versions) if versions else None,
+        "git": shutil.which("git"),  # `command -v git`: the runner may have none
+    }
+    reports.mkdir(parents=True, exist_ok=True)
+    (reports / FACTS_FILE).write_text(json.dumps(found, indent=2) + "\n", encoding="utf-8")
+    return True, f"ok: {describe(found)}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"
+
+
 MIN_RACE_SHARE = 0.9
 
 CRITERIA = f"""\
@@ -52,18 +105,14 @@ CRITERIA = f"""\
 
 
 def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
-    """Every file a run writes into reports: a new run removes an earlier run's first,
-    so that no figure of another run is read or packed."""
-    files = [reports / f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
-    names = (CRITERIA_FILE, machine.FILE, BENCH_FILE, SUMMARY_FILE)
-    return files + [reports / name for name in names]
+    """Every file a run writes into reports: removed first, so no other run's figure is read."""
+    names = [f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
+    return [reports / n for n in [*names, CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE]]
 
 
-def write_criteria(reports: Path) -> Path:
+def write_criteria(reports: Path) -> None:
     reports.mkdir(parents=True, exist_ok=True)
-    path = reports / CRITERIA_FILE
-    path.write_text(CRITERIA, encoding="utf-8")
-    return path
+    (reports / CRITERIA_FILE).write_text(CRITERIA, encoding="utf-8")
 
 
 def _property(reports: Path, stage: str, name: str = contract.S1_PROPERTY) -> dict[str, Any] | None:
@@ -113,13 +162,10 @@ def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> li
         return rows
     if kind == "fix-a":
         rows.append((f"{label}: S1 stash fields stale", f"{split}; torn {torn}", "reported", "yes"))
-    slept = s1.get("slept_ms")
-    sleep = (
-        f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
-        f"{s1['sleep_target_ms']:g} ms asked"
-        if slept
-        else "not measured"
-    )
+    sleep = "not measured"
+    if slept := s1.get("slept_ms"):
+        sleep = f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
+        sleep += f"{s1['sleep_target_ms']:g} ms asked"
     rows.append((f"{label}: measured sleep", sleep, "about the asked time, warm", "reported"))
     if s1.get("clocks_warm"):
         rows.append(
@@ -129,16 +175,17 @@ def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> li
 
 
 def _csan_row(label: str, csan: dict[str, Any] | None, fixed: bool) -> tuple[str, ...]:
-    expected = "silent" if fixed else "race reported"
-    if csan is None:
-        return (f"{label}: CSAN", NOT_RUN, expected, "no")
-    if "error" in csan:
-        return (f"{label}: CSAN", f"error: {csan['error']}", expected, "NO")
-    if csan["race"]:
-        seen = f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
-    else:
-        seen = f"silent over {csan['iterations']} iterations"
-    return (f"{label}: CSAN", seen, expected, "yes" if csan["race"] is not fixed else "NO")
+    seen, met = NOT_RUN, "no"
+    if csan and "error" in csan:
+        seen, met = f"error: {csan['error']}", "NO"
+    elif csan:
+        seen = (
+            f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
+            if csan["race"]
+            else f"silent over {csan['iterations']} iterations"
+        )
+        met = "yes" if csan["race"] is not fixed else "NO"
+    return (f"{label}: CSAN", seen, "silent" if fixed else "race reported", met)
 
 
 def _bench_rows(bench: dict[str, Any] | None) -> list[tuple[str, ...]]:
@@ -174,10 +221,10 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
     base, final = manifest.steps[0], manifest.final_step
     step_fixes = {step: manifest.step_fixes.get(step, frozenset()) for step in manifest.steps}
     rows: list[tuple[str, ...]] = []
-    found = _json(reports / machine.FILE)
+    found = _json(reports / FACTS_FILE)
     if found:
         expected = "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
-        rows.append(("machine", machine.describe(found), expected, "reported"))
+        rows.append(("machine", describe(found), expected, "reported"))
         if found.get("clocks"):
             clocks = found["clocks"].replace("\n", "; ")
             rows.append(("clocks before the GPU stages", clocks, "", ""))

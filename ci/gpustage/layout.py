@@ -1,10 +1,6 @@
 """Step trees without git: the wheel's sglang, each step's touched files carried, blob ids checked.
 
-Where git is, ``write_step_files`` writes each step's touched files as the
-series' patches produce them. On a runner that may have no git, ``lay_out``
-makes one tree per step from the wheel and those files, and checks every
-touched file of every tree against the blob ids the one catalog
-(patchset/catalog.py) holds for that step (computed in Python).
+``write_step_files`` runs where git is; ``lay_out`` on a runner that may have none.
 """
 
 from __future__ import annotations
@@ -19,13 +15,12 @@ from patchset.catalog import blobs_of, load_catalog
 from patchset.errors import BackportError, Exit
 from patchset.manifest import BASE_STEP, Series
 
-# Marks a tree folder as laid out here, so a later run may replace it.
-MARKER = ".laid-out-by-run-gpu"
-AGAIN = "make them again where git is, with `ci/run-gpu step-files --out DIR`, and carry DIR"
+MARKER = ".laid-out-by-run-gpu"  # a tree laid out here, which a later run may replace
 
 
 def _refuse(problem: str) -> BackportError:
-    return BackportError(Exit.SETUP, problem, AGAIN)
+    again = "make them again where git is, with `ci/run-gpu step-files --out DIR`, and carry DIR"
+    return BackportError(Exit.SETUP, problem, again)
 
 
 def write_step_files(series: Series, wheel: Path, out: Path) -> list[Path]:
@@ -33,11 +28,8 @@ def write_step_files(series: Series, wheel: Path, out: Path) -> list[Path]:
     per_step = files_per_step(series, wheels.read_files(wheel, series.manifest.files))
     written = []
     for step, files in per_step.items():
-        if step == BASE_STEP:
-            continue
-        for path, data in files.items():
-            target = out / step / path
-            target.parent.mkdir(parents=True, exist_ok=True)
+        for path, data in files.items() if step != BASE_STEP else ():
+            (target := out / step / path).parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             written.append(target)
     return written
@@ -88,11 +80,8 @@ def tree_path(root: Path, series: Series, step: str) -> Path:
 
 
 def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[str, Path]:
-    """step -> its tree under root, made from the wheel and the carried files, every blob checked.
-
-    The wheel is unpacked once; the later steps are hard-linked copies of the
-    base tree, and a carried file replaces its link (never writes through it).
-    """
+    """step -> its tree under root, every blob checked: the wheel unpacked once, later steps
+    hard-linked to it, a carried file replacing its link (never written through it)."""
     manifest = series.manifest
     carried = carried_files(series, step_files)
     trees: dict[str, Path] = {}

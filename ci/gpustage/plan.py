@@ -6,31 +6,29 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from patchset import paths
-from patchset.errors import BackportError
 from patchset.manifest import Series
 from testrun.outcomes import OPTION as OUTCOMES_OPTION
 from testrun.steps import PATCH_SET_ENV, STEP_ENV, TREE_ENV
 from testrun.venv import PYTHON_VERSION
 
 from . import contract, evidence, layout
-from . import facts as machine
 from . import wheelhouse as wh
 from .stages import CPU, GPU, Stage, judge_bench, judge_gpu_step, judge_with_warnings, rel
 
 ROOT = paths.PROJECT_ROOT
+SCRIPTS = str(ROOT / "scripts")
 GPU_TEST = ROOT / "test" / "steps" / "test_gpu_prebuilt_race.py"
 BENCH = ROOT / "ci" / "bench_wait_stream.py"
 # the online venv installs the pinned wheel, built for the test environments' Python
 VENV_PYTHON = ".".join(map(str, PYTHON_VERSION))
 LONG_S1_ITERATIONS = 1000  # the fixed step's long run, beside every step's 200
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
-# The least time each kind of GPU stage needs on an H200 (imports, S1, the CSAN
-# child), said so that a deadline skips a stage rather than cutting it short.
+# The least time each kind of GPU stage needs on an H200: a deadline skips, not cuts, a stage.
 BUDGET_S = {"step": 45.0, "long": 40.0, "control": 30.0, "bench": 45.0}
 PIP_INSTALL = ["-m", "pip", "install", "--disable-pip-version-check"]
 
@@ -58,51 +56,38 @@ class Options:
 
 
 def _lib(code: str) -> list[str]:
-    return [
-        sys.executable,
-        "-c",
-        f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); {code}",
-    ]
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {SCRIPTS!r}); {code}"]
 
 
-def preflight(python: str, version: str, need_gpu: bool) -> Callable[[], tuple[bool, str]]:
-    def check() -> tuple[bool, str]:
-        found = machine.python_version(python)
-        if found is None:
-            return False, f"FAIL: {python} not found; pass --python with a Python {version}"
-        if found != version:
-            return False, f"FAIL: {python} is Python {found}; this run needs {version}"
-        if not need_gpu:
-            return True, f"ok: Python {found}; rehearsal: no GPU needed"
-        if shutil.which("nvidia-smi") is None:
-            return False, "FAIL: nvidia-smi not found: no NVIDIA driver on this machine"
-        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-        lines = gpus.stdout.strip().splitlines()
-        if gpus.returncode != 0 or not lines:
-            return False, f"FAIL: nvidia-smi -L found no GPU ({gpus.stderr.strip()})"
-        return True, f"ok: Python {found}; {lines[0]}"
-
-    return check
+def preflight(python: str, version: str, need_gpu: bool) -> tuple[bool, str]:
+    found = evidence.python_version(python)
+    if found is None:
+        return False, f"FAIL: {python} not found; pass --python with a Python {version}"
+    if found != version:
+        return False, f"FAIL: {python} is Python {found}; this run needs {version}"
+    if not need_gpu:
+        return True, f"ok: Python {found}; rehearsal: no GPU needed"
+    if shutil.which("nvidia-smi") is None:
+        return False, "FAIL: nvidia-smi not found: no NVIDIA driver on this machine"
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    lines = gpus.stdout.strip().splitlines()
+    if gpus.returncode != 0 or not lines:
+        return False, f"FAIL: nvidia-smi -L found no GPU ({gpus.stderr.strip()})"
+    return True, f"ok: Python {found}; {lines[0]}"
 
 
 def _step_tree(opts: Options, step: str) -> Path:
-    """The folder that holds step's sglang: the git-less trees, else build/steps/ as
-    patchset.buildtree lays it out."""
+    """The folder that holds step's sglang: the git-less trees, else build/steps/."""
     root = opts.trees or paths.build_dir() / "steps"
     return layout.tree_path(root, opts.series, step) / "python"
 
 
 def _gpu_stages(opts: Options) -> list[Stage]:
-    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark.
-
-    The pytest stages run the GPU test file against one step's tree, judged by
-    judge_gpu_step; the image's pytest plugins stay out
-    (PYTEST_DISABLE_PLUGIN_AUTOLOAD=1) and the one the run needs is named with -p.
-    """
-    online = opts.venv is not None
+    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark;
+    pytest without the image's plugins (PYTEST_DISABLE_PLUGIN_AUTOLOAD), ours named with -p."""
     python = str(opts.venv / "bin" / "python") if opts.venv else opts.python
-    extra_path = [] if online else [str(opts.site)]
-    needs = ("cuda-check", "apply") if online else ("install", "layout")
+    extra_path = [] if opts.venv else [str(opts.site)]
+    needs = ("cuda-check", "apply") if opts.venv else ("install", "layout")
     manifest = opts.series.manifest
     base, final = manifest.steps[0], manifest.final_step
     # an S1 stage's played or required CUDA: the rehearsal imports as on the lent machine
@@ -124,7 +109,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
         command += ["-k", select] if select else []
         command += [f"--junitxml={report.with_suffix('.xml')}", OUTCOMES_OPTION, str(report)]
         stage_env = {
-            "PYTHONPATH": os.pathsep.join([str(tree), *extra_path, str(ROOT / "scripts")]),
+            "PYTHONPATH": os.pathsep.join([str(tree), *extra_path, SCRIPTS]),
             STEP_ENV: step,
             PATCH_SET_ENV: str(opts.series.folder),
             TREE_ENV: str(tree.parent),
@@ -133,9 +118,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
             cuda: "1",
         }
         judge = judge_gpu_step(report, shown, rehearsal=opts.rehearse)
-        return Stage(
-            name, purpose, command, GPU, stage_env, needs, judge, budget_s=BUDGET_S[budget]
-        )
+        return Stage(name, purpose, command, GPU, stage_env, needs, judge, None, BUDGET_S[budget])
 
     stages = [
         stage(
@@ -213,7 +196,7 @@ def online(opts: Options) -> list[Stage]:
             "preflight",
             f"Python {VENV_PYTHON} for the venv and a CUDA GPU are present",
             [opts.python, "--version", "&&", "nvidia-smi", "-L"],
-            action=preflight(opts.python, VENV_PYTHON, need_gpu=True),
+            action=partial(preflight, opts.python, VENV_PYTHON, need_gpu=True),
         ),
         Stage(
             "fetch-wheel",
@@ -298,7 +281,7 @@ def offline(opts: Options) -> list[Stage]:
             f"Python {version} and {'no GPU (rehearsal)' if opts.rehearse else 'a CUDA GPU'} "
             "are present",
             [opts.python, "--version", *gpu],
-            action=preflight(opts.python, version, need_gpu=not opts.rehearse),
+            action=partial(preflight, opts.python, version, need_gpu=not opts.rehearse),
         ),
         Stage(
             "torch-check",
@@ -328,26 +311,21 @@ def _facts(opts: Options, python: str, needs: tuple[str, ...]) -> Stage:
         "facts",
         "the machine's facts into facts.json: nvidia-smi, clocks, torch, triton, git",
         [
-            *("nvidia-smi", "&&", "nvidia-smi", f"--query-gpu={machine.CLOCKS}", "--format=csv"),
+            *("nvidia-smi", "&&", "nvidia-smi", f"--query-gpu={evidence.CLOCKS}", "--format=csv"),
             *("&&", python, "-c", "import torch, triton", "&&", "command", "-v", "git"),
         ],
         needs=needs,
-        action=lambda: machine.record(python, opts.reports),
+        action=lambda: evidence.record(python, opts.reports),
     )
 
 
 def _git_less_layout(opts: Options) -> Stage:
-    assert opts.wheelhouse_dir is not None and opts.step_files is not None
-    assert opts.trees is not None
+    assert opts.wheelhouse_dir and opts.step_files and opts.trees
     series, trees, step_files = opts.series, opts.trees, opts.step_files
     wheel = opts.wheelhouse_dir / series.manifest.base.wheel
 
     def lay_out() -> tuple[bool, str]:
-        try:
-            laid = layout.lay_out(series, wheel, step_files, trees)
-        except BackportError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return False, f"FAIL: {err.problem}"
+        laid = layout.lay_out(series, wheel, step_files, trees)
         return True, f"ok: {', '.join(laid)} laid out, {len(series.manifest.files)} blob ids each"
 
     return Stage(
@@ -367,7 +345,7 @@ def _git_less_layout(opts: Options) -> Stage:
 
 def facts(opts: Options) -> dict[str, str]:
     """What the dry run's plan shows above its stages."""
-    manifest = opts.series.manifest
+    manifest, house = opts.series.manifest, opts.wheelhouse
     shown = {
         "repository": str(ROOT),
         "base": f"sglang {manifest.base.version}, steps {', '.join(manifest.steps)}",
@@ -375,19 +353,14 @@ def facts(opts: Options) -> dict[str, str]:
         "reports": str(opts.reports),
     }
     if opts.venv is not None:
-        return shown | {
-            "venv": str(opts.venv),
-            "wheel": str(paths.cache_dir() / manifest.base.wheel),
-        }
-    house = opts.wheelhouse
+        wheel = paths.cache_dir() / manifest.base.wheel
+        return shown | {"venv": str(opts.venv), "wheel": str(wheel)}
+    held = "MISSING: a real run refuses"
+    if house:
+        held = f"Python {house.python_version}, {len(house.entries)} wheels, "
+        held += f"{house.total_bytes / 2**20:.1f} MiB, hashes checked"
     return shown | {
-        "wheelhouse": str(opts.wheelhouse_dir)
-        + (
-            f" (Python {house.python_version}, {len(house.entries)} wheels, "
-            f"{house.total_bytes / 2**20:.1f} MiB, hashes checked)"
-            if house
-            else " (MISSING: a real run refuses)"
-        ),
+        "wheelhouse": f"{opts.wheelhouse_dir} ({held})",
         "site": str(opts.site),
         "step files": f"{opts.step_files} (blob ids checked against pin.toml)",
         "step trees": str(opts.trees),

@@ -1,14 +1,8 @@
 """Import the sglang modules under test on a CUDA machine that has no sgl_kernel.
 
-sglang decides at import time whether it runs on CUDA (the cached
-``is_cuda()``), and much of the closure imports sgl_kernel at module level when
-it does. sgl_kernel cannot travel to an offline runner, so the modules are
-imported with ``torch.cuda.is_available`` answering False, then the real
-function is back and the call-time CUDA flags of the path under test
-(RESTORED) are evaluated again. ``cuda_flags_read`` proves that the path reads
-no other import-time CUDA flag; ``call_time_imports`` finds what the path
-imports when it runs, so that the window imports that too. docs/gpu.md says
-why this is enough. A test-rig technique on the real modules: nothing is stubbed.
+With CUDA visible at import, much of the closure imports sgl_kernel, which cannot travel to
+an offline runner: so import with CUDA hidden, then restore the path's CUDA flags (RESTORED).
+docs/gpu.md says why this is enough; nothing is stubbed.
 """
 
 from __future__ import annotations
@@ -22,20 +16,17 @@ import inspect
 import re
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from types import CodeType, FunctionType, ModuleType
 
 import torch
 
-# A trailing "?" below marks what only some releases have, used where it is there.
-
-# The modules the GPU test and the benchmark use: 0.5.13 has no runtime context.
+# The modules the GPU test and the benchmark use; a trailing "?": only some releases have it.
 MODULES = (
     "sglang.srt.disaggregation.decode",
     "sglang.srt.managers.overlap_utils",
     "sglang.srt.managers.schedule_batch",
     "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.runtime_context?",
+    "sglang.srt.runtime_context?",  # 0.5.13 has none
     "sglang.srt.speculative.eagle_disaggregation",
     "sglang.srt.speculative.spec_info",
 )
@@ -68,32 +59,20 @@ _CUDA_DEPENDENT = re.compile(
 )
 
 
-@contextmanager
-def cuda_hidden() -> Iterator[None]:
-    """torch.cuda.is_available() answers False inside; sglang's cached checks are cleared."""
+def _clear_device_caches() -> None:
+    if common := sys.modules.get("sglang.srt.utils.common"):
+        for name in set(RESTORED.values()):
+            getattr(common, name).cache_clear()
+
+
+def import_modules() -> dict[str, ModuleType]:
+    """The modules, imported with CUDA hidden, their call-time CUDA flags restored."""
+    modules: dict[str, ModuleType] = {}
     real = torch.cuda.is_available
     _clear_device_caches()
     torch.cuda.is_available = lambda: False  # type: ignore[assignment]
     try:
-        yield
-    finally:
-        torch.cuda.is_available = real  # type: ignore[assignment]
-        _clear_device_caches()
-
-
-def _clear_device_caches() -> None:
-    common = sys.modules.get("sglang.srt.utils.common")
-    if common is None:
-        return
-    for name in set(RESTORED.values()):
-        getattr(common, name).cache_clear()
-
-
-def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
-    """The modules, imported with CUDA hidden, their call-time CUDA flags restored."""
-    modules: dict[str, ModuleType] = {}
-    with cuda_hidden():
-        for entry in (*names, *(entry.partition(":")[0] for entry in PATH_UNDER_TEST)):
+        for entry in (*MODULES, *(entry.partition(":")[0] for entry in PATH_UNDER_TEST)):
             name = entry.removesuffix("?")
             try:
                 modules.setdefault(name, importlib.import_module(name))
@@ -104,6 +83,9 @@ def import_modules(names: tuple[str, ...] = MODULES) -> dict[str, ModuleType]:
         # its functions would take its sgl_kernel branch.
         for name in sorted(set().union(*call_time_imports().values())):
             modules.setdefault(name, importlib.import_module(name))
+    finally:
+        torch.cuda.is_available = real  # type: ignore[assignment]
+        _clear_device_caches()
     from sglang.srt.utils import common
 
     for module in modules.values():
@@ -153,8 +135,7 @@ def cuda_flags_read() -> dict[str, set[str]]:
 
 
 def _is_package(name: str) -> bool:
-    """Whether name is a package, found without importing it (its parents are imported)."""
-    try:
+    try:  # found without importing it
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return False
@@ -190,8 +171,8 @@ def _sglang_function(obj: object) -> FunctionType | None:
 
 
 def _callees(func: FunctionType) -> list[FunctionType]:
-    """sglang functions that func may call: its module's functions and classes (their
-    __init__ and __post_init__) and its own class's methods, by the names it uses."""
+    """sglang functions func may call by name: its module's functions and classes' __init__
+    and __post_init__, its own class's methods."""
     owner_name = func.__qualname__.rpartition(".")[0]
     owner = func.__globals__.get(owner_name.partition(".")[0]) if owner_name else None
     scopes = [func.__globals__, vars(owner) if isinstance(owner, type) else {}]
@@ -209,8 +190,8 @@ def _callees(func: FunctionType) -> list[FunctionType]:
 
 
 def call_time_imports() -> dict[str, set[str]]:
-    """function -> the modules it imports when it runs, for every function of the path
-    under test and every sglang function they call (transitively, by name), where any."""
+    """function -> the modules it imports when it runs, for the path under test and the sglang
+    functions it calls (transitively), where any."""
     todo = list(path_under_test().values())
     seen: dict[str, set[str]] = {}
     while todo:
@@ -223,11 +204,8 @@ def call_time_imports() -> dict[str, set[str]]:
 
 
 def path_under_test() -> dict[tuple[str, str], FunctionType]:
-    """(module, qualified name) -> function, for PATH_UNDER_TEST as this release has it.
-
-    An optional function it lacks is left out; a missing function that is not
-    optional raises AttributeError: the path changed and the rig must follow it.
-    """
+    """(module, qualified name) -> function of PATH_UNDER_TEST; a missing function that is not
+    optional ("?") raises AttributeError: the path changed and the rig must follow it."""
     present = {}
     for entry in PATH_UNDER_TEST:
         module_name, _, qualname = entry.removesuffix("?").partition(":")
@@ -253,14 +231,8 @@ class _NoSglKernel(importlib.abc.MetaPathFinder):
 
 
 def play_cuda() -> None:
-    """Play, on a machine without a GPU, the CUDA machine the GPU stages run on.
-
-    torch.cuda.is_available() answers True and the device is an H200's compute
-    capability (9, 0), so sglang's is_cuda() is True as there; pinned host
-    memory, which needs a driver, is plain host memory; sgl_kernel cannot be
-    imported. For one process only (the rehearsal's GPU stages set
-    contract.PLAY_CUDA_ENV); nothing of sglang is changed.
-    """
+    """Play, without a GPU, the H200 the GPU stages run on, for this process (a rehearsal):
+    CUDA available at capability (9, 0), pinned memory plain, sgl_kernel unimportable."""
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # type: ignore[assignment]
     real_empty = torch.empty

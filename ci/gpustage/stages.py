@@ -18,18 +18,18 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from subprocess import PIPE, STDOUT
+from typing import Any, TextIO
 from xml.etree import ElementTree
 
 from patchset import textout
-from patchset.errors import Exit
+from patchset.errors import BackportError, Exit
 from patchset.paths import PROJECT_ROOT
 from testrun import outcomes as testrun_outcomes
 
 from . import contract
 
-# Setup stages prepare the run; a failure there is Exit.SETUP. Test stages
-# (the CPU gate, the GPU tests, the benchmark) fail with Exit.TESTS_FAILED.
+# A failed setup stage is Exit.SETUP; a failed CPU or GPU test stage Exit.TESTS_FAILED.
 SETUP, CPU, GPU = "setup", "cpu", "gpu"
 
 # Variables that would hide the race on a GPU: serialised launches, one hardware queue.
@@ -47,24 +47,17 @@ class Stage:
     kind: str = SETUP
     env: dict[str, str] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
-    # turns a finished run into (ok, result text); default: exit status 0
-    judge: Judge | None = None
-    # run in-process instead of as a command; same contract as judge
-    action: Callable[[], tuple[bool, str]] | None = None
-    # the least time the stage needs: with less left before the deadline it is not started
-    budget_s: float = 0.0
+    judge: Judge | None = None  # a finished run's (ok, result text); default: exit status 0
+    action: Callable[[], tuple[bool, str]] | None = None  # in-process instead of the command
+    budget_s: float = 0.0  # the least time it needs: not started with less left
 
 
 @dataclass(frozen=True)
 class Deadline:
-    """When the whole run must be over; the reserve is kept for the summary and the tarball."""
+    """When the run must be over (time.monotonic()); the reserve is for the summary and tarball."""
 
-    end: float  # time.monotonic()
+    end: float
     reserve_s: float = 10.0
-
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds)
 
     def left(self) -> float:
         return self.end - self.reserve_s - time.monotonic()
@@ -80,17 +73,10 @@ class Outcome:
 
 
 def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
-    """The environment a stage runs in.
-
-    CPU-gate stages see no GPU (CUDA_VISIBLE_DEVICES=""), so sglang takes its
-    CPU import branches there. GPU stages lose the variables that hide the race,
-    unless the stage itself sets one (the controls).
-    """
-    env = dict(base)
-    if stage.kind == GPU:
-        for name in HIDES_THE_RACE:
-            env.pop(name, None)
-    env.update(stage.env)  # a control stage sets one of them on purpose
+    """GPU stages lose what hides the race (unless they set it: the controls); the CPU
+    gate sees no GPU, so sglang takes its CPU import branches there."""
+    hidden = HIDES_THE_RACE if stage.kind == GPU else ()
+    env = {k: v for k, v in base.items() if k not in hidden} | stage.env
     if stage.kind == CPU:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
@@ -98,14 +84,6 @@ def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
 
 def rel(path: Path) -> str:
     return str(path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path)
-
-
-def shell_line(stage: Stage) -> str:
-    # what the stage sets on top of the caller's environment
-    shown = stage_environment(stage, {})
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
-    words = " ".join(w if w == "&&" else shlex.quote(w) for w in stage.command)
-    return f"env {env} {words}" if env else words
 
 
 def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
@@ -122,67 +100,47 @@ def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
             print(f"    unset (hides the race): {', '.join(unset)}")
         if stage.budget_s:
             print(f"    starts only with {stage.budget_s:.0f} s left before a --deadline")
-        print(f"    $ {shell_line(stage)}")
+        # what the stage sets on top of the caller's environment
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in stage_environment(stage, {}).items())
+        words = " ".join(w if w == "&&" else shlex.quote(w) for w in stage.command)
+        print(f"    $ {f'env {env} {words}' if env else words}")
     print("\nThe run ends with a summary table: stage | result | time.")
 
 
-class DeadlineReached(Exception):
-    """A stage's command was stopped because the run's deadline came."""
+# each command in its own process group: the deadline or an interrupt stops all it started
+_PIPED: dict[str, Any] = {"stdout": PIPE, "stderr": STDOUT, "text": True, "start_new_session": True}
 
 
-def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int:
-    """Run the stage's commands in turn; the first failing one's status, else 0.
+def _kill(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
-    Each runs in its own process group, so that the deadline (timeout seconds
-    from now) or an interrupt stops it with every process it started.
-    """
-    env = stage_environment(stage, os.environ)
-    env["PYTHONUNBUFFERED"] = "1"  # a stage's output reaches the log as it is printed
+
+def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int | None:
+    """Run the stage's `&&`-joined commands in turn: the first failing one's status, else 0;
+    None when stopped at the deadline (timeout seconds from now)."""
+    env = stage_environment(stage, os.environ) | {"PYTHONUNBUFFERED": "1"}  # logs as printed
     end = None if timeout is None else time.monotonic() + timeout
+    parts = [list(w) for sep, w in itertools.groupby(stage.command, "&&".__eq__) if not sep]
     with log.open("w", encoding="utf-8") as out:
-        both = _Tee(sys.stdout, out)
-        for is_and, words in itertools.groupby(stage.command, lambda w: w == "&&"):
-            if is_and:
-                continue
-            part = list(words)
+        for part in parts:
             out.write(f"$ {shlex.join(part)}\n")
             out.flush()
-            proc = subprocess.Popen(
-                part,
-                cwd=PROJECT_ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            stopped = threading.Event()
-
-            def stop(
-                proc: subprocess.Popen[str] = proc, stopped: threading.Event = stopped
-            ) -> None:
-                stopped.set()
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-
-            timer = None
+            proc = subprocess.Popen(part, cwd=PROJECT_ROOT, env=env, **_PIPED)
+            timer = threading.Timer(max(0.0, (end or 0) - time.monotonic()), _kill, (proc,))
             if end is not None:
-                timer = threading.Timer(max(0.0, end - time.monotonic()), stop)
                 timer.start()
-            try:
-                assert proc.stdout is not None
-                # line by line: the log is current if the machine is lost mid-stage
-                both.writelines(proc.stdout)
+            try:  # line by line: the log is current if the machine is lost mid-stage
+                _Tee(sys.stdout, out).writelines(proc.stdout or ())
                 rc = proc.wait()
             except BaseException:
-                stop()
+                _kill(proc)
                 raise
             finally:
-                if timer is not None:
-                    timer.cancel()
-            if stopped.is_set():
+                timer.cancel()
+            if end is not None and rc == -signal.SIGKILL and time.monotonic() >= end:
                 out.write("stopped: the run's deadline came\n")
-                raise DeadlineReached
+                return None
             if rc != 0:
                 return rc
     return 0
@@ -203,11 +161,7 @@ class _Tee(io.TextIOBase):
 
 @contextlib.contextmanager
 def tee_output(path: Path) -> Iterator[None]:
-    """Everything printed to stdout and stderr inside also goes to path, as it is printed.
-
-    An exception leaving the block (an internal error) is written there too,
-    before it propagates.
-    """
+    """What is printed inside also goes to path as it is printed, and so does an internal error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as log:
         real = sys.stdout, sys.stderr
@@ -231,8 +185,7 @@ def run_stage(
     def outcome(ok: bool, text: str) -> Outcome:
         return Outcome(stage.name, ok, text, time.monotonic() - start, stage.kind)
 
-    blocked = [n for n in stage.needs if not done.get(n, False)]
-    if blocked:
+    if blocked := [n for n in stage.needs if not done.get(n, False)]:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
     left = None if deadline is None else deadline.left()
     if left is not None and left < stage.budget_s:
@@ -241,7 +194,11 @@ def run_stage(
             False, f"not run: deadline ({stage.budget_s:.0f} s needed, {left:.0f} s left)"
         )
     if stage.action is not None:
-        ok, text = stage.action()
+        try:
+            ok, text = stage.action()
+        except BackportError as err:  # a refusal fails the stage with its message
+            print(f"error: {err}", file=sys.stderr)
+            ok, text = False, f"FAIL: {err.problem}"
         print(text)
         return outcome(ok, text)
     log = reports / f"{stage.name}.log"
@@ -249,7 +206,7 @@ def run_stage(
         rc = run_command(stage, log, left)
     except OSError as err:
         return outcome(False, f"FAIL: {err}")
-    except DeadlineReached:
+    if rc is None:
         return outcome(
             False, f"FAIL: stopped at the deadline after {time.monotonic() - start:.0f} s"
         )
@@ -258,21 +215,9 @@ def run_stage(
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
 
 
-def skip_reasons(junit_xml: Path) -> dict[str, str]:
-    """test function (with its parameters) -> why it skipped, from pytest's JUnit XML."""
-    cases = ElementTree.parse(junit_xml).iter("testcase") if junit_xml.is_file() else ()
-    skips = ((case.get("name", ""), case.find("skipped")) for case in cases)
-    return {name: skip.get("message", "") for name, skip in skips if skip is not None}
-
-
 def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
-    """A GPU stage passes when every test passed or failed as expected (strict xfail);
-    shown says what that shows (e.g. "fix holds").
-
-    A skip passes only where it is by design (contract.BY_DESIGN names the test
-    and its reason), or in a rehearsal without a GPU, for want of CUDA. The
-    reasons come from the stage's JUnit XML, beside the outcome file.
-    """
+    """Every test passed or failed as expected (strict xfail), shown says what that shows; a
+    skip only by design (contract.allowed, its reason from the JUnit XML beside report)."""
 
     def judge(rc: int, _log: Path) -> tuple[bool, str]:
         if not report.is_file():
@@ -284,7 +229,10 @@ def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
         bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
         if rc != 0 or bad:
             return False, f"FAIL: {text}"
-        reasons = skip_reasons(report.with_suffix(".xml"))
+        xml = report.with_suffix(".xml")
+        cases = ElementTree.parse(xml).iter("testcase") if xml.is_file() else ()
+        skip_tags = ((case.get("name", ""), case.find("skipped")) for case in cases)
+        reasons = {name: tag.get("message", "") for name, tag in skip_tags if tag is not None}
         skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
         refused = [
             f"{test} ({reasons.get(test) or 'no reason found'})"
@@ -331,10 +279,8 @@ def judge_bench(json_path: Path) -> Judge:
 
 
 def exit_code(outcomes: list[Outcome]) -> Exit:
-    if any(not o.ok and o.kind == SETUP for o in outcomes):
-        return Exit.SETUP
-    if any(not o.ok for o in outcomes):
-        return Exit.TESTS_FAILED
+    if failed := [o for o in outcomes if not o.ok]:
+        return Exit.SETUP if any(o.kind == SETUP for o in failed) else Exit.TESTS_FAILED
     return Exit.OK
 
 
@@ -350,11 +296,8 @@ def run_all(
     deadline: Deadline | None = None,
     figures: Callable[[], str] | None = None,
 ) -> Exit:
-    """Run the stages in order, print and store the summary; the run's exit code.
-
-    figures, when given, renders what the run measured (markdown); it goes
-    into summary.md below the stage table.
-    """
+    """Run the stages in order, print and store the summary (with figures(), what the run
+    measured, below the table); the run's exit code."""
     reports.mkdir(parents=True, exist_ok=True)
     done: dict[str, bool] = {}
     outcomes: list[Outcome] = []
@@ -366,25 +309,20 @@ def run_all(
             outcome = Outcome(stage.name, False, f"FAIL: internal error: {err!r}", 0.0, stage.kind)
         done[stage.name] = outcome.ok
         outcomes.append(outcome)
-    table = summary_table(outcomes)
-    code = exit_code(outcomes)
-    measured = None
+    table, code = summary_table(outcomes), exit_code(outcomes)
+    measured = ""
     if figures is not None:
         try:
-            measured = figures()
+            measured = f"\n{figures()}\n"
         except Exception as err:  # the stage table is kept; the error is said in its place
             traceback.print_exc()
-            measured = f"## Figures\n\nnot read: {type(err).__name__}: {err}"
+            measured = f"\n## Figures\n\nnot read: {type(err).__name__}: {err}\n"
             code = Exit.INTERNAL if code == Exit.OK else code
     verdict = "all stages passed" if code == Exit.OK else "FAILED"
-    print(f"\nci/run-gpu summary: {verdict}\n{table}")
-    report = f"## ci/run-gpu: {verdict}\n\n{table}\n"
-    if measured is not None:
-        print(f"\n{measured}")
-        report += f"\n{measured}\n"
+    print(f"\nci/run-gpu summary: {verdict}\n{table}\n{measured}", end="")
+    report = f"## ci/run-gpu: {verdict}\n\n{table}\n{measured}"
     (reports / SUMMARY_FILE).write_text(report, encoding="utf-8")
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if step_summary:
+    if step_summary := os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(step_summary, "a", encoding="utf-8") as out:
             out.write(report)
     return code

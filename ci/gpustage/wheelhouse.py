@@ -1,15 +1,17 @@
 """The wheelhouse an offline GPU runner installs from: what it holds, its manifest, its checks.
 
-A CUDA image is assumed to hold its own torch and what torch needs (IMAGE_HOLDS).
-The wheelhouse holds the rest of the import closure of the modules under test
-(the base's requirements/<env>.txt, less IMAGE_HOLDS and less NOT_IMPORTED), the test pins
-of ci/requirements-gpu-test.txt and the base's pinned sglang wheel, with a
-manifest of names, versions and sha256 (wheelhouse.json).
+What the CUDA image lacks of the import closure (the base's requirements/<env>.txt less
+IMAGE_HOLDS and NOT_IMPORTED), the GPU test pins and the pinned sglang wheel. And the
+rehearsal's double of the image (Python 3.12, the image's packages, no sgl_kernel, in the
+cache folder): our test environment holds the whole closure, so it would hide what is missing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -21,31 +23,33 @@ from patchset import wheel as wheels
 from patchset.errors import BackportError, Exit
 from patchset.lock import marked_folder
 from patchset.manifest import PinManifest, sha256_of
-from patchset.paths import PROJECT_ROOT
+from patchset.paths import PROJECT_ROOT, cache_dir
 from testrun import venv
+
+from .evidence import python_version as version_of
 
 MANIFEST = "wheelhouse.json"
 TEST_PINS = PROJECT_ROOT / "ci" / "requirements-gpu-test.txt"
 LIMIT_BYTES = 60 * 1024 * 1024  # what may travel to the runner, with room to spare
+DOUBLE_PINS = PROJECT_ROOT / "ci" / "requirements-image-double.txt"
+DOUBLE_PYTHON = "3.12"  # the image's Python is 3.12.3
 
-# What a CUDA torch image holds: torch (the base's pin) with the packages torch
-# requires, torchvision built for that torch (sglang.srt.utils.common imports
-# it) with pillow (torchvision imports it), and numpy. torch and torchvision
-# must match each other, so they cannot come from the wheelhouse.
+# A CUDA torch image's torch, what torch needs, torchvision (with pillow) built for that
+# torch, numpy: torch and torchvision must match, so neither can come from the wheelhouse.
 IMAGE_HOLDS = (
     "torch", "torchvision", "pillow", "triton", "numpy", "filelock", "fsspec", "jinja2",
     "markupsafe", "mpmath", "networkx", "sympy", "typing-extensions", "setuptools",
 )  # fmt: skip
 IMAGE_PREFIXES = ("nvidia-", "cuda-")
-# In the base's requirements/<env>.txt but not imported by the modules under test (found by
-# importing them with each blocked): IPython's interactive side, CLI helpers,
-# optional accelerators. Leaving them out keeps the wheelhouse under the limit.
+# Not imported by the modules under test (found by blocking each): left out to keep under
+# the limit.
 NOT_IMPORTED = (
     "annotated-doc", "asttokens", "executing", "hf-xet", "ipython-pygments-lexers", "jedi",
     "jiter", "markdown-it-py", "matplotlib-inline", "mdurl", "parso", "pexpect",
     "prompt-toolkit", "ptyprocess", "pure-eval", "shellingham", "stack-data", "truststore",
     "typer", "wcwidth", "ruff",
 )  # fmt: skip
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s\\;]+)")  # name==version, hashes skipped
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
@@ -54,18 +58,11 @@ def canonical(name: str) -> str:
 
 
 def read_pins(path: Path) -> dict[str, str]:
-    """name -> version of the `name==version` lines of a requirements file (hashes skipped)."""
-    pins: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        found = re.match(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s\\;]+)", line)
-        if found:
-            pins[found[1]] = found[2]
-    return pins
+    return {m[1]: m[2] for line in path.read_text("utf-8").splitlines() if (m := PIN.match(line))}
 
 
 def closure_file(manifest: PinManifest) -> Path:
-    """The base's test environment: its CPU import closure, exactly pinned (requirements/)."""
-    return venv.env_for(manifest).requirements[0]
+    return venv.env_for(manifest).requirements[0]  # the CPU import closure, exactly pinned
 
 
 def wanted_pins(manifest: PinManifest) -> dict[str, str]:
@@ -94,15 +91,16 @@ def _dist_of(file: str) -> tuple[str, str]:
     return canonical(name), version
 
 
-def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) -> Path:
-    """Download the wheels into out and write its manifest; returns the manifest's path."""
+def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) -> Wheelhouse:
+    """Download the wheels into out and write its manifest; the wheelhouse, checked."""
     if not re.fullmatch(r"3\.\d+", python_version):
         raise BackportError(
             Exit.USAGE, f"--python-version {python_version!r} is not like 3.12", "pass e.g. 3.12"
         )
-    if is_current(out, manifest, python_version):
-        print(f"{out} already holds every wheel, each with its sha256: nothing to download")
-        return out / MANIFEST
+    with contextlib.suppress(BackportError):  # load checks every pin and hash
+        if (house := load(out, manifest)).python_version == python_version:
+            print(f"{out} already holds every wheel, each with its sha256: nothing to download")
+            return house
     out.mkdir(parents=True, exist_ok=True)
     pins = wanted_pins(manifest)
     with marked_folder(out, ".download-") as tmp:
@@ -126,34 +124,18 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
             path.replace(out / path.name)
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
-    return write_manifest(manifest, python_version, out)
+    write_manifest(manifest, python_version, out)
+    return load(out, manifest)  # refuses a pin that pip did not bring
 
 
-def is_current(folder: Path, manifest: PinManifest, python_version: str) -> bool:
-    """Whether folder is a wheelhouse of these pins for this Python, every hash intact."""
-    try:
-        house = load(folder, manifest)
-    except BackportError:
-        return False
-    versions = {e.name: e.version for e in house.entries}
-    return house.python_version == python_version and all(
-        versions.get(canonical(name)) == version for name, version in wanted_pins(manifest).items()
-    )
-
-
-def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Path:
-    """wheelhouse.json for the wheels in out: the sglang wheel and one per wanted pin."""
-    entries = [_entry(out / manifest.base.wheel)]
-    by_name = {_dist_of(p.name)[0]: p for p in out.glob("*.whl")}
-    for name, version in wanted_pins(manifest).items():
-        path = by_name.get(canonical(name))
-        if path is None or _dist_of(path.name)[1] != version:
-            raise BackportError(
-                Exit.SETUP,
-                f"pip did not bring {name}=={version}",
-                "run again; report it if it stays",
-            )
-        entries.append(_entry(path))
+def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> None:
+    """wheelhouse.json for the wheels in out: the sglang wheel and those of the wanted pins."""
+    by_dist = {_dist_of(p.name): p for p in out.glob("*.whl")}
+    wanted = [(canonical(name), version) for name, version in wanted_pins(manifest).items()]
+    entries = [
+        _entry(out / manifest.base.wheel),
+        *(_entry(by_dist[w]) for w in wanted if w in by_dist),
+    ]
     data = {
         "base": manifest.base.version,
         "python_version": python_version,
@@ -162,9 +144,7 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Pat
         "total_bytes": sum(e.size for e in entries),
         "packages": [e.__dict__ for e in entries],
     }
-    path = out / MANIFEST
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
+    (out / MANIFEST).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def _entry(path: Path) -> Entry:
@@ -174,10 +154,8 @@ def _entry(path: Path) -> Entry:
 
 @dataclass(frozen=True)
 class Wheelhouse:
-    folder: Path
-    base: str
     python_version: str
-    sglang_wheel: Path
+    sglang_wheel: str
     entries: list[Entry]
 
     @property
@@ -185,12 +163,11 @@ class Wheelhouse:
         return sum(e.size for e in self.entries)
 
     def requirements(self) -> str:
-        """A hash-pinned requirements file for pip --require-hashes, of every wheel but
-        sglang's, which is laid out as a tree."""
+        """For pip --require-hashes: every wheel but sglang's, which is laid out as a tree."""
         return "".join(
             f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n"
             for e in self.entries
-            if e.file != self.sglang_wheel.name
+            if e.file != self.sglang_wheel
         )
 
 
@@ -215,9 +192,9 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
             f"the wheelhouse {folder} is for sglang {base}, not {manifest.base.version}",
             f"pass --base {base}, or {again}",
         )
-    have = {_dist_of(e.file)[0] for e in entries}
+    have = {_dist_of(e.file) for e in entries}
     for name, version in wanted_pins(manifest).items():
-        if canonical(name) not in have:
+        if (canonical(name), version) not in have:
             raise refuse(f"the wheelhouse {folder} lacks the package {name}=={version}")
     for entry in entries:
         wheel = folder / entry.file
@@ -237,4 +214,34 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
             f"the wheelhouse's {sglang} is not the wheel the patch set pins "
             f"({manifest.base.sha256})"
         )
-    return Wheelhouse(folder, base, python_version, folder / sglang, entries)
+    return Wheelhouse(python_version, sglang, entries)
+
+
+def ensure_double() -> Path:
+    """The image double's python, made (or synced to its pins) first."""
+    digest = hashlib.sha256(f"python {DOUBLE_PYTHON}\n".encode() + DOUBLE_PINS.read_bytes())
+    folder = cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
+    venv.ensure_venv(folder, [DOUBLE_PINS], "the lent machine's image, doubled", python=_python())
+    return venv.venv_python(folder)
+
+
+def _python() -> str:
+    """python3.12 on PATH if it runs (a shim may not), else pyenv's newest 3.12.x: nothing here
+    can download one."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    pyenv = sorted(
+        root.glob(f"{DOUBLE_PYTHON}.*/bin/python{DOUBLE_PYTHON}"),
+        key=lambda p: [int(x) for x in p.parts[-3].split(".") if x.isdigit()],
+        reverse=True,
+    )
+    on_path = shutil.which(f"python{DOUBLE_PYTHON}")
+    for candidate in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
+        if version_of(candidate) == DOUBLE_PYTHON:
+            return candidate
+    raise BackportError(
+        Exit.ENVIRONMENT,
+        f"no Python {DOUBLE_PYTHON} runs here (python{DOUBLE_PYTHON} on PATH: "
+        f"{on_path or 'none'}; {root}: {len(pyenv)} {DOUBLE_PYTHON}.x): the image double "
+        "needs the image's Python",
+        f"install Python {DOUBLE_PYTHON} (e.g. `pyenv install {DOUBLE_PYTHON}`) and run again",
+    )

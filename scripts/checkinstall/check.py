@@ -1,5 +1,4 @@
-"""check-install's flow: the install judged, and with a configuration its exposure
-(scripts/commands/check_install.py parses the options and prints)."""
+"""check-install's flow: the install judged, and with a configuration its exposure."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from pathlib import Path
 
 from patchset import catalog as catalogs
 from patchset.errors import BackportError, Exit
-from patchset.manifest import RELEASES_NAME, LaunchSettings, Releases, load_releases, release_key
+from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases, release_key
 from patchset.plays import PLAYS
 
 from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
@@ -17,64 +16,54 @@ from checkinstall import exposure, install, launchargs, report, serverargs, zipa
 
 def check(args: argparse.Namespace) -> report.Outcome:
     """The install judged, and with a configuration its exposure."""
-    env = launchargs.parse_env(args.env)
-    root = zipapp.data_root()
-    catalog = catalogs.load_catalog(root)
-    python = args.python or Path(sys.executable)
+    args.env = launchargs.parse_env(args.env)  # NAME=VALUE words -> the server's environment
+    args.python = args.python or Path(sys.executable)
+    catalog = catalogs.load_catalog(zipapp.data_root())
     if args.tree:
         found = install.inspect_tree(args.tree, catalog)
     else:
-        found = install.inspect_install(python, catalog)
+        found = install.inspect_install(args.python, catalog)
     code, verdict = found.verdict()
     configured = args.launch_args is not None or args.config or args.server_info
     if configured and not found.matches and not found.settled_by_shape:
-        registry = load_releases(root / RELEASES_NAME)
-        return _unknown_content(args, found, verdict, registry, catalog, python, env)
+        return _unknown_content(args, found, verdict, catalog)
     if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX):
         if code == Exit.OK and configured:
             verdict += "; whatever the configuration"
         return report.Outcome(found, code, verdict)
     content = found.matches[0]
-    table = load_releases(root / RELEASES_NAME).launch.get(content.release)
-    settings = _settings(args, table, content.release, python, env)
+    table = load_releases(zipapp.data_root() / RELEASES_NAME).launch.get(content.release)
+    settings = _settings(args, table, content.release)
     result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
     return _outcome(args, found, settings, result, content.release)
 
 
-def _outcome(
-    args: argparse.Namespace,
-    found: install.InstallReport,
-    settings: exposure.Settings,
-    result: exposure.Exposure,
-    release: str,
-) -> report.Outcome:
-    """The outcome as judge gave it, its last line the verdict."""
-    config = _configuration(args, settings, result.lines, release)
-    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
-
-
 def _settings(
-    args: argparse.Namespace,
-    table: LaunchSettings | None,
-    release: str,
-    python: Path,
-    env: dict[str, str],
+    args: argparse.Namespace, table: LaunchSettings | None, release: str
 ) -> exposure.Settings:
+    env = args.env
     if args.server_info:
         settings = exposure.from_server_info(
             args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
         )
     else:
-        launch = launchargs.read_launch_args(args.launch_args or "")
-        words = launchargs.place_config(launch.args, args.config, args.config_root)
-        env.update(launch.env)  # the command's own prefix, over the container's
-        needed = _table(table, release)
+        words, prefix = launchargs.read_launch_args(args.launch_args or "")
+        words = launchargs.place_config(words, args.config, args.config_root)
+        env.update(prefix)  # the command's own prefix, over the container's
+        if table is None:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{zipapp.data_root() / RELEASES_NAME}: sglang {release} names no launch "
+                "profile (launch = PROFILE), so the launch arguments cannot be read for that "
+                "release",
+                "name its [launch.PROFILE] (docs/maintaining.md, adding a release)",
+            )
         if args.tree:
             settings = launchargs.parse_with_table(
-                words, needed, "--tree: no interpreter here to run sglang's ServerArgs"
+                words, table, "--tree: no interpreter here to run sglang's ServerArgs"
             )
         else:
-            settings = serverargs.parse_with_server_args(python, words, env, needed)
+            settings = serverargs.parse_with_server_args(args.python, words, env, table)
     settings.env = env
     if args.torch_build:
         settings.torch_build = args.torch_build
@@ -82,36 +71,33 @@ def _settings(
     return settings
 
 
-def _configuration(
-    args: argparse.Namespace, settings: exposure.Settings, lines: list[str], release: str | None
-) -> report.Configuration:
-    return report.Configuration(
+def _outcome(
+    args: argparse.Namespace,
+    found: install.InstallReport,
+    settings: exposure.Settings,
+    result: exposure.Exposure,
+    release: str | None,
+) -> report.Outcome:
+    """The outcome with its configuration; the last of result's lines is the verdict."""
+    config = report.Configuration(
         "server-info" if args.server_info else "launch-args",
         settings.parser,
         {name: settings.get(name) for name in exposure.FIELDS},
         dict(settings.env),
         settings.torch_build,
-        lines,
+        result.lines,
         release,
     )
+    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
 
 
 def _unknown_content(
-    args: argparse.Namespace,
-    found: install.InstallReport,
-    verdict: str,
-    registry: Releases,
-    catalog: catalogs.Catalog,
-    python: Path,
-    env: dict[str, str],
+    args: argparse.Namespace, found: install.InstallReport, verdict: str, catalog: catalogs.Catalog
 ) -> report.Outcome:
-    """Files no blob id names, with a configuration: the verdict is never "not
-    exposed". Files judged affected (or fix A only) by their shape are judged with
-    the races of known content that has the same fixes; else, where the
-    distribution's version names a release, as that release as shipped (every race
-    it has open). Exposed if the configuration reaches one of them, else exposure
-    unknown; with no release to assume, the settings are read and shown, and
-    exposure is unknown."""
+    """Files no blob id names, with a configuration: never "not exposed". Judged with the races
+    of known content with the shape's fixes, else of the release the distribution's version
+    names, as shipped: exposed if the configuration reaches one, else exposure unknown."""
+    registry = load_releases(zipapp.data_root() / RELEASES_NAME)
     shipped, assumed = found.judged_as, verdict  # the verdict says how they were judged
     version = found.dist.version.split("+")[0] if found.dist else ""
     known = registry.known.get(version)
@@ -121,19 +107,18 @@ def _unknown_content(
     assumed_release = shipped.release if shipped else None
     if shipped and assumed_release in registry.launch:
         table = registry.launch[assumed_release]
-        settings = _settings(args, table, assumed_release, python, env)
+        settings = _settings(args, table, assumed_release)
         result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
         lines = result.lines[:-1]
         if result.code == Exit.EXPOSED:
             return _outcome(args, found, settings, result, assumed_release)
         why = (
-            f"this configuration would keep sglang {assumed_release} as shipped out of the "
-            "race, but the files are not that release's, so whether it keeps them out is "
-            "not known"
+            f"this configuration would keep sglang {assumed_release} as shipped out of the race, "
+            "but the files are not that release's, so whether it keeps them out is not known"
         )
     else:
         newest = max(registry.launch, key=release_key)
-        settings = _settings(args, registry.launch[newest], newest, python, env)
+        settings = _settings(args, registry.launch[newest], newest)
         lines = [
             f"configuration parsed by {settings.parser}, with the flags of sglang {newest} "
             "(the newest release this project knows the flags of)",
@@ -143,17 +128,6 @@ def _unknown_content(
             "no release can be assumed for these files (their distribution names none this "
             "project knows), so which races they leave open is not known"
         )
-    line = f"exposure unknown: {verdict}; {why}"
-    config = _configuration(args, settings, [*lines, f"verdict: {line}"], assumed_release)
-    return report.Outcome(found, Exit.EXPOSURE_UNKNOWN, line, config)
-
-
-def _table(table: LaunchSettings | None, release: str) -> LaunchSettings:
-    if table is None:
-        raise BackportError(
-            Exit.PATCHSET_INVALID,
-            f"{zipapp.data_root() / RELEASES_NAME}: sglang {release} names no launch profile "
-            "(launch = PROFILE), so the launch arguments cannot be read for that release",
-            "name its [launch.PROFILE] (docs/maintaining.md, adding a release)",
-        )
-    return table
+    lines.append(f"verdict: exposure unknown: {verdict}; {why}")
+    unknown = exposure.Exposure(Exit.EXPOSURE_UNKNOWN, lines)
+    return _outcome(args, found, settings, unknown, assumed_release)

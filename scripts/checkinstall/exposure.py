@@ -1,80 +1,47 @@
 """Whether a deployment's configuration reaches the race: its launch settings, judged
-against the races open at the install's step and race-check's scenario catalogue.
-"""
+against the races open at the install's step and race-check's scenario catalogue."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 from patchset.errors import Exit
 from patchset.manifest import LaunchSettings, RaceEntry
+from patchset.plays import Play
 
-from checkinstall import serverinfo
-from checkinstall.launchargs import (
-    DISAGGREGATION_MODES,
-    FIELDS,
-    Settings,
-    eagle_family,
-    env_bool,
-    not_understood,
-)
+from checkinstall import launchargs, serverinfo
+from checkinstall.launchargs import FIELDS, Settings
 from checkinstall.serverargs import DEFAULT_DEVICE
 
-# The hisparse seam (Scheduler._build_hisparse_decode_batch's stash), played by race-check.
-HISPARSE_SCENARIO = "H1"
+HISPARSE_SCENARIO = "H1"  # the hisparse seam: _build_hisparse_decode_batch's stash
 WAR_BARRIER_ENV = "SGLANG_ENABLE_WAR_BARRIER"
 TIMEOUT_S = 10.0
 TORCH_BUILDS = ("cuda", "rocm")
 
 
-# the fields /server_info gives as true or false; the others are strings or null
-_SWITCHES = ("disable_overlap_schedule", "enable_hisparse", "disable_cuda_graph",
-             "disable_decode_cuda_graph")  # fmt: skip
-
-
 def from_server_info(
     url: str, api_key: str | None, table: LaunchSettings | None, timeout: float = TIMEOUT_S
 ) -> Settings:
-    """The settings a running server reports at /server_info (after its own adjustments),
-    within one deadline of timeout seconds for its whole answer."""
+    """The settings a running server reports at /server_info, within timeout seconds."""
     info, shown = serverinfo.read_server_info(url, api_key, timeout)
     values = {name: info.get(name) for name in FIELDS}
     odd = [
         f"{name} is {value!r}"
         for name, value in values.items()
-        if value is not None and not isinstance(value, bool if name in _SWITCHES else str)
+        if value is not None and not isinstance(value, launchargs.KINDS[name])
     ]
-    if values["disaggregation_mode"] not in DISAGGREGATION_MODES:
+    if values["disaggregation_mode"] not in launchargs.DISAGGREGATION_MODES:
         odd.append(f"disaggregation_mode is {values['disaggregation_mode']!r}")
     if odd:
-        raise not_understood(
+        raise launchargs.not_understood(
             f"--server-info {shown} answers values no sglang server has: {'; '.join(odd)}",
             "point it at the sglang server itself (its host and port)",
         )
-    algorithm = values["speculative_algorithm"]
-    eagle = eagle_family(algorithm, table) if table else str(algorithm or "").startswith("EAGLE")
-    return Settings(
-        values,
-        f"the running server's {shown} (its values after sglang's own adjustments)",
-        eagle,
-        adjusted=True,
-    )
-
-
-# --- the verdict -------------------------------------------------------------------
-
-
-class Scenario(Protocol):
-    """A race-check scenario as its catalogue describes it (racecheck.catalogue.Play)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def spec(self) -> str | None: ...  # the speculative path it plays (EAGLE), or None
-    @property
-    def barrier(self) -> str | None: ...  # none/fast/fallback in the loop, or None
+    algorithm = str(values["speculative_algorithm"] or "")
+    eagle = launchargs.eagle_family(algorithm, table) if table else algorithm.startswith("EAGLE")
+    parser = f"the running server's {shown} (its values after sglang's own adjustments)"
+    return Settings(values, parser, eagle, adjusted=True)
 
 
 @dataclass(frozen=True)
@@ -83,35 +50,23 @@ class Exposure:
     lines: list[str]  # one setting per line, then the verdict
 
 
-def _buffers(entries: list[RaceEntry]) -> list[str]:
-    return list(dict.fromkeys(b for _kind, buffers, _rows in entries for b in buffers))
-
-
 def judge(
     settings: Settings,
-    races: Mapping[str, tuple[RaceEntry, ...]],
+    races: Mapping[str, tuple[RaceEntry, ...]],  # scenario -> its [races] entries at the step
     table: LaunchSettings | None,
-    install: str,
-    scenarios: Iterable[Scenario],
+    install: str,  # the install's verdict line
+    plays: Iterable[Play],
 ) -> Exposure:
-    """Whether this configuration reaches the races open in the install (races: the
-    [races] entries at its step, scenario -> entries; scenarios: the race checker's
-    catalogue). install: its verdict line."""
+    """Whether this configuration reaches the races open in the install."""
     lines = [f"configuration parsed by {settings.parser}"]
     keeps_out: list[str] = []  # the settings that keep the deployment out
 
     mode = str(settings.get("disaggregation_mode") or "null")
-    if mode == "decode":
-        lines.append("disaggregation mode: decode: the prebuilt path reaches the race")
-    else:
-        lines.append(
-            f"disaggregation mode: {mode}: only decode seeds prebuilt rows, so this server "
-            "does not reach the race"
-        )
-        keeps_out.append(
-            f"--disaggregation-mode {mode} (serving as decode, --disaggregation-mode decode, "
-            "exposes it)"
-        )
+    reach = "the prebuilt path reaches the race"
+    if mode != "decode":
+        reach = "only decode seeds prebuilt rows, so this server does not reach the race"
+        keeps_out.append(f"--disaggregation-mode {mode} (serving as decode exposes it)")
+    lines.append(f"disaggregation mode: {mode}: {reach}")
 
     overlap_on = not settings.get("disable_overlap_schedule")
     if overlap_on:
@@ -121,62 +76,49 @@ def judge(
             line += "; not evaluated here: " + "; ".join(settings.not_evaluated)
         lines.append(line)
     else:
-        by = (
-            f"sglang turned it off ({', '.join(settings.turned_off_by)})"
-            if settings.turned_off_by
-            else "--disable-overlap-schedule"
-        )
+        by = ", ".join(settings.turned_off_by)
+        by = f"sglang turned it off ({by})" if by else "--disable-overlap-schedule"
         lines.append(f"overlap scheduling: off ({by}): one stream, nothing races")
         keeps_out.append(f"overlap off ({by}; turning overlap on exposes it)")
 
     algorithm = settings.get("speculative_algorithm") or "none"
-    plays = [p for p in scenarios if bool(p.spec) == settings.eagle and p.name in races]
-    family, writes = (
-        ("EAGLE family", "all five relay buffers")
-        if settings.eagle
-        else ("not EAGLE", "output_tokens_buf only")
-    )
+    plays = [p for p in plays if bool(p.spec) == settings.eagle and p.name in races]
+    family = "EAGLE family" if settings.eagle else "not EAGLE"
+    writes = "all five relay buffers" if settings.eagle else "output_tokens_buf only"
     lines.append(f"speculative algorithm: {algorithm} ({family}): the seeding writes {writes}")
 
-    device = str(settings.get("device") or DEFAULT_DEVICE)
-    named = (
-        device if settings.get("device") else f"{device} (not given: sglang picks cuda with a GPU)"
-    )
+    given = settings.get("device")
+    device = str(given or DEFAULT_DEVICE)
+    named = device if given else f"{device} (not given: sglang picks cuda with a GPU)"
     if device == "cuda" and settings.torch_build == "rocm":
         named += f", {settings.torch_source}"
     raw = settings.env.get(WAR_BARRIER_ENV)
-    barrier_env = raw is not None and env_bool(raw) is True
+    # None: a value sglang's EnvBool does not read
+    read = "unset" if raw is None else launchargs.ENV_BOOL.get(raw.lower())
     on = ""  # what turns the WAR barrier on, if anything
     if device == "cuda" and settings.torch_build != "rocm":
         on = f"is_cuda() ({settings.torch_source})"
-    elif barrier_env and table is not None and table.war_barrier_env:
+    elif read is True and table is not None and table.war_barrier_env:
         on = f"{WAR_BARRIER_ENV} is set in the server's environment"
     if on:
         graphs_off = settings.get("disable_cuda_graph") or settings.get("disable_decode_cuda_graph")
         fast = bool(table and table.war_fast_path) and not graphs_off
         barrier = "fast" if fast else "fallback"
-        why = (
-            "a decode graph replay records the read-done event it waits on"
-            if fast
-            else "CUDA graphs are off: it waits on the whole forward stream"
-            if graphs_off
-            else "this release has no fast path: it waits on the whole forward stream"
-        )
+        why = "a decode graph replay records the read-done event it waits on"
+        if not fast:
+            off = "CUDA graphs are off" if graphs_off else "this release has no fast path"
+            why = f"{off}: it waits on the whole forward stream"
         lines.append(f"device: {named}: the WAR barrier is on, {on}; {barrier} path ({why})")
     else:
         barrier = "none"
-        if barrier_env:
-            reason = f"{WAR_BARRIER_ENV}={raw} is set, but this release reads it only on CUDA"
-        elif raw is None:
-            reason = f"is_cuda() is false and {WAR_BARRIER_ENV} is not set (--env)"
-        elif env_bool(raw) is False:
-            reason = f"is_cuda() is false and {WAR_BARRIER_ENV}={raw} is false"
-        else:
-            reason = (
-                f"is_cuda() is false, and {WAR_BARRIER_ENV}={raw!r} is no value sglang's "
-                "EnvBool reads (true/1/yes/y, false/0/no/n, any case): sglang warns and "
-                "takes its default, false"
-            )
+        reason = {
+            True: f"{WAR_BARRIER_ENV}={raw} is set, but this release reads it only on CUDA",
+            False: f"is_cuda() is false and {WAR_BARRIER_ENV}={raw} is false",
+            None: f"is_cuda() is false, and {WAR_BARRIER_ENV}={raw!r} is no value sglang's "
+            "EnvBool reads (true/1/yes/y, false/0/no/n, any case): sglang warns and takes its "
+            "default, false",
+            "unset": f"is_cuda() is false and {WAR_BARRIER_ENV} is not set (--env)",
+        }[read]
         lines.append(f"device: {named}: the WAR barrier is off ({reason})")
     loop = [p.name for p in plays if p.barrier == barrier]
     played = loop + ([p.name for p in plays if p.barrier is None] if barrier == "none" else [])
@@ -187,46 +129,38 @@ def judge(
             "a device without the barrier, or another barrier path, exposes it"
         )
 
-    hisparse = bool(settings.get("enable_hisparse"))
-    hisparse_open = False  # the hisparse seam: a server's own prefill-to-decode transition
-    if HISPARSE_SCENARIO not in races:
-        lines.append(
-            f"hisparse: {'on' if hisparse else 'off'}; not played for this release "
-            f"(no [races.{HISPARSE_SCENARIO}])"
-        )
+    hisparse, seam = bool(settings.get("enable_hisparse")), HISPARSE_SCENARIO
+    # a server's own prefill-to-decode transition, whatever its disaggregation mode but prefill
+    hisparse_open = hisparse and bool(races.get(seam)) and mode != "prefill"
+    if seam not in races:
+        said = f"{'on' if hisparse else 'off'}; not played for this release (no [races.{seam}])"
     elif not hisparse:
-        lines.append("hisparse: off (--enable-hisparse not given)")
-    elif races[HISPARSE_SCENARIO]:
-        lines.append(
-            f"hisparse: on: the hisparse stash races at this step ({HISPARSE_SCENARIO} open)"
-        )
-        hisparse_open = mode != "prefill"
+        said = "off (--enable-hisparse not given)"
+    elif races[seam]:
+        said = f"on: the hisparse stash races at this step ({seam} open)"
     else:
-        lines.append(
-            f"hisparse: on: {HISPARSE_SCENARIO} was played on this release's code and found ordered"
-        )
+        said = f"on: {seam} was played on this release's code and found ordered"
+    lines.append(f"hisparse: {said}")
 
-    reaching = (open_ if mode == "decode" else []) + ([HISPARSE_SCENARIO] if hisparse_open else [])
+    reaching = (open_ if mode == "decode" else []) + ([seam] if hisparse_open else [])
     entries = [entry for name in reaching for entry in races[name]]
+    buffers = dict.fromkeys(b for _kind, names, _rows in entries for b in names)
     if settings.unsettled:
         lines.append("not understood: " + "; ".join(settings.unsettled))
+    keeps = "; ".join(keeps_out or ["no scenario this configuration plays is open at this step"])
     if reaching and overlap_on:
-        lines.append(
-            f"verdict: exposed: {install}; this configuration reaches the race: scenarios "
-            f"{', '.join(reaching)}; buffers {', '.join(_buffers(entries))}"
+        code = Exit.EXPOSED
+        verdict = (
+            f"exposed: {install}; this configuration reaches the race: scenarios "
+            f"{', '.join(reaching)}; buffers {', '.join(buffers)}"
         )
-        return Exposure(Exit.EXPOSED, lines)
-    if not keeps_out:
-        keeps_out.append("no scenario this configuration plays is open at this step")
-    if settings.unsettled:
-        lines.append(
-            f"verdict: exposure unknown: {install}; as read, this configuration would not "
-            f"reach the race ({'; '.join(keeps_out)}), but what was not understood may "
-            "change that"
+    elif settings.unsettled:
+        code = Exit.EXPOSURE_UNKNOWN
+        verdict = (
+            f"exposure unknown: {install}; as read, this configuration would not reach the "
+            f"race ({keeps}), but what was not understood may change that"
         )
-        return Exposure(Exit.EXPOSURE_UNKNOWN, lines)
-    lines.append(
-        f"verdict: not exposed: {install}; this configuration does not reach the race: "
-        + "; ".join(keeps_out)
-    )
-    return Exposure(Exit.NOT_EXPOSED, lines)
+    else:
+        code = Exit.NOT_EXPOSED
+        verdict = f"not exposed: {install}; this configuration does not reach the race: {keeps}"
+    return Exposure(code, [*lines, f"verdict: {verdict}"])

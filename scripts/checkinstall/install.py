@@ -1,5 +1,6 @@
-"""What an environment's sglang is: its three files, hashed and named, and its RECORD
-(inspect_install for an interpreter, inspect_tree for a folder).
+"""What an environment's sglang is: its three files, hashed and named, and its RECORD. The
+probe that finds them runs in the interpreter under check, without importing sglang; its one
+line of JSON is checked key by key: that interpreter may be anything.
 """
 
 from __future__ import annotations
@@ -8,39 +9,206 @@ import ast
 import base64
 import hashlib
 import json
+import re
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from patchset import shape
 from patchset.catalog import REPO_PREFIX, Catalog, KnownContent
-from patchset.errors import BackportError, Exit
+from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import git_blob_id
 from patchset.shapeflow import Sources
-
-from .probe import ProbedDist, ask
 
 BY_BLOB_ID = "blob id"
 BY_SHAPE = "code shape"
 JUDGED = "judged by code shape, not a known release"
 # what each judgement's files carry, as releases.toml names the fixes
 SHAPE_FIXES = {shape.AFFECTED: frozenset(), shape.FIX_A_ONLY: frozenset({"fix-a"})}
+MATCHES = "matches RECORD"
 # a file's RECORD state that says it was changed or added after its install
 MODIFIED = ("differs from RECORD", "not in RECORD", "not in installed-files.txt")
 NO_RECORD = "no RECORD: judged by content"
 NO_HASH = "in installed-files.txt (no hash): judged by content"
+NO_DISTRIBUTION = "none: no installed distribution owns sglang/ or is named sglang (no RECORD)"
 SHADOWED = "; it does not own the files found (another copy on sys.path shadows it)"
+
+
+# Runs in the inspected interpreter (Python 3.8+): sglang, found by find_spec (which does
+# not run its __init__), and every distribution that installs files under sglang/ (RECORD,
+# installed-files.txt) or says it is sglang, whatever its name (a fork: sglang-kt).
+_PROBE = r"""
+import json, os, posixpath, re, sys
+sys.path[:] = [p for p in sys.path if p != ""]
+import importlib.metadata as md
+import importlib.util
+out = {"python": sys.version.split()[0]}
+spec = importlib.util.find_spec("sglang")
+locations = list(spec.submodule_search_locations or []) if spec else []
+out["package"] = locations[0] if locations else None
+def listing(dist, info):
+    # (what lists the files, [[path under the site folder, located, mode, hash]])
+    if info and info.endswith(".egg-info"):
+        text = dist.read_text("installed-files.txt")
+        if text is None:
+            return None, []
+        site = os.path.dirname(info)
+        located = [os.path.normpath(os.path.join(info, line.strip()))
+                   for line in text.splitlines() if line.strip()]
+        return "installed-files.txt", [[os.path.relpath(path, site).replace(os.sep, "/"),
+                                        path, None, None] for path in located]
+    if dist.read_text("RECORD") is None:
+        return None, []
+    return "RECORD", [[posixpath.normpath(f.as_posix()), str(dist.locate_file(f)),
+                       f.hash.mode if f.hash else None, f.hash.value if f.hash else None]
+                      for f in dist.files or []]
+out["dists"], seen = [], set()
+for dist in md.distributions():
+    info = getattr(dist, "_path", None)
+    info = os.path.realpath(str(info)) if info is not None else None
+    if info in seen:
+        continue
+    try:
+        name = dist.metadata.get("Name") or ""
+    except Exception:
+        name = ""
+    listed, rows = listing(dist, info)
+    top = (dist.read_text("top_level.txt") or "").split()
+    owns = any(row[0].split("/")[0] == "sglang" for row in rows)
+    if not (owns or re.sub(r"[-_.]+", "-", name).lower() == "sglang" or "sglang" in top):
+        continue
+    seen.add(info)
+    out["dists"].append({
+        "name": name, "version": dist.version or "unknown", "info": info, "listing": listed,
+        "direct_url": dist.read_text("direct_url.json"),
+        "hooks": [r[1] for r in rows if "/" not in r[0] and r[0].endswith((".pth", ".py"))],
+        "files": {row[0]: row[1:] for row in rows if row[0].startswith("sglang/srt/")},
+    })
+print(json.dumps(out))
+"""
+
+LISTINGS = ("RECORD", "installed-files.txt")
+
+
+@dataclass(frozen=True)
+class ProbedDist:
+    """One distribution that installs the sglang package, as the inspected interpreter sees it."""
+
+    name: str  # as its metadata spells it: sglang, or a fork's own name
+    version: str
+    info: str | None  # its .dist-info or .egg-info folder
+    listing: str | None  # what lists its files: RECORD, installed-files.txt, or None
+    direct_url: str | None  # the text of its direct_url.json (PEP 610)
+    hooks: list[str]  # the .pth files and modules it installs at the top of site-packages
+    files: dict[str, list[str | None]]  # sglang/srt/... -> [located path, hash mode, hash]
+
+    @property
+    def fork(self) -> bool:
+        return re.sub(r"[-_.]+", "-", self.name).lower() != "sglang"  # as PEP 503 compares
+
+    def describe(self) -> str:
+        fork = "; a fork of sglang: not named sglang" if self.fork else ""
+        return f"{self.name} {self.version} ({self.info or 'an unnamed place'}{fork})"
+
+
+# what the probe found: the Python version, sglang's folder (None: no sglang), its distributions
+Probe = tuple[str, str | None, list[ProbedDist]]
+_TEXT = (str, type(None))
+# each key of a probed distribution and the JSON types it may hold
+_DIST_KINDS = {"hooks": (list,), "files": (dict,), "listing": _TEXT, "name": (str,)}
+_DIST_KINDS |= {"version": (str,), "info": _TEXT, "direct_url": _TEXT}
+
+
+class _BadAnswer(ValueError):
+    """What is wrong with the inspected interpreter's answer."""
+
+
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
+_JSON_NAMES |= {int: "a number", float: "a number", type(None): "null"}
+
+
+def _get(obj: object, key: str, kinds: tuple[type, ...], where: str) -> Any:
+    """obj[key], which must be one of kinds; _BadAnswer says what is wrong."""
+    if not isinstance(obj, dict):
+        raise _BadAnswer(f"{where} is {_JSON_NAMES[type(obj)]}, not an object")
+    if key not in obj:
+        raise _BadAnswer(f"{where} has no {key!r}")
+    value = obj[key]
+    if type(value) not in kinds:
+        wanted = " or ".join(_JSON_NAMES[kind] for kind in kinds)
+        raise _BadAnswer(f"{where}[{key!r}] is {_JSON_NAMES[type(value)]}, not {wanted}")
+    return value
+
+
+def _read_probe(text: str) -> Probe:
+    """The probe's answer (one line of JSON), checked key by key and type by type."""
+    try:
+        answer = json.loads(text)
+    except ValueError as err:
+        raise _BadAnswer(f"its answer is not JSON ({err})") from None
+    top, dists = "the answer", []
+    for index, item in enumerate(_get(answer, "dists", (list,), top)):
+        where = f"{top}'s dists[{index}]"
+        dist: dict[str, Any] = {}
+        for key, kinds in _DIST_KINDS.items():  # in this order, so the first fault is named
+            value = dist[key] = _get(item, key, kinds, where)
+            if key == "hooks" and any(type(hook) is not str for hook in value):
+                raise _BadAnswer(f"{where}['hooks'] holds something that is not a string")
+            for name, entry in value.items() if key == "files" else ():
+                listed = type(entry) is list and len(entry) == 3 and type(entry[0]) is str
+                if not (listed and all(type(part) in _TEXT for part in entry[1:])):
+                    raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
+            if key == "listing" and value is not None and value not in LISTINGS:
+                raise _BadAnswer(f"{where}['listing'] is {value!r}, not one of {LISTINGS}")
+        dists.append(ProbedDist(**dist))
+    return _get(answer, "python", (str,), top), _get(answer, "package", _TEXT, top), dists
+
+
+def ask(python: Path) -> Probe:
+    """What python answers to the probe; refused (exit 16) with the reason if it cannot."""
+    if not python.exists():
+        raise BackportError(
+            Exit.ENVIRONMENT, f"--python {python}: no such file", "pass a python interpreter"
+        )
+    try:
+        result = subprocess.run(
+            [str(python), "-c", _PROBE], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"--python {python} could not be run: {err}",
+            "pass a python interpreter that runs (e.g. the one in the environment's bin/)",
+        ) from None
+    try:
+        if result.returncode != 0:
+            raise _BadAnswer(f"exit status {result.returncode}")
+        return _read_probe((result.stdout.strip().splitlines() or [""])[-1])
+    except _BadAnswer as err:
+        said = result.stderr if result.returncode != 0 else result.stdout
+        said = (said.strip().splitlines() or ["no output"])[-1]  # its last line, cut short
+        said = said[:160] + "..." if len(said) > 160 else said
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"--python {python} is not a python this command can ask ({err}; it said: {said})",
+            "pass a Python 3.8 or later interpreter",
+        ) from None
 
 
 @dataclass
 class FileState:
     path: str  # python/sglang/... as in the manifests
     location: Path
-    blob: str | None = None
+    blob_id: str | None = None
     sha256: str | None = None
-    # "matches RECORD", "differs from RECORD", "not in RECORD", "editable: not in RECORD",
-    # NO_RECORD, NO_HASH (judged by content alone), or "-" (no distribution owns the file)
-    record: str = "-"
+    record: str = "-"  # MATCHES, a MODIFIED state, NO_RECORD, ...; "-": none owns it
+
+    @property
+    def record_match(self) -> bool | None:
+        """Whether the file matches its distribution's RECORD: None where nothing says."""
+        return self.record == MATCHES if self.record in (MATCHES, *MODIFIED) else None
 
 
 @dataclass
@@ -52,12 +220,9 @@ class InstallReport:
     dist: ProbedDist | None = None  # the one distribution that installs sglang, if any
     python: str | None = None  # the inspected interpreter (None for --tree)
     python_version: str | None = None
-    # how the content was named: by the git blob ids of the three files
-    # (catalog.lookup), else by the code's shape (shape.py)
-    basis: str | None = None
+    basis: str | None = None  # BY_BLOB_ID or BY_SHAPE
     shape: shape.Judgement | None = None  # for files no blob id names
-    # known content with the fixes the shape has: whose races are taken as open
-    judged_as: KnownContent | None = None
+    judged_as: KnownContent | None = None  # with the shape's fixes: whose races are open
 
     @property
     def modified(self) -> bool:
@@ -81,12 +246,10 @@ class InstallReport:
         return list(self.content.open)
 
     def verdict(self) -> tuple[Exit, str]:
-        """The exit code and the verdict line.
-
-        Precedence: an open race is named first (whether pip knows the files
-        or not), then an edit pip does not know of, then unknown content.
-        """
-        open_, content, named = self.open, self.content, self._named()
+        """The exit code and the verdict line: an open race first, whether pip knows the
+        files or not, then an edit pip does not know of, then unknown content."""
+        open_, content, names = self.open, self.content, "; ".join(m.name for m in self.matches)
+        named = names
         if self.judged_as:
             named = f"{JUDGED}: {self.shape.reason}; races as in {self.judged_as.name}"
         if open_ and content:
@@ -97,52 +260,39 @@ class InstallReport:
                 )
             return Exit.AFFECTED, f"affected: {named}; races open: {', '.join(open_)}"
         if self.modified:
+            judged = f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
             return Exit.MODIFIED, (
                 "modified: the files differ from the RECORD of the installed distribution "
-                f"(an edit pip does not know of); content: {self._content()}"
+                f"(an edit pip does not know of); content: {names or judged}"
             )
         if open_ is None or (self.shape and not self.matches and not self.settled_by_shape):
             why = f"; {JUDGED}: {self.shape.verdict}: {self.shape.reason}" if self.shape else ""
-            return Exit.UNKNOWN_CONTENT, (
-                f"unknown content: the files match no release and no series this project knows{why}"
-            )
+            return Exit.UNKNOWN_CONTENT, f"unknown content: {EXIT_TEXT[Exit.UNKNOWN_CONTENT]}{why}"
         if self.shape and not self.matches:
             return Exit.OK, f"{self.shape.verdict} ({JUDGED}): {self.shape.reason}; races closed"
-        match = self.matches[0]
-        what = "patched" if match.ours else "fixed upstream"
+        what = "patched" if self.matches[0].ours else "fixed upstream"
         return Exit.OK, f"{what}: {named}; races closed"
-
-    def _named(self) -> str:
-        return "; ".join(m.name for m in self.matches)
-
-    def _content(self) -> str:
-        if self.matches:
-            return self._named()
-        return f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
 
 
 def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
-    states = []
-    for path in catalog.files:
-        location = package / path.removeprefix(f"{REPO_PREFIX}sglang/")
-        state = FileState(path, location)
-        if location.is_file():
-            data = location.read_bytes()
-            state.blob = git_blob_id(data)
-            state.sha256 = hashlib.sha256(data).hexdigest()
-        states.append(state)
+    prefix = f"{REPO_PREFIX}sglang/"
+    states = [FileState(path, package / path.removeprefix(prefix)) for path in catalog.files]
+    for state in states:
+        if state.location.is_file():
+            data = state.location.read_bytes()
+            state.blob_id, state.sha256 = git_blob_id(data), hashlib.sha256(data).hexdigest()
     return states
 
 
 def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallReport:
-    blobs = {f.path: f.blob for f in report.files}
+    blobs = {f.path: f.blob_id for f in report.files}
     report.matches = catalog.lookup(blobs) if all(blobs.values()) else []
     # a step of our series is named before a release with the same files
     report.matches.sort(key=lambda m: not m.ours)
     if report.matches:
         report.basis = BY_BLOB_ID
         return report
-    report.basis, report.shape = BY_SHAPE, shape.judge(Sources.from_package(package))
+    report.basis, report.shape = BY_SHAPE, shape.judge(Sources(package))
     if report.shape.verdict in SHAPE_FIXES:
         # the races open are those of known content with the same fixes: the release
         # the distribution names, else the one that shares most of the files
@@ -183,29 +333,24 @@ def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
     try:
         for node in ast.parse(source).body:
-            if isinstance(node, ast.AnnAssign):
-                target, value = node.target, node.value
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target, value = node.targets[0], node.value
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                target = node.target
             else:
                 continue
-            if isinstance(target, ast.Name) and target.id == "MAPPING" and value is not None:
-                mapping = ast.literal_eval(value)
-                if isinstance(mapping, dict):
-                    return {str(k): str(v) for k, v in mapping.items()}
-                return {}
-    except (SyntaxError, ValueError):
-        return {}
+            if isinstance(target, ast.Name) and target.id == "MAPPING":
+                mapping = ast.literal_eval(node.value)  # type: ignore[arg-type]
+                found = isinstance(mapping, dict)
+                return {str(k): str(v) for k, v in mapping.items()} if found else {}
+    except (SyntaxError, ValueError, TypeError):
+        pass
     return {}
 
 
 def _hook_packages(hooks: list[str]) -> list[Path]:
-    """Where an editable install's hooks put the sglang package.
-
-    A .pth file's path lines go onto sys.path (relative ones from its folder,
-    as site.py reads them), so sglang is PATH/sglang; a setuptools finder
-    module maps the name to its folder in MAPPING.
-    """
+    """Where an editable install's hooks put sglang: PATH/sglang for a .pth file's path line
+    (relative to its folder, as site.py reads it), else a setuptools finder's MAPPING."""
     found = []
     for hook in map(Path, hooks):
         try:
@@ -231,7 +376,6 @@ def _check_record(report: InstallReport, dist: ProbedDist) -> None:
         for state in report.files:
             state.record = NO_RECORD
         return
-    owned = 0
     for state in report.files:
         entry = dist.files.get(state.path.removeprefix(REPO_PREFIX))
         if entry is None:
@@ -241,21 +385,19 @@ def _check_record(report: InstallReport, dist: ProbedDist) -> None:
         if Path(str(located)).resolve() != state.location.resolve():
             state.record = "-"
             continue
-        owned += 1
         if dist.listing != "RECORD":
             state.record = NO_HASH
         elif state.sha256 is None or mode != "sha256":
             state.record = "differs from RECORD"
         else:
             digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256)).rstrip(b"=").decode()
-            state.record = "matches RECORD" if digest == value else "differs from RECORD"
-    if not owned and all(s.record == "-" for s in report.files):
+            state.record = MATCHES if digest == value else "differs from RECORD"
+    if all(s.record == "-" for s in report.files):  # it owns none of them
         report.distribution += SHADOWED
 
 
 def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: Path) -> None:
-    """An editable install: its RECORD lists only its hooks; the files are judged
-    by their content, where the hooks say they live."""
+    """An editable install's RECORD lists only its hooks: the files are judged by content."""
     packages = _hook_packages(dist.hooks)
     report.distribution += f", an editable install of {url}"
     if any(found.resolve() == package.resolve() for found in packages):
@@ -276,27 +418,22 @@ def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: 
 
 def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
     """The sglang that python would import: its three files, judged, and its RECORD."""
-    probe = ask(python)
-    where = f"{python} (Python {probe.python})"
-    if not probe.package:
+    version, found, dists = ask(python)
+    where = f"{python} (Python {version})"
+    if not found:
         raise BackportError(
             Exit.NOT_INSTALLED,
             f"{where} finds no sglang package",
             "install sglang into that environment, or pass --python with the one that runs it",
         )
-    if len(probe.dists) > 1:
-        named = "; ".join(
-            f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in probe.dists
-        )
-        what = (
-            "distributions named sglang"
-            if not any(d.fork for d in probe.dists)
-            else "distributions that install the sglang package"
-        )
-        pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {probe.dists[0].name}"
+    if len(dists) > 1:
+        named = "; ".join(f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in dists)
+        forked = any(d.fork for d in dists)
+        what = f"distributions {'that install the sglang package' if forked else 'named sglang'}"
+        pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {dists[0].name}"
         raise BackportError(
             Exit.AMBIGUOUS,
-            f"{where} has {len(probe.dists)} {what} on its path: {named}. "
+            f"{where} has {len(dists)} {what} on its path: {named}. "
             "Which one pip and importlib.metadata take depends on the order of sys.path, "
             "and each may have written some of the files, so the files cannot be judged "
             "against a RECORD",
@@ -304,20 +441,16 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
             "the environment alone (on PYTHONPATH or in a .pth file's folder): take that "
             "folder off the path or delete it; then run again",
         )
-    package = Path(probe.package)
+    package = Path(found)
     report = InstallReport(f"sglang imported by {where}: {package}", _hash_files(package, catalog))
-    report.python, report.python_version = str(python), probe.python
-    if not probe.dists:
-        report.distribution = (
-            "none: no installed distribution owns sglang/ or is named sglang (no RECORD)"
-        )
-        return _judge(report, catalog, package)
-    dist = probe.dists[0]
-    report.dist = dist
-    report.distribution = dist.describe()
-    url = _editable_url(dist)
-    if url is None:
-        _check_record(report, dist)
-    else:
-        _check_editable(report, dist, url, package)
+    report.python, report.python_version = str(python), version
+    report.distribution = NO_DISTRIBUTION
+    if dists:
+        report.dist = dist = dists[0]
+        report.distribution = dist.describe()
+        url = _editable_url(dist)
+        if url is None:
+            _check_record(report, dist)
+        else:
+            _check_editable(report, dist, url, package)
     return _judge(report, catalog, package)

@@ -1,14 +1,10 @@
-"""A deployment's launch command read as sglang reads it, and the table parser.
-
-An operator's copied command line (a chart's args, a unit's ExecStart, a shell line)
-becomes sglang's words, the server's environment and a readable --config path. Where
-ServerArgs cannot be imported, parse_with_table reads the release's [launch] table by
-argparse's rules. What sglang would refuse is refused here (exit 28); what the table
-cannot settle is named, and never yields "not exposed".
-"""
+"""A deployment's launch command (a chart's args, a unit's ExecStart) read as sglang
+reads it, and the release's [launch] table parser for where ServerArgs cannot be imported.
+What sglang would refuse is refused (exit 28); what the table cannot settle is named."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -19,83 +15,61 @@ from pathlib import Path
 from typing import Any
 
 from patchset.errors import BackportError, Exit
-from patchset.manifest import LAUNCH_FLAGS, LaunchSettings
+from patchset.releases import LAUNCH_FLAGS, LAUNCH_OPTIONAL, LaunchSettings
 
-FIELDS = (*LAUNCH_FLAGS, "disable_decode_cuda_graph")
-# ServerArgs.add_cli_args: --disaggregation-mode's choices in every served release
-DISAGGREGATION_MODES = ("null", "prefill", "decode")
-# Options the table parser knows beyond the table: every release has them, and
-# they take one value that does not bear on the race.
-NEUTRAL = ("--model-path", "--model")
-CONFIG = "--config"
-# sglang's EnvBool (srt/environ.py): these, in any case; anything else is
-# invalid, and sglang warns and takes the variable's default.
-ENV_TRUE = ("true", "1", "yes", "y")
-ENV_FALSE = ("false", "0", "no", "n")
+KINDS = {**LAUNCH_FLAGS, **LAUNCH_OPTIONAL}  # ServerArgs field -> bool (a switch) or str
+FIELDS = tuple(KINDS)
+DISAGGREGATION_MODES = ("null", "prefill", "decode")  # add_cli_args' choices in every release
+NEUTRAL = ("--model-path", "--model")  # in every release; their value does not bear on the race
+# sglang's EnvBool (srt/environ.py), in any case; else sglang warns and takes the default
+ENV_BOOL = dict.fromkeys(("true", "1", "yes", "y"), True)
+ENV_BOOL |= dict.fromkeys(("false", "0", "no", "n"), False)
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PYTHON = re.compile(r"^(?:.*/)?python[0-9.]*$")
 _SGLANG = re.compile(r"^(?:.*/)?sglang$")
 # a shell line's pieces: '...', "..." (with its escapes), an escape, or plain text
 _SHELL_PIECE = re.compile(r"""'[^']*'?|"(?:\\[\s\S]|[^"\\])*"?|\\(?:\r\n|[\s\S])?|[^'"\\]+""")
-_ESCAPE = re.compile(r"\\(\r\n|\n|[\s\S])")
-_YAML_TIMEOUT_S = 60
+_ESCAPE = re.compile(r"\\\r?\n|(\\[\s\S])")  # a continuation, or an escape kept
 MAX_CONFIG_BYTES = 1 << 20
+_AS_RUN = (
+    "pass the options as the running server has them (its chart's args, its unit's ExecStart), "
+    "or ask the server itself with --server-info URL"
+)
 _YAML_ALIAS = re.compile(r"(?:^|[\s\[{,:?-])[&*][^\s\]},]", re.M)
-# Reads a YAML file as sglang's ConfigArgumentMerger does (yaml.safe_load), in
-# the interpreter that has PyYAML; prints JSON.
+# yaml.safe_load, as sglang's ConfigArgumentMerger reads the file, in an interpreter with PyYAML
 _YAML_PROGRAM = r"""
 import json, sys
+key = "no_yaml"
 try:
     import yaml
-except BaseException as err:
-    print(json.dumps({"no_yaml": type(err).__name__ + ": " + str(err)}))
-    sys.exit(0)
-try:
+    key = "error"
     with open(sys.argv[1], encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
-    print(json.dumps({"data": data}, default=str))
+        print(json.dumps({"data": yaml.safe_load(handle)}, default=str))
 except BaseException as err:
-    print(json.dumps({"error": (type(err).__name__ + ": " + str(err)).splitlines()[0][:300]}))
+    print(json.dumps({key: (type(err).__name__ + ": " + str(err)).splitlines()[0][:300]}))
 """
 
 
 @dataclass
 class Settings:
-    """The launch settings that decide whether a deployment reaches the race."""
-
     values: dict[str, Any]  # ServerArgs field -> value
     parser: str  # which parser gave them, in words
     eagle: bool  # the speculative algorithm seeds the EAGLE draft state
     env: dict[str, str] = field(default_factory=dict)  # the server's environment
     turned_off_by: list[str] = field(default_factory=list)  # sglang's handlers that did
     not_evaluated: list[str] = field(default_factory=list)  # "handler (why)"
-    # what the parser could not settle: with any of it, never "not exposed"
-    unsettled: list[str] = field(default_factory=list)
+    unsettled: list[str] = field(default_factory=list)  # with any, never "not exposed"
     adjusted: bool = False  # the values are after sglang's own adjustments
-    # the server's torch build: "cuda", "rocm" (HIP: its GPU is "cuda" too, but is_cuda()
-    # is false), or None (not known: taken as CUDA)
-    torch_build: str | None = None
+    torch_build: str | None = None  # "cuda", "rocm" (is_cuda() is false), None: taken as CUDA
     torch_source: str = "the torch build not known here: taken as CUDA (--torch-build)"
 
     def get(self, name: str) -> Any:
         return self.values.get(name)
 
 
-@dataclass
-class Launch:
-    args: list[str]  # the options, as sglang's parser gets them
-    env: dict[str, str]  # NAME=VALUE words before the command
-    command: str  # the command that takes them, in words
-
-
-def not_understood(what: str, next_step: str = "") -> BackportError:
-    return BackportError(
-        Exit.EXPOSURE_UNKNOWN,
-        f"configuration not understood: {what}; exposure unknown (never taken as safe)",
-        next_step
-        or "pass the options as the running server has them (its chart's args, its unit's "
-        "ExecStart), or ask the server itself with --server-info URL",
-    )
+def not_understood(what: str, next_step: str = _AS_RUN) -> BackportError:
+    problem = f"configuration not understood: {what}; exposure unknown (never taken as safe)"
+    return BackportError(Exit.EXPOSURE_UNKNOWN, problem, next_step)
 
 
 def refused(release: str, why: str) -> BackportError:
@@ -106,20 +80,15 @@ def refused(release: str, why: str) -> BackportError:
 
 
 def _join_continuations(text: str) -> str:
-    """text with the shell's backslash-newline continuations removed (outside '...')."""
-
-    def unescape(escape: re.Match[str]) -> str:
-        return "" if escape[1] in ("\n", "\r\n") else escape[0]
-
+    """text without the shell's backslash-newline continuations (outside '...')."""
     return "".join(
-        piece if piece.startswith("'") else _ESCAPE.sub(unescape, piece)
-        for piece in _SHELL_PIECE.findall(text)
+        p if p.startswith("'") else _ESCAPE.sub(r"\1", p) for p in _SHELL_PIECE.findall(text)
     )
 
 
-def read_launch_args(text: str) -> Launch:
-    """The launch command as a shell would run it: an environment prefix, then
-    `python -m sglang.launch_server`, `sglang serve` or the options alone."""
+def read_launch_args(text: str) -> tuple[list[str], dict[str, str]]:
+    """The options sglang's parser gets and the NAME=VALUE words before the command, as a
+    shell runs it: `python -m sglang.launch_server`, `sglang serve` or the options alone."""
     try:
         words = shlex.split(_join_continuations(text))
     except ValueError as err:
@@ -130,56 +99,47 @@ def read_launch_args(text: str) -> Launch:
         ) from None
     at = 1 if words[:1] == ["exec"] else 0
     at += 1 if words[at : at + 1] == ["env"] else 0
-    prefix = at
-    while at < len(words) and _ENV_WORD.match(words[at]):
-        at += 1
-    env = parse_env(words[prefix:at])
-    command, args = "the options alone", words[at:]
-    if at < len(words) and _PYTHON.match(words[at]):
-        python = at
-        at += 1
+    pairs = list(itertools.takewhile(_ENV_WORD.match, words[at:]))
+    env, words = parse_env(pairs), words[at + len(pairs) :]
+    head = words[0] if words else "-"
+    if _PYTHON.match(head):
+        at = 1
         while at < len(words) and words[at].startswith("-") and words[at] != "-m":
             at += 2 if words[at] in ("-X", "-W") else 1
         if words[at : at + 2] != ["-m", "sglang.launch_server"]:
+            started = shlex.join(words[: at + 2])
             raise not_understood(
-                f"--launch-args start {shlex.join(words[python : at + 2])!r}, not "
-                "python -m sglang.launch_server"
+                f"--launch-args start {started!r}, not python -m sglang.launch_server"
             )
-        command, args = "python -m sglang.launch_server", words[at + 2 :]
-    elif at < len(words) and _SGLANG.match(words[at]) and words[at + 1 : at + 2] == ["serve"]:
-        command, args = "sglang serve", _model_type(words[at + 2 :])
-    elif at < len(words) and not words[at].startswith("-"):
+        return words[at + 2 :], env
+    if _SGLANG.match(head) and words[1:2] == ["serve"]:
+        return _model_type(words[2:]), env
+    if not head.startswith("-"):
         raise not_understood(
-            f"--launch-args start with {words[at]!r}: neither an option nor sglang serve or "
-            "python -m sglang.launch_server",
+            f"--launch-args start with {head!r}: neither an option nor sglang serve or "
+            "python -m sglang.launch_server"
         )
-    return Launch(args, env, command)
+    return words, env
 
 
 def _model_type(args: list[str]) -> list[str]:
-    """args without sglang serve's own --model-type (the CLI takes it out before
-    prepare_server_args); a diffusion server is not the one judged here."""
+    """args without sglang serve's own --model-type; a diffusion server is not judged here."""
     kept, kind, at = [], "auto", 0
     while at < len(args):
-        if args[at] == "--model-type" and at + 1 < len(args):
-            kind, at = args[at + 1], at + 2
-        elif args[at].startswith("--model-type="):
-            kind, at = args[at].partition("=")[2], at + 1
+        name, eq, value = args[at].partition("=")
+        if name == "--model-type" and (eq or at + 1 < len(args)):
+            kind, at = (value, at + 1) if eq else (args[at + 1], at + 2)
         else:
             kept.append(args[at])
             at += 1
     if kind not in ("auto", "llm"):
-        raise not_understood(
-            f"sglang serve --model-type {kind}: not the language-model server this check judges"
-        )
+        raise not_understood(f"sglang serve --model-type {kind}: not the language-model server")
     return kept
 
 
 def place_config(args: list[str], config: Path | None, root: Path | None) -> list[str]:
-    """args with the --config file's path as this machine reads it: --config FILE (a copy
-    of the server's file) replaces the one named or is added; a relative path is taken
-    from --config-root (the server's working folder)."""
-    args = list(args)
+    """args with the --config path as read here: --config FILE (a copy of the server's)
+    replaces the one named or is added; a relative one is taken from --config-root."""
     at = config_at(args)
     if config is not None:
         if not config.is_file():
@@ -187,16 +147,14 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
         path = config
     elif at is None:
         return args
+    elif root is None and not Path(args[at + 1]).is_absolute():
+        raise not_understood(
+            f"--config {args[at + 1]} is relative to the server's working folder",
+            "pass --config-root DIR (the folder the server starts in, as copied "
+            "here) or --config FILE (a copy of the server's file)",
+        )
     else:
-        path = Path(args[at + 1])
-        if not path.is_absolute():
-            if root is None:
-                raise not_understood(
-                    f"--config {path} is relative to the server's working folder",
-                    "pass --config-root DIR (the folder the server starts in, as copied "
-                    "here) or --config FILE (a copy of the server's file)",
-                )
-            path = root / path
+        path = (root or Path()) / args[at + 1]  # an absolute path stays as it is
         if not path.is_file():
             raise not_understood(
                 f"--config {args[at + 1]}: {path} is not a file here",
@@ -204,17 +162,15 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
             )
     _check_config(path)
     if at is None:
-        return [*args, CONFIG, str(path)]
-    args[at + 1] = str(path)
-    return args
+        return [*args, "--config", str(path)]
+    return [*args[: at + 1], str(path), *args[at + 2 :]]
 
 
 def _check_config(path: Path) -> None:
-    """A config file small and plain enough to read: YAML anchors and aliases can expand
-    a small file into more than memory holds (whoever reads it, sglang too)."""
+    """A config file small and plain: YAML aliases can expand past memory (sglang's too)."""
     try:
         size = path.stat().st_size
-        text = path.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace")
+        text = "" if size > MAX_CONFIG_BYTES else path.read_text("utf-8", "replace")
     except OSError as err:
         raise not_understood(f"--config {path} cannot be read here: {err}") from None
     if size > MAX_CONFIG_BYTES:
@@ -227,9 +183,8 @@ def _check_config(path: Path) -> None:
 
 
 def config_at(args: list[str]) -> int | None:
-    """Where the two words `--config PATH` are: sglang's prepare_server_args merges the
-    file only for the word --config itself, once, with a path after it."""
-    at = [n for n, word in enumerate(args) if word == CONFIG]
+    """Where `--config PATH` is: sglang merges the file for that word only, once, with a path."""
+    at = [n for n, word in enumerate(args) if word == "--config"]
     if len(at) > 1:
         raise not_understood("--config is given more than once (sglang refuses that)")
     if at and at[0] + 1 == len(args):
@@ -238,40 +193,25 @@ def config_at(args: list[str]) -> int | None:
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
     for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
+        if pair.find("=") < 1:  # no "=", or no name before it
             raise BackportError(
                 Exit.USAGE, f"--env {pair!r} is not NAME=VALUE", "pass e.g. --env FOO=1"
             )
-        env[name] = value
-    return env
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def eagle_family(value: object, table: LaunchSettings) -> bool:
     return isinstance(value, str) and value.upper() in table.eagle_family
 
 
-def env_bool(value: str) -> bool | None:
-    """The value as sglang's EnvBool reads it; None where it is invalid there."""
-    if value.lower() in ENV_TRUE:
-        return True
-    if value.lower() in ENV_FALSE:
-        return False
-    return None
-
-
 def read_yaml(path: str, python: Path) -> dict[str, Any]:
-    """A --config file as sglang reads it (yaml.safe_load), with python's PyYAML."""
+    """A --config file as sglang reads it, with python's PyYAML."""
     if Path(path).suffix.lower() not in (".yaml", ".yml"):
         raise not_understood(f"--config {path} is not a .yaml or .yml file (sglang refuses it)")
     try:
         result = subprocess.run(
-            [str(python), "-c", _YAML_PROGRAM, path],
-            capture_output=True,
-            text=True,
-            timeout=_YAML_TIMEOUT_S,
+            [str(python), "-c", _YAML_PROGRAM, path], capture_output=True, text=True, timeout=60
         )
         answer = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
     except (OSError, ValueError, subprocess.TimeoutExpired) as err:
@@ -291,8 +231,8 @@ def read_yaml(path: str, python: Path) -> dict[str, Any]:
 
 
 def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[str]:
-    """args with the --config file's settings first, as sglang's ConfigArgumentMerger
-    puts them (so the command line's own win)."""
+    """args with the --config file's settings first (so the command line's win), as
+    sglang's ConfigArgumentMerger puts them."""
     at = config_at(args)
     if at is None:
         return args
@@ -300,17 +240,14 @@ def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[s
     merged: list[str] = []
     for key, value in read_yaml(args[at + 1], python).items():
         option = f"--{key}"
-        if isinstance(value, bool):
-            if str(key).replace("-", "_") in store_true:
-                merged += [option] if value else []
-            else:
-                merged += [option, str(value).lower()]
+        if isinstance(value, bool) and str(key).replace("-", "_") in store_true:
+            merged += [option] if value else []
+        elif isinstance(value, bool):
+            merged += [option, str(value).lower()]
         elif isinstance(value, list):
-            merged += [option, *(str(item) for item in value)] if value else []
-        elif isinstance(value, dict):
-            merged += [option, json.dumps(value)]
+            merged += [option, *map(str, value)] if value else []
         else:
-            merged += [option, str(value)]
+            merged += [option, json.dumps(value) if isinstance(value, dict) else str(value)]
     return merged + args[:at] + args[at + 2 :]
 
 
@@ -318,23 +255,19 @@ def parse_with_table(
     args: list[str], table: LaunchSettings, why: str, python: Path | None = None
 ) -> Settings:
     """The settings that matter, read with the release's [launch] table by argparse's
-    rules; a --config file merged first (read with python's PyYAML)."""
+    rules, a --config file merged first."""
     args = merge_config(args, table, python or Path(sys.executable))
     flags = {flag.flag: flag for flag in table.flags.values()}
     known = [*flags, *NEUTRAL]
-    values: dict[str, Any] = {name: None for name in FIELDS}
-    values.update({name: flag.default for name, flag in table.flags.items()})
-    mode = table.flags["disaggregation_mode"].flag
-    unknown: list[str] = []
-    unsettled: list[str] = []
+    values = {**dict.fromkeys(FIELDS), **{n: f.default for n, f in table.flags.items()}}
+    release, unknown, unsettled = table.release, [], []
     at, after_unknown = 0, False
     while at < len(args):
-        word = args[at]
-        at += 1
+        word, at = args[at], at + 1
         if word == "--" or not word.startswith("-") or word == "-":
             if after_unknown:
                 continue  # a value of an option the table does not know
-            raise refused(table.release, f"{word!r} is not an option, and it takes none")
+            raise refused(release, f"{word!r} is not an option, and it takes none")
         name, eq, value = word.partition("=")
         matches = [name] if name in known else [o for o in known if o.startswith(name)]
         after_unknown = not name.startswith("--") or not matches
@@ -342,7 +275,7 @@ def parse_with_table(
             unknown.append(word)
             continue
         if len(matches) > 1:
-            raise refused(table.release, f"{name} is ambiguous: {', '.join(matches)}")
+            raise refused(release, f"{name} is ambiguous: {', '.join(matches)}")
         option = matches[0]
         if option != name:
             unsettled.append(
@@ -352,20 +285,16 @@ def parse_with_table(
         flag = flags.get(option)
         if flag is not None and isinstance(flag.default, bool):
             if eq:
-                raise refused(table.release, f"{option} takes no value ({word!r})")
+                raise refused(release, f"{option} takes no value ({word!r})")
             values[flag.field] = True
             continue
         if not eq:
             if at == len(args) or (args[at].startswith("-") and args[at] != "-"):
-                raise refused(table.release, f"{option} expects one value")
-            value = args[at]
-            at += 1
-        if option == mode and value not in DISAGGREGATION_MODES:
-            raise refused(
-                table.release,
-                f"{option}: invalid choice {value!r} (choose from "
-                f"{', '.join(DISAGGREGATION_MODES)})",
-            )
+                raise refused(release, f"{option} expects one value")
+            value, at = args[at], at + 1
+        if flag and flag.field == "disaggregation_mode" and value not in DISAGGREGATION_MODES:
+            choices = ", ".join(DISAGGREGATION_MODES)
+            raise refused(release, f"{option}: invalid choice {value!r} (choose from {choices})")
         if flag is not None:
             values[flag.field] = value
     if unknown:
@@ -380,10 +309,8 @@ def parse_with_table(
             f"--speculative-algorithm {algorithm}: not in the table's EAGLE family; whether "
             "it seeds the EAGLE draft state only sglang's SpeculativeAlgorithm knows"
         )
-    return Settings(
-        values,
-        f"the launch profile [launch.{table.profile}] that sglang {table.release} names in "
-        f"releases.toml ({why}); sglang's own adjustments were not evaluated",
-        eagle,
-        unsettled=unsettled,
+    parser = (
+        f"the launch profile [launch.{table.profile}] that sglang {release} names in "
+        f"releases.toml ({why}); sglang's own adjustments were not evaluated"
     )
+    return Settings(values, parser, eagle, unsettled=unsettled)

@@ -1,7 +1,5 @@
-"""check-install's answer, as text or as one JSON object, both from one Outcome.
-
-The JSON keys are documented in docs/check-install.md and versioned by SCHEMA_VERSION:
-within a version a key is only added, never renamed or given another meaning.
+"""check-install's answer, as text or as one JSON object (docs/check-install.md), both
+from one Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined.
 """
 
 from __future__ import annotations
@@ -19,6 +17,9 @@ SCHEMA = "sglang-backports/check-install"
 SCHEMA_VERSION = 1
 FORMATS = ("text", "json")
 DIST_KEYS = ("name", "version", "info", "fork", "listing")
+FILE_KEYS = ("path", "location", "blob_id", "sha256", "record", "record_match")
+CONFIG_KEYS = ("source", "parser", "release", "settings", "environment", "torch_build")
+NOT_EFFECTS = ("verdict: ", "configuration parsed by ")  # a configuration's other lines
 
 
 @dataclass
@@ -30,10 +31,8 @@ class Configuration:
     settings: dict[str, Any]  # ServerArgs field -> value
     environment: dict[str, str]  # the server's environment as given (--env)
     torch_build: str | None
-    # one line per setting and its effect on the race, then the verdict line
-    lines: list[str] = field(default_factory=list)
-    # the release whose table and races the judgement used (None: none could be assumed)
-    release: str | None = None
+    lines: list[str] = field(default_factory=list)  # one per setting, then the verdict's
+    release: str | None = None  # whose table and races were used (None: none assumed)
 
 
 @dataclass
@@ -48,8 +47,8 @@ def text(outcome: Outcome) -> str:
     report = outcome.install
     lines = [report.where, f"distribution: {report.distribution}"]
     for state in report.files:
-        found = f"blob {state.blob}  sha256 {state.sha256}  {state.record}"
-        lines.append(f"  {state.path}  {found if state.blob else 'missing'}")
+        found = f"blob {state.blob_id}  sha256 {state.sha256}  {state.record}"
+        lines.append(f"  {state.path}  {found if state.blob_id else 'missing'}")
     if report.shape:
         lines += [f"{JUDGED}:", *(f"  {line}" for line in report.shape.lines())]
     if outcome.configuration and outcome.configuration.lines:
@@ -57,15 +56,6 @@ def text(outcome: Outcome) -> str:
     else:
         lines.append(f"verdict: {outcome.verdict}")
     return "\n".join(lines) + "\n"
-
-
-def _record_match(record: str) -> bool | None:
-    """Whether the file matches its distribution's RECORD: None where nothing says."""
-    if record == "matches RECORD":
-        return True
-    if record.startswith(("differs from", "not in")):
-        return False
-    return None
 
 
 def _envelope(code: int) -> dict[str, Any]:
@@ -93,29 +83,19 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
             **{key: getattr(dist, key) if dist else None for key in DIST_KEYS},
         },
         "files": [
-            {
-                "path": state.path,
-                "location": str(state.location),
-                "blob_id": state.blob,
-                "sha256": state.sha256,
-                "record": state.record,
-                "record_match": _record_match(state.record),
-            }
+            {**{key: getattr(state, key) for key in FILE_KEYS}, "location": str(state.location)}
             for state in report.files
         ],
         "verdict": {
             "text": outcome.verdict,
             "content": [m.name for m in report.matches],
-            # "blob id": the three files' git blob ids name the content; "code shape":
-            # no blob id does, and the code's shape was judged (patchset/shape.py)
-            "basis": report.basis,
+            "basis": report.basis,  # install.BY_BLOB_ID or BY_SHAPE
             "shape": None
             if judged is None
             else {
                 "verdict": judged.verdict,
                 "reason": judged.reason,
                 "evidence": [str(e) for e in judged.evidence],
-                # known content with the same fixes, whose open races were taken
                 "races_as_in": report.judged_as.name if report.judged_as else None,
             },
             "release": first.release if first else None,
@@ -126,25 +106,16 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
         "configuration": None
         if config is None
         else {
-            "source": config.source,
-            "parser": config.parser,
-            "release": config.release,
-            "settings": config.settings,
-            "environment": config.environment,
-            "torch_build": config.torch_build,
-            "effects": [
-                line
-                for line in config.lines
-                if not line.startswith(("verdict: ", "configuration parsed by "))
-            ],
+            **{key: getattr(config, key) for key in CONFIG_KEYS},
+            "effects": [line for line in config.lines if not line.startswith(NOT_EFFECTS)],
         },
         "error": None,
     }
 
 
 def error_json(err: BackportError) -> dict[str, Any]:
-    """A refusal as the same object, every key of the verdict null: a fleet job reads
-    exit_code and error, whatever went wrong."""
+    """A refusal as the same object, the verdict's keys null: a fleet job reads exit_code
+    and error, whatever went wrong."""
     return {
         **_envelope(err.code),
         **dict.fromkeys(("interpreter", "inspected", "distribution")),

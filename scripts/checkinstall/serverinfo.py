@@ -1,11 +1,6 @@
-"""--server-info: a running server's /server_info, read as hostile input.
-
-Whatever answers may be anything (not HTTP, an endless body or drip, JSON nested a
-million deep, a redirect elsewhere): each ends in exit 16 with the reason. The answer
-is capped at MAX_BYTES within one deadline; redirects stay within the origin, so the
-token goes nowhere else; credentials in the URL and a bad key are refused before
-anything is sent.
-"""
+"""--server-info: a running server's /server_info, read as hostile input (anything may
+answer): exit 16 with the reason, the answer capped at MAX_BYTES within one deadline,
+redirects kept within the origin so the token goes nowhere else."""
 
 from __future__ import annotations
 
@@ -23,7 +18,6 @@ from patchset.errors import BackportError, Exit
 
 MAX_BYTES = 1 << 20  # /server_info of a real server is a few KiB
 MAX_REDIRECTS = 3
-_CHUNK = 1 << 16
 _UP = "check that the server is up and the URL and port are right (curl URL), then run again"
 _POINT = "point it at an sglang server's /server_info"
 _HINTS = {
@@ -36,59 +30,34 @@ def _refuse(url: str, why: str, next_step: str = _UP) -> BackportError:
     return BackportError(Exit.ENVIRONMENT, f"--server-info {url}: {why}", next_step)
 
 
-def _shown(url: str) -> str:
-    """url as it may be printed: without what stands before an @ in its authority."""
-    return repr(re.sub(r"^([^/]*//)[^/?#]*@", r"\1", url))
-
-
 def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
-    """The URL's parts, the request target (its path ending in /server_info, with its
-    query), and the URL as it may be printed."""
+    """The URL's parts, the request target (path ending in /server_info) and the URL."""
     example = "pass e.g. http://HOST:30000"
+    shown = repr(re.sub(r"^([^/]*//)[^/?#]*@", r"\1", url))  # without what stands before an @
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 (a port that is not a number raises here)
     except ValueError as err:
-        raise _refuse(_shown(url), f"not a URL ({err})", example) from None
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise _refuse(shown, f"not a URL ({err})", example) from None
+    if "@" in parts.netloc:
         raise _refuse(
-            _shown(url),
+            shown,
             "the URL holds credentials (USER:PASSWORD@), which are neither sent nor printed",
             "pass the URL without them, and a bearer token with --api-key KEY",
         )
-    if _controls(url, 0x21):
-        raise _refuse(_shown(url), "the URL holds spaces or control characters", example)
+    if re.search(r"[\x00-\x20\x7f]", url):
+        raise _refuse(shown, "the URL holds spaces or control characters", example)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _refuse(_shown(url), "not an http:// or https:// URL with a host", example)
+        raise _refuse(shown, "not an http:// or https:// URL with a host", example)
     path = parts.path.rstrip("/")
-    if not path.endswith("server_info"):
-        path += "/server_info"
+    path += "" if path.endswith("server_info") else "/server_info"
     target = path + (f"?{parts.query}" if parts.query else "")
     return parts, target, urllib.parse.urlunsplit((parts.scheme, parts.netloc, target, "", ""))
 
 
-def _controls(text: str, below: int) -> bool:
-    """Whether text holds a character under below, or DEL."""
-    return any(ord(c) < below or ord(c) == 0x7F for c in text)
-
-
-def _check_key(api_key: str | None) -> None:
-    # a header carries latin-1 only
-    if api_key is not None and (
-        _controls(api_key, 0x20) or max(map(ord, api_key), default=0) > 0xFF
-    ):
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            "--api-key holds a control character (a newline?) or a character an HTTP header "
-            "cannot carry; nothing was sent",
-            "pass the key as the server has it, without a trailing newline "
-            "(e.g. --api-key \"$(cat key | tr -d '\\n')\")",
-        )
-
-
 class _Deadline:
-    """One deadline for the whole exchange: when it passes, the socket is shut down, so
-    a read that the server keeps alive one byte at a time ends too."""
+    """One deadline for the whole exchange: the socket shut down when it passes, so that a
+    read the server keeps alive one byte at a time ends too."""
 
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
@@ -96,6 +65,7 @@ class _Deadline:
         self.sock: socket.socket | None = None
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
+        self._timer.start()
 
     def _expire(self) -> None:
         self.passed = True
@@ -110,18 +80,13 @@ class _Deadline:
             raise TimeoutError
         return left
 
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
+    def close(self) -> None:
         self._timer.cancel()
 
 
 def _resolvable(host: str, port: int, deadline: _Deadline) -> None:
-    """The host resolved within the deadline: getaddrinfo takes no timeout, and
-    connect() would wait on a silent name server for as long as it likes. A name
-    that resolves once resolves again at once for the connection itself."""
+    """The host resolved within the deadline: getaddrinfo takes no timeout (a name that
+    resolves once resolves again at once for the connection itself)."""
     errors: list[OSError] = []
 
     def lookup() -> None:
@@ -142,7 +107,6 @@ def _resolvable(host: str, port: int, deadline: _Deadline) -> None:
 
 def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
          deadline: _Deadline) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
-    """One GET: the status, its reason, the headers and (for 200) the body, capped."""
     https = parts.scheme == "https"
     kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
     # the port always given: http.client would read one out of an IPv6 address's colons
@@ -159,12 +123,12 @@ def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
             return answer.status, answer.reason, answer.headers, b""
         length = answer.getheader("Content-Length")
         if length and length.strip().isdigit() and int(length) > MAX_BYTES:
-            raise _TooLarge(f"it announces {int(length)} bytes")
+            raise _TooLarge(f"{MAX_BYTES} bytes (it announces {int(length)} bytes)")
         body = bytearray()
         while True:
             if conn.sock is not None:
                 conn.sock.settimeout(deadline.left())
-            chunk = answer.read(_CHUNK)
+            chunk = answer.read(1 << 16)
             if not chunk:
                 if deadline.passed:  # the socket was shut down, not the body ended
                     raise TimeoutError
@@ -173,7 +137,7 @@ def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
                 return answer.status, answer.reason, answer.headers, bytes(body)
             body += chunk
             if len(body) > MAX_BYTES:
-                raise _TooLarge("its body goes on past that")
+                raise _TooLarge(f"{MAX_BYTES} bytes (its body goes on past that)")
     finally:
         conn.close()
 
@@ -183,41 +147,43 @@ class _TooLarge(Exception):
 
 
 def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dict[str, Any], str]:
-    """The server arguments a running server reports at /server_info, and its URL as it
-    may be printed; BackportError (exit 16) for anything else."""
+    """The server arguments at /server_info, and its URL as it may be printed."""
     parts, target, shown = _target(url)
-    _check_key(api_key)
     headers = {"Accept": "application/json", "Connection": "close"}
     if api_key:
+        if re.search(r"[^\x20-\x7e\x80-\xff]", api_key):  # a control, or not latin-1
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                "--api-key holds a control character (a newline?) or a character an HTTP "
+                "header cannot carry; nothing was sent",
+                "pass the key as the server has it, without a trailing newline "
+                "(e.g. --api-key \"$(cat key | tr -d '\\n')\")",
+            )
         headers["Authorization"] = f"Bearer {api_key}"
     origin = (parts.scheme, parts.hostname, parts.port)
-    with _Deadline(timeout) as deadline:
+    with contextlib.closing(_Deadline(timeout)) as deadline:
         for _hop in range(MAX_REDIRECTS + 1):
             try:
-                status, reason, answer_headers, body = _get(parts, target, headers, deadline)
+                status, reason, headers_in, body = _get(parts, target, headers, deadline)
             except _TooLarge as err:
-                raise _refuse(
-                    shown, f"its answer is larger than {MAX_BYTES} bytes ({err})", _POINT
-                ) from None
+                raise _refuse(shown, f"its answer is larger than {err}", _POINT) from None
             except (OSError, http.client.HTTPException, ValueError) as err:
+                why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
                 if deadline.passed or isinstance(err, TimeoutError):
                     why = f"no whole answer within {timeout:g} s (timed out)"
-                else:
-                    why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
                 raise _refuse(shown, why[:300]) from None
             if status not in (301, 302, 303, 307, 308):
                 break
-            location = answer_headers.get("Location", "")
+            location = headers_in.get("Location", "")
             moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
-            try:
+            there = None
+            with contextlib.suppress(ValueError):  # a port that is not a number
                 there = (moved.scheme, moved.hostname, moved.port)
-            except ValueError:
-                there = ("", None, None)
             if there != origin or moved.username or moved.password:
-                where = f"{moved.scheme}://{moved.hostname}:{moved.port or ''}".rstrip(":")
+                where = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}"
                 raise _refuse(
                     shown,
-                    f"it redirects (HTTP {status}) to another origin, {where}: not followed, "
+                    f"it redirects (HTTP {status}) to another origin, {where!r}: not followed, "
                     "and the token was not sent there",
                     "pass the URL of the server itself (its host and port)",
                 )

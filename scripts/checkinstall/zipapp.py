@@ -1,13 +1,10 @@
-"""check-install as one file to copy into a pod (a zipapp).
-
-It holds check-install's code, the patchset modules it imports and the release data,
-nothing of the other commands; its bytes depend on those files alone. It runs from the
-archive (zipimport, zipfile.Path), so nothing needs to be writable (readOnlyRootFilesystem).
+"""check-install as one file to copy into a pod (a zipapp): its code, the patchset modules
+it imports and the release data, its bytes from those files alone. It runs from the archive
+(zipimport, zipfile.Path): nothing needs to be writable (readOnlyRootFilesystem).
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import io
 import os
@@ -15,88 +12,46 @@ import stat
 import sys
 import zipfile
 import zipimport
+from modulefinder import ModuleFinder
 from pathlib import Path
 
 from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import MANIFEST_NAME, RELEASES_NAME, SERIES_NAME
 
-# A folder of data on disk, or the same inside the zipapp (both have iterdir,
-# is_file, read_text, name and /).
-DataRoot = Path | zipfile.Path
-
-# The zipapp's entry: written in syntax every Python reads, so that launch.py can
-# refuse an old one. The archive's scripts/ folder goes on sys.path as it is:
-# zipimport imports from inside the archive, with nothing written anywhere.
+# The zipapp's entry, in syntax every Python reads so that launch.py can refuse an old one;
+# the archive's scripts/ goes on sys.path as it is (zipimport: nothing written anywhere).
 ZIPAPP_MAIN = '''\
 """check-install as one file: python3 check-install.pyz [--python PY] [--launch-args ARGS] ..."""
 import os
 import sys
 
-
-def main():
-    try:
-        archive = os.path.dirname(os.path.abspath(__file__))
-        sys.path.insert(0, os.path.join(archive, "scripts"))
-        from launch import start
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\\n")
-        sys.exit(130)
-    start("check_install")
-
-
-main()
+try:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
+    from launch import start
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted (SIGINT) while starting; nothing was changed\\n")
+    sys.exit(130)
+start("check_install")
 '''
-# check-install's own code; the patchset modules it imports are added by import_closure
-CODE = (
-    "scripts/launch.py",
-    "scripts/commands/__init__.py",
-    "scripts/commands/check_install.py",
-    "scripts/checkinstall/*.py",
-)
-# what it reads: the release data and each patch set's manifest and series
-DATA = (
-    f"patches/{RELEASES_NAME}",
-    f"patches/sglang-*/{MANIFEST_NAME}",
-    f"patches/sglang-*/{SERIES_NAME}",
-)
+# check-install's own code (members adds the patchset modules it imports) and data
+CODE = ("scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py")
+CODE += ("scripts/checkinstall/*.py",)
+DATA = (f"patches/{RELEASES_NAME}", f"patches/sglang-*/{MANIFEST_NAME}")
+DATA += (f"patches/sglang-*/{SERIES_NAME}",)
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-PACKAGE = "patchset"
-
-
-def _imported(source: Path, package: str) -> set[str]:
-    """The modules of package that source imports, at its top or inside a function."""
-    found = set()
-    inside = source.parent.name == package
-    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{package}.")}
-        elif isinstance(node, ast.ImportFrom):
-            relative = node.level == 1 and inside
-            if node.module == package or (relative and not node.module):
-                found |= {alias.name for alias in node.names}
-            elif node.module and (node.module.startswith(f"{package}.") or relative):
-                found.add(node.module.split(".")[-1] if not relative else node.module)
-    return found
-
-
-def import_closure(project: Path, sources: list[Path]) -> list[Path]:
-    """The patchset modules that sources import, and those these import, in turn."""
-    folder = project / "scripts" / PACKAGE
-    wanted, todo = {"__init__"}, list(sources)
-    while todo:
-        for name in _imported(todo.pop(), PACKAGE) - wanted:
-            if (folder / f"{name}.py").is_file():
-                wanted.add(name)
-                todo.append(folder / f"{name}.py")
-    return sorted(folder / f"{name}.py" for name in wanted)
 
 
 def members(project: Path) -> list[Path]:
-    """Every file the zipapp holds, besides its __main__.py."""
-    code = sorted({path for pattern in CODE for path in project.glob(pattern)})
-    data = sorted({path for pattern in DATA for path in project.glob(pattern)})
-    return sorted({*code, *import_closure(project, code), *data})
+    """Every file the zipapp holds besides its __main__.py: CODE, the patchset modules it
+    imports (at its top or inside a function, in turn), and DATA."""
+    code = {path for pattern in CODE for path in project.glob(pattern)}
+    finder = ModuleFinder(path=[str(project / "scripts")])  # ours only: the stdlib is not read
+    for source in sorted(code):
+        finder.run_script(str(source))
+    found = [m.__file__ for name, m in finder.modules.items() if name.split(".")[0] == "patchset"]
+    data = {path for pattern in DATA for path in project.glob(pattern)}
+    return sorted({*code, *(Path(f) for f in found if f), *data})
 
 
 def build_zipapp(project: Path) -> bytes:
@@ -109,9 +64,8 @@ def build_zipapp(project: Path) -> bytes:
             *((p.relative_to(project).as_posix(), p.read_bytes()) for p in members(project)),
         ]:
             info = zipfile.ZipInfo(name, ZIP_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
-            archive.writestr(info, data)
+            archive.writestr(info, data, zipfile.ZIP_DEFLATED)
     return buffer.getvalue()
 
 
@@ -122,11 +76,8 @@ def _refuse(out: Path, what: str, next_step: str) -> BackportError:
 
 
 def write_zipapp(data: bytes, out: Path | None) -> str:
-    """data to out, or to standard output for None; returns its sha256.
-
-    out must be a regular file or not exist: a symlink (/dev/stdout), a
-    device or a folder is refused rather than replaced by a regular file.
-    """
+    """data to out (None: standard output); returns its sha256. A symlink (/dev/stdout), a
+    device or a folder at out is refused rather than replaced by a regular file."""
     digest = hashlib.sha256(data).hexdigest()
     if out is None:
         if sys.stdout.isatty():
@@ -140,13 +91,10 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return digest
-    try:
-        mode = out.lstat().st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and stat.S_ISDIR(mode):
+    mode = out.lstat().st_mode if os.path.lexists(out) else stat.S_IFREG  # a new file
+    if stat.S_ISDIR(mode):
         raise _refuse(out, "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz")
-    if mode is not None and not stat.S_ISREG(mode):
+    if not stat.S_ISREG(mode):
         what, name = (
             (f"a symbolic link (to {os.readlink(out)})", "the file itself")
             if stat.S_ISLNK(mode)
@@ -164,8 +112,9 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
     return digest
 
 
-def data_root() -> DataRoot:
-    """Where patches/ is: inside the zipapp when this module was imported from it."""
+def data_root() -> Path | zipfile.Path:
+    """Where patches/ is: inside the zipapp when this module was imported from it (both kinds
+    of path have iterdir, is_file, read_text, name and /)."""
     loader = __spec__.loader if __spec__ else None
     if isinstance(loader, zipimport.zipimporter):
         return zipfile.Path(loader.archive, "patches/")

@@ -16,32 +16,26 @@ from patchset.recognise import reading, recognise_or_refuse
 from patchset.threeway import OntoFork
 
 DESCRIPTION = """\
-Apply the series under patches/ to sglang.
+Apply the series under patches/ to sglang, on a branch of its own.
 
-With no arguments: lay the default release's pinned sglang wheel (--base
-VERSION for another served release; sha256-checked, cached) out as
-python/sglang/ in a git repository under build/, tag it as the pristine base,
-and apply that release's series on a branch.
-With --sglang PATH (the folder of your git checkout that holds python/sglang:
-its top, or where your repository vendors sglang): recognise the served release
-it holds by the content of the files the series touch (sha1 or sha256
-repository) and apply its series on a new branch; your current branch, index
-and work tree are left alone, and no hook or filter program of yours runs.
-A second run says "already applied" and exits 0.
+With no arguments: the default release's pinned, sha256-checked wheel (--base
+VERSION: another served release) laid out as a git tree under build/, its base
+tagged pristine. With --sglang PATH (the folder of your checkout that holds
+python/sglang): the served release recognised by the files the series touch;
+your branch, index and work tree stay as they are and no hook or filter program
+of yours runs. A second run says "already applied" (exit 0).
 
-With --sglang PATH --3way, for a fork (files of no served release): apply the
-series of the nearest served release (or --base's) with git's three-way merge,
-never fuzz. The preimages come from that release's pinned wheel, written into
-your repository as loose objects (harmless, unreferenced); the merge runs on a
-temporary index. The branch is made only if nothing conflicts and the result is
-judged "fixed" by its code shape; else exit 10 and nothing of yours changes.
-The run names your fork's changes to the functions the series changes, and
-`scripts/race-check --tree PATH` as the next step (docs/apply.md).
+With --sglang PATH --3way, for a fork: the nearest served release's series (or
+--base's) by git's three-way merge on a temporary index, its preimages written
+into your repository as unreferenced loose objects. The branch is made only if
+nothing conflicts and the result is judged "fixed" by its code shape, else exit
+10 and nothing of yours changes; the run names your fork's changes to the
+functions the series changes, and `scripts/race-check --tree PATH` as the next
+step (docs/apply.md).
 
-One run at a time per build folder or repository: a second waits (--wait), then
-exits 19 naming the first. The build tree is made aside and renamed into place.
-Ctrl-C or a kill leaves nothing half-made that the next run does not remove;
-your own branches, worktrees and hooks are never touched or run.
+One run at a time per build folder or repository (a second waits, --wait, then
+exits 19 naming the first); Ctrl-C or a kill leaves nothing half-made that the
+next run does not remove.
 """
 
 CODES = [
@@ -61,6 +55,18 @@ WORDING = {
     "folder that does is named), or a build tree this command did not make",
     Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
     "ref is in the way of its name: pass --branch",
+}
+
+HELP = {
+    "--sglang": "the folder of your git checkout that holds python/sglang",
+    "--check": "say per patch whether it would apply cleanly; change nothing",
+    "--branch": "branch to create (default: sglang-backports/VERSION)",
+    "--wait": f"how long to wait for another run on the same target (default {DEFAULT_WAIT_S:g})",
+    "--base": f"the sglang release to lay out (default {paths.DEFAULT_BASE}); with --sglang, the "
+    "release is recognised from the checkout (with --3way: the release it is a fork of)",
+    "--patch-set": "use this patch set folder instead of the one that serves the release",
+    "--3way": "with --sglang, for a fork: apply the nearest served release's series (or "
+    "--base VERSION's) with git's three-way merge; kept only if judged fixed",
 }
 
 
@@ -97,53 +103,23 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
     apply.verify(found.series)
     results = apply.check_series(found.series, found.step, files)
     print(f"checking {len(results)} patches against {where}")
-    for result in results:
-        print(f"  {result.patch}: {result.status}")
-        if result.detail:
-            print("    " + result.detail.replace("\n", "\n    "))
-    return Exit.OK if all(r.ok for r in results) else Exit.WOULD_NOT_APPLY
+    for name, status in results.items():
+        print(f"  {name}: " + status.replace("\n", "\n    "))
+    failed = any(status.startswith(apply.FAILS) for status in results.values())
+    return Exit.WOULD_NOT_APPLY if failed else Exit.OK
 
 
 def main() -> int:
     p = cli.parser("apply-patches", DESCRIPTION, CODES, WORDING)
+    p.add_argument("--sglang", type=cli.absolute_path, metavar="PATH", help=HELP["--sglang"])
+    p.add_argument("--check", action="store_true", help=HELP["--check"])
+    p.add_argument("--branch", help=HELP["--branch"])
     p.add_argument(
-        "--sglang",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="the folder of your git checkout that holds python/sglang",
+        "--wait", type=float, default=DEFAULT_WAIT_S, metavar="SECONDS", help=HELP["--wait"]
     )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="say per patch whether it would apply cleanly; change nothing",
-    )
-    p.add_argument("--branch", help="branch to create (default: sglang-backports/VERSION)")
-    p.add_argument(
-        "--wait",
-        type=float,
-        default=DEFAULT_WAIT_S,
-        metavar="SECONDS",
-        help=f"how long to wait for another run on the same target (default {DEFAULT_WAIT_S:g})",
-    )
-    p.add_argument(
-        "--base",
-        metavar="VERSION",
-        help=f"the sglang release to lay out (default {paths.DEFAULT_BASE}); with --sglang, "
-        "the release is recognised from the checkout (with --3way: the release it is a fork of)",
-    )
-    p.add_argument(
-        "--patch-set",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="use this patch set folder instead of the one that serves the release",
-    )
-    p.add_argument(
-        "--3way",
-        dest="three_way",
-        action="store_true",
-        help="with --sglang, for a fork: apply the nearest served release's series (or "
-        "--base VERSION's) with git's three-way merge; kept only if judged fixed",
-    )
+    p.add_argument("--base", metavar="VERSION", help=HELP["--base"])
+    p.add_argument("--patch-set", type=cli.absolute_path, metavar="DIR", help=HELP["--patch-set"])
+    p.add_argument("--3way", dest="three_way", action="store_true", help=HELP["--3way"])
     args = p.parse_args()
     if args.base and args.patch_set:
         p.error("--base picks a patch set; give either --base or --patch-set")
@@ -161,17 +137,14 @@ def main() -> int:
         )
     if args.branch is not None and not args.sglang:
         p.error("--branch needs --sglang; the build tree always uses the default branch")
-    if args.branch is not None:
-        problem = branch_name_problem(args.branch)
-        if problem:
-            p.error(f"--branch {args.branch!r}: {problem}")
+    if args.branch is not None and (problem := branch_name_problem(args.branch)):
+        p.error(f"--branch {args.branch!r}: {problem}")
     series = given_series(args)
     if args.check:
         return check(args, series)
 
     if args.sglang:
-        git = open_checkout(args.sglang)
-        fork = None
+        git, fork = open_checkout(args.sglang), None
         if args.three_way:
             catalog = load_catalog(paths.PATCHES_ROOT)
             fork = OntoFork(catalog, args.sglang, paths.cache_dir(), args.branch, series, args.base)
@@ -184,10 +157,8 @@ def main() -> int:
 
     if report.already_applied:
         holder = f"branch {report.branch}" if report.branch else "its checked-out HEAD"
-        print(
-            f"already applied: {report.where} ({holder}) has all "
-            f"{len(report.already)} patches; nothing to do"
-        )
+        n = len(report.already)
+        print(f"already applied: {report.where} ({holder}) has all {n} patches; nothing to do")
         return Exit.OK
     for name in report.already:
         print(f"  already in the base: {name}")

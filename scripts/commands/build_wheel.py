@@ -10,32 +10,38 @@ from pathlib import Path
 
 from patchset import cli, deploy, paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import PYTHON_TAG, Series, series_for_release
+from patchset.manifest import Series, series_for_release
 
 DESCRIPTION = """\
 Write dist/sglang-<base>+<local>-<tags>.whl: the pinned, sha256-checked sglang
 wheel with the series applied to its three files. Only those files, the
-.dist-info folder name, METADATA's Version and RECORD differ from the original;
-every other member is byte-identical and in the same order. sglang.__version__
-stays the base's. The local label comes from the manifest's [build-wheel]
-table. Same inputs, same bytes: the printed sha256 can be published.
-
-sglang ships one wheel per Python (cp310 to cp313); the manifest pins each
-([wheels."<release>"]). Without --python-version, --python or --all the wheel is
-the manifest's own (cp311).
+.dist-info folder name, METADATA's Version and RECORD differ (every other member
+byte-identical, in the same order; sglang.__version__ stays the base's). The
+local label is the manifest's [build-wheel] table's. Same inputs, same bytes:
+the printed sha256 can be published. sglang ships one wheel per Python (cp310
+to cp313), each pinned ([wheels."<release>"]); without --python-version,
+--python or --all the wheel is the manifest's own (cp311).
 """
 
-CODES = [
-    Exit.BASE_MISMATCH, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH,
-    Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
-]  # fmt: skip
 WORDING = {
     Exit.OK: "the wheel was written (its path and sha256 are printed; with --all, each)",
     Exit.BASE_MISMATCH: "no patch set serves --base, or the wheel's files are not the pinned base",
     Exit.ENVIRONMENT: "--python cannot be run, or a file or folder cannot be written",
 }
-# What --python PY prints: its implementation and version.
-ASK_PYTHON = "import sys; print(sys.implementation.name, *sys.version_info[:2])"
+CODES = [
+    Exit.BASE_MISMATCH, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH,
+    Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
+]  # fmt: skip
+HELP = {
+    "--base": "the sglang release to build for; picks the patch set under patches/ that serves "
+    "it (with --patch-set: that folder must serve it)",
+    "--python-version": "build the wheel for that Python (3.10 to 3.13; default: the manifest's "
+    "own, 3.11)",
+    "--python": "build the wheel for the Python of that interpreter (asked for its version)",
+    "--all": "build the wheel of every Python the manifest pins",
+    "--out": "output folder (default: dist/)",
+}
+ASK_PYTHON = "import sys; print(sys.implementation.name, *sys.version_info[:2])"  # --python
 
 
 def python_of(interpreter: Path) -> str:
@@ -74,38 +80,17 @@ def python_tag(text: str) -> str:
 def main() -> int:
     p = cli.parser("build-wheel", DESCRIPTION, CODES, WORDING)
     cli.add_patch_set(p)
-    p.add_argument(
-        "--base",
-        metavar="VERSION",
-        help="the sglang release to build for; picks the patch set under patches/ that "
-        "serves it (with --patch-set: that folder must serve it)",
-    )
+    p.add_argument("--base", metavar="VERSION", help=HELP["--base"])
     which = p.add_mutually_exclusive_group()
     which.add_argument(
-        "--python-version",
-        type=python_tag,
-        metavar="X.Y",
-        help="build the wheel for that Python (3.10 to 3.13; default: the manifest's own, 3.11)",
+        "--python-version", type=python_tag, metavar="X.Y", help=HELP["--python-version"]
     )
-    which.add_argument(
-        "--python",
-        type=cli.absolute_path,
-        metavar="PY",
-        help="build the wheel for the Python of that interpreter (asked for its version)",
-    )
-    which.add_argument(
-        "--all", action="store_true", help="build the wheel of every Python the manifest pins"
-    )
-    p.add_argument(
-        "--out",
-        type=cli.absolute_path,
-        default=paths.PROJECT_ROOT / "dist",
-        metavar="DIR",
-        help="output folder (default: dist/)",
-    )
+    which.add_argument("--python", type=cli.absolute_path, metavar="PY", help=HELP["--python"])
+    which.add_argument("--all", action="store_true", help=HELP["--all"])
+    dist = paths.PROJECT_ROOT / "dist"
+    p.add_argument("--out", type=cli.absolute_path, default=dist, metavar="DIR", help=HELP["--out"])
     args = p.parse_args()
-    if args.base:
-        # the default --patch-set names the folder of patch sets to pick from
+    if args.base:  # the default --patch-set names the folder of patch sets to pick from
         series = series_for_release(args.patch_set.parent, args.base)
         if args.patch_set not in (series.folder, paths.DEFAULT_PATCH_DIR):
             p.error(f"--patch-set {args.patch_set} does not serve sglang {args.base}")
@@ -114,11 +99,9 @@ def main() -> int:
     pinned = series.manifest.release.wheels
     wanted = args.python_version or (python_of(args.python) if args.python else None)
     if wanted is not None and wanted not in pinned:
-        p.error(
-            f"sglang {series.manifest.base.version} has no wheel for Python "
-            f"3.{PYTHON_TAG.match(wanted)['minor']} pinned (it pins "  # type: ignore[index]
-            f"{', '.join(f'3.{t[3:]}' for t in pinned)})"
-        )
+        pins = ", ".join(f"3.{t[3:]}" for t in pinned)
+        version = series.manifest.base.version
+        p.error(f"sglang {version} has no wheel for Python 3.{wanted[3:]} pinned (it pins {pins})")
     for python in list(pinned) if args.all else [wanted]:
         built = deploy.build_wheel(series, paths.cache_dir(), args.out, python)
         for member in built.changed:

@@ -31,15 +31,12 @@ def main() -> int:
     args = p.parse_args()
     series = Series.load(args.patch_set)
     if args.check:
-        diff = export.stale_diff(series, paths.build_dir())
-        if diff:
+        if diff := export.stale_diff(series, paths.build_dir()):
             sys.stdout.write(diff)
-            return cli.report(
-                BackportError(
-                    Exit.STALE,
-                    f"the patch set in {series.folder} is stale (diff above)",
-                    "run scripts/export-patches and commit the result",
-                )
+            raise BackportError(
+                Exit.STALE,
+                f"the patch set in {series.folder} is stale (diff above)",
+                "run scripts/export-patches and commit the result",
             )
         print(f"up to date: {series.folder} matches a fresh export")
         return Exit.OK

@@ -33,14 +33,12 @@ def main() -> int:
         print(violation.render())
     checked = ", ".join(f"{rule} {n}" for rule, n in sorted(report.checked.items()))
     summary = f"{len(report.patches)} patches in {args.patch_set} (checked: {checked})"
-    if report.ok:
+    if not report.violations:
         print(f"lint ok: {summary}")
         return Exit.OK
-    return cli.report(
-        BackportError(
-            Exit.PATCHSET_INVALID,
-            f"{len(report.violations)} problems in {summary}",
-            "fix each line above; patch content is changed on the patched branch and "
-            "re-exported with scripts/export-patches",
-        )
+    raise BackportError(
+        Exit.PATCHSET_INVALID,
+        f"{len(report.violations)} problems in {summary}",
+        "fix each line above; patch content is changed on the patched branch and "
+        "re-exported with scripts/export-patches",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from patchreview.render import render_all_html, render_all_text, render_html, render_text
-from patchreview.review import build_reviews
+from patchreview.review import build_review
 from patchset import cli, paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders
@@ -15,22 +15,14 @@ Print a review of the patch series:
   - per patch: subject, why (the message body), Upstream-Status / PR / release,
     the files and the functions (def/class) its changed lines fall in, a diffstat;
   - the cumulative diff of the pinned base against the fully patched files;
-  - for each function the series changes, our patched version beside the one in
-    upstream's fixed release (0.5.19), every difference marked and explained
-    from scripts/patchreview/notes.py. A difference no note covers is
-    marked UNEXPLAINED; a note that covers nothing is marked STALE. Each note
-    names the base releases it is about; on other bases it is left out.
+  - each function the series changes beside upstream's fixed release (0.5.19),
+    every difference explained from scripts/patchreview/notes.py or marked
+    UNEXPLAINED; a note that covers nothing is STALE (a note about other bases
+    is left out there).
 Our files come from the build tree (scripts/apply-patches) when it holds this
-series, otherwise from the pinned base wheel with the series applied. The
-0.5.19 wheel is downloaded once, sha256-checked, into the shared cache.
-With --html FILE: also write the review as one self-contained HTML page
-(side by side, inline CSS, no scripts, no external files) for attaching to a
-review. With --all: review every patch set under patches/, one section per
-base and a table at the end (--html: one page); --all --brief prints only the
-problems and the table, the cheap form for CI. Exit 0 when done; with
---strict, exit 13 when anything is unexplained or stale (on any base).
+series, else from the pinned base wheel with the series applied; the 0.5.19
+wheel is downloaded once, sha256-checked, into the shared cache.
 """
-
 CODES = [
     Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED, Exit.STALE,
 ]  # fmt: skip
@@ -42,14 +34,15 @@ WORDING = {
 
 def main() -> int:
     p = cli.parser("review", DESCRIPTION, CODES, WORDING)
+    html = "also write it here as one self-contained HTML page, side by side (--all: one page)"
+    p.add_argument("--html", type=cli.absolute_path, metavar="FILE", help=html)
     flags = {
-        "--strict": "exit 13 when a difference is unexplained or a note is stale",
-        "--all": "review every patch set under patches/ (not with --patch-set)",
-        "--brief": "with --all: print only the problems and the table of bases",
+        "--strict": "exit 13 when a difference is unexplained or a note is stale (on any base)",
+        "--all": "review every patch set under patches/, one section per base and a table at "
+        "the end (not with --patch-set)",
+        "--brief": "with --all: print only the problems and the table of bases (the cheap form "
+        "for CI)",
     }
-    p.add_argument(
-        "--html", type=cli.absolute_path, metavar="FILE", help="also write an HTML page here"
-    )
     for flag, what in flags.items():
         p.add_argument(flag, action="store_true", help=what)
     cli.add_patch_set(p)
@@ -60,20 +53,15 @@ def main() -> int:
     if args.brief and not args.all:
         p.error("--brief goes with --all")
     folders = [args.patch_set or paths.DEFAULT_PATCH_DIR]
-    if args.all:
-        folders = patch_set_folders(paths.PATCHES_ROOT)
-        if not folders:
-            raise BackportError(
-                Exit.PATCHSET_INVALID,
-                f"no patch set (sglang-*/pin.toml) under {paths.PATCHES_ROOT}",
-                "run from a complete checkout of this project",
-            )
-    series = [Series.load(folder) for folder in folders]
-    reviews = build_reviews(series, paths.build_dir(), paths.cache_dir())
-    if args.all:
-        sys.stdout.write(render_all_text(reviews, brief=args.brief))
-    else:
-        sys.stdout.write(render_text(reviews[0]))
+    if args.all and not (folders := patch_set_folders(paths.PATCHES_ROOT)):
+        raise BackportError(
+            Exit.PATCHSET_INVALID,
+            f"no patch set (sglang-*/pin.toml) under {paths.PATCHES_ROOT}",
+            "run from a complete checkout of this project",
+        )
+    build, cache = paths.build_dir(), paths.cache_dir()
+    reviews = [build_review(Series.load(folder), build, cache) for folder in folders]
+    sys.stdout.write(render_all_text(reviews, args.brief) if args.all else render_text(reviews[0]))
     if args.html:
         args.html.parent.mkdir(parents=True, exist_ok=True)
         page = render_all_html(reviews) if args.all else render_html(reviews[0])

@@ -7,19 +7,18 @@ import contextlib
 from patchset import cli, paths
 from patchset.errors import Exit
 from patchset.manifest import load_releases, release_key
-from racecheck import upstream
+from racecheck import writers
 
 DESCRIPTION = """\
-List the sglang releases on the package index newer than the newest that
-patches/releases.toml knows, and judge each one by its code: its wheel is
-downloaded with pip (its sha256 printed) and laid out in a temporary folder;
-its three files are judged by their shape (the ordering between
-prepare_for_prebuilt() and process_prebuilt() on every path with overlap on)
-and its whole tree is scanned for FutureMap writers (race-check --writers). A
-release passes when it is judged fixed and every writer is classified by a
-pin.toml's [writers] table or by patches/upstream-writers.toml. Nothing of the
-wheel is installed or imported. With --release or --wheel, only those are
-judged (a release releases.toml pins comes hash-checked from the wheel cache).
+Judge each sglang release on the package index newer than the newest that
+patches/releases.toml knows, by its code: its wheel is downloaded with pip (its
+sha256 printed), its three files judged by their shape (the ordering between
+prepare_for_prebuilt() and process_prebuilt() on every path with overlap on),
+and its tree scanned for FutureMap writers (race-check --writers). It passes when
+judged fixed with every writer classified by a pin.toml's [writers] table or by
+patches/upstream-writers.toml. Nothing of the wheel is installed or imported.
+With --release or --wheel, only those are judged (a release releases.toml pins
+comes hash-checked from the wheel cache).
 """
 
 CODES = (Exit.RACE, Exit.WHEEL_UNAVAILABLE, Exit.WHEEL_HASH, Exit.PATCHSET_INVALID)
@@ -35,47 +34,44 @@ WORDING = {
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("watch-releases", DESCRIPTION, CODES, WORDING)
-    p.add_argument(
-        "--release",
-        action="append",
-        default=[],
-        metavar="VERSION",
-        help="judge this sglang release instead of listing newer ones (repeatable)",
-    )
-    p.add_argument(
-        "--wheel",
-        action="append",
-        default=[],
-        type=cli.absolute_path,
-        metavar="FILE",
-        help="judge this sglang wheel file (repeatable)",
-    )
+    for flag, metavar, kind, what in (
+        ("--release", "VERSION", str, "judge this sglang release instead of listing newer ones"),
+        ("--wheel", "FILE", cli.absolute_path, "judge this sglang wheel file"),
+    ):
+        p.add_argument(
+            flag,
+            action="append",
+            default=[],
+            type=kind,
+            metavar=metavar,
+            help=f"{what} (repeatable)",
+        )
     args = p.parse_args(argv)
     for wheel_file in args.wheel:
         if not wheel_file.is_file():
             p.error(f"--wheel {wheel_file}: no such file")
     registry = load_releases()
-    classes = upstream.classified()
-    releases = args.release or ([] if args.wheel else upstream.newer_releases(registry))
+    classes = writers.classified()
+    releases = args.release or ([] if args.wheel else writers.newer_releases(registry))
     if not releases and not args.wheel:
         newest = max(registry.known, key=release_key)
         print(f"watch-releases: no sglang release on the package index is newer than {newest}")
         return Exit.OK
     cache = paths.cache_dir()
-    wheels = [(v, upstream.release_wheel(v, registry, cache)) for v in releases]
+    wheels = [(v, writers.release_wheel(v, registry, cache)) for v in releases]
     wheels += [(w.name, contextlib.nullcontext(w)) for w in args.wheel]
-    verdicts = []
+    failed = []
     for release, wheel in wheels:
         with wheel as wheel_file:
-            verdict = upstream.judge_wheel(release, wheel_file, classes)
-        verdicts.append(verdict)
-        print("\n".join(verdict.lines()) + "\n")
-    failed = [v.release for v in verdicts if not v.passed]
+            passed, lines = writers.judge_wheel(release, wheel_file, classes)
+        if not passed:
+            failed.append(release)
+        print("\n".join(lines) + "\n")
     if failed:
         print(
-            f"FAILED: {len(failed)} of {len(verdicts)} not judged fixed with every writer "
+            f"FAILED: {len(failed)} of {len(wheels)} not judged fixed with every writer "
             f"classified: {', '.join(failed)}"
         )
         return Exit.RACE
-    print(f"ok: {len(verdicts)} judged fixed, every FutureMap writer classified")
+    print(f"ok: {len(wheels)} judged fixed, every FutureMap writer classified")
     return Exit.OK

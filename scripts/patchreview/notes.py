@@ -1,20 +1,11 @@
 """Why our patched functions differ from upstream's fixed release, as data.
 
-scripts/review finds the differences (difflib over the function sources, ast
-over the signatures) and looks here for the reason: a difference no note
-covers is unexplained, a note that covers nothing is stale.
-
-A note is about every base older than `before` (the release in which upstream
-made the change) and, where `since` is given, not older than `since`; both name
-releases of patches/releases.toml. On other bases a note is left out: it
-explains nothing there and cannot be stale there, so a new release needs no
-change here.
-
-How a note covers a difference:
-- params: parameter names whose presence or type differs in the signature;
-- lines: regexes; every changed line that matches;
-- blocks: regexes; a matching changed line and the deeper-indented changed lines after it;
-- comments: regexes; a matching changed comment line and the whole comment around it.
+A note is about every base older than `before` (where upstream made the change) and, with
+`since`, not older than `since` (both releases of patches/releases.toml); on other bases it
+explains nothing and cannot be stale, so a new release needs no change here. It covers:
+params: parameter names whose presence or type differs in the signature; lines: each changed
+line a regex matches; blocks: a matching changed line and the deeper-indented changed lines
+after it; comments: a matching changed comment line and the whole comment around it.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import html
 import textwrap
+from collections.abc import Container, Iterable
 from pathlib import Path
 
 from .notes import Note
-from .review import FileChange, FunctionComparison, FunctionSource, PatchReview, Review
+from .review import FileChange, FunctionComparison, FunctionSource, PatchReview, Review, Uncovered
 
 # identical lines kept around each difference (HTML); longer identical runs are folded
 FOLD_CONTEXT = 3
@@ -41,13 +42,12 @@ def diffstat(files: list[FileChange], width: int = 40) -> list[str]:
 
 def _numbered(function: FunctionComparison) -> dict[Note, int]:
     """Each note the function's differences cite, numbered in order of first use."""
-    cited = [c.note for c in function.signature] + [
-        n for diff in function.differences for n in diff.notes
-    ]
-    return {note: i for i, note in enumerate(dict.fromkeys(n for n in cited if n), 1)}
+    cited = [c.note for c in function.signature if c.note]
+    cited += [n for diff in function.differences for n in diff.notes]
+    return {note: i for i, note in enumerate(dict.fromkeys(cited), 1)}
 
 
-def _titles(notes: list[Note], numbers: dict[Note, int]) -> str:
+def _titles(notes: Iterable[Note], numbers: dict[Note, int]) -> str:
     return "; ".join(f"[{numbers[n]}] {n.title}" for n in notes)
 
 
@@ -67,7 +67,8 @@ def _summary(review: Review) -> str:
     )
 
 
-# --- terminal ------------------------------------------------------------------
+def _uncovered(missing: Uncovered) -> str:
+    return f"no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
 
 
 def _indent(text: str, prefix: str = "    ") -> list[str]:
@@ -120,10 +121,7 @@ def _function_text(function: FunctionComparison, base_version: str) -> list[str]
         ):
             for i in range(start, end):
                 out.append(f"    {label} {side.first_line + i:5} | {side.lines[i]}")
-        for missing in diff.uncovered:
-            out.append(
-                f"      ? no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
-            )
+        out += [f"      ? {_uncovered(missing)}" for missing in diff.uncovered]
     if numbers:
         out.append("why:")
         for note, number in numbers.items():
@@ -162,10 +160,7 @@ def problems_text(review: Review) -> list[str]:
         for change in function.signature:
             if change.note is None:
                 out.append(f"{where} no note covers parameter {change.param}")
-        for missing in (u for diff in function.differences for u in diff.uncovered):
-            out.append(
-                f"{where} no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
-            )
+        out += [f"{where} {_uncovered(u)}" for diff in function.differences for u in diff.uncovered]
         for note in function.stale_notes:
             out.append(f"{where} STALE note (covers nothing here): {note.title}")
     return out
@@ -190,9 +185,6 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
             f"{r.unexplained:>3} unexplained  {r.stale:>3} stale  {'ok' if r.ok else 'NOT OK'}"
         )
     return "\n".join(out) + "\n"
-
-
-# --- HTML ----------------------------------------------------------------------
 
 
 def _paragraphs(text: str) -> str:
@@ -246,38 +238,36 @@ def _cumulative_html(review: Review) -> str:
     return "".join(parts)
 
 
-def _cells(source: FunctionSource, index: int | None, side: str, flagged: set[int]) -> str:
+def _cells(source: FunctionSource, i: int | None, side: str, flagged: Container[int] = ()) -> str:
     """A line's number and code; flagged holds the line numbers no note covers."""
     mid = " mid" if side == "left" else ""
-    if index is None:
+    if i is None:
         return f'<td class="ln {side} empty"></td><td class="code {side} empty{mid}"></td>'
-    number = source.first_line + index
+    number = source.first_line + i
     uncovered = " uncovered" if number in flagged else ""
     return (
         f'<td class="ln {side}">{number}</td>'
-        f'<td class="code {side}{mid}{uncovered}">{_e(source.lines[index]) or " "}</td>'
+        f'<td class="code {side}{mid}{uncovered}">{_e(source.lines[i]) or " "}</td>'
     )
 
 
 def _equal_rows(function: FunctionComparison, i1: int, i2: int, j1: int) -> list[str]:
     """Identical lines ours[i1:i2] (upstream's from j1), a long run folded in the middle."""
     ours, theirs = function.ours, function.upstream
-    shown = [(i, j1 + i - i1) for i in range(i1, i2)]
-    fold: list[str] = []
-    if len(shown) > 2 * FOLD_CONTEXT + 2:
-        (first, first_up), (last, last_up) = shown[FOLD_CONTEXT], shown[-FOLD_CONTEXT - 1]
-        fold = [
-            f'<tr class="fold"><td colspan="4">\u22ef {len(shown) - 2 * FOLD_CONTEXT} '
-            f"identical lines (ours {ours.first_line + first}\u2013{ours.first_line + last}, "
-            f"{_e(function.upstream_version)} {theirs.first_line + first_up}\u2013"
-            f"{theirs.first_line + last_up}) \u22ef</td></tr>"
-        ]
-        shown = [*shown[:FOLD_CONTEXT], *shown[-FOLD_CONTEXT:]]
-    rows = [
-        f"<tr>{_cells(ours, i, 'left', set())}{_cells(theirs, j, 'right', set())}</tr>"
-        for i, j in shown
-    ]
-    return rows[:FOLD_CONTEXT] + fold + rows[FOLD_CONTEXT:] if fold else rows
+
+    def row(i: int) -> str:
+        return f"<tr>{_cells(ours, i, 'left')}{_cells(theirs, j1 + i - i1, 'right')}</tr>"
+
+    if i2 - i1 <= 2 * FOLD_CONTEXT + 2:
+        return [row(i) for i in range(i1, i2)]
+    first, last = i1 + FOLD_CONTEXT, i2 - FOLD_CONTEXT - 1
+    fold = (
+        f'<tr class="fold"><td colspan="4">\u22ef {i2 - i1 - 2 * FOLD_CONTEXT} '
+        f"identical lines (ours {ours.first_line + first}\u2013{ours.first_line + last}, "
+        f"{_e(function.upstream_version)} {theirs.first_line + j1 + first - i1}\u2013"
+        f"{theirs.first_line + j1 + last - i1}) \u22ef</td></tr>"
+    )
+    return [*map(row, range(i1, first)), fold, *map(row, range(last + 1, i2))]
 
 
 def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict[Note, int]) -> str:
@@ -287,18 +277,14 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
     for diff in function.differences:
         (i1, i2), (j1, j2) = diff.ours, diff.upstream
         rows += _equal_rows(function, i, i1, j)
+        titles = _e(_titles(diff.notes, numbers))
         if diff.explained:
-            titles = _titles(diff.notes, numbers) or "layout only"
-            rows.append(f'<tr class="note ok"><td colspan="4">explained: {_e(titles)}</td></tr>')
+            cls, text = "ok", f"explained: {titles or 'layout only'}"
         else:
-            partly = _titles(diff.notes, numbers)
-            rows.append(
-                '<tr class="note bad"><td colspan="4">UNEXPLAINED: no note in '
-                "notes.py covers the outlined lines"
-                + (f" (partly: {_e(partly)})" if partly else "")
-                + "</td></tr>"
-            )
-        mine, up = diff.uncovered_lines("ours"), diff.uncovered_lines("upstream")
+            partly = f" (partly: {titles})" if titles else ""
+            cls, text = "bad", f"UNEXPLAINED: no note in notes.py covers the outlined lines{partly}"
+        rows.append(f'<tr class="note {cls}"><td colspan="4">{text}</td></tr>')
+        mine, up = ({u.line for u in diff.uncovered if u.side == s} for s in ("ours", "upstream"))
         for k in range(max(i2 - i1, j2 - j1)):
             left = _cells(ours, i1 + k if i1 + k < i2 else None, "left", mine)
             right = _cells(theirs, j1 + k if j1 + k < j2 else None, "right", up)
@@ -317,23 +303,13 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
 
 def _function_html(function: FunctionComparison, base_version: str, anchor: str) -> str:
     numbers = _numbered(function)
-    unexplained = function.unexplained
-    badge = (
-        _badge("bad", f"{unexplained} unexplained")
-        if unexplained
-        else _badge("ok", "all differences explained")
-    )
-    sig = ""
-    if function.signature:
-        rows = []
-        for c in function.signature:
-            why = (
-                f"[{numbers[c.note]}] {_e(c.note.title)}"
-                if c.note
-                else _badge("bad", "UNEXPLAINED")
-            )
-            rows.append([_code(c.param), _code(c.ours), _code(c.upstream), why])
-        sig = _table(["parameter", "ours", _e(function.upstream_version), "why"], rows)
+    n = function.unexplained
+    badge = _badge("bad", f"{n} unexplained") if n else _badge("ok", "all differences explained")
+    rows = []
+    for c in function.signature:
+        why = _e(_titles([c.note], numbers)) if c.note else _badge("bad", "UNEXPLAINED")
+        rows.append([_code(c.param), _code(c.ours), _code(c.upstream), why])
+    sig = _table(["parameter", "ours", _e(function.upstream_version), "why"], rows) if rows else ""
     notes = "".join(
         f'<li value="{n}"><b>{_e(note.title)}</b> <span class="meta">(bases: '
         f"{_e(note.bases)})</span><br>{_e(note.why)}</li>"

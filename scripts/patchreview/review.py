@@ -1,8 +1,7 @@
 """A reviewer's view of the series: each patch, the net diff, and ours beside upstream's fix.
 
-The differences between our patched functions and upstream's fixed release are
-found mechanically; the reasons come from notes. What no note covers
-is reported as unexplained, and a note that covers nothing as stale.
+The differences from upstream's fixed release are found mechanically, their reasons come
+from notes.py: what no note covers is unexplained, a note that covers nothing is stale.
 """
 
 from __future__ import annotations
@@ -17,10 +16,10 @@ from pathlib import Path
 from patchset import buildtree
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.catalog import blobs_of, load_catalog
+from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
-from patchset.manifest import BASE_STEP, Series, WheelPin
+from patchset.manifest import Series, WheelPin
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
 from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
@@ -28,67 +27,31 @@ from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
 MODULE_LEVEL = "(module level)"
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
+StepFiles = dict[str, dict[str, str]]  # step -> path -> text
+Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
 
 
-# --- the tree at each step ---------------------------------------------------
-
-
-@dataclass
-class StepFiles:
-    """The touched files at every step of the series, and where they came from."""
-
-    source: str
-    files: dict[str, dict[str, str]]  # step -> path -> text
-
-    @property
-    def base(self) -> dict[str, str]:
-        return self.files[BASE_STEP]
-
-    @property
-    def final(self) -> dict[str, str]:
-        return self.files[list(self.files)[-1]]
-
-
-def _from_build_tree(series: Series, build: Path) -> StepFiles | None:
-    """The build tree's files, when it holds exactly this series (the catalog says so)."""
+def step_files(series: Series, build: Path, cache: Path) -> tuple[StepFiles, str]:
+    """The touched files at every step and where they came from: the build tree when it
+    holds exactly this series (each step's blob ids as pinned), else the pinned wheel."""
+    manifest = series.manifest
     repo = buildtree.build_tree_path(series, build)
-    if not (repo / ".git").exists():
-        return None
-    git = Git(repo, owned=True)
-    manifest = series.manifest
     tag, branch = buildtree.pristine_tag(manifest), buildtree.default_branch(manifest)
-    if git.rev(tag) is None or git.rev(f"refs/heads/{branch}") is None:
-        return None
-    revs = [tag, *buildtree.series_commits(git, manifest)]
-    if len(revs) != len(manifest.steps):
-        return None
-    catalog = load_catalog(series.folder.parent)
-    files: dict[str, dict[str, str]] = {}
-    for step, rev in zip(manifest.steps, revs, strict=True):
-        found = buildtree.files_at(git, rev, manifest)
-        if None in found.values() or catalog.step_of(series.folder.name, blobs_of(found)) != step:
-            return None
-        files[step] = _decoded(found)  # type: ignore[arg-type]
-    return StepFiles(f"build tree {repo} ({tag}..{branch})", files)
-
-
-def step_files(series: Series, build: Path, cache: Path) -> StepFiles:
-    """From the build tree when it holds this series, else from the pinned wheel."""
-    found = _from_build_tree(series, build)
-    if found:
-        return found
-    manifest = series.manifest
+    git = Git(repo, owned=True)
+    if (repo / ".git").exists() and git.rev(tag) and git.rev(f"refs/heads/{branch}"):
+        revs = [tag, *buildtree.series_commits(git, manifest)]
+        found = [buildtree.files_at(git, rev, manifest) for rev in revs]
+        if [blobs_of(files) for files in found] == [manifest.blobs_at(s) for s in manifest.steps]:
+            by_step = dict(zip(manifest.steps, map(_decoded, found), strict=True))
+            return by_step, f"build tree {repo} ({tag}..{branch})"
     wheel = wheels.fetch_wheel(manifest.base, cache)
     per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
-    files = {step: _decoded(by_path) for step, by_path in per_step.items()}
-    return StepFiles(f"pinned wheel {manifest.base.wheel} with the series applied", files)
+    by_step = {step: _decoded(files) for step, files in per_step.items()}
+    return by_step, f"pinned wheel {manifest.base.wheel} with the series applied"
 
 
-def _decoded(files: dict[str, bytes]) -> dict[str, str]:
-    return {path: data.decode("utf-8") for path, data in files.items()}
-
-
-# --- functions in a source file ---------------------------------------------
+def _decoded(files: dict[str, bytes | None]) -> dict[str, str]:
+    return {path: data.decode("utf-8") for path, data in files.items() if data is not None}
 
 
 @dataclass(frozen=True)
@@ -101,9 +64,8 @@ class Scope:
 
 @functools.lru_cache(maxsize=128)
 def scopes_of(source: str) -> tuple[Scope, ...]:
-    """Every def and class with its qualified name, outermost first.
-
-    Cached per distinct text: steps and bases share many, and parsing is the cost."""
+    """Every def and class with its qualified name, outermost first (cached: steps and bases
+    share many texts, and parsing is the cost)."""
     found: list[Scope] = []
 
     def walk(body: list[ast.stmt], prefix: str) -> None:
@@ -161,9 +123,6 @@ def function_source(source: str, path: str, qualname: str) -> FunctionSource | N
     return FunctionSource(qualname, path, scope.start, lines, header_lines, _params(node))
 
 
-# --- per patch ---------------------------------------------------------------
-
-
 @dataclass
 class FileChange:
     path: str
@@ -207,14 +166,13 @@ def review_patch(patch: Patch, before: dict[str, str], after: dict[str, str]) ->
     return PatchReview(patch.path.name, subject, patch.description, status, pr, release, changes)
 
 
-def cumulative_diff(steps: StepFiles) -> dict[str, list[str]]:
+def cumulative_diff(base: dict[str, str], final: dict[str, str]) -> dict[str, list[str]]:
     """path -> unified diff lines of the pinned base against the fully patched file."""
     out: dict[str, list[str]] = {}
-    for path, before in steps.base.items():
-        after = steps.final[path]
-        scopes = scopes_of(after)
+    for path, before in base.items():
+        scopes = scopes_of(final[path])
         diff = difflib.unified_diff(
-            before.splitlines(), after.splitlines(), f"a/{path}", f"b/{path}", lineterm=""
+            before.splitlines(), final[path].splitlines(), f"a/{path}", f"b/{path}", lineterm=""
         )
         out[path] = []
         for line in diff:
@@ -222,9 +180,6 @@ def cumulative_diff(steps: StepFiles) -> dict[str, list[str]]:
             # name the function the hunk starts in, as git diff does
             out[path].append(f"{line} {enclosing(scopes, int(header[3]) + 3)}" if header else line)
     return out
-
-
-# --- ours beside upstream ----------------------------------------------------
 
 
 @dataclass
@@ -240,19 +195,12 @@ class Difference:
 
     ours: tuple[int, int]  # [start, end) into FunctionSource.lines
     upstream: tuple[int, int]
-    notes: list[Note] = field(default_factory=list)
+    notes: dict[Note, None] = field(default_factory=dict)  # cited, in order of first use
     uncovered: list[Uncovered] = field(default_factory=list)
 
     @property
     def explained(self) -> bool:
         return not self.uncovered
-
-    def uncovered_lines(self, side: str) -> set[int]:
-        return {u.line for u in self.uncovered if u.side == side}
-
-    def cite(self, note: Note) -> None:
-        if note not in self.notes:
-            self.notes.append(note)
 
 
 @dataclass
@@ -269,17 +217,13 @@ class FunctionComparison:
     path: str
     ours: FunctionSource
     upstream: FunctionSource
-    base: FunctionSource | None
+    changed_by_series: bool  # ours differs from the base's (no base: new)
     upstream_version: str
     touched_by: list[str]
     signature: list[SignatureChange]
     differences: list[Difference]
     stale_notes: list[Note]
     notes: list[Note] = field(default_factory=list)  # the notes about this base
-
-    @property
-    def changed_by_series(self) -> bool:
-        return self.base is None or self.base.lines != self.ours.lines
 
     @property
     def unexplained(self) -> int:
@@ -297,10 +241,9 @@ def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
     covered: set[int] = set()
     for i in changed:
         text = lines[i]
-        if any(re.search(p, text) for p in note.lines):
+        if any(re.search(p, text) for p in (*note.lines, *note.blocks)):
             covered.add(i)
         if any(re.search(p, text) for p in note.blocks):
-            covered.add(i)
             # the block's body: the deeper-indented (or blank) lines that follow
             for j in range(i + 1, changed.stop):
                 if lines[j].strip() and _indent(lines[j]) <= _indent(text):
@@ -338,9 +281,7 @@ def compare_function(
     used: set[Note] = set(signature_notes)
     matcher = difflib.SequenceMatcher(None, ours.lines, upstream.lines, autojunk=False)
     differences: list[Difference] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
+    for _, i1, i2, j1, j2 in (op for op in matcher.get_opcodes() if op[0] != "equal"):
         diff = Difference((i1, i2), (j1, j2))
         for side, source, span in (
             ("ours", ours, range(i1, i2)),
@@ -352,15 +293,14 @@ def compare_function(
                 if hit:
                     covered |= hit
                     used.add(note)
-                    diff.cite(note)
+                    diff.notes[note] = None
             for i in span:
                 text = source.lines[i]
                 if i in covered or not SIGNIFICANT.search(text):
                     continue
                 if i < source.header_lines and signature_ok:
                     # a signature line: ast compared the parameters above
-                    for note in signature_notes:
-                        diff.cite(note)
+                    diff.notes.update(dict.fromkeys(signature_notes))
                     continue
                 diff.uncovered.append(Uncovered(side, source.first_line + i, text))
         differences.append(diff)
@@ -369,7 +309,7 @@ def compare_function(
         path=notes.path,
         ours=ours,
         upstream=upstream,
-        base=base,
+        changed_by_series=base is None or base.lines != ours.lines,
         upstream_version=upstream_version,
         touched_by=touched_by or [],
         signature=signature,
@@ -377,9 +317,6 @@ def compare_function(
         stale_notes=[n for n in about if n not in used],
         notes=about,
     )
-
-
-# --- the whole review --------------------------------------------------------
 
 
 @dataclass
@@ -420,63 +357,36 @@ def _upstream_sources(pin: WheelPin, cache: Path, paths: tuple[str, ...]) -> dic
     return _decoded(wheels.read_files(wheels.fetch_wheel(pin, cache), list(paths)))
 
 
-def build_review(
-    series: Series,
-    build: Path,
-    cache: Path,
-    notes: dict[str, FunctionNotes] | None = None,
-) -> Review:
+def build_review(series: Series, build: Path, cache: Path, notes: Notes | None = None) -> Review:
     series.verify()
     notes = FUNCTION_NOTES if notes is None else notes
     manifest = series.manifest
-    upstream_version = manifest.upstream_fixed.version
+    upstream, release = manifest.upstream_fixed.version, manifest.base.version
     check_bounds(notes, manifest.registry)
-    steps = step_files(series, build, cache)
-    by_step = list(steps.files.values())
+    by_step, source = step_files(series, build, cache)
+    steps = list(by_step.values())
+    base, final = steps[0], steps[-1]
     patches = [
-        review_patch(parse_patch(path), by_step[i], by_step[i + 1])
+        review_patch(parse_patch(path), steps[i], steps[i + 1])
         for i, path in enumerate(series.patch_paths)
     ]
     paths = tuple(sorted({n.path for n in notes.values()}))
     upstream_files = _upstream_sources(manifest.upstream_fixed, cache, paths)
     functions: list[FunctionComparison] = []
-    for qualname, function_notes in notes.items():
-        path = function_notes.path
-        ours = function_source(steps.final[path], path, qualname)
+    for qualname, about in notes.items():
+        path = about.path
+        ours = function_source(final[path], path, qualname)
         theirs = function_source(upstream_files[path], path, qualname)
         if ours is None or theirs is None:
-            where = "our patched tree" if ours is None else f"sglang {upstream_version}"
+            where = "our patched tree" if ours is None else f"sglang {upstream}"
             raise BackportError(
                 Exit.INTERNAL,
                 f"{qualname} is not in {path} of {where}",
                 "update scripts/patchreview/notes.py to the functions the series changes",
             )
-        comparison = compare_function(
-            qualname,
-            ours,
-            theirs,
-            function_notes,
-            upstream_version,
-            base=function_source(steps.base[path], path, qualname),
-            touched_by=[p.name for p in patches if qualname in p.functions],
-            release=manifest.base.version,
+        was = function_source(base[path], path, qualname)
+        touched_by = [p.name for p in patches if qualname in p.functions]
+        functions.append(
+            compare_function(qualname, ours, theirs, about, upstream, was, touched_by, release)
         )
-        functions.append(comparison)
-    return Review(
-        base_version=manifest.base.version,
-        upstream_version=upstream_version,
-        source=steps.source,
-        patches=patches,
-        cumulative=cumulative_diff(steps),
-        functions=functions,
-    )
-
-
-def build_reviews(
-    series: list[Series],
-    build: Path,
-    cache: Path,
-    notes: dict[str, FunctionNotes] | None = None,
-) -> list[Review]:
-    """One review per patch set, in the order given (0.5.19's files are read once)."""
-    return [build_review(one, build, cache, notes) for one in series]
+    return Review(release, upstream, source, patches, cumulative_diff(base, final), functions)

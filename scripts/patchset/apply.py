@@ -1,44 +1,33 @@
-"""Check a base against the pin, then apply the series on a branch of its own.
-
-Plumbing only: the patches go onto a temporary index in a marked folder, the
-repository gains objects, and one ref update at the end makes the branch.
-"""
+"""Check a base against the pin, then apply the series on a branch of its own: plumbing
+only, onto a temporary index in a marked folder; the repository gains objects, and one
+ref update at the end makes the branch."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import lock
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, files_at, pristine_tag
 from .catalog import blobs_of, load_catalog
 from .errors import BackportError, Exit
 from .git import PROJECT_IDENTITY, Git, GitError
-from .lock import (
-    DEFAULT_WAIT_S,
-    held,
-    hold_interrupts,
-    marked_folder,
-    release_interrupts,
-    remove_leftovers,
-)
 from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
 from .paths import PATCHES_ROOT
 from .recognise import Files, reading, recognise, recognise_or_refuse, refusal
 
-# The lock of a user's repository: a file in its git folder while a run holds it.
-LOCK_NAME = "sglang-backports.lock"
-# Our temporary folders (see lock.marked_folder): in TMPDIR for a user's
-# checkout, beside the build tree for the build folder.
+LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
+# Our temporary folders: in TMPDIR for a user's checkout, beside the build tree for it.
 TEMP_PREFIX = "sglang-backports-apply-"
 RESTORE = "restore the patch set with `git checkout -- patches/`"
+ROLLED_BACK = "this run changed nothing of yours (its work was rolled back)"
 
 
 @dataclass
@@ -47,8 +36,7 @@ class ApplyReport:
     branch: str | None  # None: the checkout's HEAD already holds the series
     applied: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
-    # what the run has to say beyond the patches (--3way: the merge and its judgement)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # --3way: the merge and its judgement
 
     @property
     def already_applied(self) -> bool:
@@ -56,15 +44,13 @@ class ApplyReport:
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
-    operation = git.operation_in_progress()
-    if operation:
+    if operation := git.operation_in_progress():
         raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} is in the middle of a {operation}",
             "finish or abort it there first; nothing was changed",
         )
-    dirty = git.dirty_files()
-    if dirty:
+    if dirty := git.dirty_files():
         raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} has uncommitted changes to tracked files: {', '.join(dirty)}",
@@ -76,9 +62,12 @@ def _patches_after(series: Series, step: str) -> list[Path]:
     return series.patch_paths[series.manifest.steps.index(step) :]
 
 
-def _refuse_foreign_paths(series: Series) -> None:
-    """Refuse a patch that touches a path outside the manifest's files (as git reads
-    it, so a plain ---/+++ diff counts too), or creates, deletes, renames or re-modes one."""
+def verify(series: Series, hashes: bool = True) -> None:
+    """Refuse a damaged series before anything is written: its hashes, then a patch that
+    touches a path outside the manifest's files as git reads it (a plain ---/+++ diff
+    counts too), or creates, deletes, renames or re-modes one."""
+    if hashes:
+        series.verify()
     allowed = set(series.manifest.files)
     for patch in series.patch_paths:
         touched, problem = touched_paths(patch)
@@ -86,8 +75,7 @@ def _refuse_foreign_paths(series: Series) -> None:
             raise BackportError(
                 Exit.PATCHSET_INVALID, f"git cannot read patch {patch.name}: {problem}", RESTORE
             )
-        others = sorted(set(touched) - allowed)
-        if others:
+        if others := sorted(set(touched) - allowed):
             raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"patch {patch.name} touches {', '.join(others)}, outside the files this "
@@ -95,20 +83,13 @@ def _refuse_foreign_paths(series: Series) -> None:
                 f"{RESTORE}; a fix that needs another file must add it to the manifest's "
                 "[blobs] and pass lint-patches",
             )
-        events = file_events(patch)
-        if events:
+        if events := file_events(patch):
             raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"patch {patch.name} does more than change lines of the series' files "
                 f"({'; '.join(events)}); nothing was changed",
                 RESTORE,
             )
-
-
-def verify(series: Series) -> None:
-    """Refuse a damaged series before anything is written: hashes, then touched paths."""
-    series.verify()
-    _refuse_foreign_paths(series)
 
 
 def on_index(git: Git, scratch: Path) -> Git:
@@ -126,36 +107,33 @@ def commit_patch(
         "mailinfo", "--no-scissors", str(msg), str(rest),
         input=patch.read_text(encoding="utf-8"),
     ).stdout  # fmt: skip
-    body = msg.read_text(encoding="utf-8")
     fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
+    body = msg.read_text(encoding="utf-8")
     message = git.run("stripspace", input=f"{fields.get('Subject', '')}\n\n{body}").stdout
     names = {"GIT_AUTHOR_NAME": "Author", "GIT_AUTHOR_EMAIL": "Email", "GIT_AUTHOR_DATE": "Date"}
-    author = {var: fields[key] for var, key in names.items() if fields.get(key)}
-    committer = git.with_env(author)
-    return committer.run("commit-tree", tree, "-p", parent, input=message + note).stdout.strip()
+    author = git.with_env({var: fields[key] for var, key in names.items() if fields.get(key)})
+    return author.run("commit-tree", tree, "-p", parent, input=message + note).stdout.strip()
 
 
-def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scratch: Path) -> str:
-    """Commit each patch onto base, applied to a temporary index in scratch (no fuzz, no
+def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scratch: Path) -> str:
+    """Commit each patch onto tip, applied to a temporary index in scratch (no fuzz, no
     3-way, no work tree), each step's tree checked against the manifest; the last commit."""
     index = on_index(git, scratch)
     # Where sglang is vendored, its paths are the patches' under the prefix.
     apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
-    index.run("read-tree", base)
-    tip = base
+    index.run("read-tree", tip)
     for patch in patches:
-        # One atomic `git apply --cached`; only when it fails does --check tell a patch
-        # that does not fit (ours to report) from git failing to write (git's reason).
-        done = index.run(*apply, str(patch), check=False)
-        if done.returncode != 0:
+        # Only when the one atomic apply fails does --check tell a patch that does not
+        # fit (ours to report) from git failing to write (git's reason).
+        if index.run(*apply, str(patch), check=False).returncode != 0:
             check = index.run(*apply, "--check", str(patch), check=False)
             if check.returncode != 0:
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} did not apply:\n{(check.stdout + check.stderr).strip()}",
-                    "this run changed nothing of yours (its work was rolled back); the base "
-                    "or the patch differs from what the manifest pins, so refresh the patch "
-                    "on the pristine base and run scripts/export-patches",
+                    f"{ROLLED_BACK}; the base or the patch differs from what the manifest "
+                    "pins, so refresh the patch on the pristine base and run "
+                    "scripts/export-patches",
                 )
             index.run(*apply, str(patch))
         tree = index.out("write-tree")
@@ -167,8 +145,7 @@ def _commit_series(git: Git, series: Series, base: str, patches: list[Path], scr
                 Exit.APPLY_FAILED,
                 f"patch {patch.name} applied, but produced other content than "
                 f"the manifest pins for: {', '.join(wrong)}",
-                "this run changed nothing of yours (its work was rolled back); "
-                "regenerate the manifest with scripts/export-patches",
+                f"{ROLLED_BACK}; regenerate the manifest with scripts/export-patches",
             )
         tip = commit_patch(git, patch, tree, tip, scratch)
     return tip
@@ -178,11 +155,11 @@ def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
     """Point the new branch at commit, in one ref update that fails if the branch appeared
     meanwhile. From then on the run has succeeded: signals stay held to the end of the
     process, so a late Ctrl-C cannot make the run say it removed what it made."""
-    hold_interrupts()
+    lock.hold_interrupts()
     result = git.run("update-ref", f"refs/heads/{branch}", commit, "0" * len(commit), check=False)
     if result.returncode == 0:
         return
-    release_interrupts()
+    lock.release_interrupts()
     if git.branch_exists(branch):
         raise BackportError(
             Exit.BRANCH_EXISTS,
@@ -196,33 +173,26 @@ def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
 
 def refuse_clash(git: Git, branch: str, where: Path) -> None:
     """Refuse a branch name that an existing ref keeps git from making (a/b beside a)."""
-    clash = git.ref_clash(branch)
-    if clash:
-        other = branch.replace("/", "-")
+    if clash := git.ref_clash(branch):
         raise BackportError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} cannot be made in {where}: git keeps refs as files and "
             f"folders, and {clash} is in its way",
-            f"pass --branch with another name (e.g. --branch {shlex.quote(other)}); "
-            "nothing of yours was changed",
+            f"pass --branch with another name (e.g. --branch "
+            f"{shlex.quote(branch.replace('/', '-'))}); nothing of yours was changed",
         )
 
 
-def apply_to_checkout(
-    git: Git,
-    series: Series,
-    branch: str,
-    where: Path,
-    temp_parent: Path | None = None,
-    at: tuple[str, str] | None = None,
+def _apply_to_checkout(
+    git: Git, series: Series, branch: str, where: Path, temp: Path, at: tuple[str, str] | None
 ) -> ApplyReport:
-    """Apply what is missing of the series to HEAD of git, on a new branch; at: (HEAD's
-    commit, its step) where the caller has recognised it, else recognised here."""
+    """Apply what is missing of the series to HEAD on a new branch, working in a marked
+    folder in temp; at: (HEAD's commit, its step) where the caller has recognised it."""
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
-        tip = f"refs/heads/{branch}"
-        if blobs_of(files_at(git, tip, manifest)) == manifest.blobs_at(manifest.final_step):
+        held = blobs_of(files_at(git, f"refs/heads/{branch}", manifest))
+        if held == manifest.blobs_at(manifest.final_step):
             report.already = list(series.patch_names)
             return report
         next_step = (
@@ -240,17 +210,15 @@ def apply_to_checkout(
     if at is None:
         head = _head(git)
         files = files_at(git, head, manifest)
-        state = recognise_or_refuse(load_catalog(PATCHES_ROOT), files, str(where), series).step
-    else:
-        head, state = at
-    patches = _patches_after(series, state)
-    report.already = [p for p in series.patch_names if p not in {x.name for x in patches}]
+        at = head, recognise_or_refuse(load_catalog(PATCHES_ROOT), files, str(where), series).step
+    patches = _patches_after(series, at[1])
+    report.already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
         report.branch = None
         return report
     commit_identity(git)
-    with marked_folder(temp_parent or tmpdir(), TEMP_PREFIX) as scratch:
-        tip = _commit_series(git, series, head, patches, scratch)
+    with lock.marked_folder(temp, TEMP_PREFIX) as scratch:
+        tip = _commit_series(git, series, at[0], patches, scratch)
         report.applied = [p.name for p in patches]
         create_branch(git, branch, tip, where)
     return report
@@ -270,15 +238,11 @@ def commit_identity(git: Git) -> None:
         )
 
 
-def tmpdir() -> Path:
-    return Path(tempfile.gettempdir())
-
-
 def _head(git: Git) -> str:
     return git.out("rev-parse", "--verify", "HEAD^{commit}")
 
 
-# Applies a series onto a fork (apply-patches --3way): (git, HEAD, its files) -> report.
+# --3way: applies a series onto a fork, given (git, HEAD, its files).
 OntoFork = Callable[[Git, str, Files], ApplyReport]
 
 
@@ -286,21 +250,19 @@ def apply_to_user_checkout(
     git: Git,
     path: Path,
     branch: str | None,
-    wait_s: float = DEFAULT_WAIT_S,
+    wait_s: float = lock.DEFAULT_WAIT_S,
     series: Series | None = None,
     onto_fork: OntoFork | None = None,
 ) -> ApplyReport:
-    """Recognise HEAD of the checkout once (under its lock) and apply its series.
-
-    series: the one to apply (--patch-set), else the one whose steps hold HEAD's
-    files. A checkout that is none of them is refused; with onto_fork (--3way), one
-    refused only as matching no served release goes to onto_fork instead.
-    """
+    """Recognise HEAD of the checkout once (under its lock) and apply its series: the
+    given one (--patch-set), else the one whose steps hold HEAD's files. A checkout at
+    no step is refused; with onto_fork (--3way), one that matches no served release
+    goes to onto_fork instead."""
     if series is not None:
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)
-    with held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
-        remove_leftovers(tmpdir(), TEMP_PREFIX)
+    with lock.held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
+        lock.remove_leftovers(lock.tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
@@ -312,15 +274,16 @@ def apply_to_user_checkout(
             return onto_fork(git, head, files)
         verify(found.series)
         branch = branch or default_branch(found.series.manifest)
-        return apply_to_checkout(git, found.series, branch, path, at=(head, found.step))
+        return _apply_to_checkout(
+            git, found.series, branch, path, lock.tmpdir(), (head, found.step)
+        )
 
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
-    """Lay the pinned wheel out as a git tree in a marked sibling folder, tag it,
-    patch it, then rename it into place."""
+    """The pinned wheel as a tagged, patched git tree in a marked sibling, renamed into place."""
     manifest = series.manifest
     wheel = wheels.fetch_wheel(manifest.base, cache)
-    with marked_folder(repo.parent, TEMP_PREFIX) as tmp:
+    with lock.marked_folder(repo.parent, TEMP_PREFIX) as tmp:
         aside = tmp / repo.name
         aside.mkdir()
         wheels.extract_package(wheel, aside)
@@ -340,17 +303,17 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         git.run("checkout", "--quiet", branch)
         # One rename on one file system: a reader sees no tree or the whole one,
         # and once it is there the run has succeeded, whatever signal comes late.
-        hold_interrupts()
+        lock.hold_interrupts()
         try:
             os.rename(aside, repo)
         except BaseException:
-            release_interrupts()
+            lock.release_interrupts()
             raise
         return report
 
 
 def apply_to_build_tree(
-    series: Series, build: Path, cache: Path, wait_s: float = DEFAULT_WAIT_S
+    series: Series, build: Path, cache: Path, wait_s: float = lock.DEFAULT_WAIT_S
 ) -> ApplyReport:
     """The default: a git tree from the pinned wheel in the build folder, patched."""
     verify(series)
@@ -359,8 +322,8 @@ def apply_to_build_tree(
         # Fetched before anything is made: a wheel that cannot be had leaves no trace.
         wheels.fetch_wheel(series.manifest.base, cache)
     build.mkdir(parents=True, exist_ok=True)
-    with held(build / f".{repo.name}.lock", f"the build tree {repo}", wait_s):
-        remove_leftovers(build, TEMP_PREFIX)
+    with lock.held(build / f".{repo.name}.lock", f"the build tree {repo}", wait_s):
+        lock.remove_leftovers(build, TEMP_PREFIX)
         if not repo.exists():
             return _build_aside(series, repo, cache)
         git = Git(repo, owned=True)
@@ -372,8 +335,9 @@ def apply_to_build_tree(
             )
         _refuse_unclean(git, repo)
         branch = default_branch(series.manifest)
-        report = apply_to_checkout(git, series, branch, repo, temp_parent=build)
-        if report.branch and git.current_branch() != branch:
+        report = _apply_to_checkout(git, series, branch, repo, build, None)
+        current = git.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout
+        if report.branch and current.strip() != branch:
             git.run("checkout", "--quiet", branch)
         return report
 
@@ -381,7 +345,7 @@ def apply_to_build_tree(
 @contextmanager
 def scratch_copy(files: Files) -> Iterator[Path]:
     """A temporary folder holding copies of the files, for `git apply` to work on."""
-    with marked_folder(tmpdir(), "sglang-backports-scratch-") as scratch:
+    with lock.marked_folder(lock.tmpdir(), "sglang-backports-scratch-") as scratch:
         for path, data in files.items():
             if data is not None:
                 (scratch / path).parent.mkdir(parents=True, exist_ok=True)
@@ -389,44 +353,34 @@ def scratch_copy(files: Files) -> Iterator[Path]:
         yield scratch
 
 
-def git_apply(cwd: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return Git(cwd, owned=True).run("apply", *flags, str(patch), check=False)
+def git_apply(cwd: Path, patch: Path) -> subprocess.CompletedProcess[str]:
+    """`git apply` in cwd: atomic, so a patch that does not apply changes nothing."""
+    return Git(cwd, owned=True).run("apply", str(patch), check=False)
 
 
-@dataclass
-class CheckResult:
-    patch: str
-    status: str  # "already applied", "applies cleanly", "does not apply"
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status != "does not apply"
+FAILS = "does not apply"
 
 
-def check_series(series: Series, state: str, files: Files) -> list[CheckResult]:
-    """Per patch, whether it would apply to these files (at step state of the
-    series); touches nothing of theirs."""
-    pending = {p.name for p in _patches_after(series, state)}
-    results: list[CheckResult] = []
+def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
+    """Per patch, whether it would apply to these files at step state of the series:
+    "already applied", "applies cleanly" or FAILS and, on lines below, why; changes nothing."""
+    pending = _patches_after(series, state)
+    results = dict.fromkeys(series.patch_names, "already applied")
     with scratch_copy(files) as scratch:
-        for patch in series.patch_paths:
-            if patch.name not in pending:
-                results.append(CheckResult(patch.name, "already applied"))
-            elif results and not results[-1].ok:
-                results.append(CheckResult(patch.name, "does not apply", "an earlier patch failed"))
-            elif (check := git_apply(scratch, patch, "--check")).returncode != 0:
-                results.append(CheckResult(patch.name, "does not apply", check.stderr.strip()))
+        for patch in pending:
+            if any(status.startswith(FAILS) for status in results.values()):
+                results[patch.name] = f"{FAILS}\nan earlier patch failed"
+            elif (done := git_apply(scratch, patch)).returncode != 0:
+                results[patch.name] = f"{FAILS}\n{done.stderr.strip()}".strip()
             else:
-                git_apply(scratch, patch)
-                results.append(CheckResult(patch.name, "applies cleanly"))
+                results[patch.name] = "applies cleanly"
     return results
 
 
 def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
     """The touched files at every step: the series applied to copies of the base's files,
     each step checked against the manifest's blob ids."""
-    _refuse_foreign_paths(series)
+    verify(series, hashes=False)
     manifest = series.manifest
     where = manifest.base.wheel
     per_step = {manifest.steps[0]: dict(base_files)}

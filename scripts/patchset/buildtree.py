@@ -42,8 +42,7 @@ def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
     out, at, found = result.stdout, 0, {}
     for path in paths:
         end = out.index(b"\n", at)
-        header = out[at:end].split()
-        at = end + 1
+        header, at = out[at:end].split(), end + 1
         if len(header) == 3 and header[2].isdigit():  # "<oid> <type> <size>", then the bytes
             size = int(header[2])
             found[path] = out[at : at + size] if header[1] == b"blob" else None
@@ -64,9 +63,8 @@ def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[Files
 
 def step_trees(series: Series, build: Path) -> dict[str, Path]:
     """step -> folder whose python/ holds that step's sglang package: a detached worktree
-    of the patched build tree under build/steps/<version>/, reused while its commit is
-    unchanged (the build tree is ours, so pruning its worktree records touches nothing
-    of a user's)."""
+    of the build tree (ours: pruning its worktrees touches nothing of a user's) under
+    build/steps/<version>/, reused while its commit is unchanged."""
     manifest = series.manifest
     git = Git(build_tree_path(series, build), owned=True)
     revs = [git.rev(pristine_tag(manifest)) or "", *series_commits(git, manifest)]
@@ -74,14 +72,12 @@ def step_trees(series: Series, build: Path) -> dict[str, Path]:
     trees: dict[str, Path] = {}
     for step, rev in zip(manifest.steps, revs, strict=True):
         tree = build / "steps" / manifest.base.version / step
-        if tree.is_dir() and Git(tree, owned=True).rev("HEAD") == rev:
-            trees[step] = tree
-            continue
-        if tree.exists():
-            git.run("worktree", "remove", "--force", str(tree), check=False)
-            shutil.rmtree(tree, ignore_errors=True)
-            git.run("worktree", "prune")
-        git.run("worktree", "add", "--quiet", "--detach", str(tree), rev)
+        if not tree.is_dir() or Git(tree, owned=True).rev("HEAD") != rev:
+            if tree.exists():
+                git.run("worktree", "remove", "--force", str(tree), check=False)
+                shutil.rmtree(tree, ignore_errors=True)
+                git.run("worktree", "prune")
+            git.run("worktree", "add", "--quiet", "--detach", str(tree), rev)
         trees[step] = tree
     return trees
 

@@ -1,10 +1,6 @@
-"""The one catalog: which sglang release, series and step a set of files is.
-
-Loaded once from patches/releases.toml and every pin.toml: each step of each series
-and each known release, by the blob ids of the three files, with the races each
-leaves open. Standard library only and Python 3.10-safe: check-install's zipapp
-carries it.
-"""
+"""The one catalog: which sglang release, series and step a set of files is, by their
+blob ids, with the races each leaves open; from releases.toml and every pin.toml.
+Standard library only and Python 3.10-safe: check-install's zipapp carries it."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ from .manifest import (
     release_key,
 )
 
-# the manifests name files as in the repository; in a wheel or an install
-# they sit under sglang/, one folder up
+# the manifests' paths; in a wheel or an install the files sit under sglang/, one folder up
 REPO_PREFIX = "python/"
 
 
@@ -36,15 +31,11 @@ class KnownContent:
 
     name: str
     fixes: frozenset[str]  # upstream pull requests whose fix the files carry
-    ours: bool  # made by one of our series (a step of it), not a release as shipped
-    # the race checker's scenarios left open, from the [races] tables of the manifests
-    open: tuple[str, ...] = ()
-    # the release whose launch settings apply ([launch] of releases.toml)
-    release: str = ""
-    # every scenario's [races] entries at this content's step ([] clean)
-    races: tuple[tuple[str, tuple[RaceEntry, ...]], ...] = ()
-    # the patch set folder's name and the step, for a step of one of our series
-    series: str = ""
+    ours: bool  # a step of one of our series, not a release as shipped
+    open: tuple[str, ...] = ()  # the scenarios left open ([races] of the manifests)
+    release: str = ""  # the release whose [launch] settings apply
+    races: tuple[tuple[str, tuple[RaceEntry, ...]], ...] = ()  # by scenario ([] clean)
+    series: str = ""  # for a step of one of our series: its folder's name and the step
     step: str = ""
 
 
@@ -53,20 +44,17 @@ Files = dict[str, bytes | None]  # repository path -> its bytes (None: missing)
 
 
 def blobs_of(files: Files) -> Blobs:
-    """The git blob id of each file (None for a missing one)."""
     return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
 
 
 def step_in(steps: dict[str, dict[str, str]], blobs: Blobs) -> str | None:
-    """Which of these steps (step -> blob ids, in series order) the files are at
-    (the last on a tie), or None."""
+    """Which of these steps (in series order) the files are at (the last on a tie), or None."""
     at = [step for step, pinned in steps.items() if pinned == blobs]
     return at[-1] if at else None
 
 
 def series_steps(manifest: PinManifest) -> dict[str, dict[str, str]]:
-    """Each step of a series and its blob ids, as its own manifest pins them (for a
-    patch set folder that may not be the catalog's, such as one given with --patch-set)."""
+    """Each step's blob ids, as its manifest pins them (also one given with --patch-set)."""
     return {step: manifest.blobs_at(step) for step in manifest.steps}
 
 
@@ -74,18 +62,13 @@ def series_steps(manifest: PinManifest) -> dict[str, dict[str, str]]:
 class Catalog:
     by_blobs: dict[tuple[tuple[str, str], ...], list[KnownContent]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
-    # every known release as shipped: version -> its blob ids
-    releases: dict[str, dict[str, str]] = field(default_factory=dict)
-    # each step's files: patch set folder name -> step -> blob ids
-    steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
-    # every release a series serves -> that patch set folder's name
-    served: dict[str, str] = field(default_factory=dict)
-    # each fix of releases.toml ("fix-a") -> its pull request as KnownContent.fixes names it
-    fix_prs: dict[str, str] = field(default_factory=dict)
+    releases: dict[str, dict[str, str]] = field(default_factory=dict)  # as shipped, oldest first
+    steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # series -> step
+    served: dict[str, str] = field(default_factory=dict)  # release -> its series' folder name
+    fix_prs: dict[str, str] = field(default_factory=dict)  # "fix-a" -> KnownContent.fixes' name
 
     def add(self, blobs: dict[str, str], content: KnownContent) -> None:
-        key = tuple(sorted(blobs.items()))
-        entries = self.by_blobs.setdefault(key, [])
+        entries = self.by_blobs.setdefault(tuple(sorted(blobs.items())), [])
         if content not in entries:
             entries.append(content)
         if content.series:
@@ -97,11 +80,9 @@ class Catalog:
         return sorted(found, key=lambda content: not content.ours)
 
     def step_blobs(self, series: str, step: str) -> dict[str, str]:
-        """The blob ids of a step of a series (its files as the manifest pins them)."""
         return self.steps[series][step]
 
     def step_of(self, series: str, blobs: Blobs) -> str | None:
-        """Which step of the series these files are at (the last on a tie), or None."""
         return step_in(self.steps.get(series, {}), blobs)
 
     def releases_with(self, blobs: Blobs) -> list[str]:
@@ -113,13 +94,11 @@ class Catalog:
         return [version for version, files in self.releases.items() if files.get(path) == blob]
 
     def prs(self, fixes: frozenset[str]) -> frozenset[str]:
-        """The pull requests of these fixes (releases.toml's names), as KnownContent.fixes."""
         return frozenset(self.fix_prs[fix] for fix in fixes)
 
     def like(self, fixes: frozenset[str], release: str | None) -> KnownContent | None:
-        """Known content that carries exactly these fixes (releases.toml's names), so
-        leaves open the races they leave open: release's own where it has such content,
-        else the newest release's; a release as shipped before a step of ours."""
+        """Known content with exactly these fixes, so the races they leave open: release's own
+        where it has such content, else the newest release's; as shipped before ours."""
         prs = self.prs(fixes)
         found = [c for entries in self.by_blobs.values() for c in entries if c.fixes == prs]
 
@@ -129,13 +108,12 @@ class Catalog:
         return max(found, key=rank, default=None)
 
     def nearest_release(self, blobs: Blobs, among: Iterable[str] | None = None) -> str | None:
-        """The known release (of those among, if given) that shares most of these
-        files (the newest on a tie); None when none shares one."""
-        allowed = None if among is None else set(among)
+        """The known release (of among) sharing most of these files (newest on a tie), or None."""
+        allowed = set(self.releases if among is None else among)
         scored = [
             (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(v), v)
             for v, files in self.releases.items()
-            if allowed is None or v in allowed
+            if v in allowed
         ]
         best = max(scored, default=None)
         return best[2] if best and best[0] else None
@@ -143,10 +121,8 @@ class Catalog:
 
 @functools.cache
 def load_catalog(patches_root: Path) -> Catalog:
-    """Every content the manifests under patches_root know: each step of each
-    series, and each known release (patches/releases.toml), with the races each
-    leaves open ([races]; a release not served here: those open at any step
-    that holds the same fixes)."""
+    """Each step of each series and each known release, with the races it leaves open (a
+    release not served here: those open at any step that holds the same fixes)."""
     folders = patch_set_folders(patches_root)
     if not folders:
         raise BackportError(
@@ -182,36 +158,24 @@ def load_catalog(patches_root: Path) -> Catalog:
             open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + left))
             races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
             races_with.setdefault(fixes, races)
-            version = manifest.base.version
-            content = KnownContent(
-                name, catalog.prs(fixes), index > 0, left, version, races, folder, step
-            )
+            prs, version = catalog.prs(fixes), manifest.base.version
+            content = KnownContent(name, prs, index > 0, left, version, races, folder, step)
             catalog.add(manifest.blobs_at(step), content)
     # A served release is already named by its series' base step.
     catalog.served = {r: s.folder.name for s in all_series for r in s.manifest.releases}
-    catalog.releases = {
-        release.version: dict(release.blobs)
-        for release in sorted(registry.known.values(), key=lambda r: release_key(r.version))
-    }
-    for release in registry.known.values():
-        if release.version in catalog.served:
+    catalog.releases = {version: dict(known.blobs) for version, known in registry.known.items()}
+    for version, release in registry.known.items():
+        if version in catalog.served:
             continue
-        if release.fixes not in open_with:
+        if (fixes := release.fixes) not in open_with:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"{registry.path}: sglang {release.version} carries "
-                f"{', '.join(sorted(release.fixes)) or 'no fix'}, and no step of a series "
+                f"{registry.path}: sglang {version} carries "
+                f"{', '.join(sorted(fixes)) or 'no fix'}, and no step of a series "
                 "here holds the same fixes, so which races it leaves open is not measured",
                 "serve a release with those fixes (docs/maintaining.md), or correct its fixes",
             )
-        fixes, version = release.fixes, release.version
-        content = KnownContent(
-            f"sglang {version}",
-            catalog.prs(fixes),
-            False,
-            open_with[fixes],
-            version,
-            races_with[fixes],
-        )
+        left, races = open_with[fixes], races_with[fixes]
+        content = KnownContent(f"sglang {version}", catalog.prs(fixes), False, left, version, races)
         catalog.add(release.blobs, content)
     return catalog

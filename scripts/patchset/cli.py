@@ -67,8 +67,7 @@ def add_patch_set(p: argparse.ArgumentParser) -> None:
 
 _ELSEWHERE = "SGLANG_BACKPORTS_BUILD or SGLANG_BACKPORTS_CACHE"
 _OS_NEXT_STEP = {
-    errno.ENOSPC: "free some disk space there and run again",
-    errno.EDQUOT: "free some disk space there and run again",
+    **dict.fromkeys((errno.ENOSPC, errno.EDQUOT), "free some disk space there and run again"),
     errno.EROFS: f"make that folder writable, or point {_ELSEWHERE} at a writable folder, "
     "and run again",
     errno.EACCES: "make that path readable and writable for this user, or point "
@@ -85,11 +84,8 @@ def describe_os_error(err: OSError) -> BackportError:
     where = " ".join(f"'{name}'" for name in (err.filename, err.filename2) if name)
     reason = err.strerror or str(err)
     problem = f"cannot use {where}: {reason}" if where else f"a system call failed: {reason}"
-    return BackportError(
-        Exit.ENVIRONMENT,
-        problem,
-        _OS_NEXT_STEP.get(err.errno or 0, "fix what the message names and run again"),
-    )
+    next_step = _OS_NEXT_STEP.get(err.errno or 0, "fix what the message names and run again")
+    return BackportError(Exit.ENVIRONMENT, problem, next_step)
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -119,14 +115,12 @@ def run(main: Callable[[], int]) -> None:
     except OSError as err:
         code = report(describe_os_error(err))
     except KeyboardInterrupt as err:
-        what = str(err) or "SIGINT"
-        print(f"interrupted ({what}); {REMOVED}", file=sys.stderr)
+        print(f"interrupted ({str(err) or 'SIGINT'}); {REMOVED}", file=sys.stderr)
         code = Exit.INTERRUPTED
     except Exception:
         traceback.print_exc()
         print(
-            "error: internal error (the trace above); nothing of yours was reset",
-            file=sys.stderr,
+            "error: internal error (the trace above); nothing of yours was reset", file=sys.stderr
         )
         code = Exit.INTERNAL
     # The outcome is settled: a signal from now on would only kill the interpreter

@@ -1,9 +1,5 @@
-"""Deploy the series: a patched sglang wheel.
-
-build_wheel rewrites the pinned wheel so that only the patched files, the
-.dist-info folder name, METADATA's Version and RECORD change. What an
-environment then runs is check-install's business (scripts/checkinstall/).
-"""
+"""Deploy the series: the pinned wheel rewritten so that only the patched files, the
+.dist-info folder's name, METADATA's Version and RECORD change."""
 
 from __future__ import annotations
 
@@ -18,13 +14,13 @@ from pathlib import Path
 
 from . import wheel as wheels
 from .apply import files_per_step
+from .catalog import blobs_of
 from .errors import BackportError, Exit
 from .lint import label_problems
 from .lock import marked_folder
-from .manifest import BASE_STEP, Series, git_blob_id
+from .manifest import BASE_STEP, Series, sha256_of
 
-# build-wheel's temporary folder in --out: prefix and suffix (see lock.marked_folder).
-BUILD_TEMP = (".build-wheel-", ".tmp")
+BUILD_TEMP = (".build-wheel-", ".tmp")  # the marked folder's prefix and suffix in --out
 NOT_PINNED = "this is not the wheel the manifest pins; delete it from the cache and run again"
 
 
@@ -36,46 +32,36 @@ class BuiltWheel:
     changed: list[str]
 
 
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-    return f"sha256={digest.decode()}"
-
-
 def _metadata_with_version(data: bytes, old: str, new: str) -> bytes:
     """METADATA with its Version header changed; the rest byte for byte."""
-    header_end = data.find(b"\n\n")
-    header = data if header_end < 0 else data[:header_end]
-    line = f"Version: {old}".encode()
-    lines = header.split(b"\n")
+    header, blank, rest = data.partition(b"\n\n")
+    lines, line = header.split(b"\n"), f"Version: {old}".encode()
     if line not in lines:
         problem = f"the wheel's METADATA has no line {line.decode()!r}"
         raise BackportError(Exit.WHEEL_HASH, problem, NOT_PINNED)
     lines[lines.index(line)] = f"Version: {new}".encode()
-    return b"\n".join(lines) + (b"" if header_end < 0 else data[header_end:])
+    return b"\n".join(lines) + blank + rest
 
 
 def _rewrite_record(
     data: bytes, rename: dict[str, str], changed: dict[str, bytes], record: str
 ) -> bytes:
-    """RECORD with renamed paths and new hash and size for each changed member; the
-    lines of members that did not change stay byte for byte."""
+    """RECORD with renamed paths, each changed member's new hash and size; other lines kept."""
     out = []
     for line in data.decode("utf-8").splitlines(keepends=True):
-        row = next(csv.reader([line]))
-        path = row[0]
+        path, *rest = next(csv.reader([line]))
         if path not in rename and path not in changed:
             out.append(line)
             continue
         new_path = rename.get(path, path)
         if new_path == record:
-            row = [new_path, "", ""]
+            rest = ["", ""]
         elif path in changed:
-            content = changed[path]
-            row = [new_path, _record_hash(content), str(len(content))]
-        else:
-            row = [new_path, *row[1:]]
+            digest = base64.urlsafe_b64encode(hashlib.sha256(changed[path]).digest())
+            rest = [f"sha256={digest.rstrip(b'=').decode()}", str(len(changed[path]))]
         buffer = io.StringIO()
-        csv.writer(buffer, lineterminator=line[len(line.rstrip("\r\n")) :]).writerow(row)
+        ending = line[len(line.rstrip("\r\n")) :]
+        csv.writer(buffer, lineterminator=ending).writerow([new_path, *rest])
         out.append(buffer.getvalue())
     return "".join(out).encode("utf-8")
 
@@ -84,10 +70,7 @@ def build_wheel(
     series: Series, cache: Path, out_dir: Path, python: str | None = None
 ) -> BuiltWheel:
     """Write the patched wheel of series' release into out_dir; same inputs, same bytes.
-
-    python: the CPython tag (cp312) of the pinned wheel to patch; default: the
-    manifest's own wheel.
-    """
+    python: the CPython tag (cp312) of the pinned wheel to patch (default: the manifest's)."""
     series.verify()
     manifest = series.manifest
     problems = label_problems(manifest)
@@ -102,11 +85,8 @@ def build_wheel(
     name, old_version, tags = base.wheel[: -len(".whl")].split("-", 2)
     version = f"{base.version}+{manifest.local_version}"
     old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
-    record = f"{new_info}RECORD"
-
     base_files = dict(wheels.read_files(source, manifest.files))
-    base_blobs = {path: git_blob_id(data) for path, data in base_files.items()}
-    if base_blobs != manifest.blobs_at(BASE_STEP):
+    if blobs_of(base_files) != manifest.blobs_at(BASE_STEP):
         raise BackportError(
             Exit.BASE_MISMATCH,
             f"the files of {base.wheel} are not the base {series.folder.name} patches "
@@ -116,7 +96,6 @@ def build_wheel(
         )
     patched = files_per_step(series, base_files)[manifest.final_step].items()
     changed = {p.removeprefix(wheels.REPO_PREFIX): d for p, d in patched if d != base_files[p]}
-
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}-{version}-{tags}.whl"
     with zipfile.ZipFile(source) as original:
@@ -130,7 +109,7 @@ def build_wheel(
             original.read(f"{old_info}METADATA"), base.version, version
         )
         changed[f"{old_info}RECORD"] = _rewrite_record(
-            original.read(f"{old_info}RECORD"), rename, changed, record
+            original.read(f"{old_info}RECORD"), rename, changed, f"{new_info}RECORD"
         )
         # Written aside and renamed into place, so target is never half a wheel. The
         # file is made by open() (through zipfile), so its mode follows the umask.
@@ -142,18 +121,12 @@ def build_wheel(
                         data = original.read(member)
                     rebuilt.writestr(_copy_info(member, rename), data or b"")
             os.replace(tmp / target.name, target)
-    return BuiltWheel(
-        target,
-        hashlib.sha256(target.read_bytes()).hexdigest(),
-        version,
-        [rename.get(m, m) for m in changed],
-    )
+    return BuiltWheel(target, sha256_of(target), version, [rename.get(m, m) for m in changed])
 
 
 def _copy_info(member: zipfile.ZipInfo, rename: dict[str, str]) -> zipfile.ZipInfo:
-    """A fresh ZipInfo with the member's name (renamed), date, mode and compression:
-    what zipfile would take from the clock or the platform is the original's, so the
-    output depends on the inputs alone."""
+    """A fresh ZipInfo with the member's name (renamed), date, mode and compression: not
+    the clock's or the platform's, so the output depends on the inputs alone."""
     info = zipfile.ZipInfo(rename.get(member.filename, member.filename), member.date_time)
     for name in ("compress_type", "external_attr", "create_system", "comment", "extra"):
         setattr(info, name, getattr(member, name))

@@ -72,9 +72,8 @@ EXIT_TEXT: dict[Exit, str] = {
     Exit.RACE: "a race in the patched or given tree, or the race table differs from "
     "the expected one",
     Exit.ENVIRONMENT: "the environment: a file or folder cannot be read or written (read-only, "
-    "disk full, a file where a folder belongs), git failed, Python is older than 3.11 "
-    "(3.10 for check-install), "
-    "or a tool this command needs is missing or not as pinned",
+    "disk full, a file where a folder belongs), git failed, Python is older than 3.11 (3.10 for "
+    "check-install), or a tool this command needs is missing or not as pinned",
     Exit.SCENARIO: "a race scenario could not run on the tree (import failed or the sglang "
     "API differs)",
     Exit.TESTS_FAILED: "a test run failed or ran no test",
@@ -103,13 +102,11 @@ def exit_help(
     codes: Iterable[Exit], wording: dict[Exit, str] | None = None, title: str = "exit codes"
 ) -> str:
     """The `exit codes:` section of a command's --help: only the codes it can return."""
-    wording = wording or {}
+    wording = {**EXIT_TEXT, **(wording or {})}
     lines = [f"{title}:"]
     for code in sorted(set(codes) | set(COMMON)):
-        text = wording.get(code, EXIT_TEXT[code])
-        lines.append(
-            textwrap.fill(text, 79, initial_indent=f"  {int(code):>3}  ", subsequent_indent=" " * 7)
-        )
+        at = f"  {int(code):>3}  "
+        lines.append(textwrap.fill(wording[code], 79, initial_indent=at, subsequent_indent=" " * 7))
     return "\n".join(lines) + "\n"
 
 
@@ -123,9 +120,7 @@ class BackportError(Exception):
         self.next_step = next_step
 
     def __str__(self) -> str:
-        if self.next_step:
-            return f"{self.problem}\nnext step: {self.next_step}"
-        return self.problem
+        return f"{self.problem}\nnext step: {self.next_step}" if self.next_step else self.problem
 
 
 class GitError(RuntimeError):

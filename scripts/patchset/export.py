@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import difflib
-import tempfile
 from pathlib import Path
 
-from .buildtree import build_tree_path, default_branch, pristine_tag, series_commits
+from .buildtree import build_tree_path, default_branch, files_at, pristine_tag, series_commits
+from .catalog import blobs_of
 from .errors import BackportError, Exit
 from .git import Git
+from .lock import marked_folder, tmpdir
 from .manifest import MANIFEST_NAME, SERIES_NAME, Series, rewrite_tables, sha256_of, step_of
 
-# Flags that make `git format-patch` output a function of the commits alone
-# (electron's export uses the same idea): no commit ids, full blob ids, no
-# version signature, no [PATCH n/m] subject prefix, a fixed diffstat width.
+# `git format-patch` output as a function of the commits alone: no commit ids, full blob
+# ids, no version signature, no [PATCH n/m] subject prefix, a fixed diffstat width.
 FORMAT_PATCH_FLAGS = [
     "--zero-commit", "--full-index", "--no-signature", "--keep-subject", "--no-numbered",
     "--no-thread", "--no-cover-letter", "--no-attach", "--stat=80", "--no-renames",
@@ -36,21 +36,16 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
             f"{repo} has no branch {branch} to export from",
             "run scripts/apply-patches first",
         )
-    out.mkdir(parents=True, exist_ok=True)
-    # A base that already carries fix A starts its series at 0002, so that a
-    # step number names the same fix on every base; keep the series' numbers.
-    first = manifest.first_number
+    # A base that already carries fix A starts at 0002: a step names one fix on every base.
     listing = git.out(
-        "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={first}",
+        "format-patch", *FORMAT_PATCH_FLAGS, f"--start-number={manifest.first_number}",
         "-o", str(out), f"{pristine_tag(manifest)}..{branch}",
     )  # fmt: skip
     names = [Path(line).name for line in listing.splitlines() if line.strip()]
-    revs = series_commits(git, manifest)
     # the base's blob ids are releases.toml's; pin.toml holds each patch's
     blobs: dict[str, dict[str, str]] = {path: {} for path in manifest.files}
-    for name, rev in zip(names, revs, strict=True):
-        for path in blobs:
-            blob = git.blob_at(rev, path)
+    for name, rev in zip(names, series_commits(git, manifest), strict=True):
+        for path, blob in blobs_of(files_at(git, rev, manifest)).items():
             if blob is None:
                 problem = f"{path} does not exist after {name}"
                 raise BackportError(Exit.PATCHSET_INVALID, problem, KEEP_FILES)
@@ -74,13 +69,15 @@ def _exported_files(folder: Path) -> dict[str, bytes]:
     }
 
 
+def _fresh_export(series: Series, build: Path) -> tuple[list[str], dict[str, bytes]]:
+    """The patch names and the files of an export into a marked temporary folder."""
+    with marked_folder(tmpdir(), "sglang-backports-export-") as tmp:
+        return export_to(series, build_tree_path(series, build), tmp), _exported_files(tmp)
+
+
 def stale_diff(series: Series, build: Path) -> str:
     """The unified diff between the committed patch set and a fresh export."""
-    repo = build_tree_path(series, build)
-    with tempfile.TemporaryDirectory(prefix="sglang-backports-export-") as tmp:
-        export_to(series, repo, Path(tmp))
-        fresh = _exported_files(Path(tmp))
-    committed = _exported_files(series.folder)
+    fresh, committed = _fresh_export(series, build)[1], _exported_files(series.folder)
     chunks: list[bytes] = []
     for name in sorted(set(fresh) | set(committed)):
         old, new = (files.get(name, b"").splitlines(keepends=True) for files in (committed, fresh))
@@ -92,11 +89,9 @@ def stale_diff(series: Series, build: Path) -> str:
 
 def export_in_place(series: Series, build: Path) -> list[str]:
     """Replace the patch set folder's series, patches and manifest with a fresh export."""
-    repo = build_tree_path(series, build)
-    with tempfile.TemporaryDirectory(prefix="sglang-backports-export-") as tmp:
-        names = export_to(series, repo, Path(tmp))
-        for old in series.folder.glob("*.patch"):
-            old.unlink()
-        for path in Path(tmp).iterdir():
-            (series.folder / path.name).write_bytes(path.read_bytes())
+    names, files = _fresh_export(series, build)
+    for old in series.folder.glob("*.patch"):
+        old.unlink()
+    for name, data in files.items():
+        (series.folder / name).write_bytes(data)
     return names

@@ -13,18 +13,14 @@ from typing import Any
 from .errors import BackportError, Exit, GitError
 from .lock import deferred_signals, held_fds
 
-# Identity for commits in repositories this project owns (the build tree).
+# Who commits in repositories this project owns (the build tree).
 PROJECT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "sglang-backports",
-    "GIT_AUTHOR_EMAIL": "sglang-backports@localhost",
-    "GIT_COMMITTER_NAME": "sglang-backports",
-    "GIT_COMMITTER_EMAIL": "sglang-backports@localhost",
+    f"GIT_{who}_{what}": value
+    for who in ("AUTHOR", "COMMITTER")
+    for what, value in (("NAME", "sglang-backports"), ("EMAIL", "sglang-backports@localhost"))
 }
-
-# Set on every git command: no hook or signing program of the user's runs inside
-# our commands. Our temporary index is never split (a split index writes
-# sharedindex.* into the repository's git folder) and never sparse (it would
-# need expanding for every patched path); we write no other index.
+# On every git command: no hook or signing program of the user's runs; our temporary
+# index is never split (that writes sharedindex.* into the git folder) nor sparse.
 SAFE_CONFIG = [
     "core.hooksPath=/dev/null",
     "core.fsmonitor=false",
@@ -35,11 +31,9 @@ SAFE_CONFIG = [
     "tag.gpgsign=false",
     "apply.whitespace=warn",
 ]
-# What the top folder of sglang's source holds (the wheel's sglang/ is this).
-SGLANG_PACKAGE = "python/sglang"
-# The only GIT_* variables of the caller's that reach git: who commits, and when.
-# Any other may point git at other objects, alternates, index or config, and the
-# repository we were given would not be the one git works on.
+SGLANG_PACKAGE = "python/sglang"  # what the top folder of sglang's source holds
+# The only GIT_* variables of the caller's that reach git (who commits, and when): any
+# other may point git at other objects, alternates, index or config.
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
 )
@@ -54,24 +48,19 @@ OPERATIONS = (
 
 @dataclass
 class Git:
-    """Runs git in one work tree. owned=True marks a repository this project made: user
-    and system configuration are ignored there, so output (format-patch above all) does
-    not depend on who runs the command."""
+    """Runs git in one work tree. owned: a repository this project made, where the user's
+    and system's configuration are ignored, so output does not depend on who runs it."""
 
     cwd: Path
     owned: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
-    # Where sglang's top folder (the one holding python/sglang) is inside this
-    # repository: "" or a path ending in "/" (sglang vendored in a subfolder).
-    prefix: str = ""
+    prefix: str = ""  # where sglang's top folder is in the repository: "" or "vendored/"
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEPT_GIT_ENV}
-        # No git of ours writes what it may skip (the refreshed index of `status`).
-        env["GIT_OPTIONAL_LOCKS"] = "0"
+        env["GIT_OPTIONAL_LOCKS"] = "0"  # no git of ours writes what it may skip
         if self.owned:
-            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
-            env.update(PROJECT_IDENTITY)
+            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", **PROJECT_IDENTITY)
         env.update(self.extra_env)
         return env
 
@@ -90,8 +79,7 @@ class Git:
     def _start(self, args: tuple[str, ...], input: str | bytes | None, text: bool) -> Any:
         config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
         try:
-            # A git cut off half-way can leave a lock file in the repository:
-            # an interruption waits for it to end.
+            # A git cut off half-way can leave a lock file: an interruption waits for it.
             with deferred_signals():
                 return subprocess.run(
                     ["git", *config, *args],
@@ -121,9 +109,6 @@ class Git:
         result = self.run("rev-parse", "--verify", "--quiet", spec, check=False)
         return result.stdout.strip() if result.returncode == 0 else None
 
-    def blob_at(self, rev: str, path: str) -> str | None:
-        return self.rev(f"{rev}:{path}")
-
     @cached_property
     def common_dir(self) -> Path:
         """The repository's own git folder, shared by all its worktrees."""
@@ -132,34 +117,29 @@ class Git:
     def branch_exists(self, branch: str) -> bool:
         return self.rev(f"refs/heads/{branch}") is not None
 
-    def current_branch(self) -> str | None:
-        result = self.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False)
-        return result.stdout.strip() or None
+    def config_names(self, section: str, var: str) -> list[str]:
+        """NAME of each configured key section.NAME.var (var: a regular expression)."""
+        keys = self.run(
+            "config", "-z", "--name-only", "--get-regexp", rf"^{section}\..*\.{var}$", check=False
+        ).stdout.split("\0")
+        return sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in keys if key})
 
     def dirty_files(self) -> list[str]:
-        """Tracked files (under prefix) with staged or unstaged changes; untracked ones are safe.
-
-        Read without writing (GIT_OPTIONAL_LOCKS) and without a program of the user's:
-        every filter driver is off, so a file stored through one may be called changed.
-        """
-        keys = self.run("config", "-z", "--name-only", "--get-regexp", r"^filter\.", check=False)
-        names = sorted({key[len("filter.") :].rsplit(".", 1)[0] for key in keys.stdout.split("\0")})
-        off = [(f"filter.{n}.{k}", "") for n in names if n for k in ("clean", "smudge", "process")]
-        off += [(f"filter.{n}.required", "false") for n in names if n]
-        reader = self.with_env(config_env(off))
+        """Tracked files (under prefix) with staged or unstaged changes, read without
+        writing and with every filter driver off (no program of the user's runs), so a
+        file stored through one may be called changed."""
+        names = self.config_names("filter", "[^.]*")
+        off = [(f"filter.{n}.{k}", "") for n in names for k in ("clean", "smudge", "process")]
+        reader = self.with_env(config_env(off + [(f"filter.{n}.required", "false") for n in names]))
         pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
-        listing = reader.run(
-            "status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec
-        ).stdout
+        listing = reader.run("status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec)
         # Each entry is "XY path"; a rename adds its old path as a separate entry.
-        entries = iter(listing.split("\0"))
-        dirty = []
+        entries, dirty = iter(listing.stdout.split("\0")), []
         for entry in entries:
-            if not entry:
-                continue
-            dirty.append(entry[3:])
-            if entry[0] in "RC":
-                next(entries, None)
+            if entry:
+                dirty.append(entry[3:])
+                if entry[0] in "RC":
+                    next(entries, None)
         return dirty
 
     def ref_clash(self, branch: str) -> str | None:
@@ -184,7 +164,7 @@ def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
 
 def open_checkout(path: Path) -> Git:
     """A Git for a user's checkout (the folder that holds python/sglang: the repository's
-    top, or where it vendors sglang, then named by Git.prefix); else a refusal."""
+    top, or where it vendors sglang, named by Git.prefix); else a refusal."""
     if not path.is_dir():
         raise BackportError(
             Exit.NOT_A_CHECKOUT,
@@ -208,8 +188,7 @@ def open_checkout(path: Path) -> Git:
             "`git clone https://github.com/sgl-project/sglang && "
             "git -C sglang checkout v0.5.15.post1`, then pass --sglang sglang",
         )
-    top = Path(result.stdout.strip()).resolve()
-    here = path.resolve()
+    top, here = Path(result.stdout.strip()).resolve(), path.resolve()
     if not (here / SGLANG_PACKAGE).is_dir():
         raise _where_sglang_is(path, here, top)
     if here != top:

@@ -1,8 +1,5 @@
-"""The signals that end a run, held where a run must not be cut short.
-
-Its own module so that cli.py (and with it check-install's zipapp) needs
-nothing of lock.py's file locks.
-"""
+"""The signals that end a run, held where a run must not be cut short; apart from
+lock.py so that cli.py (and check-install's zipapp) needs none of its file locks."""
 
 from __future__ import annotations
 
@@ -12,9 +9,8 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def hold_interrupts() -> None:
-    """Hold SIGINT, SIGTERM and SIGHUP from now on, for a run that has reached its end: a
-    later signal stays pending, so the process ends as what it did says (release_interrupts
-    undoes this)."""
+    """For a run that has reached its end: a later signal stays pending, so the process
+    ends as what it did says (release_interrupts undoes this)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
 
 

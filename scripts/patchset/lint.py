@@ -1,9 +1,7 @@
 """Lint one patch set folder: series, patches and pin manifest must agree.
 
-Every rule adds what it found to one report, so a single run lists every
-problem with its file and line. A run that had nothing to check is itself a
-failure: a linter that silently checks nothing looks exactly like one that
-passes.
+Every rule adds to one report, so one run lists every problem with its file and line; a
+run that checked nothing fails, as a linter that checks nothing looks like one that passes.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from .manifest import (
     PinManifest,
     release_key,
     require_folder,
+    series_entries,
     sha256_of,
     step_of,
 )
@@ -40,6 +39,7 @@ STATUS_VALUE = re.compile(r"^(?P<word>[A-Za-z-]+)(?: \[[^\]]+\])?$")
 PR_VALUE = re.compile(r"^(?:[\w.-]+/[\w.-]+#\d+|https://github\.com/[\w.-]+/[\w.-]+/pull/\d+)$")
 RELEASE_VALUE = re.compile(r"^\d+(?:\.\d+)+(?:\.post\d+)?$")
 
+ON_BRANCH = "make it on the patched branch and run scripts/export-patches"
 RULES = {
     "series": "series lists every patch file once, and only files that exist",
     "manifest": "pin.toml loads; its patch hashes, order and blob ids match (the base's: "
@@ -81,10 +81,6 @@ class LintReport:
     checked: Counter[str] = field(default_factory=Counter)
     patches: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
     def add(self, path: Path, line: int | None, rule: str, message: str) -> None:
         self.violations.append(Violation(path, line, rule, message))
 
@@ -95,8 +91,7 @@ def _read_series(report: LintReport, folder: Path) -> tuple[list[tuple[str, int]
     if not series_file.is_file():
         report.add(series_file, None, "series", "the series file does not exist")
         return [], []
-    lines = enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1)
-    entries = [(line.strip(), n) for n, line in lines if line.strip()[:1] not in ("", "#")]
+    entries = series_entries(series_file)
     seen: dict[str, int] = {}
     existing: list[Path] = []
     for name, number in entries:
@@ -143,10 +138,8 @@ def _check_manifest(
             report.checked["manifest"] += 1
             actual = sha256_of(patch.path)
             if actual != pinned_hash:
-                problem = (
-                    f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
-                    "change is wanted, make it on the patched branch and run scripts/export-patches"
-                )
+                problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
+                problem += f"change is wanted, {ON_BRANCH}"
                 report.add(patch.path, None, "manifest", problem)
         _check_blob_ids(report, manifest, patch)
     for version in manifest.releases:  # the manifest has checked each pin's form already
@@ -170,8 +163,7 @@ def _step_before(manifest: PinManifest, patch: Patch) -> tuple[str, str] | None:
 
 
 def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    """The full index lines of a patch must name the manifest's blobs of its step, and
-    a file the patch does not touch keeps its blob id across the step."""
+    """A patch's index lines name its step's blobs; a file it does not touch keeps its blob."""
     if not (steps := _step_before(manifest, patch)):
         return
     step, before = steps
@@ -211,18 +203,15 @@ def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -
             report.add(patch.path, line_naming(patch, path), "allow-list", problem)
 
 
-def _check_description(report: LintReport, patch: Patch) -> None:
-    report.checked["description"] += 1
+def _check_message(report: LintReport, patch: Patch, base_version: str | None) -> None:
+    """Its subject, description and trailers."""
+    report.checked.update(("description", "trailers"))
     if not patch.subject:
         report.add(patch.path, 1, "description", "no Subject: header")
     if not patch.description:
         problem = "no description: say in the message body why the patch exists and when it can "
         problem += "be dropped"
         report.add(patch.path, patch.subject_line or 1, "description", problem)
-
-
-def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) -> None:
-    report.checked["trailers"] += 1
     given: dict[str, Trailer] = {}
     for key in REQUIRED_TRAILERS:
         found = patch.trailer(key)
@@ -250,13 +239,12 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
     if "Upstream-Release" not in given:
         return
     release = given["Upstream-Release"].value
-    newer = base_version is None or release_key(release) > release_key(base_version)
     if release == "none":
         if word == "Backport":
             bad("Upstream-Release", "a Backport must name the release that has the fix")
     elif not RELEASE_VALUE.match(release):
         bad("Upstream-Release", f"{release!r} is not a version like 0.5.19 (or 'none')")
-    elif word == "Backport" and not newer:
+    elif word == "Backport" and base_version and release_key(release) <= release_key(base_version):
         problem = f"{release} is not newer than the pinned base {base_version}"
         bad("Upstream-Release", f"{problem}, so the base already has this fix")
 
@@ -264,26 +252,20 @@ def _check_trailers(report: LintReport, patch: Patch, base_version: str | None) 
 def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
     """A Backport's PR and release are those releases.toml gives the fix its step adds."""
     status = patch.trailer("Upstream-Status")
-    if not (steps := _step_before(manifest, patch)) or not status:
-        return
-    if not status[0].value.startswith("Backport"):
+    steps = _step_before(manifest, patch)
+    if not steps or not status or not status[0].value.startswith("Backport"):
         return
     step, before = steps
     registry = manifest.registry
     for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
         report.checked["trailers"] += 1
         first = next((r for r, k in registry.known.items() if name in k.fixes), None)
-        expected = {
-            "Upstream-PR": f"sgl-project/sglang#{registry.fixes[name].pr}",
-            "Upstream-Release": first,
-        }
-        for key, value in expected.items():
+        pr = f"sgl-project/sglang#{registry.fixes[name].pr}"
+        for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
             found = patch.trailer(key)
             if found and value is not None and found[0].value != value:
-                problem = (
-                    f"{key}: {found[0].value}, but {registry.path.name} says {name} "
-                    f"(what step {step} adds, [step-fixes]) is {value}"
-                )
+                problem = f"{key}: {found[0].value}, but {registry.path.name} says {name} "
+                problem += f"(what step {step} adds, [step-fixes]) is {value}"
                 report.add(patch.path, found[0].line, "trailers", problem)
 
 
@@ -303,17 +285,14 @@ def _check_lines(report: LintReport, patch: Patch) -> None:
 def _check_file_bytes(report: LintReport, path: Path) -> None:
     if not path.is_file():
         return
-    report.checked["final-newline"] += 1
-    report.checked["line-endings"] += 1
+    report.checked.update(("final-newline", "line-endings"))
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         line = data.count(b"\n") + 1
         report.add(path, line, "final-newline", "no newline at the end of the file")
     if b"\r" in data:
-        problem = (
-            "a carriage return (CRLF line endings?): this file must be byte-exact LF; "
-            "a clone with core.autocrlf=true rewrites it unless .gitattributes says -text"
-        )
+        problem = "a carriage return (CRLF line endings?): this file must be byte-exact LF; a "
+        problem += "clone with core.autocrlf=true rewrites it unless .gitattributes says -text"
         report.add(path, data[: data.index(b"\r")].count(b"\n") + 1, "line-endings", problem)
 
 
@@ -333,8 +312,7 @@ def lint_patch_set(folder: Path) -> LintReport:
     patches = [parse_patch(path) for path in paths]
     for patch in patches:
         report.patches.append(patch.path.name)
-        _check_description(report, patch)
-        _check_trailers(report, patch, manifest.base.version if manifest else None)
+        _check_message(report, patch, manifest.base.version if manifest else None)
         _check_lines(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
@@ -347,19 +325,13 @@ def lint_patch_set(folder: Path) -> LintReport:
         for problem in label_problems(manifest):
             report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)
     if not patches or not report.checked["whitespace"]:
-        problem = (
-            "no patch with added lines was checked; a lint that checks nothing must not "
-            "pass (is the series empty, or the folder wrong?)"
-        )
-        report.add(folder, None, "nothing-checked", problem)
+        why = "a lint that checks nothing must not pass (is the series empty, or the folder wrong?)"
+        report.add(folder, None, "nothing-checked", f"no patch with added lines was checked; {why}")
     return report
 
 
-# --- [build-wheel]: the wheel's version label ------------------------------------
-
 BUILD_TABLE = "build-wheel"
-# PEP 440 local version label, in its normalized form (lower case, dots), so
-# that the file name, the folder name and METADATA spell it the same way.
+# PEP 440 local version label, normalized, so file name, folder and METADATA spell it alike.
 LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:\.[a-z0-9]+)*$")
 
 
@@ -371,16 +343,12 @@ def series_sha256(manifest: PinManifest) -> str:
 
 def label_problems(manifest: PinManifest) -> list[str]:
     """What is wrong with the manifest's [build-wheel] table; empty when it is right."""
-    table = manifest.raw.get(BUILD_TABLE)
-    actual = series_sha256(manifest)
-    if not isinstance(table, dict):
-        return [
-            f'no [{BUILD_TABLE}] table: add one with local = "pdrace.N" and '
-            f'series-sha256 = "{actual}"'
-        ]
+    table, actual = manifest.raw.get(BUILD_TABLE), series_sha256(manifest)
+    if table is None:  # PinManifest.load refused a [build-wheel] that is not a table
+        add = f'add one with local = "pdrace.N" and series-sha256 = "{actual}"'
+        return [f"no [{BUILD_TABLE}] table: {add}"]
     problems = []
-    local = table.get("local", "")
-    if not isinstance(local, str) or not LOCAL_LABEL.match(local):
+    if not LOCAL_LABEL.match(local := manifest.local_version):  # a string: PinManifest.load
         problems.append(
             f"[{BUILD_TABLE}] local = {local!r} is not a PEP 440 local version label in "
             "normalized form (lower-case letters and digits, joined by dots, e.g. pdrace.2)"

@@ -1,10 +1,7 @@
 """One run at a time per target, no half-made state on an interruption, and the one
-kind of temporary folder every command makes (marked_folder).
-
-A target (the build folder, a user's repository) is guarded by an flock on a file
-next to it that names its holder, so a refused run can say whom it waits for; the
-holder removes the file when done, and the OS drops the lock of a killed one.
-"""
+kind of temporary folder every command makes (marked_folder). A target is guarded by
+an flock on a file beside it that names its holder, so a refused run can say whom it
+waits for; the OS drops the lock of a killed holder."""
 
 from __future__ import annotations
 
@@ -17,9 +14,10 @@ import shutil
 import signal
 import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from .errors import BackportError, Exit
@@ -28,11 +26,10 @@ from .errors import BackportError, Exit
 from .interrupts import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
 from .textout import progress
 
-# How long a second run waits for the first by default (--wait changes it).
-DEFAULT_WAIT_S = 30.0
+DEFAULT_WAIT_S = 30.0  # how long a second run waits for the first (--wait)
+TELL_AFTER_S = 1.0  # a wait shorter than this is not worth a line on stderr
 _UNNAMED_HOLDER = "a process that has not written its name yet"
-# The fds of the locks this process holds; every git or pip we start inherits them,
-# so one that outlives a killed run still holds them until it ends.
+# Every git or pip we start inherits these fds: one that outlives a killed run holds them.
 _held: list[int] = []
 
 
@@ -40,13 +37,14 @@ def held_fds() -> tuple[int, ...]:
     return tuple(_held)
 
 
+def tmpdir() -> Path:
+    return Path(tempfile.gettempdir())
+
+
 @contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, then deliver them.
-
-    A git killed half-way leaves a lock file or half a ref, a cleanup cut short
-    what it was removing. Children inherit the mask, so they run to their end too.
-    """
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (children too): a git or a
+    cleanup cut short leaves a lock file, half a ref or half a folder."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
         yield
@@ -62,41 +60,37 @@ def _holder(path: Path) -> str:
 
 def _try_lock(path: Path) -> int | None:
     """An fd holding the lock on path, or None while another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
+    with deferred_signals():  # an fd opened is closed or returned
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise
+        # The holder before us may have removed the file after we opened it: take the new one.
+        with suppress(FileNotFoundError):
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
         os.close(fd)
-        if err.errno in (errno.EAGAIN, errno.EACCES):
-            return None
-        raise
-    # The holder before us may have removed the file after we opened it: then
-    # our lock is on a file nobody else will find, so take the new one.
-    with suppress(FileNotFoundError):
-        if os.fstat(fd).st_ino == os.stat(path).st_ino:
-            return fd
-    os.close(fd)
     return _try_lock(path)
 
 
 @contextmanager
 def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
     """Hold the lock at path for target, waiting up to wait_s for another holder."""
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
     told = False
-    while True:
-        with deferred_signals():
-            fd = _try_lock(path)
-        if fd is not None:
-            break
-        if time.monotonic() >= deadline:
+    while (fd := _try_lock(path)) is None:
+        if time.monotonic() >= started + wait_s:
             raise BackportError(
                 Exit.LOCKED,
                 f"another run is working on {target}: {_holder(path)} (lock {path})",
                 "wait for it to finish and run again, or pass --wait SECONDS to wait "
                 "longer; the lock goes away by itself when that process ends",
             )
-        if not told:
+        if not told and time.monotonic() >= started + TELL_AFTER_S:
             print(f"waiting for {_holder(path)} to finish with {target}", file=sys.stderr)
             told = True
         time.sleep(0.2)
@@ -113,38 +107,31 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             os.close(fd)
 
 
-# A temporary folder is named PREFIX<16 hex digits>SUFFIX and holds TEMP_MARKER
-# (content TEMP_MARKER_TEXT), flocked by its maker and every child (held_fds). So
-# the next run tells a killed run's leftover (marked, unlocked) from a live run's
-# folder (locked) and from anything else, and removes only leftovers. Making and
-# sweeping both hold this user's lock in the parent, so a folder caught half-made
-# (empty, or its marker not yet named) is a killed run's; other users' folders
-# are never judged (in a shared TMPDIR they cannot be read; root leaves them).
+# A temporary folder is named PREFIX<16 hex digits>SUFFIX and holds TEMP_MARKER (content
+# TEMP_MARKER_TEXT), flocked by its maker and every child (held_fds): the next run removes
+# a killed run's (marked, unlocked), never a live run's (locked) nor anything else. Making
+# and sweeping both hold this user's lock in the parent, so a folder caught half-made is a
+# killed run's; other users' folders are never judged (in a shared TMPDIR, even by root).
 TEMP_MARKER = ".made-by-sglang-backports"
 TEMP_MARKER_TEXT = (
     b"a temporary folder of sglang-backports; the next run removes it once the run "
     b"that made it has ended\n"
 )
-_UNNAMED = f"{TEMP_MARKER}.new"
 
 
 def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
     return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
 
 
-@contextmanager
-def _temp_lock(parent: Path) -> Iterator[None]:
+def _temp_lock(parent: Path) -> AbstractContextManager[None]:
     path = parent / f".sglang-backports-temp-{os.getuid()}.lock"
-    with held(path, f"the temporary folders in {parent}", DEFAULT_WAIT_S):
-        yield
+    return held(path, f"the temporary folders in {parent}", DEFAULT_WAIT_S)
 
 
 @contextmanager
 def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
-    """A temporary folder in parent, marked and locked, removed when the block ends;
-    first the leftovers of killed runs there (same prefix and suffix) are removed.
-    Its lock is among held_fds(), so a child started with them (Git.run) holds it
-    until it ends, even if this process is killed."""
+    """A temporary folder in parent, marked and locked, removed when the block ends; the
+    leftovers of killed runs there (same prefix and suffix) are removed first."""
     made: list[tuple[Path, int]] = []
     try:
         with _temp_lock(parent):
@@ -170,12 +157,10 @@ def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
             break
     fd = -1
     try:
-        # Locked before it has its name, so a named marker is locked while its maker lives.
-        fd = os.open(folder / _UNNAMED, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         with suppress(OSError):  # no flock on this file system: no sweep can take it either
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, TEMP_MARKER_TEXT)
-        (folder / _UNNAMED).rename(folder / TEMP_MARKER)
     except BaseException:
         if fd >= 0:
             os.close(fd)
@@ -188,11 +173,9 @@ def _remove_marked(folder: Path) -> None:
     """Remove a folder of ours: its marker last, so a removal cut short stays marked."""
     with suppress(FileNotFoundError):
         for entry in folder.iterdir():
-            if entry.name == TEMP_MARKER:
-                continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
-            else:
+            elif entry.name != TEMP_MARKER:
                 entry.unlink(missing_ok=True)
         (folder / TEMP_MARKER).unlink(missing_ok=True)
         folder.rmdir()
@@ -204,23 +187,16 @@ def _is_leftover(folder: Path) -> bool:
         if os.lstat(folder).st_uid != os.getuid():
             return False
         names = os.listdir(folder)
-    except OSError:
-        return False
-    if not names:
-        return True  # killed between making the folder and its marker
-    unnamed = names == [_UNNAMED]  # killed before the marker got its name
-    if not unnamed and TEMP_MARKER not in names:
-        return False
-    marker = folder / (_UNNAMED if unnamed else TEMP_MARKER)
-    try:
-        fd = os.open(marker, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if not names:
+            return True  # killed before its marker was made
+        fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
         text = os.read(fd, len(TEMP_MARKER_TEXT) + 1)
-        if not (TEMP_MARKER_TEXT.startswith(text) if unnamed else text == TEMP_MARKER_TEXT):
+        # alone, the marker may be half-written: its maker was killed while writing it
+        half = names == [TEMP_MARKER] and TEMP_MARKER_TEXT.startswith(text)
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not (half or text == TEMP_MARKER_TEXT):
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its maker lives
         return True
@@ -232,12 +208,9 @@ def _is_leftover(folder: Path) -> bool:
 
 def _sweep(parent: Path, prefix: str, suffix: str) -> list[Path]:
     """Remove the leftovers of killed runs in parent; call with its lock held."""
-    names = _temp_names(prefix, suffix)
-    removed = []
+    names, removed = _temp_names(prefix, suffix), []
     for folder in sorted(parent.iterdir()):
-        if not names.fullmatch(folder.name) or folder.is_symlink() or not folder.is_dir():
-            continue
-        if _is_leftover(folder):
+        if names.fullmatch(folder.name) and not folder.is_symlink() and _is_leftover(folder):
             with deferred_signals():
                 _remove_marked(folder)
             progress(f"removed {folder}, which a killed run left")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ from .releases import (
 )
 
 # The registry's names, also where check-install, the catalog and racecheck import them.
-from .releases import LAUNCH_FLAGS as LAUNCH_FLAGS
 from .releases import LaunchSettings as LaunchSettings
 
 MANIFEST_NAME = "pin.toml"
@@ -35,8 +35,8 @@ BASE_STEP = "base"
 STEP_NAME = re.compile(r"^\d{4}$")
 RESTORE = "restore it with `git checkout -- patches/`"
 REGENERATE = "regenerate it with scripts/export-patches"
-# A [races] entry: (kind, buffers, rows); every buffer races in every row, kind
-# being the first access and the second.
+REPAIR = f"{RESTORE}, or {REGENERATE}"
+# A [races] entry: (kind: first access/second, buffers, rows); every buffer races in every row.
 RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
 RACE_KINDS = ("write/write", "write/read", "read/write")
 # The Pythons sglang ships a wheel for (Requires-Python >= 3.10), as wheel tags.
@@ -50,13 +50,11 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def git_blob_id(data: bytes) -> str:
-    """The id `git hash-object` gives data."""
+def git_blob_id(data: bytes) -> str:  # as `git hash-object` gives it
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def step_of(patch_name: str) -> str:
-    """The step a patch brings the tree to: its number, e.g. '0001'."""
+def step_of(patch_name: str) -> str:  # the step a patch brings the tree to: '0001'-...
     return patch_name.split("-", 1)[0]
 
 
@@ -68,41 +66,34 @@ class ReleasePin:
     tag: str
     torch: str = ""
     transformers: str = ""
-    # CPython tag -> the release's wheel for that Python, the default one included
-    wheels: dict[str, WheelPin] = field(default_factory=dict)
+    wheels: dict[str, WheelPin] = field(default_factory=dict)  # by CPython tag, default included
 
     @classmethod
     def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
-        wheel = toml.wheel_pin(keys, version)
+        """keys' table, and [wheels."VERSION"] cpXY = { wheel, sha256 }: the release's wheel
+        for each other Python, a cpXY-cpXY wheel for the default wheel's platform."""
+        default = toml.wheel_pin(keys, version)
+        python, abi, platform = default.tags
+        if python != abi or not PYTHON_TAG.match(python):
+            problem = f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
+            raise toml.refuse((*keys, "wheel"), problem)
+        wheels = {python: default}
+        for cp in toml.table((WHEELS_TABLE, version), optional=True):
+            key = (WHEELS_TABLE, version, cp)
+            if not PYTHON_TAG.match(cp):
+                raise toml.refuse(key, "is not a CPython wheel tag (cp310, cp311, ...)")
+            if cp == python:
+                problem = f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
+                raise toml.refuse(key, problem)
+            pin = toml.wheel_pin(key, version)
+            if pin.tags != (cp, cp, platform):
+                problem = f"= {json.dumps(pin.wheel)} is not a {cp}-{cp}-{platform} wheel"
+                raise toml.refuse((*key, "wheel"), problem)
+            wheels[cp] = pin
         tag = toml.text((*keys, "tag"))
         pins = [toml.text((*keys, key), default="") for key in ("torch", "transformers")]
-        return cls(wheel, tag, *pins, _python_wheels(toml, keys, version, wheel))
-
-
-def _python_wheels(
-    toml: TomlFile, keys: tuple[str, ...], version: str, default: WheelPin
-) -> dict[str, WheelPin]:
-    """[wheels."VERSION"]: cpXY = { wheel, sha256 }, the release's wheel for each
-    Python besides the default one (keys' table), each a cpXY-cpXY wheel for the
-    default wheel's platform."""
-    python, abi, platform = default.tags
-    if python != abi or not PYTHON_TAG.match(python):
-        problem = f"= {json.dumps(default.wheel)} is not a CPython wheel (cpXY-cpXY)"
-        raise toml.refuse((*keys, "wheel"), problem)
-    wheels = {python: default}
-    for tag in toml.table((WHEELS_TABLE, version), optional=True):
-        key = (WHEELS_TABLE, version, tag)
-        if not PYTHON_TAG.match(tag):
-            raise toml.refuse(key, "is not a CPython wheel tag (cp310, cp311, ...)")
-        if tag == python:
-            problem = f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
-            raise toml.refuse(key, problem)
-        pin = toml.wheel_pin(key, version)
-        if pin.tags != (tag, tag, platform):
-            problem = f"= {json.dumps(pin.wheel)} is not a {tag}-{tag}-{platform} wheel"
-            raise toml.refuse((*key, "wheel"), problem)
-        wheels[tag] = pin
-    return dict(sorted(wheels.items(), key=lambda item: int(item[0][3:])))
+        by_minor = sorted(wheels.items(), key=lambda item: int(item[0][3:]))
+        return cls(default, tag, *pins, dict(by_minor))
 
 
 @dataclass
@@ -111,47 +102,24 @@ class PinManifest:
 
     release: ReleasePin
     patch_hashes: dict[str, str]
-    # path -> {step -> git blob id}, steps in series order starting with "base"
-    blobs: dict[str, dict[str, str]]
-    # step -> the fixes its tree holds (the base: its release's, from releases.toml)
-    step_fixes: dict[str, frozenset[str]]
-    # the facts every release shares (patches/releases.toml)
+    blobs: dict[str, dict[str, str]]  # path -> step -> git blob id, "base" first
+    step_fixes: dict[str, frozenset[str]]  # step -> the fixes its tree holds
     registry: Releases
     # other releases whose touched files are byte-identical: the series serves them too
     same_files: dict[str, ReleasePin] = field(default_factory=dict)
-    # PEP 440 local version label of the patched wheel (scripts/build-wheel)
-    local_version: str = ""
+    local_version: str = ""  # the patched wheel's PEP 440 local label
     # [races]: scenario -> step -> the races left open (scripts/race-check writes it)
     races: dict[str, dict[str, tuple[RaceEntry, ...]]] = field(default_factory=dict)
-    # [writers]: releases.toml's rows, with this base's added or replacing them
-    # (scripts/race-check --writers)
+    # releases.toml's [writers] rows, with this base's added or replacing them
     writers: dict[str, dict[str, str]] = field(default_factory=dict)
-    # the unparsed manifest, for facts that only one tool reads
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)  # for facts only one tool reads
 
     @property
     def upstream_fixed(self) -> WheelPin:
-        """The first release with the fix; scripts/review compares with it."""
         return self.registry.upstream_fixed
 
     @property
-    def known_releases(self) -> dict[str, dict[str, str]]:
-        """release -> {path -> git blob id}, oldest first, to name a base that does not match."""
-        return {version: known.blobs for version, known in self.registry.known.items()}
-
-    @property
-    def fix_marker(self) -> str:
-        """The line the fix adds; a tree that holds it in fix_function needs no patch."""
-        return next((fix.marker for fix in self.registry.fixes.values() if fix.marker), "")
-
-    @property
-    def fix_function(self) -> str:
-        fixes = self.registry.fixes.values()
-        return next((fix.marker_function for fix in fixes if fix.marker), "")
-
-    @property
     def upstream_prs(self) -> dict[str, int]:
-        """Upstream pull request of each fix, by its name."""
         return {name: fix.pr for name, fix in self.registry.fixes.items()}
 
     @property
@@ -183,9 +151,8 @@ class PinManifest:
 
     @property
     def first_number(self) -> int:
-        """The number of the series' first patch; for a series still empty (a new
-        release), of the first step [step-fixes] plans, so that a step number names
-        the same fix on every base."""
+        """The first patch's number (an empty series: [step-fixes]'), so that a step
+        number names the same fix on every base."""
         planned = sorted(self.raw.get("step-fixes", {}))
         return int((self.steps[1:] or planned or ["1"])[0])
 
@@ -194,7 +161,6 @@ class PinManifest:
         return self.steps[-1]
 
     def open_races(self, step: str) -> list[str]:
-        """The scenarios whose [races] entry at step is not clean, in table order."""
         return [name for name, by_step in self.races.items() if by_step[step]]
 
     def blobs_at(self, step: str) -> dict[str, str]:
@@ -202,11 +168,11 @@ class PinManifest:
 
     @classmethod
     def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
-        """Read and check pin.toml: every key a command reads is there and well formed;
-        registry: the release facts (default: the project's patches/releases.toml)."""
+        """Read and check pin.toml: every key a command reads is there and well formed
+        (registry: default patches/releases.toml)."""
         registry = registry or load_releases()
         missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
-        toml = TomlFile.load(path, "pin manifest", missing, f"{RESTORE}, or {REGENERATE}")
+        toml = TomlFile.load(path, "pin manifest", missing, REPAIR)
         version = toml.text(("sglang", "version"))
         patch_hashes = {
             name: toml.text(("patches", name), SHA256, "a sha256")
@@ -215,13 +181,10 @@ class PinManifest:
         steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
         known = registry.release(version, path)
         blobs = _step_blobs(toml, known, steps, registry.path)
-        if BASE_STEP in toml.table(("step-fixes",)):
-            raise toml.refuse(
-                ("step-fixes", BASE_STEP),
-                f'is given here; the base holds what [releases."{version}"] fixes '
-                f"in {registry.path} says, so remove it",
-            )
         for step in toml.table(("step-fixes",)):
+            if step == BASE_STEP:
+                holds = f'the base holds what [releases."{version}"] fixes in {registry.path} says'
+                raise toml.refuse(("step-fixes", step), f"is given here; {holds}, so remove it")
             if not STEP_NAME.match(step):
                 raise toml.refuse(("step-fixes", step), "is not a step (four digits, e.g. 0002)")
         where = f"{registry.path} [fixes]"
@@ -269,32 +232,21 @@ def _step_blobs(
         if BASE_STEP in toml.table(("blobs", file)):
             problem = f"is given here; the base is {release}, so remove it"
             raise toml.refuse(("blobs", file, BASE_STEP), problem)
-    blobs: dict[str, dict[str, str]] = {}
-    for file, base in known.blobs.items():
-        by_step = toml.table(("blobs", file), optional=True)
-        for step in steps[1:]:
-            toml.text(("blobs", file, step), BLOB_ID, "a git blob id")
-        extra = [step for step in by_step if step not in steps]
-        if extra:
+        if extra := [step for step in toml.table(("blobs", file)) if step not in steps]:
             raise toml.refuse(
                 ("blobs", file),
                 f"names steps {', '.join(extra)}, which are not in [patches] "
                 f"(steps: {', '.join(steps)})",
             )
-        blobs[file] = {BASE_STEP: base, **{step: by_step[step] for step in steps[1:]}}
-    return blobs
+    return {
+        file: {BASE_STEP: base}
+        | {step: toml.text(("blobs", file, step), BLOB_ID, "a git blob id") for step in steps[1:]}
+        for file, base in known.blobs.items()
+    }
 
 
-def _race_entry(entry: dict[str, Any]) -> RaceEntry | None:
-    """One [races] entry { kind, buffers, rows }, or None when it is not one."""
-    if entry.get("kind") not in RACE_KINDS:
-        return None
-    buffers, rows = entry.get("buffers"), entry.get("rows")
-    if not isinstance(buffers, list) or not all(isinstance(b, str) for b in buffers):
-        return None
-    if not isinstance(rows, list) or not all(type(r) is int for r in rows):
-        return None
-    return entry["kind"], tuple(buffers), tuple(rows)
+def _is_list(value: object, kind: type) -> bool:
+    return isinstance(value, list) and all(type(item) is kind for item in value)
 
 
 def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[RaceEntry, ...]]]:
@@ -305,24 +257,26 @@ def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[
         races[scenario] = {}
         for step in steps:
             keys = ("races", scenario, step)
-            entries = []
-            for n, entry in enumerate(toml.value(keys, list), 1):
+            entries = toml.value(keys, list)
+            for n, entry in enumerate(entries, 1):
                 if not isinstance(entry, dict):
                     raise toml.refuse(keys, f"entry {n} is {kind_of(entry)}, not a table")
-                if (checked := _race_entry(entry)) is None:
+                if entry.get("kind") not in RACE_KINDS or not (
+                    _is_list(entry.get("buffers"), str) and _is_list(entry.get("rows"), int)
+                ):
                     raise toml.refuse(
                         keys,
                         f"entry {n} is not {{ kind = one of {', '.join(RACE_KINDS)}, "
                         "rows = [integers], buffers = [strings] }",
                     )
-                entries.append(checked)
-            races[scenario][step] = tuple(entries)
+            races[scenario][step] = tuple(
+                (e["kind"], tuple(e["buffers"]), tuple(e["rows"])) for e in entries
+            )
     return races
 
 
 def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
-    """text with the key lines of each named table replaced; comments, other tables and
-    hand-written keys stay byte for byte, and a missing table is added at the end."""
+    """text with the key lines of each named table replaced (see replace_tables)."""
 
     def toml_value(value: str | dict[str, str]) -> str:
         if isinstance(value, str):
@@ -338,7 +292,8 @@ def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
 
 
 def replace_tables(text: str, tables: dict[str, list[str]]) -> str:
-    """text with the key lines of each table [NAME] replaced by the lines given."""
+    """text with the key lines of each table [NAME] replaced by the lines given; comments,
+    other tables and hand-written keys stay byte for byte, a missing table is appended."""
     lines = text.splitlines()
     for name, body in tables.items():
         header = f"[{name}]"
@@ -357,7 +312,6 @@ def _invalid(problem: str, next_step: str) -> BackportError:
 
 
 def require_folder(folder: Path) -> None:
-    """Refuse a patch set folder that does not exist."""
     if not folder.is_dir():
         problem = f"patch set folder {folder} does not exist"
         raise _invalid(problem, "pass --patch-set with a folder under patches/")
@@ -377,15 +331,13 @@ class Series:
 
     @classmethod
     def load(cls, folder: Path, registry: Releases | None = None) -> Series:
-        """Read the series and its manifest (registry: as PinManifest.load's) without
-        checking patch hashes."""
+        """The series and its manifest (registry: as PinManifest.load's), hashes unchecked."""
         require_folder(folder)
         manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
             raise _invalid(f"{series_file} does not exist", REGENERATE)
-        lines = series_file.read_text(encoding="utf-8").splitlines()
-        names = [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
+        names = [name for name, _ in series_entries(series_file)]
         return cls(folder=folder, patch_names=names, manifest=manifest)
 
     def verify(self) -> None:
@@ -393,9 +345,7 @@ class Series:
         expected = list(self.manifest.patch_hashes)
         if self.patch_names != expected:
             problem = f"{self.folder / SERIES_NAME} lists {self.patch_names}, but the manifest "
-            problem += f"pins {expected}"
-            restore = "restore the patch set with `git checkout -- patches/`"
-            raise _invalid(problem, f"{restore}, or {REGENERATE}")
+            raise _invalid(f"{problem}pins {expected}", REPAIR)
         for path in self.patch_paths:
             if not path.is_file():
                 raise _invalid(f"patch {path} is named in the series but does not exist", RESTORE)
@@ -409,8 +359,13 @@ class Series:
                 )
 
     def for_release(self, version: str) -> Series:
-        """This series, laid out from version (the primary release or a same-files one)."""
         return replace(self, manifest=self.manifest.for_release(version))
+
+
+def series_entries(path: Path) -> list[tuple[str, int]]:
+    """A series file's (patch name, line number) entries: no blank or comment line."""
+    lines = enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+    return [(line.strip(), n) for n, line in lines if line.strip()[:1] not in ("", "#")]
 
 
 def patch_set_folders(root: Path) -> list[Path]:
@@ -426,12 +381,9 @@ def patch_set_folders(root: Path) -> list[Path]:
 
 def series_for_release(root: Path, version: str) -> Series:
     """The series that serves an sglang release; refuse one no patch set serves."""
-    served: dict[str, Series] = {}
     registry = load_releases(root / RELEASES_NAME)
-    for folder in patch_set_folders(root):
-        series = Series.load(folder, registry)
-        for release in series.manifest.releases:
-            served[release] = series.for_release(release)
+    all_series = [Series.load(folder, registry) for folder in patch_set_folders(root)]
+    served = {r: series.for_release(r) for series in all_series for r in series.manifest.releases}
     if version in served:
         return served[version]
     known = sorted(served, key=release_key)
@@ -445,14 +397,12 @@ def series_for_release(root: Path, version: str) -> Series:
             "run that release as it is; this project serves the releases before it "
             f"({', '.join(known)})",
         )
-
-    def distance(release: str) -> tuple[int, ...]:
-        ka, kb = release_key(release), release_key(version)
-        width = max(len(ka), len(kb))
-        ka, kb = ka + (0,) * (width - len(ka)), kb + (0,) * (width - len(kb))
-        return tuple(abs(x - y) for x, y in zip(ka, kb, strict=True))
-
-    nearest = min(known, key=distance) if known else "none"
+    wanted = release_key(version)
+    nearest = min(
+        known,
+        key=lambda r: [abs(x - y) for x, y in zip_longest(release_key(r), wanted, fillvalue=0)],
+        default="none",
+    )
     raise BackportError(
         Exit.BASE_MISMATCH,
         f"no patch set here serves sglang {version!r}; the nearest release served is "

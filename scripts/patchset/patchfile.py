@@ -1,20 +1,16 @@
-"""Read one `git format-patch` file: its message, trailers and hunks, with line numbers.
-
-Lint and review both need the parts of a patch and where in the patch file
-each part sits, so that a problem can be reported as file:line.
-"""
+"""Read one `git format-patch` file: its message, trailers and hunks, each with its line
+in the patch file, so that lint and review can report a problem as file:line."""
 
 from __future__ import annotations
 
 import email.policy
 import re
-import tempfile
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
 from .git import Git
-from .lock import marked_folder
+from .lock import marked_folder, tmpdir
 
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -23,9 +19,7 @@ INDEX_LINE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
 
 @dataclass
 class PatchLine:
-    """One line of a hunk: its kind ('+', '-', ' '), text, and where it is."""
-
-    kind: str
+    kind: str  # '+', '-' or ' '
     text: str
     patch_line: int  # 1-based line in the patch file
     old_line: int | None  # line in the file before the patch ('-' and ' ')
@@ -41,7 +35,6 @@ class Hunk:
 class FileDiff:
     old_path: str
     new_path: str
-    diff_line: int  # line of `diff --git` in the patch file
     old_blob: str | None = None
     new_blob: str | None = None
     index_line: int | None = None
@@ -71,8 +64,6 @@ class Trailer:
 
 @dataclass
 class Patch:
-    """A parsed patch file."""
-
     path: Path
     text: str
     subject: str | None
@@ -152,7 +143,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         elif line.startswith("diff --git "):
             parts = line.split(" ")
             names = [_strip_diff_prefix(p) for p in parts[2:4]] if len(parts) >= 4 else ["", ""]
-            files.append(FileDiff(*names, number))
+            files.append(FileDiff(*names))
             hunk = None
         elif not files:
             continue
@@ -176,7 +167,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
     """What `git apply FLAGS` says of a patch, run in an empty folder; (output, error)."""
-    with marked_folder(Path(tempfile.gettempdir()), "sglang-backports-numstat-") as scratch:
+    with marked_folder(tmpdir(), "sglang-backports-numstat-") as scratch:
         # A missing final newline has a lint rule of its own; git would call it corrupt.
         copy = scratch / "patch"
         data = path.read_bytes()
@@ -188,12 +179,8 @@ def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
 
 
 def touched_paths(path: Path) -> tuple[list[str], str]:
-    """The files a patch changes as git itself reads it, or ([], why git could not).
-
-    Our parser above follows `diff --git` sections; git also applies a plain
-    ---/+++ diff, so the set of touched files is taken from `git apply
-    --numstat` (it only reads the patch).
-    """
+    """The files a patch changes as git itself reads it (a plain ---/+++ diff too, which
+    our parser does not follow), or ([], why git could not)."""
     out, problem = _git_reading(path, "--numstat", "-z")
     if problem:
         return [], problem
@@ -202,10 +189,9 @@ def touched_paths(path: Path) -> tuple[list[str], str]:
     fields = iter(out.split("\0"))
     paths: list[str] = []
     for record in fields:
-        if not record:
-            continue
-        name = record.split("\t", 2)[2]
-        paths += [name] if name else [next(fields, ""), next(fields, "")]
+        if record:
+            name = record.split("\t", 2)[2]
+            paths += [name] if name else [next(fields, ""), next(fields, "")]
     return [p for p in paths if p], ""
 
 
@@ -218,8 +204,8 @@ def file_events(path: Path) -> list[str]:
 def line_naming(patch: Patch, file: str) -> int | None:
     """The first diff header line of the patch that names file."""
     for number, line in enumerate(patch.text.split("\n"), 1):
-        if line.startswith(("diff --git ", "--- ", "+++ ")) and (
-            line.endswith("/" + file) or line.endswith(" " + file)
+        if line.startswith(("diff --git ", "--- ", "+++ ")) and line.endswith(
+            ("/" + file, " " + file)
         ):
             return number
     return None

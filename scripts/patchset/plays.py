@@ -1,20 +1,13 @@
-"""The race checker's scenarios as data: what each one admits, what is in flight,
-which barrier runs.
-
-No torch here, so race-check can describe the scenarios (its --help, the
-table) without importing anything heavy; racecheck.scenarios plays them.
-check-install's verdict reads which of them a configuration plays, so they
-live here, where its zipapp carries them without the racecheck package.
-Standard library only, Python 3.10-safe.
-"""
+"""The race checker's scenarios as data: what each admits, what is in flight, which barrier
+runs. No torch, so race-check's --help describes them cheaply (racecheck.scenarios plays them);
+here, not in racecheck, so check-install's zipapp carries them. Stdlib only, 3.10-safe."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 EAGLE = "EAGLE"
-# The scheduler's WAR barrier (Scheduler._apply_war_barrier), as each
-# configuration of the overlap loop runs it.
+# The scheduler's WAR barrier (Scheduler._apply_war_barrier), as each overlap loop runs it.
 BARRIERS = {
     "none": "no barrier (non-CUDA devices: the barrier is off)",
     "fast": "fast path (waits on the read-done event the forward records after reading its inputs)",
@@ -66,14 +59,10 @@ def _rows(rows: tuple[int, ...] | list[int]) -> str:
     return ", ".join(map(str, rows))
 
 
-def _both(
-    name_eagle: str, name_plain: str, title: str, *shape: object, **more: object
-) -> list[Play]:
-    """The same shape played on the EAGLE path and on the non-speculative one."""
-    return [
-        Play(name_eagle, title, EAGLE, *shape, **more),  # type: ignore[arg-type]
-        Play(name_plain, title, None, *shape, **more),  # type: ignore[arg-type]
-    ]
+def _both(names: str, title: str, *shape: object, **more: object) -> list[Play]:
+    """The same shape on the EAGLE path, then on the non-speculative one (names: "S4 S5")."""
+    pairs = zip(names.split(), (EAGLE, None), strict=True)
+    return [Play(n, title, spec, *shape, **more) for n, spec in pairs]  # type: ignore[arg-type]
 
 
 # S1..S3 are the scenarios of issue 4; S4..S11 vary the batch's shape; L1..L6
@@ -84,13 +73,13 @@ PLAYS: tuple[Play, ...] = (
     Play("S1", "row reuse", EAGLE, prebuilt=(3,), finished=(3,)),
     Play("S2", "consumer", EAGLE, prebuilt=(5,), finished=(2,), consumer=True),
     Play("S3", "row reuse", None, prebuilt=(4,), finished=(4,)),
-    *_both("S4", "S5", "two requests, both rows reused", (3, 5), (3, 5)),
-    *_both("S6", "S7", "two requests, one row reused", (3, 5), (3,), (0,)),
-    *_both("S8", "S9", "four requests, two rows reused", (1, 2, 4, 6), (2, 6, 7), (0,)),
-    *_both("S10", "S11", "three requests, no row reused", (1, 4, 5), (2, 6), (0,)),
-    *_both("L1", "L2", "loop, none", (3, 5), (3,), (0,), barrier="none"),
-    *_both("L3", "L4", "loop, fast", (3, 5), (3,), (0,), barrier="fast"),
-    *_both("L5", "L6", "loop, fallback", (3, 5), (3,), (0,), barrier="fallback"),
+    *_both("S4 S5", "two requests, both rows reused", (3, 5), (3, 5)),
+    *_both("S6 S7", "two requests, one row reused", (3, 5), (3,), (0,)),
+    *_both("S8 S9", "four requests, two rows reused", (1, 2, 4, 6), (2, 6, 7), (0,)),
+    *_both("S10 S11", "three requests, no row reused", (1, 4, 5), (2, 6), (0,)),
+    *_both("L1 L2", "loop, none", (3, 5), (3,), (0,), barrier="none"),
+    *_both("L3 L4", "loop, fast", (3, 5), (3,), (0,), barrier="fast"),
+    *_both("L5 L6", "loop, fallback", (3, 5), (3,), (0,), barrier="fallback"),
     Play("H1", "hisparse stash", None, prebuilt=(3,), finished=(3,), hisparse=True),
 )
 BY_NAME = {play.name: play for play in PLAYS}

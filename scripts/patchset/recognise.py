@@ -26,8 +26,7 @@ def full_check(where: str | Path) -> str:
 
 
 def reading(series: Series | None) -> Series:
-    """The given series, else the default one: either's manifest names the files
-    that every series touches, to read a tree by."""
+    """The given series, else the default: either names the files every series touches."""
     return series or Series.load(paths.DEFAULT_PATCH_DIR)
 
 
@@ -58,10 +57,8 @@ def refusal(
     """Why files at no step of the series (or of any) are refused: ALREADY_UPSTREAM when
     fixed (by release or code shape), else BASE_MISMATCH naming the nearest release and,
     for a user's checkout near a served release, --3way."""
-    blobs = blobs_of(files)
-    manifest = reading(series).manifest
-    version = manifest.base.version
-    expected = manifest.blobs_at(BASE_STEP)
+    blobs, manifest = blobs_of(files), reading(series).manifest
+    version, expected = manifest.base.version, manifest.blobs_at(BASE_STEP)
     if series is None:
         served = ", ".join(catalog.served)
         lines = [
@@ -86,11 +83,8 @@ def refusal(
             f"It looks like sglang {looks_like[-1]}, which already contains the fixes"
             + (f" (upstream PRs {prs})." if prs else ".")
         )
-        return BackportError(
-            Exit.ALREADY_UPSTREAM,
-            "\n".join(lines),
-            "no patch is needed: the fixes are already upstream",
-        )
+        next_step = "no patch is needed: the fixes are already upstream"
+        return BackportError(Exit.ALREADY_UPSTREAM, "\n".join(lines), next_step)
     if looks_like:
         lines.append(f"It looks like sglang {looks_like[-1]}.")
     else:
@@ -100,11 +94,8 @@ def refusal(
                 f"Judged by its code shape, it already holds the fix, as sglang {fixed} or "
                 f"later does: {judged.reason}."
             )
-            return BackportError(
-                Exit.ALREADY_UPSTREAM,
-                "\n".join(lines),
-                f"no patch is needed; for the full check run {full_check(where)}",
-            )
+            next_step = f"no patch is needed; for the full check run {full_check(where)}"
+            return BackportError(Exit.ALREADY_UPSTREAM, "\n".join(lines), next_step)
         near = catalog.nearest_release(blobs)
         lines.append(
             "It matches no sglang release this series knows"

@@ -15,25 +15,17 @@ from .errors import BackportError, Exit
 from .paths import PATCHES_ROOT
 
 RELEASES_NAME = "releases.toml"
-REPAIR_RELEASES = (
-    "restore it with `git checkout -- patches/releases.toml`, or fix it as the comment "
-    "at its top describes (docs/maintaining.md: adding a release)"
-)
+RESTORE_RELEASES = "restore it with `git checkout -- patches/releases.toml`"
+ADDING = "(docs/maintaining.md: adding a release)"
+REPAIR_RELEASES = f"{RESTORE_RELEASES}, or fix it as the comment at its top describes {ADDING}"
 BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
-WHEEL_NAME = re.compile(
-    r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^-]+)-(?P<python>[a-z]+\d+)-[^-]+-[^-]+\.whl$"
-)
+WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.]+-[^-]+-[a-z]+\d+-[^-]+-[^-]+\.whl$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _REQUIRED: Any = object()
-_KINDS: dict[type, str] = {
-    bool: "a boolean",  # before int: a bool is an int too
-    dict: "a table",
-    str: "a string",
-    int: "an integer",
-    list: "a list",
-}
+# bool before int: a bool is an int too
+_KINDS = {bool: "a boolean", dict: "a table", str: "a string", int: "an integer", list: "a list"}
 
 
 def release_key(release: str) -> tuple[int, ...]:
@@ -61,7 +53,7 @@ class WheelPin:
     @property
     def tags(self) -> tuple[str, str, str]:
         """The file name's Python, ABI and platform tags (PEP 427)."""
-        python, abi, platform = self.wheel[: -len(".whl")].split("-")[2:]
+        python, abi, platform = self.wheel.removesuffix(".whl").split("-")[2:]
         return python, abi, platform
 
 
@@ -135,9 +127,7 @@ class TomlFile:
     def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
         """The table's wheel (a wheel file name of that sglang version) and sha256."""
         wheel = self.text((*keys, "wheel"), WHEEL_NAME, "a wheel file name (PEP 427)")
-        name = WHEEL_NAME.match(wheel)
-        assert name is not None
-        if (name["name"], name["version"]) != ("sglang", version):
+        if wheel.split("-")[:2] != ["sglang", version]:  # WHEEL_NAME: neither holds a "-"
             problem = f"= {json.dumps(wheel)} is not a wheel of sglang {version}"
             raise self.refuse((*keys, "wheel"), problem)
         return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
@@ -164,9 +154,8 @@ class KnownRelease:
     wheel: WheelPin | None = None
 
 
-# [launch.PROFILE]: the launch settings check-install's verdict reads, by
-# ServerArgs field; a store_true flag's default is false, a value flag's is a
-# string or absent (None). A release names its profile with `launch`.
+# [launch.PROFILE], named by a release's `launch`: the settings check-install's verdict reads,
+# by ServerArgs field; a store_true flag's default is false, a value flag's a string or None.
 LAUNCH_TABLE = "launch"
 LAUNCH_FLAGS = {
     "disaggregation_mode": str,
@@ -191,9 +180,7 @@ class LaunchFlag:
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    """A release's launch profile: the settings that decide whether a deployment
-    reaches the race, for when that release's own ServerArgs cannot be imported
-    (check-install)."""
+    """What decides whether a deployment reaches the race, where ServerArgs cannot be imported."""
 
     release: str
     flags: dict[str, LaunchFlag]  # by field
@@ -229,13 +216,11 @@ WRITER_FIELDS = ("stream", "order", "scenarios", "reason")
 
 
 def writer_rows(toml: TomlFile) -> dict[str, dict[str, str]]:
-    """The file's [writers] rows, each checked for its fields (race-check --writers
-    checks the scenario names against its catalogue)."""
+    """The [writers] rows, fields checked (race-check --writers checks their scenarios)."""
     rows: dict[str, dict[str, str]] = {}
     for key in toml.table((WRITERS_TABLE,), optional=True):
         keys = (WRITERS_TABLE, key)
-        unknown = [name for name in toml.table(keys) if name not in WRITER_FIELDS]
-        if unknown:
+        if unknown := [name for name in toml.table(keys) if name not in WRITER_FIELDS]:
             raise toml.refuse(
                 keys, f"has {', '.join(unknown)}; a row has only {', '.join(WRITER_FIELDS)}"
             )
@@ -261,22 +246,13 @@ class Releases:
 
     @classmethod
     def load(cls, path: Path) -> Releases:
-        toml = TomlFile.load(
-            path,
-            "release registry",
-            "restore it with `git checkout -- patches/releases.toml`",
-            REPAIR_RELEASES,
-        )
-        fixes = {
-            name: Fix(
-                name,
-                toml.value(("fixes", name, "pr"), int),
-                toml.text(("fixes", name, "about")),
-                toml.text(("fixes", name, "marker"), default=""),
-                toml.text(("fixes", name, "marker-function"), default=""),
-            )
-            for name in toml.table(("fixes",))
-        }
+        toml = TomlFile.load(path, "release registry", RESTORE_RELEASES, REPAIR_RELEASES)
+        fixes: dict[str, Fix] = {}
+        for name in toml.table(("fixes",)):
+            keys = ("fixes", name)
+            pr, about = toml.value((*keys, "pr"), int), toml.text((*keys, "about"))
+            optional = (toml.text((*keys, k), default="") for k in ("marker", "marker-function"))
+            fixes[name] = Fix(name, pr, about, *optional)
         profiles = {
             name: _launch_profile(toml, name) for name in toml.table((LAUNCH_TABLE,), optional=True)
         }
@@ -312,13 +288,11 @@ class Releases:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f'{self.path} has no [releases."{version}"], the release {needed_by} serves',
-                f'add [releases."{version}"] to {self.path} (docs/maintaining.md: '
-                "adding a release)",
+                f'add [releases."{version}"] to {self.path} {ADDING}',
             )
         return self.known[version]
 
 
 @functools.cache
 def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
-    """The release registry, read once per process."""
     return Releases.load(path)

@@ -1,17 +1,8 @@
 """Judge sglang's prebuilt FutureMap race by the shape of its code (ast), not its bytes:
-for a fork, a cherry-pick, a release not yet seen. What is read:
-- the design: FutureMap relays request-pool rows (publish/stash), or hands out
-  fresh future slots (alloc_future_indices, store_to_map_for_new_batch: before
-  the race);
-- fix B: on every path get_new_prebuilt_batch takes with overlap on (through the
-  helpers it calls), a full ordering of the schedule stream after the forward
-  stream (schedule_stream.wait_stream(forward_stream), a synchronize of the
-  forward stream or the device) after prepare_for_prebuilt() and before
-  process_prebuilt(); a wait under any other condition is not fix B;
-- fix A: FutureMap.publish waits on publish_ready before recording it again;
-- the WAR barrier of the decode loop, reported, never taken for fix B.
-Anything short of a clear fix-B shape is never "fixed". Standard library only,
-Python 3.10 and later.
+for a fork, a cherry-pick, a release not yet seen. Fixed only when every path with overlap on
+fully orders the schedule stream after the forward stream between prepare_for_prebuilt() and
+process_prebuilt() (fix B); fix A and the WAR barrier are reported, never taken for fix B.
+Standard library only, Python 3.10-safe: check-install runs it.
 """
 
 from __future__ import annotations
@@ -20,26 +11,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shapeflow import (
-    FULL,
-    PREFIX,
-    PREPARE,
-    PROCESS,
-    CannotTell,
-    Evidence,
-    Flow,
-    Fn,
-    Sources,
-    Trace,
-    body_calls,
-    defined,
-    functions,
-    named,
-    ordering,
-    short,
-    tail,
-    text,
-)
+from . import shapeflow as sf
 
 FIXED = "fixed"
 FIX_A_ONLY = "fix A only"
@@ -47,21 +19,27 @@ AFFECTED = "affected"
 OTHER_DESIGN = "not this race's design"
 CANNOT_TELL = "cannot tell"
 
-DECODE = PREFIX + "srt/disaggregation/decode.py"
-OVERLAP = PREFIX + "srt/managers/overlap_utils.py"
-EAGLE = PREFIX + "srt/speculative/eagle_disaggregation.py"
-MIXIN = PREFIX + "srt/disaggregation/decode_schedule_batch_mixin.py"
-SCHEDULER = PREFIX + "srt/managers/scheduler.py"
+DECODE = sf.PREFIX + "srt/disaggregation/decode.py"
+OVERLAP = sf.PREFIX + "srt/managers/overlap_utils.py"
+EAGLE = sf.PREFIX + "srt/speculative/eagle_disaggregation.py"
+MIXIN = sf.PREFIX + "srt/disaggregation/decode_schedule_batch_mixin.py"
+SCHEDULER = sf.PREFIX + "srt/managers/scheduler.py"
 ENTRY = "get_new_prebuilt_batch"
 # The overlap worker's map of fresh future token ids, before FutureMap (0.4.x).
 OLDER_OVERLAP = "self.future_token_ids_map = "
+# each doubtful path's kind (Flow.process) and what it says, in the order they are told
+_DOUBTS = {
+    "unsure": "after a wait between streams this judgement does not know",
+    "early": f"with the ordering before {sf.PREPARE}(), not after it",
+    "unprepared": f"on a path without {sf.PREPARE}()",
+}
 
 
 @dataclass(frozen=True)
 class Judgement:
     verdict: str  # FIXED, FIX_A_ONLY, AFFECTED, OTHER_DESIGN or CANNOT_TELL
     reason: str
-    evidence: tuple[Evidence, ...] = ()
+    evidence: tuple[sf.Evidence, ...] = ()
 
     @property
     def fixed(self) -> bool:
@@ -71,27 +49,27 @@ class Judgement:
         return [f"{self.verdict}: {self.reason}", *(f"  {e}" for e in self.evidence)]
 
 
-def _entry(sources: Sources) -> list[Fn]:
+def _entry(sources: sf.Sources) -> list[sf.Fn]:
     """get_new_prebuilt_batch: in decode.py, else wherever the tree defines it."""
     if sources.module(DECODE) is None:
-        raise CannotTell(f"{DECODE} is missing", Evidence(DECODE, 0, "", "not found"))
-    found = defined(sources, ENTRY, DECODE)
+        raise sf.CannotTell(f"{DECODE} is missing", sf.Evidence(DECODE, 0, "", "not found"))
+    found = sf.defined(sources, ENTRY, DECODE)
     if not found:
-        raise CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
+        raise sf.CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
     return found
 
 
-def _future_map(sources: Sources) -> dict[str, Fn]:
+def _future_map(sources: sf.Sources) -> dict[str, sf.Fn]:
     """FutureMap's methods: in overlap_utils.py, else wherever the tree defines the class."""
     for path in [OVERLAP, *(p for p in sources.defining("FutureMap", "class") if p != OVERLAP)]:
         module = sources.module(path)
-        methods = {short(f): f for f in functions(module, path) if f.owner == "FutureMap"}
+        methods = {f.node.name: f for f in sf.functions(module, path) if f.owner == "FutureMap"}
         if methods:
             return methods
     return {}
 
 
-def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
+def _design(sources: sf.Sources) -> tuple[bool, list[sf.Evidence]]:
     """Whether FutureMap relays request-pool rows (this race's design), with the evidence."""
     methods = _future_map(sources)
     fresh = ("alloc_future_indices", "store_to_map_for_new_batch")
@@ -102,67 +80,68 @@ def _design(sources: Sources) -> tuple[bool, list[Evidence]]:
         relay, fn, what = False, slots[0], "fresh future slots, no publish/stash relay"
     elif not sources.mentioning("FutureMap") and (older := sources.mentioning(OLDER_OVERLAP)):
         what = "no FutureMap anywhere; the overlap worker's future_token_ids_map (fresh slots)"
-        return False, [Evidence(older[0], 0, "", what)]
+        return False, [sf.Evidence(older[0], 0, "", what)]
     else:
         where = (
             "overlap_utils.py" if sources.module(OVERLAP) else "the tree (overlap_utils.py missing)"
         )
-        raise CannotTell(
+        raise sf.CannotTell(
             f"{where} has no FutureMap with publish and stash, nor with fresh future slots "
             "(moved or renamed)"
         )
-    evidence = [Evidence(fn.file, fn.node.lineno, fn.name, what)]
+    evidence = [sf.Evidence(fn.file, fn.node.lineno, fn.name, what)]
     seeders = {"publish", "stash", *fresh, "build_disagg_draft_input"}
-    for path, name in ((EAGLE, "build_eagle_disagg_draft_input"), (MIXIN, PROCESS)):
+    for path, name in ((EAGLE, "build_eagle_disagg_draft_input"), (MIXIN, sf.PROCESS)):
         if sources.module(path) is None:
-            evidence.append(Evidence(path, 0, "", "not found"))
-        for fn in named(sources, path, name):
-            seeds = sorted({tail(c.func) for c in body_calls(fn)} & seeders)
+            evidence.append(sf.Evidence(path, 0, "", "not found"))
+        for fn in sf.named(sources, path, name):
+            seeds = sorted({sf.tail(c.func) for c in sf.body_calls(fn)} & seeders)
             what = "calls " + (", ".join(seeds) or "nothing that seeds FutureMap")
-            evidence.append(Evidence(path, fn.node.lineno, fn.name, what))
+            evidence.append(sf.Evidence(path, fn.node.lineno, fn.name, what))
     return relay, evidence
 
 
-def _fix_a(sources: Sources) -> Evidence | None:
+def _fix_a(sources: sf.Sources) -> sf.Evidence | None:
     """FutureMap.publish's wait on publish_ready before it records the event again."""
     publish = _future_map(sources).get("publish")
     if publish is None:
         return None
-    calls = [c for c in body_calls(publish) if isinstance(c.func, ast.Attribute)]
-    ready = [c for c in calls if any("publish_ready" in text(a) for a in c.args)]
-    waits = [c for c in ready if tail(c.func) == "wait_event"]
-    records = [c.lineno for c in calls if text(c.func).endswith("publish_ready.record")]
+    calls = [c for c in sf.body_calls(publish) if isinstance(c.func, ast.Attribute)]
+    ready = [c for c in calls if any("publish_ready" in sf.text(a) for a in c.args)]
+    waits = [c for c in ready if sf.tail(c.func) == "wait_event"]
+    records = [c.lineno for c in calls if sf.text(c.func).endswith("publish_ready.record")]
     if waits and records and waits[0].lineno < max(records):
-        what = f"fix A: {text(waits[0])} before publish_ready.record()"
-        return Evidence(publish.file, waits[0].lineno, publish.name, what)
+        what = f"fix A: {sf.text(waits[0])} before publish_ready.record()"
+        return sf.Evidence(publish.file, waits[0].lineno, publish.name, what)
     return None
 
 
-def _war_barrier(sources: Sources) -> list[Evidence]:
+def _war_barrier(sources: sf.Sources) -> list[sf.Evidence]:
     """The decode loop's ordering before batch selection: reported, never taken for fix B."""
     found = []
-    for fn in functions(sources.module(DECODE), DECODE):
+    for fn in sf.functions(sources.module(DECODE), DECODE):
         if "event_loop_overlap" in fn.name:
-            for call in body_calls(fn):
-                if tail(call.func) == "_apply_war_barrier" or ordering(call):
-                    what = f"WAR barrier {text(call)} before batch selection (not fix B)"
-                    found.append(Evidence(DECODE, call.lineno, fn.name, what))
+            for call in sf.body_calls(fn):
+                if sf.tail(call.func) == "_apply_war_barrier" or sf.ordering(call):
+                    what = f"WAR barrier {sf.text(call)} before batch selection (not fix B)"
+                    found.append(sf.Evidence(DECODE, call.lineno, fn.name, what))
     if sources.module(SCHEDULER) is None:
-        return [*found, Evidence(SCHEDULER, 0, "", "not found: the WAR barrier is not reported")]
-    for fn in named(sources, SCHEDULER, "_apply_war_barrier"):
-        waits = [text(c) for c in body_calls(fn) if tail(c.func) in ("wait_event", "wait_stream")]
+        return [*found, sf.Evidence(SCHEDULER, 0, "", "not found: the WAR barrier is not reported")]
+    for fn in sf.named(sources, SCHEDULER, "_apply_war_barrier"):
+        kinds = ("wait_event", "wait_stream")
+        waits = [sf.text(c) for c in sf.body_calls(fn) if sf.tail(c.func) in kinds]
         what = "waits with " + (", ".join(waits) or "nothing")
-        found.append(Evidence(SCHEDULER, fn.node.lineno, fn.name, what))
+        found.append(sf.Evidence(SCHEDULER, fn.node.lineno, fn.name, what))
     for node in ast.walk(sources.module(SCHEDULER)):  # type: ignore[arg-type]
         if isinstance(node, ast.Assign) and any(
-            tail(t) == "_war_barrier_enabled" for t in node.targets
+            sf.tail(t) == "_war_barrier_enabled" for t in node.targets
         ):
-            what = f"WAR barrier on when {text(node.value)}"
-            found.append(Evidence(SCHEDULER, node.lineno, "", what))
+            what = f"WAR barrier on when {sf.text(node.value)}"
+            found.append(sf.Evidence(SCHEDULER, node.lineno, "", what))
     return found
 
 
-def judge(sources: Sources) -> Judgement:
+def judge(sources: sf.Sources) -> Judgement:
     """The judgement of one tree's files by their shape."""
     try:
         relay, design = _design(sources)
@@ -170,45 +149,39 @@ def judge(sources: Sources) -> Judgement:
         if not relay:
             reason = "the prebuilt path seeds fresh future slots, not request-pool rows"
             return Judgement(OTHER_DESIGN, reason, tuple(design))
-        flow = Flow(sources)
+        flow = sf.Flow(sources)
         for fn in _entry(sources):
             flow.note(fn, fn.node.lineno, "the prebuilt path starts here")
-            flow.run(fn, {Trace()})
+            flow.run(fn, {sf.Trace()})
         fix_a = _fix_a(sources)
-    except CannotTell as err:
+    except sf.CannotTell as err:
         return Judgement(CANNOT_TELL, err.reason, err.evidence)
     except RecursionError:
         return Judgement(CANNOT_TELL, f"the code around {ENTRY} nests too deeply to be followed")
     evidence = (*flow.found, *([fix_a] if fix_a else []), *design)
     first = {kind: at for kind, at in reversed(flow.outcomes)}
-    full = any(e.what.startswith(FULL) for e in flow.found)
+    full = any(e.what.startswith(sf.FULL) for e in flow.found)
     if not first:
-        return Judgement(CANNOT_TELL, f"{ENTRY} never reaches {PROCESS}()", evidence)
+        return Judgement(CANNOT_TELL, f"{ENTRY} never reaches {sf.PROCESS}()", evidence)
     if "unordered" in first or ("unprepared" in first and not full):
         at = first.get("unordered") or first["unprepared"]
-        reason = f"{_at(at)} on a path with no full ordering after {PREPARE}()"
+        reason = f"{_at(at)} on a path with no full ordering after {sf.PREPARE}()"
         return Judgement(FIX_A_ONLY if fix_a else AFFECTED, reason, evidence)
-    if "unsure" in first:
-        reason = f"{_at(first['unsure'])} after a wait between streams this judgement does not know"
-        return Judgement(CANNOT_TELL, reason, evidence)
-    if "early" in first:
-        reason = f"{_at(first['early'])} with the ordering before {PREPARE}(), not after it"
-        return Judgement(CANNOT_TELL, reason, evidence)
-    if "unprepared" in first:
-        reason = f"{_at(first['unprepared'])} on a path without {PREPARE}()"
-        return Judgement(CANNOT_TELL, reason, evidence)
+    for kind, why in _DOUBTS.items():
+        if kind in first:
+            return Judgement(CANNOT_TELL, f"{_at(first[kind])} {why}", evidence)
     reason = (
         f"every path with overlap on orders the schedule stream after the forward stream "
-        f"between {PREPARE}() and {PROCESS}()"
+        f"between {sf.PREPARE}() and {sf.PROCESS}()"
     )
     return Judgement(FIXED, reason, evidence)
 
 
-def _at(process: Evidence) -> str:
-    where = f"{process.file.removeprefix(PREFIX)}:{process.line}"
-    return f"{process.function} reaches {PROCESS}() at {where}"
+def _at(process: sf.Evidence) -> str:
+    where = f"{process.file.removeprefix(sf.PREFIX)}:{process.line}"
+    return f"{process.function} reaches {sf.PROCESS}() at {where}"
 
 
 def judge_tree(tree: Path) -> Judgement:
     """A folder holding python/sglang."""
-    return judge(Sources.from_package(tree / "python" / "sglang"))
+    return judge(sf.Sources(tree / "python" / "sglang"))

@@ -1,11 +1,7 @@
-"""Reading sglang's code for the shape judgement (patchset/shape.py): its files, and
-the walk of every path through the prebuilt batch's functions.
-
-The walk follows get_new_prebuilt_batch through the helpers it calls (wherever the
-tree defines them) and keeps, per path, whether prepare_for_prebuilt() ran and a
-full ordering of the schedule stream after the forward stream came after it.
-Overlap is on; any other condition may go either way. Standard library only,
-Python 3.10 and later.
+"""sglang's code for the shape judgement (patchset/shape.py): its files, and a walk of every
+path from get_new_prebuilt_batch through the helpers it calls, keeping per path whether
+prepare_for_prebuilt() ran and a full ordering of the streams followed it. Overlap is on; any
+other condition may go either way. Standard library only, Python 3.10-safe.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ MAX_SOURCE_BYTES = 16 << 20
 
 
 def _regular_file(path: Path) -> bytes | None:
-    """The bytes of a regular file; None for anything else (a fifo would block the read,
-    a device never end) or one over MAX_SOURCE_BYTES."""
+    """A regular file's bytes, else None: a fifo would block the read, a device never end."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -64,9 +59,8 @@ def _regular_file(path: Path) -> bytes | None:
 
 
 class Sources:
-    """The files of one sglang tree by repository path (python/sglang/...): those of a
-    package folder (a tree's python/sglang, or site-packages/sglang), or only the
-    texts given (the three files a release is recognised by)."""
+    """One sglang tree's files by repository path (python/sglang/...): a package folder's
+    (python/sglang, site-packages/sglang), or only the texts given."""
 
     def __init__(
         self, package: Path | None, texts: Mapping[str, str | bytes | None] | None = None
@@ -75,10 +69,6 @@ class Sources:
         self._texts: dict[str, str | None] = {}
         self._modules: dict[str, ast.Module] = {}
         self._candidates: list[str] | None = None
-
-    @classmethod
-    def from_package(cls, package: Path) -> Sources:
-        return cls(package)
 
     @classmethod
     def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
@@ -163,10 +153,6 @@ def body_calls(fn: Fn) -> Iterator[ast.Call]:
     return (call for stmt in fn.node.body for call, _ in calls(stmt))
 
 
-def short(fn: Fn) -> str:
-    return fn.name.rsplit(".", 1)[-1]
-
-
 text = ast.unparse
 
 
@@ -193,11 +179,9 @@ def ordering(call: ast.Call) -> tuple[str, str] | None:
             return "unknown", f"{text(call)}: streams of names sglang does not use"
         return "partial", f"{text(call)}: not the schedule stream waiting for the forward stream"
     if func.attr == "synchronize":
-        if (
-            owner_name in ("forward_stream", "device_module")
-            or owner in _DEVICE_MODULES
-            or (isinstance(func.value, ast.Call) and tail(func.value.func) == "get_device_module")
-        ):
+        device = owner_name in ("forward_stream", "device_module") or owner in _DEVICE_MODULES
+        got = isinstance(func.value, ast.Call) and tail(func.value.func) == "get_device_module"
+        if device or got:
             return "full", f"{text(call)}: the host waits for the forward stream"
         return "partial", f"{text(call)}: not the forward stream or the device"
     if func.attr == "wait_event":
@@ -395,10 +379,14 @@ class Flow:
         """The paths after node's calls; with each, whether node's value is None (a helper's)."""
         results: set[tuple[Trace, bool | None]] = {(p, None) for p in paths}
         for call, certain in calls(node):
+            # its result is node's value: `call(...)`, `x = call(...)`, `return call(...)`
+            value = call is node or (
+                isinstance(node, ast.Assign | ast.Return | ast.Expr) and node.value is call
+            )
             after: set[tuple[Trace, bool | None]] = set()
             for path, _ in results:
                 for new, none in self.call(call, path, fn):
-                    after.add((new, none if call is node or is_value(node, call) else None))
+                    after.add((new, none if value else None))
                 if not certain:
                     after.add((path, None))
             results = after
@@ -449,7 +437,7 @@ class Flow:
             name, method = func.attr, True
         else:
             return None
-        if len(self.stack) >= _MAX_DEPTH or any(short(f) == name for f in self.stack):
+        if len(self.stack) >= _MAX_DEPTH or any(f.node.name == name for f in self.stack):
             return None
         found = defined(self.sources, name, fn.file, method)
         same = [f for f in found if f.owner == fn.owner] or found
@@ -470,7 +458,7 @@ class Flow:
         if key not in self._relevant:
             self._relevant[key] = False  # a call cycle is not relevant by itself
             module = self.sources.module(fn.file)
-            locals_ = {short(f): f for f in functions(module, fn.file)}
+            locals_ = {f.node.name: f for f in functions(module, fn.file)}
             self._relevant[key] = any(
                 tail(c.func) in (PREPARE, PROCESS)
                 or ordering(c) is not None
@@ -481,8 +469,7 @@ class Flow:
 
 
 def defined(sources: Sources, name: str, first: str, method: bool | None = None) -> list[Fn]:
-    """The functions of this name (methods only, or none, as method says): in first's
-    file, else wherever the tree defines them."""
+    """The functions of this name (see named), in first's file, else wherever defined."""
     found = named(sources, first, name, method)
     for path in [] if found else sources.defining(name):
         found += named(sources, path, name, method) if path != first else []
@@ -492,9 +479,4 @@ def defined(sources: Sources, name: str, first: str, method: bool | None = None)
 def named(sources: Sources, path: str, name: str, method: bool | None = None) -> list[Fn]:
     """The functions of this name in path (methods only, or none, as method says)."""
     found = functions(sources.module(path), path)
-    return [f for f in found if short(f) == name and method in (None, bool(f.owner))]
-
-
-def is_value(node: ast.AST, call: ast.Call) -> bool:
-    """Whether call's result is node's value: `x = call(...)` or `return call(...)`."""
-    return isinstance(node, ast.Assign | ast.Return | ast.Expr) and node.value is call
+    return [f for f in found if f.node.name == name and method in (None, bool(f.owner))]

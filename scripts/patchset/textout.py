@@ -10,10 +10,8 @@ from collections.abc import Sequence
 def table(
     header: Sequence[str], rows: Sequence[Sequence[str]], wrap: int = 0, markdown: bool = False
 ) -> str:
-    """Columns padded to their widest cell; cells longer than wrap (if set) wrap in place.
-
-    markdown=True gives a GitHub table (`| a | b |`), for reports meant to be rendered.
-    """
+    """Columns padded to their widest cell, cells longer than wrap (if set) wrapped in place;
+    markdown: a GitHub table (`| a | b |`), for reports meant to be rendered."""
     all_rows = [list(header), *(list(r) for r in rows)]
     cells = [[textwrap.wrap(c, wrap) or [""] if wrap else [c] for c in row] for row in all_rows]
     widths = [max(len(line) for row in cells for line in row[i]) for i in range(len(header))]

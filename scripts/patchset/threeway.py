@@ -1,10 +1,7 @@
 """apply-patches --sglang PATH --3way: a served release's series onto a fork of it.
-
-The release's files at every step (from its pinned wheel) are written into the
-user's repository as unreferenced loose objects, so that `git apply --cached --3way`
-finds each preimage; the branch is made only when the result is judged "fixed" by
-its code shape (patchset/shape.py). docs/apply.md says the rest.
-"""
+The release's files at every step (from its pinned wheel) go into the user's repository
+as loose objects, so that `git apply --cached --3way` finds each preimage; the branch is
+made only when the result is judged "fixed" by its code shape (docs/apply.md)."""
 
 from __future__ import annotations
 
@@ -14,30 +11,18 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import shape
+from . import apply, shape
 from . import wheel as wheels
-from .apply import (
-    TEMP_PREFIX,
-    ApplyReport,
-    commit_identity,
-    commit_patch,
-    create_branch,
-    delete_or_rename,
-    files_per_step,
-    on_index,
-    refuse_clash,
-    tmpdir,
-    verify,
-)
+from .apply import ApplyReport, commit_patch, create_branch, delete_or_rename, refuse_clash
 from .buildtree import default_branch, files_at
 from .catalog import Catalog, blobs_of
 from .errors import BackportError, Exit
 from .git import Git, config_env
-from .lock import marked_folder
+from .lock import marked_folder, tmpdir
 from .manifest import Series, series_for_release
 from .paths import PATCHES_ROOT
 from .recognise import Files, full_check
-from .shapeflow import Sources, functions
+from .shapeflow import CannotTell, Sources, functions
 
 # A patch's blob ids (exported with --full-index): "index <pre>..<post>[ <mode>]".
 INDEX_LINE = re.compile(r"^(index )([0-9a-f]{40})\.\.([0-9a-f]{40})", re.M)
@@ -46,8 +31,7 @@ Touched = list[tuple[str, str]]  # (path, function) that both the fork and the s
 
 @dataclass
 class OntoFork:
-    """The --3way application, called by apply_to_user_checkout under the repository's
-    lock with the checkout's HEAD and its files (see apply.OntoFork)."""
+    """The --3way application (an apply.OntoFork), called under the repository's lock."""
 
     catalog: Catalog
     where: Path
@@ -59,14 +43,13 @@ class OntoFork:
 
     def __call__(self, git: Git, head: str, files: Files) -> ApplyReport:
         series = self._series(files)
-        verify(series)
+        apply.verify(series)
         manifest = series.manifest
         branch = self.branch or default_branch(manifest)
-        exists = git.branch_exists(branch)
-        if not exists:
+        if not (exists := git.branch_exists(branch)):
             refuse_clash(git, branch, self.where)
         wheel = wheels.fetch_wheel(manifest.base, self.cache)
-        per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
+        per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files))
         ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
         report = ApplyReport(where=self.where, branch=branch)
         note = (
@@ -74,16 +57,15 @@ class OntoFork:
             "by scripts/apply-patches --3way: git's three-way merge, the result "
             "judged fixed by its code shape.)\n"
         )
-        with marked_folder(tmpdir(), TEMP_PREFIX) as scratch:
+        with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
             ids = _write_preimages(git, per_step, scratch)
             merger, self.drivers = _merger(git, scratch)
             merger.run("read-tree", head)
             tip = head
-            commit_identity(git)
+            apply.commit_identity(git)
             for patch in series.patch_paths:
                 self._merge(merger, patch, ids, scratch, ours, manifest.base.version)
-                tree = merger.out("write-tree")
-                tip = commit_patch(git, patch, tree, tip, scratch, note)
+                tip = commit_patch(git, patch, merger.out("write-tree"), tip, scratch, note)
                 report.applied.append(patch.name)
             merged = files_at(git, tip, manifest)
             judged = shape.judge(Sources.from_texts(merged))
@@ -131,13 +113,7 @@ class OntoFork:
         return series_for_release(PATCHES_ROOT, release)
 
     def _merge(
-        self,
-        merger: Git,
-        patch: Path,
-        ids: dict[str, str],
-        scratch: Path,
-        ours: Touched,
-        version: str,
+        self, merger: Git, patch: Path, ids: dict[str, str], scratch: Path, ours: Touched, ver: str
     ) -> None:
         """Apply one patch to the temporary index by three-way merge; refuse a conflict."""
         text = INDEX_LINE.sub(
@@ -160,7 +136,7 @@ class OntoFork:
             )
         raise BackportError(
             Exit.APPLY_FAILED,
-            f"patch {patch.name} of sglang {version}'s series {what} on {self.where}, "
+            f"patch {patch.name} of sglang {ver}'s series {what} on {self.where}, "
             f"even with git's three-way merge:\n{(done.stdout + done.stderr).strip()}"
             + _said(ours),
             "nothing of yours was changed (no branch was made); port the series by hand on "
@@ -174,7 +150,7 @@ def _write_preimages(
     git: Git, per_step: dict[str, dict[str, bytes]], scratch: Path
 ) -> dict[str, str]:
     """Write every step's files into the repository as loose objects; sha1 blob id ->
-    the repository's id of the same bytes (the same id, unless it is a sha256 one)."""
+    the repository's id of the same bytes (another only in a sha256 repository)."""
     listed: list[tuple[str, Path]] = []
     for step, files in per_step.items():
         for n, (path, data) in enumerate(files.items()):
@@ -190,27 +166,22 @@ def _write_preimages(
 
 
 def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
-    """git on a temporary index, each merge driver of the user's (named in the list)
-    replaced by `false`: a file one would merge is a conflict."""
-    keys = git.run(
-        "config", "-z", "--name-only", "--get-regexp", r"^merge\..*\.driver$", check=False
-    )
-    names = sorted({key[len("merge.") : -len(".driver")] for key in keys.stdout.split("\0") if key})
+    """git on a temporary index, each of the user's merge drivers (listed) run as `false`."""
+    names = git.config_names("merge", "driver")
     env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
-    return on_index(git, scratch).with_env(env), names
+    return apply.on_index(git, scratch).with_env(env), names
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
     """Each top-level function and method (by qualified name) -> its source; None: no parse."""
-    if data is None:
-        return {}
-    text = data.decode("utf-8", "replace")
+    sources = Sources.from_texts({path: data})
     try:
-        module = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
+        found = functions(sources.module(path), path)
+    except CannotTell:
         return None
+    text = sources.text(path) or ""
     lines = re.findall(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z", text)  # as ast splits a source
-    return {fn.name: _segment(lines, fn.node) for fn in functions(module, path)}
+    return {fn.name: _segment(lines, fn.node) for fn in found}
 
 
 def _segment(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:

@@ -16,15 +16,12 @@ from .manifest import WheelPin, sha256_of
 from .textout import progress
 
 PACKAGE_PREFIX = "sglang/"
-# The wheel holds the repository's python/sglang/ tree as sglang/.
-REPO_PREFIX = "python/"
-# A download's temporary folder in the cache (see lock.marked_folder).
-DOWNLOAD_PREFIX = ".download-"
+REPO_PREFIX = "python/"  # the wheel holds the repository's python/sglang/ as sglang/
+DOWNLOAD_PREFIX = ".download-"  # a download's marked folder in the cache
 
 
 def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
-    actual = sha256_of(path)
-    if actual != pin.sha256:
+    if (actual := sha256_of(path)) != pin.sha256:
         raise BackportError(
             Exit.WHEEL_HASH,
             f"the {where} wheel {path} has sha256 {actual}, but the manifest pins "
@@ -36,7 +33,6 @@ def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
 
 
 def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
-    """pin's wheel, downloaded with pip into the marked folder tmp."""
     python_tag, abi, platform = pin.tags
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps",
@@ -92,9 +88,8 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
 
 @contextmanager
 def unpinned_wheel(pin: WheelPin, cache: Path) -> Iterator[Path]:
-    """A wheel no manifest pins yet (pin.sha256 is not checked: the caller records
-    the file's), downloaded into a marked folder of the cache for as long as the
-    block runs; the cache itself keeps pinned wheels only."""
+    """A wheel no manifest pins yet (its sha256 is the caller's to record), in a marked
+    folder of the cache while the block runs: the cache keeps pinned wheels only."""
     cache.mkdir(parents=True, exist_ok=True)
     with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
         yield _download(pin, tmp, cache)
@@ -108,13 +103,9 @@ def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
 
 def extract_package(wheel: Path, dest: Path) -> Path:
     """Lay the wheel's sglang/ tree out as dest/python/sglang/; returns dest/python.
-
-    ZipFile.extractall keeps every member inside the target (it drops `..` and
-    absolute parts of a name), so a hostile wheel cannot write elsewhere.
-    """
+    (extractall drops `..` and absolute parts of a name: a hostile wheel writes nowhere else)"""
     target = dest / REPO_PREFIX
     with zipfile.ZipFile(wheel) as archive:
-        members = archive.infolist()
-        ours = [m for m in members if m.filename.startswith(PACKAGE_PREFIX) and not m.is_dir()]
-        archive.extractall(target, members=ours)
+        ours = [m for m in archive.infolist() if m.filename.startswith(PACKAGE_PREFIX)]
+        archive.extractall(target, members=[m for m in ours if not m.is_dir()])
     return target

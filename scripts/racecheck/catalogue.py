@@ -1,5 +1,4 @@
-"""The scenarios as data: defined in patchset/plays.py, where check-install's
-zipapp carries them too; racecheck and its tests take them from here."""
+"""The scenarios as data, defined in patchset/plays.py (check-install's zipapp has them)."""
 
 from patchset.plays import BARRIERS, BY_NAME, EAGLE, PLAYS, SCENARIOS, Play
 

@@ -1,47 +1,45 @@
-"""scripts/race-check: run the scenarios on step trees or given trees, print table and races."""
+"""scripts/race-check: the scenarios on each tree in a child forked for it (a process
+imports one sglang) that pickles its races back; then the table, races and verdict."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
+import pickle
 import sys
+import tempfile
 import textwrap
 import time
+import traceback
 from pathlib import Path
+from typing import Any
 
 from patchset import buildtree, cli, paths
 from patchset.catalog import blobs_of, series_steps, step_in
 from patchset.errors import BackportError, Exit
-from patchset.manifest import (
-    PinManifest,
-    Series,
-    patch_set_folders,
-    replace_tables,
-    series_for_release,
-)
+from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
+from treefork import fork_each, preload, use_tree
 
-from . import report, worker, writers
+from . import csan, report, writers
 from .catalogue import PLAYS, SCENARIOS
-from .csan import torch_text
 
 SCRIPTS = Path(__file__).resolve().parents[1]
-# Set once race-check has moved onto the interpreter --python (or the default) names.
+# Set once race-check runs on the interpreter --python (or the default) names.
 REEXEC = "SGLANG_BACKPORTS_RACE_CHECK_PYTHON"
 
 DESCRIPTION = """\
-Prove on the CPU, from the real sglang code, which stream races in the
-PD-decode prebuilt path each step of the patch series closes. Simulated CUDA
-streams and events feed the vector clocks of PyTorch's CUDA sanitizer, which
-checks every aten read and write of a FutureMap relay buffer row by row. The
-scenarios run through the tree's own FutureMap, build_eagle_disagg_draft_input,
-get_new_prebuilt_batch and (L*) WAR barrier, on each release's signatures:
+Prove on the CPU, from the real sglang code, which stream races in the PD-decode
+prebuilt path each step of the patch series closes: simulated CUDA streams and
+events feed the vector clocks of PyTorch's CUDA sanitizer, which checks every
+aten read and write of a FutureMap relay buffer row by row. The scenarios run
+through the tree's own FutureMap, build_eagle_disagg_draft_input,
+get_new_prebuilt_batch and (L*) WAR barrier:
 {scenarios}
 
 Default: the final step of the series (the patched tree) in the build tree.
-Each tree runs in its own process, forked after the heavy third-party imports,
-one per core at a time. The expected table is the [races] table of each
-base's pin.toml.
+Each tree runs in its own forked process, one per core at a time. The expected
+table is the [races] table of each base's pin.toml.
 """
 
 EPILOG = """\
@@ -66,14 +64,27 @@ WORDING = {
     "or holds a wrong entry there",
     Exit.STALE: "(--check-expected) a [races] table is not what the run measured",
 }
-
-
 ALL = "all"
+HELP = {
+    "--step": "a step of the series in the build tree, or all (default: {finals}); with "
+    "several bases, a base without that step is left out",
+    "--tree": "a folder holding python/sglang: its open races, compared with the step its "
+    "files hold, if any (repeatable; with --step, columns beside the steps')",
+    "--write-expected": "run every step (of every base, or of --base) and write the [races] "
+    "tables; refused, writing nothing, when a series' final step leaves a race open",
+    "--check-expected": "run as --write-expected does; exit 13 when a table is not what the "
+    "run measured, writing nothing (CI runs it)",
+    "--writers": "instead of racing, list every FutureMap writer of the tree (an ast scan) "
+    "with its [writers] row's stream and ordering; an unclassified one fails",
+    "--python": "interpreter with torch and sglang's import closure (default: this one if it "
+    "has torch, else build/venv/bin/python)",
+    "--base": "the sglang release whose series and build tree to check, or {all!r} for "
+    "every patch set under patches/ (default: {base}, or --patch-set's)",
+}
 
 
 def _series(argv: list[str] | None) -> list[Series]:
-    """The series named by --base or --patch-set (read before the full parser:
-    their steps are choices). --base all: every patch set under patches/."""
+    """The series --base or --patch-set name, read first: their steps are --step's choices."""
     early = argparse.ArgumentParser(add_help=False)
     cli.add_patch_set(early)
     early.add_argument("--base")
@@ -98,53 +109,18 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         for play in PLAYS
     )
     p = cli.parser("race-check", DESCRIPTION.format(scenarios=text), CODES, WORDING, EPILOG)
-    p.add_argument(
-        "--step",
-        choices=[*steps, ALL],
-        help=f"a step of the series in the build tree, or all of them (default: {finals}); "
-        "with several bases, a base without that step is left out",
-    )
-    p.add_argument(
-        "--tree",
-        type=cli.absolute_path,
-        action="append",
-        metavar="DIR",
-        help="a folder holding python/sglang: the races open in it, compared with the step "
-        "of the series its files hold, if any (repeatable; with --step, the trees are "
-        "columns beside the steps')",
-    )
     tables = p.add_mutually_exclusive_group()
-    tables.add_argument(
-        "--write-expected",
-        action="store_true",
-        help="run every step (of every base, or of --base) and write the [races] tables; "
-        "refused, writing nothing, when a series' final step leaves a race open",
-    )
-    tables.add_argument(
-        "--check-expected",
-        action="store_true",
-        help="run as --write-expected does; exit 13 when a table is not what the run "
-        "measured, writing nothing (CI runs it)",
-    )
-    p.add_argument(
-        "--writers",
-        action="store_true",
-        help="list every FutureMap writer of the tree (an ast scan), with the stream and "
-        "ordering its [writers] row gives it, instead of racing; an unclassified one fails",
-    )
-    p.add_argument(
-        "--python",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="interpreter with torch and sglang's import closure (default: this one if it "
-        "has torch, else build/venv/bin/python)",
-    )
-    p.add_argument(
-        "--base",
-        metavar="VERSION",
-        help=f"the sglang release whose series and build tree to check, or {ALL!r} for "
-        f"every patch set under patches/ (default: {paths.DEFAULT_BASE}, or --patch-set's)",
-    )
+    for flag, options in (
+        ("--step", {"choices": [*steps, ALL]}),
+        ("--tree", {"type": cli.absolute_path, "action": "append", "metavar": "DIR"}),
+        ("--write-expected", {"action": "store_true"}),
+        ("--check-expected", {"action": "store_true"}),
+        ("--writers", {"action": "store_true"}),
+        ("--python", {"type": cli.absolute_path, "metavar": "PATH"}),
+        ("--base", {"metavar": "VERSION"}),
+    ):
+        what = HELP[flag].format(finals=finals, all=ALL, base=paths.DEFAULT_BASE)
+        (tables if flag.endswith("-expected") else p).add_argument(flag, help=what, **options)
     cli.add_patch_set(p)
     return p.parse_args(argv)
 
@@ -182,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     preload_s = run_trees(runs)
     wall = time.perf_counter() - started
-
     bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
     for version in dict.fromkeys(r.version for r in runs):
         if several:
@@ -192,15 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         report.print_races(tree_run)
         bases.setdefault(tree_run.barrier, {})[tree_run.version] = None
     barriers = [f"{' '.join(b)}: {how}" if several else how for how, b in bases.items()]
-    print(f"ran on {torch_text(runs[0].torch)}; WAR barrier " + "; ".join(barriers))
+    print(f"ran on {csan.torch_text(runs[0].torch)}; WAR barrier " + "; ".join(barriers))
     timings = [
         f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
     ]
-    print(
-        f"timings: third-party imports {preload_s:.1f} s (once); "
-        + "; ".join(timings)
-        + f"; wall {wall:.1f} s"
-    )
+    joined = "; ".join(timings)
+    print(f"timings: third-party imports {preload_s:.1f} s (once); {joined}; wall {wall:.1f} s")
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
     return report.verdict(runs)
@@ -209,20 +181,15 @@ def main(argv: list[str] | None = None) -> int:
 def plan_runs(
     chosen: list[Series], step: str | None, given: list[Path], regenerate: bool = False
 ) -> list[report.TreeRun]:
-    """The columns to measure: the chosen steps of each series' build tree (none when
-    only trees are given), then each given tree, judged by the step its files hold.
-    regenerate: the tables are to be written, so a scenario missing from pin.toml is
-    expected clean instead of refused."""
+    """The chosen steps' columns, then each given tree's (judged by the step its files
+    hold); regenerate: a scenario missing from pin.toml is expected clean, not refused."""
     runs: list[report.TreeRun] = []
     for series in chosen:
         manifest = series.manifest
         version, final = manifest.base.version, manifest.final_step
-        if regenerate:
-            present = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
-            clean = dict.fromkeys(manifest.steps, report.Cell())
-            expected = {name: present.get(name, clean) for name in SCENARIOS}
-        else:
-            expected = report.expected_table(manifest, SCENARIOS)
+        named = [n for n in SCENARIOS if n in manifest.races or not regenerate]
+        expected = dict.fromkeys(SCENARIOS, dict.fromkeys(manifest.steps, report.Cell()))
+        expected |= report.expected_table(manifest, named)
         wanted = step or ("" if given else final)
         if wanted and wanted != ALL and wanted not in manifest.steps:
             print(f"race-check: sglang {version} has no step {wanted}; left out")
@@ -235,23 +202,21 @@ def plan_runs(
         for n, tree in enumerate(given, 1):
             checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
             label = f"tree {n}" if len(given) > 1 else "tree"
-            held = step_held(manifest, checked)
+            files = {
+                p: (checked / p).read_bytes() if (checked / p).is_file() else None
+                for p in manifest.files
+            }
+            held = step_in(series_steps(manifest), blobs_of(files)) or ""
             runs.append(report.TreeRun(label, held, checked, expected, final, version, given=True))
     return runs
 
 
-def step_held(manifest: PinManifest, tree: Path) -> str:
-    """The (latest) step of the series whose files the tree holds, or "" for none."""
-    files = {p: (tree / p).read_bytes() if (tree / p).is_file() else None for p in manifest.files}
-    return step_in(series_steps(manifest), blobs_of(files)) or ""
-
-
 def choose_python(explicit: Path | None) -> Path:
+    if explicit is not None and not explicit.is_file():
+        raise BackportError(
+            Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
+        )
     if explicit is not None:
-        if not explicit.is_file():
-            raise BackportError(
-                Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
-            )
         return explicit
     if importlib.util.find_spec("torch") is not None:
         return Path(sys.executable)
@@ -267,7 +232,6 @@ def choose_python(explicit: Path | None) -> Path:
 
 
 def step_trees(series: Series) -> dict[str, Path]:
-    """The build tree's step trees, laid out (as git worktrees) if needed."""
     build = paths.build_dir()
     if not buildtree.build_tree_path(series, build).is_dir():
         raise BackportError(
@@ -278,58 +242,22 @@ def step_trees(series: Series) -> dict[str, Path]:
     return buildtree.step_trees(series, build)
 
 
-def run_trees(runs: list[report.TreeRun]) -> float:
-    """Every tree's scenarios (racecheck.worker) into runs; the time spent preloading."""
-
-    def announce(n: int) -> None:
-        run = runs[n]
-        print(f"race-check: {len(SCENARIOS)} scenarios on {run.label} ({run.tree})", flush=True)
-
-    results, preload_s = worker.check_trees([r.tree for r in runs], announce)
-    for tree_run, result in zip(runs, results, strict=True):
-        if "error" in result:
-            if result["code"] == Exit.INTERNAL:
-                print(result["error"], file=sys.stderr)
-                raise RuntimeError(f"the checker failed on {tree_run.tree} (the trace above)")
-            problem = f"{tree_run.label} ({tree_run.tree}): {result['error']}"
-            raise BackportError(Exit(result["code"]), problem, result["next_step"])
-        tree_run.races = {
-            name: [report.race_from_json(r) for r in races]
-            for name, races in result["races"].items()
-        }
-        for key in ("torch", "barrier", "import_s", "run_s"):
-            setattr(tree_run, key, result[key])
-    return preload_s
-
-
 def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: bool) -> int:
-    """Compare each base's measured table with its [races] tables; write them if asked.
-    A final step with a race is refused first, writing nothing: the tables must
-    never turn a wrong fix into an expected result."""
-    open_final = [
-        f"{r.label} ({name})"
-        for r in runs
-        if r.step == r.expected_final
-        for name in SCENARIOS
-        if r.races[name]
-    ]
-    if open_final:
+    """Compare each base's measured table with its [races] tables; write them if asked. A
+    final step with a race is refused first: a wrong fix must never become expected."""
+    finals = [r for r in runs if r.step == r.expected_final]
+    if open_final := [f"{r.label} ({name})" for r in finals for name in SCENARIOS if r.races[name]]:
+        opened = ", ".join(open_final)
         print(
-            "FAILED: the final step of a series leaves races open: "
-            + ", ".join(open_final)
-            + "; nothing was written"
+            f"FAILED: the final step of a series leaves races open: {opened}; nothing was written"
         )
         return Exit.RACE
     stale = []
     for series in chosen:
         manifest = series.manifest
+        mine = [r for r in runs if r.version in ("", manifest.base.version)]
         measured = {
-            name: {
-                r.step: report.cell_of(r.races[name])
-                for r in runs
-                if r.version in ("", manifest.base.version)
-            }
-            for name in SCENARIOS
+            name: {r.step: report.cell_of(r.races[name]) for r in mine} for name in SCENARIOS
         }
         written = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
         differ = [name for name in SCENARIOS if written.get(name) != measured[name]]
@@ -338,9 +266,8 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
             print(f"ok: {pin} [races] is what the run measured")
         elif write:
             tables = {f"races.{name}": report.table_lines(measured[name]) for name in SCENARIOS}
-            pin.write_text(
-                replace_tables(pin.read_text(encoding="utf-8"), tables), encoding="utf-8"
-            )
+            text = replace_tables(pin.read_text(encoding="utf-8"), tables)
+            pin.write_text(text, encoding="utf-8")
             print(f"wrote {pin} [races]: {', '.join(differ)} changed")
         else:
             print(f"STALE: {pin} [races] differs from the run in: {', '.join(differ)}")
@@ -354,3 +281,106 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
             "the tables; otherwise find what changed the races",
         )
     return Exit.OK
+
+
+def _run(tree: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    use_tree(tree)
+    try:
+        import sglang.srt.disaggregation.decode  # noqa: F401
+    except Exception as err:  # any import failure of the tree is reported, not raised
+        hint = ""
+        if isinstance(err, ModuleNotFoundError):
+            hint = (
+                "use an interpreter with sglang's import closure (build/venv from "
+                "scripts/run-tests, or --python PATH)"
+            )
+        return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", hint)
+    import torch
+
+    from . import scenarios, treecode
+
+    root, expected = scenarios.sglang_root(), (tree / "python" / "sglang").resolve()
+    if root != expected:
+        return _error(
+            Exit.ENVIRONMENT,
+            f"sglang was imported from {root}, not from {expected}; another "
+            "sglang (an installed package?) shadows the tree",
+            "use an interpreter without sglang installed (build/venv, or --python PATH)",
+        )
+    imported = time.perf_counter()
+    races = {}
+    for name in SCENARIOS:
+        try:
+            races[name] = scenarios.run(name)
+        except Exception as err:  # the tree's API differs from what the scenario drives
+            return _error(Exit.SCENARIO, f"scenario {name} could not run: {_short(err)}")
+    return {
+        "torch": torch.__version__,
+        "barrier": treecode.war_barrier_of_tree().how,
+        "import_s": round(imported - started, 2),
+        "run_s": round(time.perf_counter() - imported, 3),
+        "races": races,
+    }
+
+
+def _error(code: Exit, problem: str, next_step: str = "") -> dict[str, Any]:
+    return {"code": int(code), "error": problem, "next_step": next_step}
+
+
+def _short(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
+def run_trees(runs: list[report.TreeRun]) -> float:
+    """Every tree's scenarios into its run; the seconds the third-party preload took."""
+    csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
+    preload_s = preload()
+
+    def announce(n: int) -> None:
+        print(f"race-check: {len(SCENARIOS)} scenarios on {runs[n].label} ({runs[n].tree})")
+
+    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
+        outs = [Path(tmp) / f"{n}.pickle" for n in range(len(runs))]
+        # More children than cores would only share them and hold more memory.
+        jobs, slots = range(len(runs)), os.cpu_count() or 1
+        fork_each(jobs, slots, lambda n: _child(runs[n].tree, outs[n]), announce)
+        results = [_result(out) for out in outs]
+    for run, result in zip(runs, results, strict=True):
+        if "error" in result:
+            if result["code"] == Exit.INTERNAL:
+                print(result["error"], file=sys.stderr)
+                raise RuntimeError(f"the checker failed on {run.tree} (the trace above)")
+            problem = f"{run.label} ({run.tree}): {result['error']}"
+            raise BackportError(Exit(result["code"]), problem, result["next_step"])
+        for key in ("races", "torch", "barrier", "import_s", "run_s"):
+            setattr(run, key, result[key])
+    return preload_s
+
+
+def _child(tree: Path, out: Path) -> int:
+    # What the tree's imports print (warnings, mostly) is not the checker's report.
+    log = os.open(out.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        result = _run(tree)
+    except BaseException:
+        result = _error(Exit.INTERNAL, traceback.format_exc())
+    out.write_bytes(pickle.dumps(result))
+    return 0
+
+
+def _result(out: Path) -> dict[str, Any]:
+    """What the child wrote, or what it printed if it ended without writing it."""
+    if out.is_file():
+        return pickle.loads(out.read_bytes())
+    log = out.with_suffix(".log")
+    printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return _error(
+        Exit.ENVIRONMENT,
+        "its process ended without a result:\n" + "\n".join(printed[-15:]),
+        "check that this interpreter imports torch, or pass --python PATH",
+    )

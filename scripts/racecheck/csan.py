@@ -1,17 +1,16 @@
-"""The part of torch.cuda._sanitizer (CSAN), a private torch API, that the checker uses.
-
-Its EventHandler (vector clocks per stream, last write and reads per data
-pointer) and the shape of the errors it returns are checked before use, so a
-torch that changes them stops the checker with a clear message instead of
-letting it silently see nothing. Any torch whose sanitizer has that shape is
-used; the report names it and whether the tables were verified on it.
-"""
+"""torch.cuda._sanitizer (CSAN), a private torch API, checked before use (a changed one
+stops the checker instead of letting it see nothing); and simulated CUDA streams and
+events, whose ordering operations feed its vector clocks while ops run on the CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import itertools
+from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 from patchset.errors import BackportError, Exit
 
@@ -36,26 +35,21 @@ _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
 
 
 def torch_text(version: str) -> str:
-    """The torch a check ran on, and whether the table was verified on that release."""
     if version.split("+", 1)[0] in VERIFIED_TORCH:
         return f"torch {version} (verified)"
     return f"torch {version} (sanitizer API checked; table not yet verified on it)"
 
 
 def load() -> ModuleType:
-    """Import torch.cuda._sanitizer after checking the shape of its API."""
+    """torch.cuda._sanitizer, once the shape of its API is the one the checker knows."""
     next_step = "use an interpreter whose torch is one of " + ", ".join(VERIFIED_TORCH)
     try:
         import torch
         from torch.cuda import _sanitizer as csan
     except ImportError as exc:
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            f"torch (or its torch.cuda._sanitizer) is not importable here ({exc})",
-            next_step,
-        ) from None
-    problems = check_shape(csan)
-    if problems:
+        problem = f"torch (or its torch.cuda._sanitizer) is not importable here ({exc})"
+        raise BackportError(Exit.ENVIRONMENT, problem, next_step) from None
+    if problems := check_shape(csan):
         raise BackportError(
             Exit.ENVIRONMENT,
             f"torch {torch.__version__}: torch.cuda._sanitizer changed shape; the race "
@@ -84,15 +78,116 @@ def check_shape(csan: ModuleType) -> list[str]:
     elif missing := _ACCESS_FIELDS - {f.name for f in dataclasses.fields(access)}:
         problems.append(f"Access lacks {sorted(missing)}")
     error = getattr(csan, "UnsynchronizedAccessError", None)
+    params = inspect.signature(error.__init__).parameters if error else {}
     if error is None:
         problems.append("UnsynchronizedAccessError is gone")
-    else:
-        params = inspect.signature(error.__init__).parameters
-        if lacking := [a for a in _ERROR_ATTRIBUTES if a not in params]:
-            problems.append(f"UnsynchronizedAccessError lacks {lacking}")
+    elif lacking := [a for a in _ERROR_ATTRIBUTES if a not in params]:
+        problems.append(f"UnsynchronizedAccessError lacks {lacking}")
     access_type = getattr(csan, "AccessType", None)
     if access_type is None or not {"READ", "WRITE"} <= set(access_type.__members__):
         problems.append("AccessType lacks READ/WRITE")
     if getattr(csan, "DEFAULT_STREAM_ID", None) != 0:
         problems.append("DEFAULT_STREAM_ID is no longer 0")
     return problems
+
+
+# CSAN knows stream 0 from the start (check_shape pins the value).
+DEFAULT_STREAM_ID = 0
+
+
+def _unmodelled(what: str) -> bool:
+    raise NotImplementedError(f"{what}: completion is not modelled; the checker only knows order")
+
+
+class SimEvent:
+    def __init__(self, device: SimDevice, **_options: Any) -> None:
+        self.device = device
+        self.event_id = next(device._ids)
+        device.handler._handle_event_creation(self.event_id)
+
+    def record(self, stream: SimStream | None = None) -> None:
+        stream = stream or self.device.current_stream()
+        self.device.handler._handle_event_record(self.event_id, stream.stream_id)
+
+    def wait(self, stream: SimStream | None = None) -> None:
+        stream = stream or self.device.current_stream()
+        self.device.handler._handle_event_wait(self.event_id, stream.stream_id)
+
+    def synchronize(self) -> None:
+        self.device.handler._handle_event_synchronization(self.event_id)
+
+    def query(self) -> bool:
+        return _unmodelled("SimEvent.query()")
+
+
+class SimStream:
+    def __init__(self, device: SimDevice, name: str, stream_id: int) -> None:
+        self.device = device
+        self.name = name
+        self.stream_id = stream_id
+
+    def wait_event(self, event: SimEvent) -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: SimStream) -> None:
+        self.wait_event(stream.record_event())  # as torch.cuda.Stream.wait_stream does
+
+    def record_event(self, event: SimEvent | None = None) -> SimEvent:
+        event = event or SimEvent(self.device)
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        self.device.handler._handle_stream_synchronization(self.stream_id)
+
+    def query(self) -> bool:
+        return _unmodelled("SimStream.query()")
+
+
+class SimDevice:
+    """Stands in for torch.cuda as returned by torch.get_device_module()."""
+
+    def __init__(self) -> None:
+        self.handler = load().EventHandler()
+        self._ids = itertools.count(DEFAULT_STREAM_ID + 1)
+        self._default = self._current = SimStream(self, "default stream", DEFAULT_STREAM_ID)
+        self.streams: dict[int, SimStream] = {DEFAULT_STREAM_ID: self._default}
+
+    def Stream(self, name: str | None = None, **_options: Any) -> SimStream:
+        stream_id = next(self._ids)
+        stream = SimStream(self, name or f"stream {stream_id}", stream_id)
+        self.handler._handle_stream_creation(stream_id)
+        self.streams[stream_id] = stream
+        return stream
+
+    def Event(self, **options: Any) -> SimEvent:
+        return SimEvent(self, **options)
+
+    def current_stream(self, device: Any = None) -> SimStream:
+        return self._current
+
+    def default_stream(self, device: Any = None) -> SimStream:
+        return self._default
+
+    def set_stream(self, stream: SimStream) -> None:
+        self._current = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: SimStream | None) -> Iterator[None]:
+        if stream is None:  # torch.cuda.stream(None) changes nothing
+            yield
+            return
+        previous, self._current = self._current, stream
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    StreamContext = stream
+
+    def synchronize(self, device: Any = None) -> None:
+        self.handler._handle_device_synchronization()
+
+    def stream_name(self, stream_id: int) -> str:
+        stream = self.streams.get(stream_id)
+        return stream.name if stream else f"stream {stream_id}"

@@ -1,24 +1,67 @@
-"""Races as data (for the trip between processes), table cells, readable text, and the
-verdict on what a run measured."""
+"""Races as plain data (no torch), table cells and text, and the verdict on a run."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from patchset.errors import BackportError, Exit
-from patchset.manifest import RACE_KINDS, PinManifest, RaceEntry
+from patchset.manifest import RACE_KINDS, PinManifest
 from patchset.textout import table
 
 from .catalogue import SCENARIOS
-from .races import RELAY_BUFFERS, Access, Race, Site
 
-# A cell is the set of (kind, buffer, row) of the races a scenario shows on a
-# step, kind being the first access and the second ("write/write", ...).
+# FutureMap's relay buffers, in report order; an EAGLE row is the first five.
+RELAY_BUFFERS = (
+    "new_seq_lens_buf",
+    "output_tokens_buf",
+    "topk_p_buf",
+    "topk_index_buf",
+    "hidden_states_buf",
+    "draft_probs_buf",
+    "dsa_topk_indices_buf",
+)
+EAGLE_ROW = RELAY_BUFFERS[:5]
+_ORDER = {buffer: n for n, buffer in enumerate(RELAY_BUFFERS)}
+
+
+@dataclass(frozen=True)
+class Site:
+    file: str  # relative to its root's parent
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class Access:
+    kind: str  # "read" or "write"
+    stream: str
+    operator: str
+    code: tuple[Site, ...]  # frames in the code under test, innermost first
+    driver: tuple[Site, ...]  # frames in the scenario that drove it, innermost first
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two accesses to one row, on two streams, that nothing orders."""
+
+    buffer: str
+    row: int
+    first: Access
+    second: Access
+
+    @property
+    def kind(self) -> str:
+        """'write/write', 'write/read' or 'read/write' (first access / second)."""
+        return f"{self.first.kind}/{self.second.kind}"
+
+
+# A cell: the (kind, buffer, row) of the races a scenario shows on a step.
 Cell = frozenset[tuple[str, str, int]]
 Table = dict[str, dict[str, Cell]]
 
@@ -37,12 +80,7 @@ def cell_of(races: Iterable[Race]) -> Cell:
     return frozenset((race.kind, race.buffer, race.row) for race in races)
 
 
-def cell_of_entries(entries: Iterable[RaceEntry]) -> Cell:
-    return frozenset((kind, b, r) for kind, buffers, rows in entries for b in buffers for r in rows)
-
-
 def describe(cell: Cell) -> str:
-    """A cell in words: per kind, the buffers and the rows they race in."""
     parts = [
         _KINDS[kind][1].format(", ".join(buffers))
         + (" in row " if len(rows) == 1 else " in rows ")
@@ -53,10 +91,8 @@ def describe(cell: Cell) -> str:
 
 
 def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
-    """The manifest's [races] table as cells: per scenario and step, the races left
-    open (pin.toml's loader checked each entry); every scenario must be there."""
-    missing = [name for name in scenarios if name not in manifest.races]
-    if missing:
+    """The manifest's [races] table as cells; every scenario must be there."""
+    if missing := [name for name in scenarios if name not in manifest.races]:
         raise BackportError(
             Exit.PATCHSET_INVALID,
             f"the pin manifest's [races] table has no [races.{missing[0]}]"
@@ -64,14 +100,18 @@ def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
             "write the tables from a run: scripts/race-check --write-expected",
         )
     return {
-        name: {step: cell_of_entries(entries) for step, entries in manifest.races[name].items()}
+        name: {
+            step: frozenset(
+                (k, b, r) for k, buffers, rows in entries for b in buffers for r in rows
+            )
+            for step, entries in manifest.races[name].items()
+        }
         for name in scenarios
     }
 
 
 def entries_of(cell: Cell) -> list[tuple[str, tuple[int, ...], list[str]]]:
-    """A cell as [races] entries (kind, rows, buffers): per kind, one entry per set of
-    rows, buffers in report order (the form scripts/race-check --write-expected writes)."""
+    """A cell as [races] entries (kind, rows, buffers): per kind, one per set of rows."""
     entries = []
     for kind in RACE_KINDS:
         rows_of: dict[str, set[int]] = {}
@@ -79,18 +119,13 @@ def entries_of(cell: Cell) -> list[tuple[str, tuple[int, ...], list[str]]]:
             if k == kind:
                 rows_of.setdefault(buffer, set()).add(row)
         groups: dict[tuple[int, ...], list[str]] = {}
-        for buffer in sorted(rows_of, key=_rank):
+        for buffer in sorted(rows_of, key=lambda b: (_ORDER.get(b, len(_ORDER)), b)):
             groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
         entries += [(kind, rows, buffers) for rows, buffers in groups.items()]
     return entries
 
 
-def _rank(buffer: str) -> tuple[int, str]:
-    return (RELAY_BUFFERS.index(buffer) if buffer in RELAY_BUFFERS else len(RELAY_BUFFERS), buffer)
-
-
 def table_lines(by_step: Mapping[str, Cell]) -> list[str]:
-    """One [races.NAME] table's key lines, as pin.toml spells them."""
     lines = []
     for step, cell in by_step.items():
         key = step if step == "base" else json.dumps(step)
@@ -118,21 +153,6 @@ def race_text(race: Race) -> str:
         f"{race.second.kind} after {race.first.stream}'s {race.first.kind}"
     )
     return "\n".join(lines)
-
-
-def race_to_json(race: Race) -> dict[str, Any]:
-    return dataclasses.asdict(race)
-
-
-def race_from_json(data: Mapping[str, Any]) -> Race:
-    def access(fields: Mapping[str, Any]) -> Access:
-        code, driver = (tuple(Site(**site) for site in fields[key]) for key in ("code", "driver"))
-        return Access(fields["kind"], fields["stream"], fields["operator"], code, driver)
-
-    return Race(data["buffer"], int(data["row"]), access(data["first"]), access(data["second"]))
-
-
-# --- the columns of a run and the verdict on them ----------------------------------
 
 
 @dataclass
@@ -163,42 +183,39 @@ class TreeRun:
 
 def grid_text(runs: list[TreeRun]) -> str:
     """One base's table: a row per scenario, a column per run, differing cells marked."""
-    rows = []
-    for name in SCENARIOS:
-        row = [name]
-        for r in runs:
-            measured = cell_of(r.races[name])
-            expected = r.expected[name][r.step] if r.step else measured
-            text = describe(measured)
-            row.append(text if expected == measured else f"{text} [EXPECTED: {describe(expected)}]")
-        rows.append(row)
+
+    def cell_text(r: TreeRun, name: str) -> str:
+        measured = cell_of(r.races[name])
+        expected = r.expected[name][r.step] if r.step else measured
+        text = describe(measured)
+        return text if expected == measured else f"{text} [EXPECTED: {describe(expected)}]"
+
+    rows = [[name, *(cell_text(r, name) for r in runs)] for name in SCENARIOS]
     columns = [r.label.removeprefix(f"{r.version} ") for r in runs]  # each base has its grid
     return table(["scenario", *columns], rows, wrap=36)
 
 
-def print_races(tree_run: TreeRun) -> None:
-    count = tree_run.count
-    if not count:
-        print(f"{tree_run.label}: no race\n")
+def print_races(run: TreeRun) -> None:
+    if not run.count:
+        print(f"{run.label}: no race\n")
         return
-    print(f"{tree_run.label}: {count} race{'s' if count != 1 else ''} ({tree_run.tree})")
-    for name, races in tree_run.races.items():
+    print(f"{run.label}: {run.count} race{'s' if run.count != 1 else ''} ({run.tree})")
+    for name, races in run.races.items():
         for race in races:
             print(f"[{name}] " + race_text(race))
     print()
 
 
 def verdict(runs: list[TreeRun]) -> int:
-    """A table of steps must be the expected one; a patched step tree (the final step,
-    expected clean) must have no race; a given tree has what it has, and is wrong
-    where the step its files hold expects otherwise."""
+    """Steps must give the expected table, a patched step tree no race; a given tree is
+    wrong where the step its files hold expects otherwise."""
     code = Exit.OK
     steps = [r for r in runs if not r.given]
-    patched = [
-        r.step == r.expected_final and not any(r.expected[name][r.step] for name in SCENARIOS)
+    clean_final = [
+        r.step == r.expected_final and not any(r.expected[n][r.step] for n in SCENARIOS)
         for r in steps
     ]
-    if all(patched):
+    if all(clean_final):
         for r in steps:
             if r.count:
                 print(f"FAILED: {r.count} race(s) in the patched tree {r.tree}")
@@ -210,31 +227,25 @@ def verdict(runs: list[TreeRun]) -> int:
         code = Exit.RACE
     else:
         print("ok: the measured table is the expected one")
-    for r in runs:
-        if r.given:
-            code = max(code, _given_verdict(r))
-    return code
+    return max([code, *(_given_verdict(r) for r in runs if r.given)])
 
 
-def _given_verdict(tree_run: TreeRun) -> int:
-    """What a given tree holds: its open races, and the expectation of its step if any."""
-    count = tree_run.count
-    if count:
-        open_in = ", ".join(name for name in SCENARIOS if tree_run.races[name])
-        print(f"races open in this tree {tree_run.tree}: {count} ({open_in})")
+def _given_verdict(run: TreeRun) -> int:
+    if run.count:
+        open_in = ", ".join(name for name in SCENARIOS if run.races[name])
+        print(f"races open in this tree {run.tree}: {run.count} ({open_in})")
     else:
-        print(f"ok: no race in this tree {tree_run.tree}")
-    series = f"sglang {tree_run.version}'s series"
-    if not tree_run.step:
+        print(f"ok: no race in this tree {run.tree}")
+    series = f"sglang {run.version}'s series"
+    step = f"step {step_label(run.step)} of {series}"
+    if not run.step:
         print(f"  the series' files in it match no step of {series}, so nothing is expected")
-        return Exit.RACE if count else Exit.OK
-    step = f"step {step_label(tree_run.step)} of {series}"
-    differ = tree_run.differ()
-    if differ:
+    elif differ := run.differ():
         print(
             f"  FAILED: the series' files in it are {step}, whose [races] table expects "
             f"otherwise in: {', '.join(differ)}"
         )
         return Exit.RACE
-    print(f"  the series' files in it are {step}, as its [races] table expects")
-    return Exit.RACE if count else Exit.OK
+    else:
+        print(f"  the series' files in it are {step}, as its [races] table expects")
+    return Exit.RACE if run.count else Exit.OK

@@ -1,20 +1,11 @@
 """The scenarios of racecheck.catalogue, played through the real sglang code of the tree
-first on sys.path: a request that has just finished still has one forward in flight
-on the forward stream, which publishes and stashes into its FutureMap row, while the
-scheduler, on the schedule stream, hands that row (or another one) to a new request.
-
-FutureMap, ScheduleBatch, Req, ChunkCache, ReqToTokenPool, get_new_prebuilt_batch
-and the WAR barrier are the tree's own; stand-ins replace only scheduler state the
-relay does not touch (server arguments, the grammar manager, the running batch).
-"""
+first on sys.path; stand-ins replace only scheduler state the relay does not touch."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
 from array import array
-from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -22,9 +13,9 @@ from unittest import mock
 import torch
 
 from . import treecode
-from .catalogue import BY_NAME, EAGLE, SCENARIOS, Play
-from .races import EAGLE_ROW, Race
-from .sim import SimDevice
+from .catalogue import BY_NAME, EAGLE, Play
+from .csan import SimDevice
+from .report import EAGLE_ROW, Race
 from .treecode import EAGLE_TOPK, ScenarioError, sglang_root
 from .watch import BufferWatch, simulated_gpu
 
@@ -33,12 +24,6 @@ CONTEXT_LEN = 64
 PROMPT_LEN = 5
 HIDDEN_SIZE = 4
 VOCAB_SIZE = 1000
-
-
-@dataclass
-class ScenarioRun:
-    name: str
-    races: list[Race]
 
 
 class _World:
@@ -85,48 +70,38 @@ class _World:
         }
 
     def inflight_forward(
-        self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None, event_attr: str = ""
+        self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None
     ) -> None:
-        """What run_batch does for a batch holding just-finished requests (their
-        redundant forward), on the forward stream ordered after the schedule
-        stream: read the inputs, publish, stash the relay payload. With a
-        runner, the forward records its WAR read-done event into the runner's
-        attribute event_attr where the cuda-graph runners record it: before
-        publish (non-speculative), or in EAGLE's draft_extend, after publish."""
+        """run_batch's redundant forward for just-finished requests, on the forward stream:
+        read the inputs, publish, stash. With a runner, it records its WAR read-done event
+        where the cuda-graph runners do: before publish, or after it in EAGLE's draft_extend."""
         n = len(rows)
         index = torch.tensor(rows, dtype=torch.int64)
         eagle = not self.spec_algorithm.is_none()
-
-        def record_read_done() -> None:
-            event = self.device.Event()
-            event.record()
-            setattr(runner, event_attr, event)
-
+        read_done = self.device.Event()
         self.forward_stream.wait_stream(self.schedule_stream)
         with self.device.stream(self.forward_stream):
             if self.future_map.output_tokens_buf is not None:
                 self.future_map.output_tokens_buf[index].sum()  # the forward's input
             if runner is not None and not eagle:
-                record_read_done()
+                read_done.record()
             self.future_map.publish(index, torch.full((n,), PROMPT_LEN + 7, dtype=torch.int64))
             if runner is not None and eagle:
-                record_read_done()
+                read_done.record()
             if stash:
                 self.future_map.stash(index, _stash_payload(n, eagle=eagle))
+        if runner is not None:
+            setattr(runner, treecode.war_barrier_of_tree().event_attr, read_done)
 
     def request(self, row: int, *, hisparse: bool = False) -> Any:
-        """A request in pool row `row`: prebuilt (prefilled on the prefill server, its
-        KV and, for EAGLE, its draft state arrived), or hisparse (its whole prompt
-        prefilled here in one chunk, its sampling parameters normalized as the
-        tokenizer manager does)."""
+        """Prebuilt (KV and draft state arrived), or hisparse (prefilled here in one chunk)."""
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         params = SamplingParams(max_new_tokens=16)
-        extra: dict[str, Any] = {}
+        extra = {"vocab_size": VOCAB_SIZE} if hisparse else {}
         if hisparse:
-            params.normalize(None)
-            extra["vocab_size"] = VOCAB_SIZE
+            params.normalize(None)  # as the tokenizer manager does
         req = Req(
             rid=f"{'hisparse' if hisparse else 'prebuilt'}-{row}",
             origin_input_text="",
@@ -151,10 +126,8 @@ class _World:
         return req
 
     def admit_prebuilt(self, rows: tuple[int, ...]) -> Any:
-        """The scheduler thread takes prebuilt requests into pool rows `rows`, one batch."""
         from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
 
-        # The attributes get_new_prebuilt_batch reads from the Scheduler.
         scheduler = SimpleNamespace(
             **self.relay_state(),
             grammar_manager=mock.Mock(has_waiting_grammars=mock.Mock(return_value=False)),
@@ -168,15 +141,11 @@ class _World:
             forward_stream=self.forward_stream,
         )
         function = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch
-        # From 0.5.16 on the loop hands in what it used to read from self
-        # (running_batch); each such argument is the scheduler's attribute.
+        # From 0.5.16 on the loop hands in what it read from self (running_batch).
         extra = list(inspect.signature(function).parameters)[1:]
-        missing = [name for name in extra if not hasattr(scheduler, name)]
-        if missing:
-            raise ScenarioError(
-                f"get_new_prebuilt_batch takes {', '.join(missing)}, which the "
-                "scenario's scheduler does not hold"
-            )
+        if missing := [name for name in extra if not hasattr(scheduler, name)]:
+            held = "which the scenario's scheduler does not hold"
+            raise ScenarioError(f"get_new_prebuilt_batch takes {', '.join(missing)}, {held}")
         batch = function(scheduler, *(getattr(scheduler, name) for name in extra))
         if batch is None or batch.req_pool_indices.tolist() != list(rows):
             raise ScenarioError(
@@ -185,10 +154,8 @@ class _World:
         return batch
 
     def prefill_forward(self, reqs: list[Any]) -> tuple[Any, Any]:
-        """run_batch for the requests' prefill batch: its forward relays into their
-        rows (as inflight_forward does), then the real copy_to_cpu records
-        copy_done on the copy stream after it waited for the forward stream
-        (0.5.15 on), else on the forward stream itself."""
+        """The prefill batch's forward, then copy_to_cpu's copy_done on the copy stream
+        (0.5.15 on) or the forward stream."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -211,9 +178,7 @@ class _World:
         return batch, result
 
     def result_processor(self, coordinator: Any) -> Any:
-        """The tree's SchedulerBatchResultProcessor (a frozen dataclass of the
-        scheduler's collaborators): the relay's own objects where it has them,
-        mocks for the rest (metrics, output streaming, the model workers...)."""
+        """The tree's SchedulerBatchResultProcessor: the relay's objects, else mocks."""
         from sglang.srt.disaggregation.utils import DisaggregationMode
         from sglang.srt.managers.scheduler_components import batch_result_processor
 
@@ -232,18 +197,12 @@ class _World:
             "hisparse_coordinator": coordinator,
             "req_to_token_pool": self.req_to_token_pool,
         }
-        return cls(
-            **{
-                f.name: known[f.name] if f.name in known else mock.Mock(name=f.name)
-                for f in dataclasses.fields(cls)
-            }
-        )
+        fields = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{f: known[f] if f in known else mock.Mock(name=f) for f in fields})
 
 
 def _stash_payload(n: int, *, eagle: bool) -> Any:
-    """What the forward stashes for n requests, in this release's form: a
-    RelayPayload (0.5.15 on), else the token tensor (non-speculative) or the
-    EagleDraftInput itself (EAGLE)."""
+    """A RelayPayload (0.5.15 on), else the token tensor or the EagleDraftInput itself."""
     from sglang.srt.managers import overlap_utils
 
     bonus = torch.full((n,), 11, dtype=torch.int64)
@@ -263,41 +222,28 @@ def _stash_payload(n: int, *, eagle: bool) -> Any:
 
 
 def play(world: _World, scenario: Play) -> None:
-    """One scenario, in the order of the overlap decode loop: iteration N-1's forward,
-    for a batch still holding requests whose rows went back to the pool, is in
-    flight; iteration N runs the WAR barrier (loop scenarios only), batch selection
-    with prebuilt seeding and the launch of its own forward on the schedule stream."""
-    runner = SimpleNamespace()
+    """In the overlap loop's order: iteration N-1's forward in flight; iteration N's WAR
+    barrier (loop scenarios), prebuilt seeding and the launch of its own forward."""
     event_attr = treecode.war_barrier_of_tree().event_attr if scenario.barrier else ""
-    if event_attr:
-        setattr(runner, event_attr, None)
+    runner = SimpleNamespace(**{event_attr: None} if event_attr else {})
     with world.device.stream(world.schedule_stream):
-        world.inflight_forward(
-            scenario.forward_rows,
-            stash=not scenario.consumer,
-            # only the fast configuration's forward records the read-done event
-            runner=runner if event_attr and scenario.barrier == "fast" else None,
-            event_attr=event_attr,
-        )
+        # only the fast configuration's forward records the read-done event
+        fast = runner if event_attr and scenario.barrier == "fast" else None
+        world.inflight_forward(scenario.forward_rows, stash=not scenario.consumer, runner=fast)
         if scenario.barrier is not None:
             war_barrier(world, runner, enabled=scenario.barrier != "none")
         world.admit_prebuilt(scenario.prebuilt)
         if scenario.barrier is not None:
-            # The launch of iteration N's forward: run_batch orders it after
-            # the schedule stream before the forward reads anything.
+            # run_batch orders iteration N's forward after the schedule stream.
             world.forward_stream.wait_stream(world.schedule_stream)
     if scenario.consumer:
         consume(world, scenario.finished + scenario.prebuilt)
 
 
 def play_hisparse(world: _World, scenario: Play) -> None:
-    """H1, the hisparse seam, in the order of the overlap loop (event_loop_overlap):
-    finished requests' rows, still written by their redundant forward, go to new
-    requests that hisparse mode prefills here. Their prefill forward, its result
-    processed (process_batch_result_prefill synchronizes on copy_done and admits
-    them into staging), then _build_hisparse_decode_batch stashes their last token
-    from the schedule stream. The coordinator is a mock: its staging copies KV
-    pages, no relay row."""
+    """H1 in event_loop_overlap's order: finished rows go to requests prefilled here, their
+    result processed (synchronizing on copy_done), then _build_hisparse_decode_batch
+    stashes. The coordinator is a mock: its staging copies KV pages, no relay row."""
     coordinator = mock.Mock(name="hisparse_coordinator")
     coordinator.collect_ready_reqs.side_effect = lambda: [
         call.args[0] for call in coordinator.admit_request_into_staging.call_args_list
@@ -317,20 +263,18 @@ def play_hisparse(world: _World, scenario: Play) -> None:
                 "process_batch_result_prefill did not admit the prefilled requests "
                 f"into hisparse staging (admitted {len(ready)} of {len(reqs)})"
             )
-        # The attributes _build_hisparse_decode_batch reads from the Scheduler.
         scheduler = SimpleNamespace(
             **world.relay_state(), device="cpu", future_map=world.future_map
         )
-        built = build(scheduler, ready)
-    if built.req_pool_indices.tolist() != list(scenario.prebuilt):
+        rows = build(scheduler, ready).req_pool_indices.tolist()
+    if rows != list(scenario.prebuilt):
         raise ScenarioError(
             f"_build_hisparse_decode_batch did not build a batch of rows {list(scenario.prebuilt)}"
         )
 
 
 def consume(world: _World, rows: tuple[int, ...]) -> None:
-    """A later iteration reads the rows back; resolve_seq_lens_cpu waits on
-    publish_ready before it gathers new_seq_lens_buf."""
+    """A later iteration reads the rows back (resolve_seq_lens_cpu)."""
     consumer = world.device.Stream(name="consumer_stream")
     merged = SimpleNamespace(
         spec_info=SimpleNamespace(future_indices=torch.tensor(rows, dtype=torch.int64)),
@@ -344,8 +288,7 @@ def consume(world: _World, rows: tuple[int, ...]) -> None:
 
 
 def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> None:
-    """The tree's WAR barrier on a bare scheduler holding the loop's streams;
-    enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
+    """The tree's WAR barrier; enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
     barrier = treecode.war_barrier_of_tree()
     scheduler = barrier.scheduler
     scheduler._war_barrier_enabled = enabled
@@ -360,8 +303,7 @@ def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> Non
 
 
 def required(scenario: Play) -> set[tuple[str, str, str]]:
-    """Accesses a scenario must see, race or not: without them a clean result
-    would only mean that the tree no longer takes the path the scenario drives."""
+    """Accesses a scenario must see, else clean only means the tree took another path."""
     if scenario.consumer:
         return {
             ("forward_stream", "write", "new_seq_lens_buf"),
@@ -372,25 +314,17 @@ def required(scenario: Play) -> set[tuple[str, str, str]]:
     return {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in buffers}
 
 
-def run(name: str) -> ScenarioRun:
-    """Play one scenario on fresh simulated streams and return the races CSAN saw."""
+def run(name: str) -> list[Race]:
+    """The races CSAN saw as the scenario played on fresh simulated streams."""
     scenario = BY_NAME[name]
-    driver = Path(__file__).resolve().parent
     with (
         treecode.server_args_restored(),
-        simulated_gpu(code_roots=[sglang_root()], driver_roots=[driver]) as (device, watch),
+        simulated_gpu(code_roots=[sglang_root()]) as (device, watch),
     ):
         world = _World(device, watch, scenario.spec, scenario.hisparse)
         (play_hisparse if scenario.hisparse else play)(world, scenario)
-    missing = required(scenario) - watch.seen
-    if missing:
-        raise ScenarioError(
-            f"{name} never saw "
-            + ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in sorted(missing))
-            + "; the tree's relay path differs from the one the scenario drives"
-        )
-    return ScenarioRun(name, watch.races)
-
-
-def run_all() -> list[ScenarioRun]:
-    return [run(name) for name in SCENARIOS]
+    if missing := sorted(required(scenario) - watch.seen):
+        unseen = ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in missing)
+        path = "the tree's relay path differs from the one the scenario drives"
+        raise ScenarioError(f"{name} never saw {unseen}; {path}")
+    return watch.races

@@ -1,7 +1,5 @@
-"""What the scenarios take from the sglang tree under test, as each release spells it:
-the stand-in server arguments and where they are published, the WAR barrier,
-and Scheduler methods, compiled from the tree's source where scheduler.py does
-not import on the CPU."""
+"""What the scenarios take from the tree under test, as each release spells it: server
+arguments, the WAR barrier, Scheduler methods."""
 
 from __future__ import annotations
 
@@ -34,10 +32,8 @@ _SERVER_ARGS = {
 
 
 def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
-    """Stand-in server arguments: the few the relay path reads. From 0.5.18 on,
-    publishing them projects ServerArgs' fields into config bags and refuses an
-    object without those fields: there it is a ServerArgs holding its declared
-    defaults (without __post_init__, which resolves a model)."""
+    """The few server arguments the relay reads; from 0.5.18 on (config bags need every
+    field) a ServerArgs of its declared defaults, without __post_init__."""
     values = {**_SERVER_ARGS, "speculative_algorithm": spec, "enable_hisparse": hisparse}
     try:
         from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
@@ -55,7 +51,6 @@ def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
 
 
 def _runtime_context() -> Any:
-    """The runtime context that holds the server args (0.5.15 on), else None."""
     try:
         from sglang.srt.runtime_context import get_context
     except ImportError:  # 0.5.13 has no runtime context
@@ -65,8 +60,7 @@ def _runtime_context() -> Any:
 
 
 def publish_server_args(args: Any) -> None:
-    """Make args the process-wide server args, where this release keeps them:
-    the runtime context, else server_args' module global."""
+    """Make args the process-wide server args: the runtime context, else a module global."""
     context = _runtime_context()
     if context is not None:
         context.set_server_args(args)
@@ -78,8 +72,7 @@ def publish_server_args(args: Any) -> None:
 
 @contextlib.contextmanager
 def server_args_restored() -> Iterator[None]:
-    """Whatever server args the process had published before a scenario (a test
-    session, say) come back after it."""
+    """The server args published before a scenario (a test session's) come back after it."""
     holder: Any = _runtime_context()
     if holder is None:
         from sglang.srt import server_args as holder
@@ -107,24 +100,18 @@ def copies_on_copy_stream() -> bool:
 
 @dataclass(frozen=True)
 class Barrier:
-    """The tree's WAR barrier as the overlap decode loop runs it: function(scheduler),
-    the tree's own code; runner_attr, the model_worker attribute holding the runner
-    whose read-done event (its attribute event_attr) the fast path consumes
-    (war_fastpath_runner / war_fastpath_read_done_event; from 0.5.18
-    last_shared_read_runner / shared_read_done_event; "" without a fast path, as
-    in 0.5.13); how, where the function came from."""
+    """The tree's WAR barrier, function(scheduler), as the overlap decode loop runs it."""
 
     function: Callable[..., None]
     scheduler: Any
-    runner_attr: str
-    event_attr: str
-    how: str
+    runner_attr: str  # model_worker's runner whose read-done event the fast path consumes
+    event_attr: str  # that event's attribute of the runner ("" without a fast path: 0.5.13)
+    how: str  # where the function came from
 
 
 @functools.cache
 def war_barrier_of_tree() -> Barrier:
-    """Scheduler._apply_war_barrier where the release has it (0.5.14 on), else
-    the barrier statement inline in the decode loop (0.5.13)."""
+    """Scheduler._apply_war_barrier (0.5.14 on), else the decode loop's inline one."""
     function, how = scheduler_method("_apply_war_barrier")
     scheduler: Any = SimpleNamespace()
     if function is None:
@@ -157,10 +144,9 @@ _IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 @functools.cache
 def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
-    """Scheduler.<name> of the tree (None where the release has none), and how it
-    was obtained. Where scheduler.py's imports fail on the CPU, the method is
-    compiled from its source (same file and lines, so reports point at it) with
-    what scheduler.py's imports bind for the names it uses."""
+    """Scheduler.<name> (None where the release has none) and how it was obtained: where
+    scheduler.py does not import on the CPU, compiled from its source (same file and
+    lines) with what its imports bind for the names it uses."""
     try:
         from sglang.srt.managers.scheduler import Scheduler
     except Exception as err:  # the scheduler module needs more than the relay does
@@ -173,10 +159,8 @@ def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
             for node in cls.body
             if isinstance(node, ast.FunctionDef) and node.name == name
         ]
-        how = (
-            f"compiled from scheduler.py's source (the module does not import here: "
-            f"{type(err).__name__}: {err})"
-        )
+        reason = f"{type(err).__name__}: {err}"
+        how = f"compiled from scheduler.py's source (the module does not import here: {reason})"
         if not found:
             return None, how
         return _compiled(found[0], source, _imports_used(module, found[0])), how
@@ -188,23 +172,21 @@ def _imports_used(module: ast.Module, function: ast.FunctionDef) -> dict[str, An
     used = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
     namespace: dict[str, Any] = {}
     for node in ast.walk(module):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                if bound in used:
-                    top = alias.name if alias.asname else bound
-                    namespace[bound] = importlib.import_module(top)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            for alias in node.names:
-                bound = alias.asname or alias.name
-                if bound in used:
-                    namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
+        if not isinstance(node, ast.Import | ast.ImportFrom) or getattr(node, "level", 0):
+            continue
+        for alias in node.names:
+            bound = alias.asname or alias.name.split(".")[0]
+            if bound not in used:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
+            else:
+                namespace[bound] = importlib.import_module(alias.name if alias.asname else bound)
     return namespace
 
 
 def _inline_barrier() -> tuple[Callable[..., None], str]:
-    """The `if self._war_barrier_enabled:` statement of the decode loop
-    (event_loop_overlap_disagg_decode), compiled as a function of self."""
+    """event_loop_overlap_disagg_decode's `if self._war_barrier_enabled:`, compiled."""
     source = sglang_root() / "srt" / "disaggregation" / "decode.py"
     found = [
         node

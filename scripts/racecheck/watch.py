@@ -1,11 +1,5 @@
-"""Per-row reads and writes of watched buffers, checked by CSAN's vector clocks.
-
-CSAN keys an access by the tensor's data pointer, so two streams writing
-different rows of one relay buffer would look like a race. Here every row of
-a watched buffer gets its own key: an indexed op (index, index_put_,
-index_select, ...) touches the rows its index names, any other op touches
-every row its view of the buffer spans.
-"""
+"""Per-row reads and writes of watched buffers for CSAN, which keys an access by data
+pointer: each row gets its own key, else two streams writing different rows would race."""
 
 from __future__ import annotations
 
@@ -19,56 +13,43 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import sim
-from .races import Access, Race, Site
-from .sim import SimDevice
+from . import csan
+from .csan import SimDevice
+from .report import Access, Race, Site
 
 # The checker's own frames are never a call site worth reporting.
-_MACHINERY = {os.path.realpath(__file__), os.path.realpath(sim.__file__)}
+_MACHINERY = {os.path.realpath(__file__), os.path.realpath(csan.__file__)}
+_DRIVER = os.path.dirname(os.path.realpath(__file__))
 
 # Far above real stream/event ids and small enough to stay an int key.
 _FIRST_KEY = 1 << 40
 
 
 class BufferWatch(TorchDispatchMode):
-    """Reports each aten op's row accesses on watched buffers to the device's CSAN
-    handler. Buffers are looked up at every op: a lazily allocated one is watched
-    from the op that first touches it."""
+    """Reports each aten op's row accesses on watched buffers to the device's CSAN handler;
+    buffers are looked up at every op, so a lazily allocated one is watched too."""
 
-    def __init__(
-        self,
-        device: SimDevice,
-        code_roots: Sequence[Path] = (),
-        driver_roots: Sequence[Path] = (),
-    ) -> None:
+    def __init__(self, device: SimDevice, code_roots: Sequence[Path] = ()) -> None:
         super().__init__()
         self.device = device
         self.races: list[Race] = []
         # (stream, "read"/"write", buffer) of every access seen, races or not
         self.seen: set[tuple[str, str, str]] = set()
         self._sources: list[Callable[[], dict[str, torch.Tensor]]] = []
-        self._keys: dict[tuple[str, int], int] = {}
-        self._rows: dict[int, tuple[str, int]] = {}
-        self._roots = {
-            "code": [os.path.realpath(r) for r in code_roots],
-            "driver": [os.path.realpath(r) for r in driver_roots],
-        }
+        self._keys: dict[tuple[str, int], int] = {}  # (buffer, row) -> its CSAN key
+        # frames in the code under test, and in the scenarios that drive it (this package)
+        self._roots = {"code": [os.path.realpath(r) for r in code_roots], "driver": [_DRIVER]}
         self._file_root: dict[str, tuple[str, str] | None] = {}
-
-    def watch(self, name: str, tensor: torch.Tensor) -> None:
-        self._sources.append(lambda: {name: tensor})
 
     def watch_attributes(self, obj: object, suffix: str = "_buf") -> None:
         """Watch every tensor attribute of obj whose name ends with suffix, now and later."""
-
-        def buffers() -> dict[str, torch.Tensor]:
-            return {
+        self._sources.append(
+            lambda: {
                 name: value
                 for name, value in vars(obj).items()
                 if name.endswith(suffix) and isinstance(value, torch.Tensor)
             }
-
-        self._sources.append(buffers)
+        )
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
@@ -77,59 +58,42 @@ class BufferWatch(TorchDispatchMode):
         watched = self._watched()
         reads: dict[int, list[str]] = {}
         writes: dict[int, list[str]] = {}
-        if watched:
-            bound = _bind(func._schema, args, kwargs)
-            row_index = _row_index(func, bound)
-            for argument, value in bound:
-                alias = argument.alias_info
-                if alias is not None and not alias.is_write:
-                    continue  # a view: no data moves
-                target = writes if alias is not None and alias.is_write else reads
-                for tensor in _tensors(value):
-                    hit = watched.get(_storage_key(tensor))
-                    if hit is None:
-                        continue
-                    name, base = hit
-                    stream = self.device.current_stream().name
-                    self.seen.add((stream, "write" if target is writes else "read", name))
-                    index = row_index if argument.name == "self" else None
-                    for row in _rows(tensor, base, index):
-                        target.setdefault(self._key(name, row), []).append(argument.name)
+        bound = _bind(func._schema, args, kwargs) if watched else []
+        row_index = _row_index(func, bound) if watched else None
+        for argument, value in bound:
+            alias = argument.alias_info
+            if alias is not None and not alias.is_write:
+                continue  # a view: no data moves
+            target = writes if alias is not None else reads
+            for tensor in _tensors(value):
+                if (hit := watched.get(_storage_key(tensor))) is None:
+                    continue
+                name, base = hit
+                stream = self.device.current_stream().name
+                self.seen.add((stream, "write" if target is writes else "read", name))
+                index = row_index if argument.name == "self" else None
+                for row in _rows(tensor, base, index):
+                    target.setdefault(self._key(name, row), []).append(argument.name)
         result = func(*args, **kwargs)
         if reads or writes:
-            self._launch(func, reads, writes)
+            launch = (set(reads) - set(writes), set(writes), set(), func._schema, reads | writes)
+            stream_id = self.device.current_stream().stream_id
+            for error in self.device.handler._handle_kernel_launch(stream_id, *launch):
+                before, now = error.previous_access, error.current_access
+                buffer, row = list(self._keys)[error.data_ptr - _FIRST_KEY]
+                self.races.append(Race(buffer, row, self._access(before), self._access(now)))
         return result
 
     def _watched(self) -> dict[int, tuple[str, torch.Tensor]]:
-        found: dict[int, tuple[str, torch.Tensor]] = {}
-        for source in self._sources:
-            for name, tensor in source().items():
-                key = _storage_key(tensor)
-                if key:
-                    found[key] = (name, tensor)
+        found = {_storage_key(t): (n, t) for source in self._sources for n, t in source().items()}
+        found.pop(0, None)
         return found
 
     def _key(self, name: str, row: int) -> int:
-        key = self._keys.get((name, row))
-        if key is None:
-            key = _FIRST_KEY + len(self._keys)
-            self._keys[(name, row)] = key
-            self._rows[key] = (name, row)
-            self.device.handler._handle_memory_allocation(key)
-        return key
-
-    def _launch(self, func, reads: dict[int, list[str]], writes: dict[int, list[str]]) -> None:
-        errors = self.device.handler._handle_kernel_launch(
-            self.device.current_stream().stream_id,
-            set(reads) - set(writes),
-            set(writes),
-            set(),
-            func._schema,
-            reads | writes,
-        )
-        for error in errors:
-            first, second = self._access(error.previous_access), self._access(error.current_access)
-            self.races.append(Race(*self._rows[error.data_ptr], first, second))
+        if (name, row) not in self._keys:
+            self._keys[(name, row)] = _FIRST_KEY + len(self._keys)
+            self.device.handler._handle_memory_allocation(self._keys[(name, row)])
+        return self._keys[(name, row)]
 
     def _access(self, access: Any) -> Access:
         sites: dict[str, list[Site]] = {"code": [], "driver": []}
@@ -146,8 +110,7 @@ class BufferWatch(TorchDispatchMode):
         )
 
     def _where(self, filename: str) -> tuple[str, str] | None:
-        """("code" or "driver", the file relative to its root's parent), or None for a
-        frame of neither, or of the checker's own machinery."""
+        """("code" or "driver", the file relative to its root's parent), or None."""
         if filename not in self._file_root:
             real = os.path.realpath(filename)
             self._file_root[filename] = next(
@@ -163,12 +126,9 @@ class BufferWatch(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def simulated_gpu(
-    code_roots: Sequence[Path] = (), driver_roots: Sequence[Path] = ()
-) -> Iterator[tuple[SimDevice, BufferWatch]]:
-    """A simulated device behind torch.get_device_module() and a BufferWatch on it."""
+def simulated_gpu(code_roots: Sequence[Path] = ()) -> Iterator[tuple[SimDevice, BufferWatch]]:
     device = SimDevice()
-    watch = BufferWatch(device, code_roots, driver_roots)
+    watch = BufferWatch(device, code_roots)
     with mock.patch.object(torch, "get_device_module", lambda device_=None: device), watch:
         yield device, watch
 
@@ -202,22 +162,15 @@ def _row_index(func: Any, bound: list[tuple[Any, Any]]) -> torch.Tensor | None:
         indices = values["indices"]
         first = indices[0] if isinstance(indices, list | tuple) and indices else None
         return first if isinstance(first, torch.Tensor) else None
-    name = func._schema.name
-    if name.startswith("aten::index_") and isinstance(values.get("index"), torch.Tensor):
-        dim = values.get("dim")
-        self_value = values.get("self")
-        if (
-            isinstance(self_value, torch.Tensor)
-            and isinstance(dim, int)
-            and dim in (0, -self_value.dim())
-        ):
-            return values["index"]
-    return None
+    index, dim, base = values.get("index"), values.get("dim"), values.get("self")
+    if not func._schema.name.startswith("aten::index_") or not isinstance(index, torch.Tensor):
+        return None
+    on_rows = isinstance(base, torch.Tensor) and isinstance(dim, int) and dim in (0, -base.dim())
+    return index if on_rows else None
 
 
 def _rows(view: torch.Tensor, base: torch.Tensor, index: torch.Tensor | None) -> list[int]:
-    """Rows of base that an access through view touches (all rows the view spans
-    unless index picks some of its dim-0 entries)."""
+    """Rows of base an access through view touches: all it spans, or those index picks."""
     if view.numel() == 0:
         return []
     if base.dim() == 0:
@@ -231,10 +184,9 @@ def _rows(view: torch.Tensor, base: torch.Tensor, index: torch.Tensor | None) ->
     if index is None or view.dim() == 0:
         starts = [offset]
     else:
+        picked = index.flatten()
         if index.dtype == torch.bool:
             picked = index.reshape(index.shape[0], -1).any(dim=1).nonzero().flatten()
-        else:
-            picked = index.flatten()
         starts = [offset + (int(i) % sizes[0]) * strides[0] for i in picked.tolist()]
         sizes, strides = sizes[1:], strides[1:]
     low = sum((n - 1) * s for n, s in zip(sizes, strides, strict=True) if s < 0)

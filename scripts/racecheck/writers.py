@@ -1,33 +1,41 @@
-"""Every FutureMap writer of a tree, found in the source (ast) and classified by data.
-
-A writer is a reference to `future_map.publish` or `future_map.stash` (called,
-or handed on as with functools.partial), an assignment into a relay buffer
-(`x.output_tokens_buf[i] = ...`), or an in-place tensor method called on one.
-The [writers] tables (releases.toml's rows, with a base's pin.toml adding its
-own) say, for each (file, function, what), the stream it runs on, the ordering
-that covers it, and the scenarios that play it or the reason none does. Text
-only: no torch and no sglang import.
-"""
+"""Every FutureMap writer of a tree (publish/stash, or a write into a relay buffer), found
+by ast (no import) and classified by the [writers] tables; and releases we have not seen,
+judged by their code alone (fixed by shape, every writer classified)."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from patchset import paths, shape, wheel
 from patchset.errors import BackportError, Exit
-from patchset.manifest import PinManifest
+from patchset.manifest import (
+    PinManifest,
+    Releases,
+    Series,
+    TomlFile,
+    WheelPin,
+    patch_set_folders,
+    release_key,
+    sha256_of,
+    writer_rows,
+)
 
 from .catalogue import BY_NAME
-from .races import RELAY_BUFFERS
+from .report import RELAY_BUFFERS
 
 _METHODS = ("publish", "stash")
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
-# A row's scenarios: catalogue names separated by spaces, or this word for the
-# in-flight forward that every scenario plays.
+# A row's scenarios: catalogue names, or this word for the forward every scenario plays.
 EVERY_SCENARIO = "all"
+Rows = dict[str, dict[str, str]]  # writer key -> {stream, order, scenarios | reason}
 
 
 @dataclass(frozen=True)
@@ -43,12 +51,10 @@ class Writer:
 
 
 def may_hold_writers(text: str) -> bool:
-    """Every writer names future_map or a relay buffer; only such files are parsed."""
     return "future_map" in text or any(buffer in text for buffer in RELAY_BUFFERS)
 
 
 def scan(tree: Path) -> list[Writer]:
-    """Every FutureMap writer under tree/python/sglang, in file and line order."""
     root = tree / "python" / "sglang"
     found: list[Writer] = []
     for path in sorted(root.rglob("*.py")):
@@ -65,7 +71,6 @@ def scan(tree: Path) -> list[Writer]:
 
 
 def _writes(node: ast.AST, scope: str) -> Iterator[tuple[int, str, str]]:
-    """(line, enclosing Class.function, what) of each write under node."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             yield from _writes(child, f"{scope}.{child.name}" if scope else child.name)
@@ -81,14 +86,12 @@ def _what(node: ast.AST) -> str:
         owner = node.value
         name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
         return node.attr if name == "future_map" else ""
-    if isinstance(node, ast.Assign):
-        targets = [t.value for t in node.targets if isinstance(t, ast.Subscript)]
-    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-        targets = [node.target.value] if isinstance(node.target, ast.Subscript) else []
+    targets = []  # what is written into: a subscript's value, an in-place method's owner
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        assigned = node.targets if isinstance(node, ast.Assign) else [node.target]
+        targets = [t.value for t in assigned if isinstance(t, ast.Subscript)]
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         targets = [node.func.value] if node.func.attr in _IN_PLACE else []
-    else:
-        targets = []
     for target in targets:
         while isinstance(target, ast.Subscript):
             target = target.value
@@ -97,9 +100,8 @@ def _what(node: ast.AST) -> str:
     return ""
 
 
-def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
-    """The merged [writers] table (releases.toml's rows and the base's own): key ->
-    {stream, order, scenarios | reason}; every scenario it names is one of the catalogue's."""
+def classification(manifest: PinManifest) -> Rows:
+    """The merged [writers] table (releases.toml's rows and the base's own), checked."""
     if not manifest.writers:
         raise BackportError(
             Exit.PATCHSET_INVALID,
@@ -110,10 +112,7 @@ def classification(manifest: PinManifest) -> dict[str, dict[str, str]]:
     return checked(manifest.writers, lambda key: "pin.toml" if key in own else "releases.toml")
 
 
-def checked(
-    rows: dict[str, dict[str, str]], where: Callable[[str], str]
-) -> dict[str, dict[str, str]]:
-    """rows, once each scenario they name is known to be one of the catalogue's."""
+def checked(rows: Rows, where: Callable[[str], str]) -> Rows:
     for key, entry in rows.items():
         named = entry.get("scenarios", "")
         unknown = [n for n in named.split() if n not in BY_NAME]
@@ -131,19 +130,14 @@ def checked(
 
 def main(tree: Path, manifest: PinManifest) -> int:
     print(f"race-check: scanning {tree / 'python' / 'sglang'} for FutureMap writers")
-    classes: dict[str, dict[str, Any]] = classification(manifest)
+    classes = classification(manifest)
     found = scan(tree)
     print("writer | at | stream | ordering that covers it | scenario / reason")
     for w in found:
-        entry = classes.get(w.key)
-        cells = (
-            [entry["stream"], entry["order"], entry.get("scenarios") or entry["reason"]]
-            if entry
-            else ["UNCLASSIFIED", "", ""]
-        )
+        row = classes.get(w.key, {"stream": "UNCLASSIFIED", "order": "", "reason": ""})
+        cells = [row["stream"], row["order"], row.get("scenarios") or row["reason"]]
         print(" | ".join([f"{w.function} {w.what}", f"{w.file}:{w.line}", *cells]))
-    unclassified = [w.key for w in found if w.key not in classes]
-    if unclassified:
+    if unclassified := [w.key for w in found if w.key not in classes]:
         print(
             f"FAILED: {len(unclassified)} writer(s) the [writers] table does not classify: "
             + ", ".join(unclassified)
@@ -151,3 +145,76 @@ def main(tree: Path, manifest: PinManifest) -> int:
         return Exit.RACE
     print(f"ok: {len(found)} writers, every one classified")
     return Exit.OK
+
+
+UPSTREAM_WRITERS = paths.PATCHES_ROOT / "upstream-writers.toml"
+# The wheel every release so far ships for CPython 3.11 on Linux x86_64.
+WHEEL_NAME = "sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
+# Final releases only: what pip installs without --pre.
+_VERSION = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
+
+
+def newer_releases(registry: Releases) -> list[str]:
+    """sglang's final releases on the package index newer than the registry's newest."""
+    command = [sys.executable, "-m", "pip", "index", "versions", "sglang"]
+    command += ["--disable-pip-version-check", "--only-binary=:all:"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    listed = re.search(r"^Available versions: (.+)$", result.stdout, re.M)
+    if result.returncode != 0 or not listed:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackportError(
+            Exit.WHEEL_UNAVAILABLE,
+            f"could not list sglang's releases with pip ({' '.join(command[1:])}): {detail}",
+            "connect to the package index (or set pip's index options), or name the "
+            "releases with --release",
+        )
+    newest = max(release_key(v) for v in registry.known)
+    versions = {v.strip() for v in listed[1].split(",")}
+    newer = [v for v in versions if _VERSION.match(v) and release_key(v) > newest]
+    return sorted(newer, key=release_key)
+
+
+def classified() -> Rows:
+    table = {}
+    for folder in patch_set_folders(paths.PATCHES_ROOT):
+        table |= classification(Series.load(folder).manifest)
+    ours = TomlFile.load(
+        UPSTREAM_WRITERS,
+        "writer table",
+        "restore it with `git checkout -- patches/upstream-writers.toml`",
+        "fix the row the message names (the file's header is the schema)",
+    )
+    return table | checked(writer_rows(ours), lambda key: str(UPSTREAM_WRITERS))
+
+
+def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, list[str]]:
+    """Whether the wheel passes, and its verdict's lines: the judgement, each problem."""
+    with tempfile.TemporaryDirectory(prefix="watch-releases-") as tmp:
+        wheel.extract_package(wheel_file, Path(tmp))
+        judged = shape.judge_tree(Path(tmp))
+        unclassified = [w for w in scan(Path(tmp)) if w.key not in classes]
+    lines = [f"sglang {release}: {wheel_file.name} sha256 {sha256_of(wheel_file)}"]
+    lines += [f"  {line}" for line in judged.lines()]
+    if not judged.fixed:
+        lines.append(f"  FAILED: judged {judged.verdict}: {judged.reason}")
+    lines += [
+        f"  FAILED: FutureMap writer {w.function} ({w.what}) at {w.file}:{w.line} is "
+        f"classified by no manifest (key {w.key!r})"
+        for w in unclassified
+    ]
+    passed = judged.fixed and not unclassified
+    if passed:
+        lines.append("  ok: judged fixed, every FutureMap writer classified")
+    return passed, lines
+
+
+@contextmanager
+def release_wheel(version: str, registry: Releases, cache: Path) -> Iterator[Path]:
+    """The pinned wheel (hash-checked, cached) if the registry has one, else a download."""
+    known = registry.known.get(version)
+    if known is not None and known.wheel is not None:
+        yield wheel.fetch_wheel(known.wheel, cache)
+        return
+    pin = WheelPin(version, WHEEL_NAME.format(version=version), "")
+    with wheel.unpinned_wheel(pin, cache) as downloaded:
+        yield downloaded

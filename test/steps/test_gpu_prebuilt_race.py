@@ -74,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # scripts/ or ci/, so it puts them there itself.
 sys.path[:0] = [p for p in (str(ROOT / "ci"), str(ROOT / "scripts")) if p not in sys.path]
 
-from gpustage import contract, evidence, facts, sglang_import  # noqa: E402
+from gpustage import contract, evidence, sglang_import  # noqa: E402
 
 # A rehearsal without a GPU plays the CUDA machine before anything imports sglang.
 PLAYED = os.environ.get(contract.PLAY_CUDA_ENV) == "1"
@@ -463,7 +463,7 @@ class RaceTally:
 
 def run_s1(device: torch.device, iterations: int, sleep_ms: float) -> RaceTally:
     sleep_cycles = calibrate_sleep_cycles(sleep_ms) if sleep_ms else 0
-    clocks = facts.clocks() if sleep_cycles else None  # warm now: the clocks the sleep ran at
+    clocks = evidence.clocks() if sleep_cycles else None  # warm now: the clocks the sleep ran at
     rig = Rig(device, sleep_cycles)
     try:
         with rig.scheduler_surroundings():

@@ -18,6 +18,7 @@ from unittest import mock
 import pytest
 from racecheck import csan, report, scenarios
 from racecheck.catalogue import BY_NAME, SCENARIOS
+from racecheck.report import Race
 from testrun.steps import StepUnderTest, load_step
 
 STEP = load_step()
@@ -32,22 +33,22 @@ EXPECTED = report.expected_table(MANIFEST, SCENARIOS)
 
 
 @pytest.fixture(scope="module")
-def measured() -> dict[str, scenarios.ScenarioRun]:
-    return {run.name: run for run in scenarios.run_all()}
+def measured() -> dict[str, list[Race]]:
+    return {name: scenarios.run(name) for name in SCENARIOS}
 
 
-def _races_text(run: scenarios.ScenarioRun) -> str:
-    return "\n".join(report.race_text(race) for race in run.races) or "(no race)"
+def _races_text(races: list[Race]) -> str:
+    return "\n".join(report.race_text(race) for race in races) or "(no race)"
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_table_row(
     name: str,
     step: StepUnderTest,
-    measured: dict[str, scenarios.ScenarioRun],
+    measured: dict[str, list[Race]],
     record_property: Callable[[str, object], None],
 ) -> None:
-    cell = report.cell_of(measured[name].races)
+    cell = report.cell_of(measured[name])
     # scripts/run-tests gathers these from the junit xml into the race table.
     record_property(f"race:{name}", report.describe(cell))
     expected = EXPECTED[name][step.name]
@@ -86,17 +87,17 @@ def _closed_on(name: str) -> list[str]:
         if len(_closed_on(name)) < len(MANIFEST.steps)
     ],
 )
-def test_race_closed(name: str, measured: dict[str, scenarios.ScenarioRun]) -> None:
-    assert measured[name].races == [], _races_text(measured[name])
+def test_race_closed(name: str, measured: dict[str, list[Race]]) -> None:
+    assert measured[name] == [], _races_text(measured[name])
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_races_name_real_sites(
-    name: str, step: StepUnderTest, measured: dict[str, scenarios.ScenarioRun]
+    name: str, step: StepUnderTest, measured: dict[str, list[Race]]
 ) -> None:
     """Every reported site is a line of this step's sglang that indexes a relay buffer,
     and every raced row is a row the in-flight forward wrote and the batch reuses."""
-    races = measured[name].races
+    races = measured[name]
     if not EXPECTED[name][step.name]:
         pytest.skip(f"no race to locate in {name} on {report.step_label(step.name)}")
     assert races
@@ -129,14 +130,14 @@ def test_hisparse_stash_is_ordered_by_the_host_synchronize() -> None:
     played again with every host synchronize of an event doing nothing, the
     same scenario races: the forward stream's relay write into the row and the
     schedule stream's stash from _build_hisparse_decode_batch, unordered."""
-    from racecheck.sim import SimEvent
+    from racecheck.csan import SimEvent
 
     with mock.patch.object(SimEvent, "synchronize", autospec=True) as synchronize:
-        run = scenarios.run("H1")
+        races = scenarios.run("H1")
     assert synchronize.call_count >= 1  # the prefill result's copy_done
-    cell = report.cell_of(run.races)
-    assert cell == {("write/write", "output_tokens_buf", 3)}, _races_text(run)
-    (race,) = run.races
+    cell = report.cell_of(races)
+    assert cell == {("write/write", "output_tokens_buf", 3)}, _races_text(races)
+    (race,) = races
     assert (race.first.stream, race.second.stream) == ("forward_stream", "schedule_stream")
     callers = {s.function for s in race.second.code}
     assert "_build_hisparse_decode_batch" in callers

@@ -247,9 +247,10 @@ def test_an_unexpected_answer_from_python_is_exit_16_with_the_reason(
 def test_every_known_release_is_named_with_the_races_it_leaves_open():
     catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
     series = Series.load(paths.DEFAULT_PATCH_DIR)
-    assert len(series.manifest.known_releases) == 13
-    for release, blobs in series.manifest.known_releases.items():
-        matches = catalog.lookup(blobs)
+    known = series.manifest.registry.known
+    assert len(known) == 13
+    for release, entry in known.items():
+        matches = catalog.lookup(dict(entry.blobs))
         assert matches, release
         open_ = ", ".join(matches[0].open)
         if release_key(release) >= release_key("0.5.19"):

@@ -166,6 +166,15 @@ def test_a_redirect_to_another_origin_is_refused_and_gets_no_token(base: Path):
     assert b"Bearer t0ken" in server.requests[0]
 
 
+def test_a_redirect_to_a_port_that_is_no_number_is_refused(base: Path):
+    """urllib raises ValueError on such a port: the answer is a refusal, not a traceback."""
+    moved = b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:abc/x\r\nContent-Length: 0\r\n\r\n"
+    with RawServer(answer(moved)) as server:
+        code, out, err = ask(base, server.url)
+    assert code == Exit.ENVIRONMENT, out + err
+    assert "to another origin" in err and "Traceback" not in err, err
+
+
 def test_a_redirect_within_the_origin_is_followed(base: Path):
     def reply(conn: socket.socket, request: bytes) -> None:
         if request.startswith(b"GET /server_info "):

@@ -1,6 +1,6 @@
 """The rehearsal's double of the lent machine's image fails where the lent machine would.
 
-Each test runs something on the double (ci/gpustage/imagedouble.py: Python 3.12
+Each test runs something on the double (ci/gpustage/wheelhouse.py: Python 3.12
 with the image's packages only, sgl_kernel absent) with the GPU stages' CUDA
 played, and shows one defect that a rehearsal on our test environment let
 through: a call-time import of a module that needs sgl_kernel (D1), the CSAN
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "ci"))
 
-from gpustage import contract, imagedouble, layout, plan, stages, wheelhouse  # noqa: E402
+from gpustage import contract, layout, plan, stages, wheelhouse  # noqa: E402
 from patchset import paths  # noqa: E402
 from patchset.manifest import Series  # noqa: E402
 from testrun import venv  # noqa: E402
@@ -55,7 +55,7 @@ REMOVED_WHEEL = "orjson"  # imported by sglang's closure; not in the image
 
 @pytest.fixture(scope="module")
 def double() -> Path:
-    return imagedouble.ensure()
+    return wheelhouse.ensure_double()
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +66,13 @@ def rehearsal_options(
     site, the step trees laid out without git, the double as the runner's Python."""
     work = tmp_path_factory.mktemp("image-double")
     manifest = series.manifest
-    house_dir = paths.cache_dir() / "test-wheelhouse" / f"py{imagedouble.PYTHON_VERSION}"
-    wheelhouse.build(manifest, imagedouble.PYTHON_VERSION, house_dir, wheel_cache)
+    house_dir = paths.cache_dir() / "test-wheelhouse" / f"py{wheelhouse.DOUBLE_PYTHON}"
+    wheelhouse.build(manifest, wheelhouse.DOUBLE_PYTHON, house_dir, wheel_cache)
     house = wheelhouse.load(house_dir, manifest)
     # The site, made once per content (the double and the hashed requirements) in the
     # cache folder and only read here: its install and bytecode compile take 12 CPU-s.
     key = hashlib.sha256(f"{double}\n{house.requirements()}".encode()).hexdigest()[:16]
-    made = paths.cache_dir() / "test-site" / f"py{imagedouble.PYTHON_VERSION}-{key}"
+    made = paths.cache_dir() / "test-site" / f"py{wheelhouse.DOUBLE_PYTHON}-{key}"
     opts = plan.Options(
         series=series,
         reports=work / "reports",

@@ -64,7 +64,7 @@ def test_the_trees_are_laid_out_without_git(
         assert (tree / "python" / "sglang" / "__init__.py").is_file()
         for path, blob in manifest.blobs_at(step).items():
             assert git_blob_id((tree / path).read_bytes()) == blob, (step, path)
-    marker = manifest.fix_marker
+    marker = manifest.registry.fixes["fix-b"].marker
     assert marker in (trees[manifest.final_step] / DECODE).read_text()
     assert marker not in (trees["base"] / DECODE).read_text()  # the link was replaced, not written
     # a second run replaces the trees it made

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,8 +22,8 @@ from conftest import TORCH_IN_PROCESS
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series
 from racecheck import catalogue, csan, report
-from racecheck.races import Race
-from racecheck.sim import SimDevice, SimStream
+from racecheck.csan import SimDevice, SimStream
+from racecheck.report import Race
 from racecheck.watch import BufferWatch, simulated_gpu
 
 pytestmark = TORCH_IN_PROCESS
@@ -39,7 +41,7 @@ def gpu():
     """A simulated device with streams A, B, C and a watched 8x4 buffer 'buf'."""
     with simulated_gpu(code_roots=[HERE.parent]) as (device, watch):
         buf = torch.zeros(8, 4)
-        watch.watch("buf", buf)
+        watch.watch_attributes(SimpleNamespace(buf=buf), suffix="buf")
         streams = {name: device.Stream(name=name) for name in "ABC"}
         yield device, watch, buf, streams
 
@@ -177,7 +179,7 @@ def test_ordered_accesses_are_clean_and_the_same_without_order_are_not(ordering:
     def play(order: bool) -> list[Race]:
         with simulated_gpu() as (device, watch):
             buf = torch.zeros(8)
-            watch.watch("buf", buf)
+            watch.watch_attributes(SimpleNamespace(buf=buf), suffix="buf")
             a, b = device.Stream(name="A"), device.Stream(name="B")
             with device.stream(a):
                 buf[rows(5)] = 1.0
@@ -357,7 +359,8 @@ def test_cells_read_like_the_issue(gpu) -> None:
     assert "buf row 1: unordered writes" in text
     assert "write on A" in text and "write on B" in text
     assert HERE.name in text
-    assert report.race_from_json(report.race_to_json(watch.races[0])) == watch.races[0]
+    # The worker hands races from its child to the parent pickled.
+    assert pickle.loads(pickle.dumps(watch.races[0])) == watch.races[0]
 
 
 # --- the command's refusals ------------------------------------------------

@@ -17,7 +17,7 @@ from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders
 from racecheck import cli, report
 from racecheck.catalogue import SCENARIOS
-from racecheck.races import Access, Race
+from racecheck.report import Access, Race
 
 
 def races_of(cell: report.Cell) -> list[Race]:

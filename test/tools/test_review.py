@@ -24,7 +24,6 @@ from patchreview.render import render_html, render_text
 from patchreview.review import (
     Review,
     build_review,
-    build_reviews,
     compare_function,
     function_source,
 )
@@ -59,7 +58,7 @@ def reviews(upstream_fixed_wheel: Path, tmp_path_factory) -> dict[str, Review]:
     for one in ALL_SERIES:
         fetch_or_skip(one.manifest.base, cache)
     build = tmp_path_factory.mktemp("build-all")
-    return {r.base_version: r for r in build_reviews(ALL_SERIES, build, cache)}
+    return {s.manifest.base.version: build_review(s, build, cache) for s in ALL_SERIES}
 
 
 def without(qualname: str, title_start: str) -> dict[str, FunctionNotes]:
@@ -135,7 +134,9 @@ def test_note_about_other_releases_explains_nothing(
         "extend range",
         ("0.5.15", "0.5.15.post1"),
     )
-    old, new = build_reviews([oldest, newer], tmp_path / "build", paths.cache_dir(), notes)
+    old, new = (
+        build_review(s, tmp_path / "build", paths.cache_dir(), notes) for s in (oldest, newer)
+    )
     uncovered = [u.text.strip() for f in old.functions for d in f.differences for u in d.uncovered]
     assert any("set_extend_input_len" in text for text in uncovered), uncovered
     assert old.unexplained >= 1 and old.stale == 0

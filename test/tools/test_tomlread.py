@@ -47,9 +47,16 @@ def test_python_310_reads_them_with_the_subset_reader():
 
 SUBSET = [
     ('a = 1\nb = "x" # c\n[t]\n"q.k" = { x = [1, 2,], y = true }\n', None),
-    ("[a.b]\nc = 'lit'\n[[arr]]\nv = -3\n[[arr]]\nv = 1.5e3\n", None),
+    ('[a.b]\nc = -3\n[a."d"]\ne = [{}, { f = false }]\n', None),
     ('a = [\n  "x",  # one\n  "y",\n]\n', None),
-    ('s = "tab\\there \\u00e9 \\"q\\""\n', None),
+    ('s = "tab\\there \\"q\\" \\\\"\n', None),
+    # what the data files do not use is refused, not read
+    ("c = 'lit'\n", "a value this reader does not know"),
+    ("[[arr]]\nv = 1\n", "arrays of tables"),
+    ("v = 1.5e3\n", "a value this reader does not know"),
+    ('s = "\\u00e9"\n', "an escape this reader does not know"),
+    ("a = { x = 1, }\n", "a key was expected"),
+    ("a = 1\r\n", "after a value"),
     ('s = """multi\nline"""\n', "multi-line strings"),
     ("s = '''multi'''\n", "multi-line strings"),
     ("d = 1979-05-27\n", "a value this reader does not know"),

@@ -16,7 +16,7 @@ from conftest import SCRIPTS, fetch_or_skip
 from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import load_releases, release_key
-from racecheck import upstream, writers
+from racecheck import writers
 
 REGISTRY = load_releases()
 UPSTREAM = [v for v, known in REGISTRY.known.items() if known.wheel is not None]
@@ -109,7 +109,7 @@ def test_every_upstream_writer_entry_names_a_writer_of_a_release_after_the_fix(
     wheels: dict[str, Path], tmp_path: Path
 ) -> None:
     """patches/upstream-writers.toml classifies only what the scan finds and no pin.toml does."""
-    ours = writers.checked(tomllib.loads(upstream.UPSTREAM_WRITERS.read_text())["writers"], "ours")
+    ours = writers.checked(tomllib.loads(writers.UPSTREAM_WRITERS.read_text())["writers"], "ours")
     found: set[str] = set()
     for version, wheel_file in wheels.items():
         tree = tmp_path / version
@@ -122,7 +122,7 @@ def test_every_upstream_writer_entry_names_a_writer_of_a_release_after_the_fix(
                     (tree / "python" / member).write_bytes(archive.read(member))
         found |= {w.key for w in writers.scan(tree)}
     assert set(ours) <= found
-    every = upstream.classified()
+    every = writers.classified()
     served = {k for k in every if k not in ours}
     assert not set(ours) & served
 
@@ -132,9 +132,9 @@ def test_a_damaged_upstream_writers_table_is_refused(
 ) -> None:
     table = tmp_path / "upstream-writers.toml"
     table.write_text('[writers]\n"a b c" = { stream = "s", order = "o" }\n')
-    monkeypatch.setattr(upstream, "UPSTREAM_WRITERS", table)
+    monkeypatch.setattr(writers, "UPSTREAM_WRITERS", table)
     with pytest.raises(BackportError) as refused:
-        upstream.classified()
+        writers.classified()
     assert refused.value.code == Exit.PATCHSET_INVALID
     assert f'{table}: writers."a b c" needs scenarios' in str(refused.value)
 
@@ -143,7 +143,7 @@ def test_a_damaged_upstream_writers_table_is_refused(
 def test_the_releases_newer_than_the_registry_are_listed_from_the_index() -> None:
     known = {v: r for v, r in REGISTRY.known.items() if release_key(v) < release_key("0.5.22")}
     try:
-        newer = upstream.newer_releases(dataclasses.replace(REGISTRY, known=known))
+        newer = writers.newer_releases(dataclasses.replace(REGISTRY, known=known))
     except BackportError as err:
         if err.code != Exit.WHEEL_UNAVAILABLE:
             raise
