@@ -127,12 +127,8 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
 
 
 class Environments:
-    """The test environments of the releases under test, made while the series are applied.
-
-    One thread has uv make them one after another: two made at once with the same
-    torch both download it, which took twice as long. python() waits for the one
-    asked for. With --python nothing is made.
-    """
+    """The releases' test environments, made one after another in a thread while the
+    series are applied (two made at once with the same torch both download it)."""
 
     def __init__(self, given: Path | None, series: list[Series]) -> None:
         self.given = given
@@ -158,7 +154,7 @@ class Environments:
         return env.python
 
     def python(self, series: Series) -> Path:
-        """The interpreter of a release's test environment, once it is made."""
+        """The interpreter of a release's test environment, once it is made (--python's)."""
         if self.given is None:
             return self._start(series).result()
         if not self.given.is_file():
@@ -281,7 +277,7 @@ def _run(
         all_runs += runs
         print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
         print(runner.step_table(runs, headers))
-        races = runner.property_table(runs, headers, "race:", "race scenario")
+        races = runner.step_table(runs, headers, prefix="race:")
         if races:
             print(f"\nraces measured by scripts/racecheck on each step of {title}:")
             print(races)

@@ -174,26 +174,18 @@ def run_forked(
             _finish(run, data["returncode"], data["seconds"])
 
 
-def step_table(runs: Sequence[SuiteRun], headers: Sequence[str]) -> str:
-    """test | one column per step run, with each test's outcome on that step."""
+def step_table(runs: Sequence[SuiteRun], headers: Sequence[str], prefix: str = "") -> str:
+    """test | one column per step run, each test's outcome on that step; with prefix,
+    race scenario | the properties recorded as prefix + scenario ("" when none)."""
+    cells = [r.outcomes for r in runs]
+    if prefix:
+        cells = [
+            {k[len(prefix) :]: v for k, v in r.properties.items() if k.startswith(prefix)}
+            for r in runs
+        ]
     # The last step usually holds every test; its order is pytest's collection order.
-    names: list[str] = []
-    for run in reversed(runs):
-        names += [n for n in run.outcomes if n not in names]
-    if not names:
-        return "(no step test ran)"
-    return table(["test", *headers], [[n, *(r.outcomes.get(n, "-") for r in runs)] for n in names])
-
-
-def property_table(
-    runs: Sequence[SuiteRun], headers: Sequence[str], prefix: str, title: str
-) -> str:
-    """title | one column per step run, from the recorded properties named prefix + row."""
-    cells = [
-        {k.removeprefix(prefix): v for k, v in r.properties.items() if k.startswith(prefix)}
-        for r in runs
-    ]
-    rows = sorted({row for per_run in cells for row in per_run})
+    rows = list(dict.fromkeys(n for c in reversed(cells) for n in c))
     if not rows:
-        return ""
-    return table([title, *headers], [[row, *(c.get(row, "-") for c in cells)] for row in rows])
+        return "" if prefix else "(no step test ran)"
+    rows, title = (sorted(rows), "race scenario") if prefix else (rows, "test")
+    return table([title, *headers], [[n, *(c.get(n, "-") for c in cells)] for n in rows])

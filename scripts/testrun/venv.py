@@ -1,10 +1,6 @@
-"""Test environments, made with uv: one virtual environment per set of pins.
-
-Releases with the same torch and transformers pins share requirements/<name>.txt
-and one environment in the cache folder, named by the digest of its requirement
-files, so every clone reuses it and a changed file gets a fresh one.
-docs/testing.md says how they are made, kept and shared.
-"""
+"""Test environments, made with uv: one per set of pins (requirements/<name>.txt), in
+the cache folder under the digest of its files, so every clone reuses it and a changed
+file gets a fresh one (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -97,7 +93,7 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def _make_aside(final: Path, inside: Path, make: Callable[[Path], None]) -> None:
+def make_aside(final: Path, inside: Path, make: Callable[[Path], None]) -> None:
     """make() the folder aside, then rename it to final: two runs at once never see a
     half-made one. When another run made final (with inside) meanwhile, that one stays."""
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +124,7 @@ def uv_binary() -> Path:
         _run_setup([*install, "--only-binary", ":all:", "-r", str(UV_PINS)], "pip install uv")
 
     progress(f"installing uv into {home} (requirements/uv.txt)")
-    _make_aside(home, uv, make)
+    make_aside(home, uv, make)
     return uv
 
 
@@ -155,7 +151,7 @@ def ensure_venv(
     if created:
         progress(f"making the virtual environment {venv}{f' ({what})' if what else ''}")
         make = [uv, "venv", "--quiet", "--clear", "--python", python]
-        _make_aside(
+        make_aside(
             venv, venv_python(venv), lambda aside: _run_setup([*make, str(aside)], "uv venv", env)
         )
     # --compile-bytecode: every module compiled once, here, on all cores (a no-op once

@@ -22,6 +22,7 @@ tested there too).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -38,17 +39,23 @@ PROGRAM_TIMEOUT_S = 120
 
 
 def _run_program(code: str, arg: str, out: Path, err: Path) -> int:
-    """In a forked grandchild: the program as `python -c code arg`; its exit code."""
+    """In a forked grandchild: the program as `python -c code arg`; its exit code. The
+    modules it imported go to out.imported, for the tree's child to import before the next."""
     pid = os.fork()
     if pid:
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    status = 1
+    status, before = 1, set(sys.modules)
+    # opened before the program runs: the probe refuses to open files outside its folder
+    imported = os.open(out.with_suffix(".imported"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 1)
         os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
         sys.argv = ["-c", arg]
+        # in a folder of its own, as check-install runs its probe (sglang's handlers
+        # write where they run, and the probe refuses writes outside it)
+        os.chdir(tempfile.mkdtemp(dir=out.parent))
         signal.alarm(PROGRAM_TIMEOUT_S)  # a program that hangs is killed, and fails
         try:
             exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
@@ -58,27 +65,35 @@ def _run_program(code: str, arg: str, out: Path, err: Path) -> int:
     except BaseException:
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.write(imported, "\n".join(n for n in sys.modules if n not in before).encode())
+        finally:
+            os._exit(status)
+
+
+def _import_quietly(names: list[str]) -> None:
+    """Import names here, before forking (a program that imports one prints what it
+    prints itself)."""
+    quiet = io.StringIO()
+    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        for name in names:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
 
 
 def _tree_child(job: dict[str, Any], results: Path) -> int:
     use_tree(Path(job["tree"]))
-    # Imported here once, for every program of this tree (quietly: a program that
-    # imports it prints what it prints itself).
-    quiet = io.StringIO()
-    with (
-        contextlib.redirect_stdout(quiet),
-        contextlib.redirect_stderr(quiet),
-        contextlib.suppress(Exception),
-    ):
-        import sglang.srt.server_args  # noqa: F401
+    # Imported here once, for every program of this tree: its server_args, then what
+    # each program imported (sglang's handlers import more of it as they run).
+    _import_quietly(["sglang.srt.server_args"])
     answers = {}
     with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
         out, err = Path(tmp) / "out", Path(tmp) / "err"
         for name, (code, arg) in job["programs"].items():
             returncode = _run_program(code, arg, out, err)
+            _import_quietly(out.with_suffix(".imported").read_text(encoding="utf-8").split())
             answers[name] = {
                 "returncode": returncode,
                 "stdout": out.read_text(encoding="utf-8", errors="replace"),

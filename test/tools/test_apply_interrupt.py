@@ -27,7 +27,9 @@ from patchset.manifest import Series
 
 BRANCH = "sglang-backports/0.5.15.post1"
 WRAPPER = """#!/bin/sh
-n=$(( $(cat "$FAULT_COUNT" 2>/dev/null || echo 0) + 1 ))
+n=0
+read n 2>/dev/null < "$FAULT_COUNT"
+n=$((n + 1))
 echo "$n" > "$FAULT_COUNT"
 echo "$PWD $*" >> "$FAULT_COUNT.log"
 if [ "$n" = "$FAULT_AT" ]; then kill -"$FAULT_SIGNAL" "$PPID"; fi

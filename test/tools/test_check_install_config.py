@@ -24,7 +24,6 @@ from checkinstall.exposure import FIELDS, HISPARSE_SCENARIO, Exposure, judge
 from checkinstall.launchargs import parse_with_table
 from checkinstall.serverargs import (
     SERVER_ARGS_PROBE,
-    parse_with_server_args,
     probe_request,
     read_probe,
 )
@@ -42,8 +41,10 @@ STEPS = paths.PROJECT_ROOT / "build" / "steps"
 DECODE_EAGLE = "--model-path m --disaggregation-mode decode --speculative-algorithm EAGLE"
 
 
-def check(*args: str, tree_on_path: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+def check(
+    *args: str, tree_on_path: Path | None = None, cwd: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, **env)
     if tree_on_path is not None:
         env["PYTHONPATH"] = str(tree_on_path)
     result = subprocess.run(
@@ -51,6 +52,7 @@ def check(*args: str, tree_on_path: Path | None = None) -> subprocess.CompletedP
         capture_output=True,
         text=True,
         env=env,
+        cwd=cwd,
         timeout=600,
     )
     assert "Traceback" not in result.stderr, result.stderr
@@ -109,6 +111,8 @@ CONFIGURATIONS = {
     # no --model-path: not an error for the verdict
     "no-model": "--disaggregation-mode decode --speculative-algorithm EAGLE",
     "choice": "--model-path m --disaggregation-mode Decode",
+    # sglang's handler would make an absolute dump folder where it points
+    "dump-elsewhere": DECODE_EAGLE + " --crash-dump-folder {elsewhere}",
 }
 # The decode + EAGLE configuration as a --config file, with the model path in it.
 DECODE_EAGLE_YAML = "model-path: m\ndisaggregation-mode: decode\nspeculative-algorithm: EAGLE\n"
@@ -116,7 +120,8 @@ DECODE_EAGLE_YAML = "model-path: m\ndisaggregation-mode: decode\nspeculative-alg
 
 def words(config: str, files: Path) -> list[str]:
     """A configuration's launch arguments, with its files' paths under files."""
-    return shlex.split(config.format(yaml=files / "decode.yaml", txt=files / "decode.txt"))
+    named = {"yaml": files / "decode.yaml", "txt": files / "decode.txt"}
+    return shlex.split(config.format(**named, elsewhere=files / "elsewhere" / "dumps"))
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,8 @@ class Probed:
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Probed]]:
     """release -> program -> what it printed: the launch table's dump, the served fields
-    and check-install's own ServerArgs probe for each of CONFIGURATIONS.
+    (the default release's) and check-install's own ServerArgs probe for each of
+    CONFIGURATIONS.
 
     One interpreter per test environment runs them all (probe_trees.py: it imports
     torch and the rest once, then forks per tree and per program), at once for the
@@ -154,7 +160,9 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Prob
         if not there:
             continue  # its tests skip (probe_of)
         table = load_releases().launch[release]
-        programs = {"actions": [ACTIONS, ""], "fields": [FIELDS_SERVED, ""]}
+        programs = {"actions": [ACTIONS, ""]}
+        if release == DEFAULT:  # the fields /server_info serves (server_args_fields)
+            programs["fields"] = [FIELDS_SERVED, ""]
         for name, text in CONFIGURATIONS.items():
             request = probe_request(words(text, tmp), {}, table)
             programs[name] = [SERVER_ARGS_PROBE, json.dumps(request)]
@@ -277,49 +285,40 @@ def test_the_command_runs_the_probe_in_the_interpreter_under_check(tmp_path: Pat
     """End to end: check-install --python runs the probe there, as a command line; the
     command as a unit writes it (continued lines, the module, a --config file named
     relative to the server's folder, which holds the model path) is read as sglang
-    reads it."""
+    reads it. sglang's handlers run in a scratch folder: --crash-dump-folder dumps
+    makes dumps/<host>/ where they run, not in the caller's folder nor its TMPDIR."""
     python, tree = release_env(DEFAULT)
     (tmp_path / "decode.yaml").write_text(DECODE_EAGLE_YAML)
-    launch = "python3 -m sglang.launch_server \\\n  --config decode.yaml \\\n  --log-level info"
+    caller, tmp = tmp_path / "caller", tmp_path / "tmp"
+    caller.mkdir()
+    tmp.mkdir()
+    launch = (
+        "python3 -m sglang.launch_server \\\n  --config decode.yaml \\\n  --log-level info"
+        " --crash-dump-folder dumps"
+    )
     result = check(
         "--python", str(python), "--launch-args", launch, "--config-root", str(tmp_path),
-        tree_on_path=tree,
+        tree_on_path=tree, cwd=caller, TMPDIR=str(tmp),
     )  # fmt: skip
     assert result.returncode == Exit.EXPOSED, result.stdout + result.stderr
     assert f"sglang {DEFAULT}'s own ServerArgs" in line(result, "configuration parsed by")
     assert f"in {python}" in line(result, "configuration parsed by")
     assert "scenarios L3; buffers output_tokens_buf, topk_p_buf" in line(result, "verdict:")
-
-
-@pytest.mark.slow
-def test_the_probe_runs_sglangs_handlers_in_a_scratch_folder(tmp_path: Path, monkeypatch):
-    """--crash-dump-folder dumps: sglang's handler makes dumps/<host>/ where it runs; not
-    in the caller's folder, nor in its TMPDIR."""
-    python, tree = release_env(DEFAULT)
-    caller, tmp = tmp_path / "caller", tmp_path / "tmp"
-    caller.mkdir()
-    tmp.mkdir()
-    monkeypatch.chdir(caller)
-    monkeypatch.setenv("PYTHONPATH", str(tree))
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    args = shlex.split(DECODE_EAGLE + " --crash-dump-folder dumps")
-    settings = parse_with_server_args(python, args, {}, load_releases().launch[DEFAULT])
-    assert f"sglang {DEFAULT}'s own ServerArgs" in settings.parser, settings.parser
-    assert settings.get("disaggregation_mode") == "decode"
     assert sorted(caller.iterdir()) == [] and sorted(tmp.iterdir()) == []
 
 
-def test_the_probe_writes_nothing_outside_its_scratch_folder(tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_probe_writes_nothing_outside_its_scratch_folder(release: str, probed):
     """An absolute --crash-dump-folder: sglang's handler would make it where it points;
     the probe refuses that write, and the settings are still read."""
-    python, tree = release_env(DEFAULT)
-    monkeypatch.setenv("PYTHONPATH", str(tree))
-    dumps = tmp_path / "elsewhere" / "dumps"
-    args = shlex.split(DECODE_EAGLE + f" --crash-dump-folder {dumps}")
-    settings = parse_with_server_args(python, args, {}, load_releases().launch[DEFAULT])
-    assert f"sglang {DEFAULT}'s own ServerArgs" in settings.parser, settings.parser
+    got = probe_of(probed, release, "dump-elsewhere")
+    args = words(CONFIGURATIONS["dump-elsewhere"], got.files)
+    table = load_releases().launch[release]
+    settings = read_probe(got.python, args, table, got.returncode, got.stdout, got.stderr)
+    assert f"sglang {release}'s own ServerArgs" in settings.parser, settings.parser
     assert settings.get("disaggregation_mode") == "decode"
-    assert not (tmp_path / "elsewhere").exists(), sorted((tmp_path / "elsewhere").rglob("*"))
+    elsewhere = got.files / "elsewhere"
+    assert not elsewhere.exists(), sorted(elsewhere.rglob("*"))
 
 
 @pytest.mark.parametrize("release", RELEASES)
