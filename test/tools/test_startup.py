@@ -99,7 +99,8 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(name: str, tmp_pa
         "check-install": ["--python", sys.executable],
         "lint-patches": [],
     }[name]
-    env = dict(os.environ, SGLANG_BACKPORTS_BUILD=str(tmp_path / "build"))
+    # its own TMPDIR: a neighbour's hold on the shared temporary-folder lock is not this test's
+    env = dict(os.environ, SGLANG_BACKPORTS_BUILD=str(tmp_path / "build"), TMPDIR=str(tmp_path))
     command = [sys.executable, "-S", str(SCRIPTS / name), *args]
     bare = min(timed_run([sys.executable, "-S", "-c", "pass"], env, tmp_path) for _ in range(3))
     whole = timed_run(command, env, tmp_path)
