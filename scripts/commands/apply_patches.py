@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from functools import partial
 from pathlib import Path
 
 from patchset import apply, buildtree, cli, paths
@@ -13,7 +14,7 @@ from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
 from patchset.manifest import Series, series_for_release
 from patchset.recognise import reading, recognise_or_refuse
-from patchset.threeway import OntoFork
+from patchset.threeway import onto_fork
 
 DESCRIPTION = """\
 Apply the series under patches/ to sglang, on a branch of its own.
@@ -121,22 +122,21 @@ def main() -> int:
     p.add_argument("--patch-set", type=cli.absolute_path, metavar="DIR", help=HELP["--patch-set"])
     p.add_argument("--3way", dest="three_way", action="store_true", help=HELP["--3way"])
     args = p.parse_args()
-    if args.base and args.patch_set:
-        p.error("--base picks a patch set; give either --base or --patch-set")
-    if args.three_way and not args.sglang:
-        p.error("--3way is for a fork: it needs --sglang PATH (the build tree is a release)")
-    if args.three_way and args.check:
-        p.error(
-            "--3way cannot be combined with --check: --3way itself changes nothing "
-            "unless the merge is clean and judged fixed"
-        )
-    if args.base and args.sglang and not args.three_way:
-        p.error(
-            "--base is for the build tree; with --sglang the release is recognised "
-            "(with --3way, --base names the release a fork is of)"
-        )
-    if args.branch is not None and not args.sglang:
-        p.error("--branch needs --sglang; the build tree always uses the default branch")
+    refused = {
+        "--base picks a patch set; give either --base or --patch-set": args.base and args.patch_set,
+        "--3way is for a fork: it needs --sglang PATH (the build tree is a release)": (
+            args.three_way and not args.sglang
+        ),
+        "--3way cannot be combined with --check: --3way itself changes nothing unless the "
+        "merge is clean and judged fixed": args.three_way and args.check,
+        "--base is for the build tree; with --sglang the release is recognised (with --3way, "
+        "--base names the release a fork is of)": args.base and args.sglang and not args.three_way,
+        "--branch needs --sglang; the build tree always uses the default branch": (
+            args.branch is not None and not args.sglang
+        ),
+    }
+    for message in (message for message, bad in refused.items() if bad):
+        p.error(message)
     if args.branch is not None and (problem := branch_name_problem(args.branch)):
         p.error(f"--branch {args.branch!r}: {problem}")
     series = given_series(args)
@@ -146,8 +146,7 @@ def main() -> int:
     if args.sglang:
         git, fork = open_checkout(args.sglang), None
         if args.three_way:
-            catalog = load_catalog(paths.PATCHES_ROOT)
-            fork = OntoFork(catalog, args.sglang, paths.cache_dir(), args.branch, series, args.base)
+            fork = partial(onto_fork, args.sglang, args.branch, series, args.base)
         report = apply.apply_to_user_checkout(
             git, args.sglang, args.branch, args.wait, series, fork
         )
@@ -155,7 +154,7 @@ def main() -> int:
         assert series is not None
         report = apply.apply_to_build_tree(series, paths.build_dir(), paths.cache_dir(), args.wait)
 
-    if report.already_applied:
+    if not report.applied:
         holder = f"branch {report.branch}" if report.branch else "its checked-out HEAD"
         n = len(report.already)
         print(f"already applied: {report.where} ({holder}) has all {n} patches; nothing to do")

@@ -1,6 +1,5 @@
-"""Check a base against the pin, then apply the series on a branch of its own: plumbing
-only, onto a temporary index in a marked folder; the repository gains objects, and one
-ref update at the end makes the branch."""
+"""Apply the series on a branch of its own with plumbing only (a temporary index in a marked
+folder): the repository gains objects, and one ref update at the end makes the branch."""
 
 from __future__ import annotations
 
@@ -38,10 +37,6 @@ class ApplyReport:
     already: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # --3way: the merge and its judgement
 
-    @property
-    def already_applied(self) -> bool:
-        return not self.applied
-
 
 def _refuse_unclean(git: Git, where: Path) -> None:
     if operation := git.operation_in_progress():
@@ -63,9 +58,8 @@ def _patches_after(series: Series, step: str) -> list[Path]:
 
 
 def verify(series: Series, hashes: bool = True) -> None:
-    """Refuse a damaged series before anything is written: its hashes, then a patch that
-    touches a path outside the manifest's files as git reads it (a plain ---/+++ diff
-    counts too), or creates, deletes, renames or re-modes one."""
+    """Refuse a damaged series before anything is written: bad hashes, or a patch that (as git
+    reads it) touches other files or creates, deletes, renames or re-modes one."""
     if hashes:
         series.verify()
     allowed = set(series.manifest.files)
@@ -100,8 +94,7 @@ def on_index(git: Git, scratch: Path) -> Git:
 def commit_patch(
     git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str = ""
 ) -> str:
-    """Commit tree onto parent with the patch's message (and note) and author, read as
-    `git am` reads them; the new commit's id."""
+    """Commit tree onto parent with the patch's message (and note) and author, as `git am` would."""
     msg, rest = scratch / "msg", scratch / "patch"
     info = git.run(
         "mailinfo", "--no-scissors", str(msg), str(rest),
@@ -116,8 +109,7 @@ def commit_patch(
 
 
 def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scratch: Path) -> str:
-    """Commit each patch onto tip, applied to a temporary index in scratch (no fuzz, no
-    3-way, no work tree), each step's tree checked against the manifest; the last commit."""
+    """Commit each patch onto tip via a temporary index (no fuzz), each step's tree checked."""
     index = on_index(git, scratch)
     # Where sglang is vendored, its paths are the patches' under the prefix.
     apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
@@ -152,9 +144,8 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
 
 
 def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
-    """Point the new branch at commit, in one ref update that fails if the branch appeared
-    meanwhile. From then on the run has succeeded: signals stay held to the end of the
-    process, so a late Ctrl-C cannot make the run say it removed what it made."""
+    """One ref update, refused if the branch appeared meanwhile; after it signals stay held, so a
+    late Ctrl-C cannot make the run say it removed what it made."""
     lock.hold_interrupts()
     result = git.run("update-ref", f"refs/heads/{branch}", commit, "0" * len(commit), check=False)
     if result.returncode == 0:
@@ -186,8 +177,7 @@ def refuse_clash(git: Git, branch: str, where: Path) -> None:
 def _apply_to_checkout(
     git: Git, series: Series, branch: str, where: Path, temp: Path, at: tuple[str, str] | None
 ) -> ApplyReport:
-    """Apply what is missing of the series to HEAD on a new branch, working in a marked
-    folder in temp; at: (HEAD's commit, its step) where the caller has recognised it."""
+    """Apply what HEAD misses of the series on a new branch; at: (HEAD, its step) if known."""
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
@@ -254,10 +244,8 @@ def apply_to_user_checkout(
     series: Series | None = None,
     onto_fork: OntoFork | None = None,
 ) -> ApplyReport:
-    """Recognise HEAD of the checkout once (under its lock) and apply its series: the
-    given one (--patch-set), else the one whose steps hold HEAD's files. A checkout at
-    no step is refused; with onto_fork (--3way), one that matches no served release
-    goes to onto_fork instead."""
+    """Recognise HEAD once, under the lock, and apply the series given or recognised; a checkout
+    of no served release goes to onto_fork (--3way) where given, else is refused."""
     if series is not None:
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)
@@ -362,8 +350,7 @@ FAILS = "does not apply"
 
 
 def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
-    """Per patch, whether it would apply to these files at step state of the series:
-    "already applied", "applies cleanly" or FAILS and, on lines below, why; changes nothing."""
+    """Per patch: "already applied", "applies cleanly", or FAILS and why on lines below."""
     pending = _patches_after(series, state)
     results = dict.fromkeys(series.patch_names, "already applied")
     with scratch_copy(files) as scratch:
@@ -378,8 +365,7 @@ def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
 
 
 def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    """The touched files at every step: the series applied to copies of the base's files,
-    each step checked against the manifest's blob ids."""
+    """The series' files at every step, each step checked against the manifest's blob ids."""
     verify(series, hashes=False)
     manifest = series.manifest
     where = manifest.base.wheel

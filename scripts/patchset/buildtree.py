@@ -1,5 +1,5 @@
-"""The build tree's conventions (where it lives, its tag and branch, its step trees),
-and the one way to read the series' files out of a tree, a checkout or a wheel."""
+"""The build tree's conventions (place, tag, branch, step trees) and the one reader of the
+series' files in a tree, a checkout or a wheel."""
 
 from __future__ import annotations
 
@@ -32,11 +32,10 @@ def series_commits(git: Git, manifest: PinManifest) -> list[str]:
 
 
 def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
-    """path -> its bytes at rev (None where rev has no such file), in one git call;
-    read under git.prefix where the repository vendors sglang."""
+    """path (under git.prefix) -> its bytes at rev, or None, in one git call."""
     paths = list(manifest.files)
     asked = "".join(f"{rev}:{git.prefix}{path}\n" for path in paths).encode()
-    result = git.read("cat-file", "--batch", input=asked)
+    result = git.run("cat-file", "--batch", input=asked, check=False)
     if result.returncode != 0:  # rev itself unreadable: no file
         return dict.fromkeys(paths)
     out, at, found = result.stdout, 0, {}
@@ -62,8 +61,7 @@ def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[Files
 
 
 def step_trees(series: Series, build: Path) -> dict[str, Path]:
-    """step -> folder whose python/ holds that step's sglang package: a detached worktree
-    of the build tree (ours: pruning its worktrees touches nothing of a user's) under
+    """step -> a detached worktree of the build tree (ours, so pruning is safe) under
     build/steps/<version>/, reused while its commit is unchanged."""
     manifest = series.manifest
     git = Git(build_tree_path(series, build), owned=True)

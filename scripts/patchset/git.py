@@ -48,8 +48,7 @@ OPERATIONS = (
 
 @dataclass
 class Git:
-    """Runs git in one work tree. owned: a repository this project made, where the user's
-    and system's configuration are ignored, so output does not depend on who runs it."""
+    """git in one work tree; owned: ours, so the user's and system's config are ignored."""
 
     cwd: Path
     owned: bool = False
@@ -65,28 +64,19 @@ class Git:
         return env
 
     def run(
-        self, *args: str, check: bool = True, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        result = self._start(args, input, text=True)
-        if check and result.returncode != 0:
-            raise GitError(list(args), result)
-        return result
-
-    def read(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        """Run git for bytes (file contents), unchecked."""
-        return self._start(args, input, text=False)
-
-    def _start(self, args: tuple[str, ...], input: str | bytes | None, text: bool) -> Any:
+        self, *args: str, check: bool = True, input: str | bytes | None = None
+    ) -> subprocess.CompletedProcess[Any]:
+        """git args; given bytes (file contents), its output is bytes too."""
         config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
         try:
             # A git cut off half-way can leave a lock file: an interruption waits for it.
             with deferred_signals():
-                return subprocess.run(
+                result = subprocess.run(
                     ["git", *config, *args],
                     cwd=self.cwd,
                     env=self.env(),
                     capture_output=True,
-                    text=text,
+                    text=not isinstance(input, bytes),
                     input=input,
                     stdin=None if input is not None else subprocess.DEVNULL,
                     pass_fds=held_fds(),
@@ -97,6 +87,9 @@ class Git:
             raise BackportError(
                 Exit.ENVIRONMENT, "git is not installed (not found on PATH)", "install git"
             ) from err
+        if check and result.returncode != 0:
+            raise GitError(list(args), result)
+        return result
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
@@ -125,9 +118,7 @@ class Git:
         return sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in keys if key})
 
     def dirty_files(self) -> list[str]:
-        """Tracked files (under prefix) with staged or unstaged changes, read without
-        writing and with every filter driver off (no program of the user's runs), so a
-        file stored through one may be called changed."""
+        """Changed tracked files under prefix, read with every filter driver off (none runs)."""
         names = self.config_names("filter", "[^.]*")
         off = [(f"filter.{n}.{k}", "") for n in names for k in ("clean", "smudge", "process")]
         reader = self.with_env(config_env(off + [(f"filter.{n}.required", "false") for n in names]))
@@ -163,8 +154,7 @@ def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def open_checkout(path: Path) -> Git:
-    """A Git for a user's checkout (the folder that holds python/sglang: the repository's
-    top, or where it vendors sglang, named by Git.prefix); else a refusal."""
+    """A Git for the folder of a user's checkout that holds python/sglang; else a refusal."""
     if not path.is_dir():
         raise BackportError(
             Exit.NOT_A_CHECKOUT,

@@ -9,8 +9,7 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def hold_interrupts() -> None:
-    """For a run that has reached its end: a later signal stays pending, so the process
-    ends as what it did says (release_interrupts undoes this)."""
+    """A run at its end: a later signal stays pending, so it exits as what it did says."""
     signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
 
 

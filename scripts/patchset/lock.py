@@ -1,7 +1,5 @@
-"""One run at a time per target, no half-made state on an interruption, and the one
-kind of temporary folder every command makes (marked_folder). A target is guarded by
-an flock on a file beside it that names its holder, so a refused run can say whom it
-waits for; the OS drops the lock of a killed holder."""
+"""One run at a time per target (an flock on a file that names its holder; the OS drops a
+killed holder's), no half-made state on an interruption, and marked_folder."""
 
 from __future__ import annotations
 
@@ -43,8 +41,7 @@ def tmpdir() -> Path:
 
 @contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (children too): a git or a
-    cleanup cut short leaves a lock file, half a ref or half a folder."""
+    """Hold the interrupts for the block (children too): a git cut short leaves a lock file."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
         yield
@@ -130,8 +127,7 @@ def _temp_lock(parent: Path) -> AbstractContextManager[None]:
 
 @contextmanager
 def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
-    """A temporary folder in parent, marked and locked, removed when the block ends; the
-    leftovers of killed runs there (same prefix and suffix) are removed first."""
+    """A marked, locked temporary folder in parent for the block; killed runs' go first."""
     made: list[tuple[Path, int]] = []
     try:
         with _temp_lock(parent):

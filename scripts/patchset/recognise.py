@@ -54,9 +54,8 @@ def recognise_or_refuse(
 def refusal(
     catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
 ) -> BackportError:
-    """Why files at no step of the series (or of any) are refused: ALREADY_UPSTREAM when
-    fixed (by release or code shape), else BASE_MISMATCH naming the nearest release and,
-    for a user's checkout near a served release, --3way."""
+    """Why files at no step are refused: ALREADY_UPSTREAM (fixed by release or shape), else
+    BASE_MISMATCH naming the nearest release (and --3way for a checkout of a fork)."""
     blobs, manifest = blobs_of(files), reading(series).manifest
     version, expected = manifest.base.version, manifest.blobs_at(BASE_STEP)
     if series is None:
