@@ -72,8 +72,7 @@ def build_wheel(
     """The patched wheel for python (cp312; default the manifest's) in out_dir, reproducibly."""
     series.verify()
     manifest = series.manifest
-    problems = label_problems(manifest)
-    if problems:
+    if problems := label_problems(manifest):
         raise BackportError(
             Exit.PATCHSET_INVALID,
             f"{series.folder / 'pin.toml'}: " + "; ".join(problems),

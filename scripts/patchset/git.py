@@ -123,15 +123,10 @@ class Git:
         off = [(f"filter.{n}.{k}", "") for n in names for k in ("clean", "smudge", "process")]
         reader = self.with_env(config_env(off + [(f"filter.{n}.required", "false") for n in names]))
         pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
-        listing = reader.run("status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec)
-        # Each entry is "XY path"; a rename adds its old path as a separate entry.
-        entries, dirty = iter(listing.stdout.split("\0")), []
-        for entry in entries:
-            if entry:
-                dirty.append(entry[3:])
-                if entry[0] in "RC":
-                    next(entries, None)
-        return dirty
+        listing = reader.run(
+            "status", "--porcelain=v1", "-z", "--untracked-files=no", "--no-renames", *pathspec
+        )
+        return [entry[3:] for entry in listing.stdout.split("\0") if entry]  # "XY path"
 
     def ref_clash(self, branch: str) -> str | None:
         """An existing ref that keeps refs/heads/<branch> from being made (a/b beside a)."""

@@ -104,11 +104,9 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             os.close(fd)
 
 
-# A temporary folder is named PREFIX<16 hex digits>SUFFIX and holds TEMP_MARKER (content
-# TEMP_MARKER_TEXT), flocked by its maker and every child (held_fds): the next run removes
-# a killed run's (marked, unlocked), never a live run's (locked) nor anything else. Making
-# and sweeping both hold this user's lock in the parent, so a folder caught half-made is a
-# killed run's; other users' folders are never judged (in a shared TMPDIR, even by root).
+# PREFIX<16 hex>SUFFIX holding TEMP_MARKER, flocked by its maker and children (held_fds): a
+# sweep removes a killed run's (marked, unlocked) only. Making and sweeping hold this user's
+# lock in parent, so one caught half-made is a killed run's; other users' are never judged.
 TEMP_MARKER = ".made-by-sglang-backports"
 TEMP_MARKER_TEXT = (
     b"a temporary folder of sglang-backports; the next run removes it once the run "

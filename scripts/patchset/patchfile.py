@@ -10,7 +10,6 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from .git import Git
-from .lock import marked_folder, tmpdir
 
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -158,16 +157,14 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
 
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
-    """What `git apply FLAGS` says of a patch, run in an empty folder; (output, error)."""
-    with marked_folder(tmpdir(), "sglang-backports-numstat-") as scratch:
-        # A missing final newline has a lint rule of its own; git would call it corrupt.
-        copy = scratch / "patch"
-        data = path.read_bytes()
-        copy.write_bytes(data if data.endswith(b"\n") else data + b"\n")
-        result = Git(scratch, owned=True).run("apply", *flags, str(copy), check=False)
+    """What `git apply FLAGS` says of a patch; (output, error)."""
+    # A missing final newline has a lint rule of its own; git would call it corrupt.
+    data = path.read_bytes().removesuffix(b"\n") + b"\n"
+    result = Git(Path("/"), owned=True).run("apply", *flags, input=data, check=False)
+    out, err = (result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace"))
     if result.returncode != 0:
-        return "", result.stderr.strip() or f"git apply exit {result.returncode}"
-    return result.stdout, ""
+        return "", err.strip() or f"git apply exit {result.returncode}"
+    return out, ""
 
 
 def touched_paths(path: Path) -> tuple[list[str], str]:

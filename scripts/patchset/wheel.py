@@ -65,9 +65,8 @@ def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
 def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     """The pinned wheel from the cache, downloading it once if it is not there."""
     cached = cache / pin.wheel
-    if cache.is_dir():
-        with suppress(OSError):  # a read-only cache still serves its wheel
-            remove_leftovers(cache, DOWNLOAD_PREFIX)
+    with suppress(OSError):  # a read-only cache still serves its wheel
+        remove_leftovers(cache, DOWNLOAD_PREFIX)
     if cached.is_file():
         _check_hash(cached, pin, "cached")
         return cached
