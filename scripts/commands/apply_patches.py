@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from patchset import apply, buildtree, cli, paths
+from patchset import wheel as wheels
 from patchset.catalog import load_catalog
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
@@ -26,13 +27,11 @@ python/sglang): the served release recognised by the files the series touch;
 your branch, index and work tree stay as they are and no hook or filter program
 of yours runs. A second run says "already applied" (exit 0).
 
-With --sglang PATH --3way, for a fork: the nearest served release's series (or
---base's) by git's three-way merge on a temporary index, its preimages written
-into your repository as unreferenced loose objects. The branch is made only if
-nothing conflicts and the result is judged "fixed" by its code shape, else exit
-10 and nothing of yours changes; the run names your fork's changes to the
-functions the series changes, and `scripts/race-check --tree PATH` as the next
-step (docs/apply.md).
+With --sglang PATH --3way, for a fork: the preimages go into your repository as
+unreferenced loose objects; the branch is made only if nothing conflicts and the
+result is judged "fixed" by its code shape, else exit 10 and nothing of yours
+changes. The run names your fork's changes to the functions the series changes,
+and `scripts/race-check --tree PATH` as the next step (docs/apply.md).
 
 One run at a time per build folder or repository (a second waits, --wait, then
 exits 19 naming the first); Ctrl-C or a kill leaves nothing half-made that the
@@ -71,36 +70,33 @@ HELP = {
 }
 
 
-def branch_name_problem(name: str) -> str | None:
-    """Why name cannot be the new branch's name, or None."""
+def branch_name(name: str) -> str:
+    """argparse type: a name git can make a branch of."""
     if name.startswith("refs/"):
-        return "give the branch name without refs/ (e.g. refs/heads/x is x)"
-    check = Git(Path("/")).run("check-ref-format", "--branch", name, check=False)
-    if check.returncode != 0 or check.stdout.strip() != name:
-        return "not a valid git branch name (see `git check-ref-format --help`)"
-    return None
-
-
-def given_series(args: argparse.Namespace) -> Series | None:
-    """The patch set named (--patch-set, or --base for the build tree); None: recognise it."""
-    if args.patch_set:
-        return Series.load(args.patch_set)
-    if args.sglang:
-        return None
-    return series_for_release(paths.PATCHES_ROOT, args.base or paths.DEFAULT_BASE)
+        problem = "give the branch name without refs/ (e.g. refs/heads/x is x)"
+    else:
+        check = Git(Path("/")).run("check-ref-format", "--branch", name, check=False)
+        if check.returncode == 0 and check.stdout.strip() == name:
+            return name
+        problem = "not a valid git branch name (see `git check-ref-format --help`)"
+    raise argparse.ArgumentTypeError(f"{name!r}: {problem}")
 
 
 def check(args: argparse.Namespace, series: Series | None) -> int:
-    """--check: per patch, whether it would apply; nothing is changed."""
     catalog = load_catalog(paths.PATCHES_ROOT)
     if args.sglang:
-        git, where = open_checkout(args.sglang), str(args.sglang)
+        git, where = open_checkout(args.sglang), args.sglang
         files = buildtree.files_at(git, "HEAD", reading(series).manifest)
     else:
         assert series is not None
         apply.verify(series)
-        files, where = buildtree.files_of_build_tree(series, paths.build_dir(), paths.cache_dir())
-    found = recognise_or_refuse(catalog, files, where, series, checkout=bool(args.sglang))
+        where = buildtree.build_tree_path(series, paths.build_dir())
+        if where.is_dir():
+            files = buildtree.files_at(open_checkout(where), "HEAD", series.manifest)
+        else:  # no build tree yet: the pinned wheel's files
+            where = wheels.fetch_wheel(series.manifest.base, paths.cache_dir())
+            files = dict(wheels.read_files(where, series.manifest.files))
+    found = recognise_or_refuse(catalog, files, str(where), series, checkout=bool(args.sglang))
     apply.verify(found.series)
     results = apply.check_series(found.series, found.step, files)
     print(f"checking {len(results)} patches against {where}")
@@ -114,7 +110,7 @@ def main() -> int:
     p = cli.parser("apply-patches", DESCRIPTION, CODES, WORDING)
     p.add_argument("--sglang", type=cli.absolute_path, metavar="PATH", help=HELP["--sglang"])
     p.add_argument("--check", action="store_true", help=HELP["--check"])
-    p.add_argument("--branch", help=HELP["--branch"])
+    p.add_argument("--branch", type=branch_name, help=HELP["--branch"])
     p.add_argument(
         "--wait", type=float, default=DEFAULT_WAIT_S, metavar="SECONDS", help=HELP["--wait"]
     )
@@ -137,9 +133,11 @@ def main() -> int:
     }
     for message in (message for message, bad in refused.items() if bad):
         p.error(message)
-    if args.branch is not None and (problem := branch_name_problem(args.branch)):
-        p.error(f"--branch {args.branch!r}: {problem}")
-    series = given_series(args)
+    series = None  # with --sglang and no --patch-set: recognised from the checkout
+    if args.patch_set:
+        series = Series.load(args.patch_set)
+    elif not args.sglang:
+        series = series_for_release(paths.PATCHES_ROOT, args.base or paths.DEFAULT_BASE)
     if args.check:
         return check(args, series)
 

@@ -23,7 +23,6 @@ from .paths import PATCHES_ROOT
 from .recognise import Files, reading, recognise, recognise_or_refuse, refusal
 
 LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
-# Our temporary folders: in TMPDIR for a user's checkout, beside the build tree for it.
 TEMP_PREFIX = "sglang-backports-apply-"
 RESTORE = "restore the patch set with `git checkout -- patches/`"
 ROLLED_BACK = "this run changed nothing of yours (its work was rolled back)"
@@ -86,11 +85,6 @@ def verify(series: Series, hashes: bool = True) -> None:
             )
 
 
-def on_index(git: Git, scratch: Path) -> Git:
-    """git on a temporary index in scratch (ours, never the repository's)."""
-    return git.with_env({"GIT_INDEX_FILE": str(scratch / "index")})
-
-
 def commit_patch(
     git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str = ""
 ) -> str:
@@ -110,7 +104,7 @@ def commit_patch(
 
 def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scratch: Path) -> str:
     """Commit each patch onto tip via a temporary index (no fuzz), each step's tree checked."""
-    index = on_index(git, scratch)
+    index = git.with_env({"GIT_INDEX_FILE": str(scratch / "index")})  # ours, not the repository's
     # Where sglang is vendored, its paths are the patches' under the prefix.
     apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
     index.run("read-tree", tip)
@@ -175,7 +169,7 @@ def refuse_clash(git: Git, branch: str, where: Path) -> None:
 
 
 def _apply_to_checkout(
-    git: Git, series: Series, branch: str, where: Path, temp: Path, at: tuple[str, str] | None
+    git: Git, series: Series, branch: str, where: Path, at: tuple[str, str] | None
 ) -> ApplyReport:
     """Apply what HEAD misses of the series on a new branch; at: (HEAD, its step) if known."""
     manifest = series.manifest
@@ -207,6 +201,8 @@ def _apply_to_checkout(
         report.branch = None
         return report
     commit_identity(git)
+    # The build tree's folder is beside it, so the next run there removes what a kill left.
+    temp = where.parent if git.owned else lock.tmpdir()
     with lock.marked_folder(temp, TEMP_PREFIX) as scratch:
         tip = _commit_series(git, series, at[0], patches, scratch)
         report.applied = [p.name for p in patches]
@@ -215,7 +211,6 @@ def _apply_to_checkout(
 
 
 def delete_or_rename(branch: str, where: Path) -> str:
-    """The way out of a branch name that is taken in a user's repository."""
     delete = shlex.join(["git", "-C", str(where), "branch", "-D", branch])
     return f"delete it (`{delete}`) or pass --branch with another name"
 
@@ -262,9 +257,7 @@ def apply_to_user_checkout(
             return onto_fork(git, head, files)
         verify(found.series)
         branch = branch or default_branch(found.series.manifest)
-        return _apply_to_checkout(
-            git, found.series, branch, path, lock.tmpdir(), (head, found.step)
-        )
+        return _apply_to_checkout(git, found.series, branch, path, (head, found.step))
 
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
@@ -323,7 +316,7 @@ def apply_to_build_tree(
             )
         _refuse_unclean(git, repo)
         branch = default_branch(series.manifest)
-        report = _apply_to_checkout(git, series, branch, repo, build, None)
+        report = _apply_to_checkout(git, series, branch, repo, None)
         current = git.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout
         if report.branch and current.strip() != branch:
             git.run("checkout", "--quiet", branch)
@@ -332,7 +325,6 @@ def apply_to_build_tree(
 
 @contextmanager
 def scratch_copy(files: Files) -> Iterator[Path]:
-    """A temporary folder holding copies of the files, for `git apply` to work on."""
     with lock.marked_folder(lock.tmpdir(), "sglang-backports-scratch-") as scratch:
         for path, data in files.items():
             if data is not None:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import wheel as wheels
 from .catalog import Files
 from .errors import BackportError, Exit
-from .git import Git, open_checkout
+from .git import Git
 from .manifest import PinManifest, Series
 
 
@@ -49,15 +48,6 @@ def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
         else:  # "<rev:path> missing" (or ambiguous): no such file
             found[path] = None
     return found
-
-
-def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[Files, str]:
-    """The touched files of the build tree if it exists, else of the pinned wheel."""
-    repo = build_tree_path(series, build)
-    if repo.is_dir():
-        return files_at(open_checkout(repo), "HEAD", series.manifest), str(repo)
-    wheel = wheels.fetch_wheel(series.manifest.base, cache)
-    return dict(wheels.read_files(wheel, series.manifest.files)), str(wheel)
 
 
 def step_trees(series: Series, build: Path) -> dict[str, Path]:

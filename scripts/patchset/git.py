@@ -95,7 +95,6 @@ class Git:
         return self.run(*args).stdout.strip()
 
     def with_env(self, env: dict[str, str]) -> Git:
-        """The same git, with env added to what every command gets."""
         return replace(self, extra_env=self.extra_env | env)
 
     def rev(self, spec: str) -> str | None:

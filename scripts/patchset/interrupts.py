@@ -1,5 +1,4 @@
-"""The signals that end a run, held where a run must not be cut short; apart from
-lock.py so that cli.py (and check-install's zipapp) needs none of its file locks."""
+"""The signals that end a run; apart from lock.py, which check-install's zipapp lacks."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ import errno
 import fcntl
 import os
 import re
-import secrets
 import shutil
 import signal
 import stat
@@ -26,7 +25,6 @@ from .textout import progress
 
 DEFAULT_WAIT_S = 30.0  # how long a second run waits for the first (--wait)
 TELL_AFTER_S = 1.0  # a wait shorter than this is not worth a line on stderr
-_UNNAMED_HOLDER = "a process that has not written its name yet"
 # Every git or pip we start inherits these fds: one that outlives a killed run holds them.
 _held: list[int] = []
 
@@ -51,8 +49,9 @@ def deferred_signals() -> Iterator[None]:
 
 def _holder(path: Path) -> str:
     with suppress(OSError):
-        return path.read_text(encoding="utf-8", errors="replace").strip() or _UNNAMED_HOLDER
-    return _UNNAMED_HOLDER
+        if named := path.read_text(encoding="utf-8", errors="replace").strip():
+            return named
+    return "a process that has not written its name yet"
 
 
 def _try_lock(path: Path) -> int | None:
@@ -104,7 +103,7 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             os.close(fd)
 
 
-# PREFIX<16 hex>SUFFIX holding TEMP_MARKER, flocked by its maker and children (held_fds): a
+# PREFIX<8 random>SUFFIX holding TEMP_MARKER, flocked by its maker and children (held_fds): a
 # sweep removes a killed run's (marked, unlocked) only. Making and sweeping hold this user's
 # lock in parent, so one caught half-made is a killed run's; other users' are never judged.
 TEMP_MARKER = ".made-by-sglang-backports"
@@ -115,7 +114,7 @@ TEMP_MARKER_TEXT = (
 
 
 def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
-    return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
+    return re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))  # mkdtemp's
 
 
 def _temp_lock(parent: Path) -> AbstractContextManager[None]:
@@ -144,11 +143,7 @@ def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]
 
 
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
-    while True:
-        folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
-        with suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
-            break
+    folder = Path(tempfile.mkdtemp(suffix, prefix, parent))
     fd = -1
     try:
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)

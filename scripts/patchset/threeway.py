@@ -54,7 +54,10 @@ def onto_fork(
     )
     with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
         ids = _write_preimages(git, per_step, scratch)
-        merger, drivers = _merger(git, scratch)
+        # each merge driver of the user's is run as `false`: no program of theirs runs
+        drivers = git.config_names("merge", "driver")
+        off = config_env([(f"merge.{name}.driver", "false") for name in drivers])
+        merger = git.with_env({"GIT_INDEX_FILE": str(scratch / "index"), **off})
         merger.run("read-tree", head)
         tip = head
         apply.commit_identity(git)
@@ -158,13 +161,6 @@ def _write_preimages(
         input="".join(f"{file}\n" for _, file in listed),
     ).stdout.split()  # fmt: skip
     return {sha1: repo_id for (sha1, _), repo_id in zip(listed, written, strict=True)}
-
-
-def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
-    """git on a temporary index, each of the user's merge drivers (listed) run as `false`."""
-    names = git.config_names("merge", "driver")
-    env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
-    return apply.on_index(git, scratch).with_env(env), names
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:

@@ -15,7 +15,6 @@ from .lock import held_fds, marked_folder, remove_leftovers
 from .manifest import WheelPin, sha256_of
 from .textout import progress
 
-PACKAGE_PREFIX = "sglang/"
 REPO_PREFIX = "python/"  # the wheel holds the repository's python/sglang/ as sglang/
 DOWNLOAD_PREFIX = ".download-"  # a download's marked folder in the cache
 
@@ -99,6 +98,6 @@ def extract_package(wheel: Path, dest: Path) -> Path:
     """The wheel's sglang/ as dest/python/sglang/ (extractall drops `..`: nowhere else)."""
     target = dest / REPO_PREFIX
     with zipfile.ZipFile(wheel) as archive:
-        ours = [m for m in archive.infolist() if m.filename.startswith(PACKAGE_PREFIX)]
+        ours = [m for m in archive.infolist() if m.filename.startswith("sglang/")]
         archive.extractall(target, members=[m for m in ours if not m.is_dir()])
     return target
