@@ -14,7 +14,7 @@ from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
 from patchset.manifest import Series, series_for_release
-from patchset.recognise import reading, recognise_or_refuse
+from patchset.recognise import reading, recognise
 from patchset.threeway import onto_fork
 
 DESCRIPTION = """\
@@ -96,7 +96,7 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
         else:  # no build tree yet: the pinned wheel's files
             where = wheels.fetch_wheel(series.manifest.base, paths.cache_dir())
             files = dict(wheels.read_files(where, series.manifest.files))
-    found = recognise_or_refuse(catalog, files, str(where), series, checkout=bool(args.sglang))
+    found = recognise(catalog, files, str(where), series, checkout=bool(args.sglang))
     apply.verify(found.series)
     results = apply.check_series(found.series, found.step, files)
     print(f"checking {len(results)} patches against {where}")

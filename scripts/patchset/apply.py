@@ -20,7 +20,7 @@ from .git import PROJECT_IDENTITY, Git, GitError
 from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
 from .paths import PATCHES_ROOT
-from .recognise import Files, reading, recognise, recognise_or_refuse, refusal
+from .recognise import Files, reading, recognise
 
 LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
 TEMP_PREFIX = "sglang-backports-apply-"
@@ -194,7 +194,7 @@ def _apply_to_checkout(
     if at is None:
         head = _head(git)
         files = files_at(git, head, manifest)
-        at = head, recognise_or_refuse(load_catalog(PATCHES_ROOT), files, str(where), series).step
+        at = head, recognise(load_catalog(PATCHES_ROOT), files, str(where), series).step
     patches = _patches_after(series, at[1])
     report.already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
@@ -249,11 +249,11 @@ def apply_to_user_checkout(
         _refuse_unclean(git, path)
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
-        found = recognise(catalog, blobs_of(files), series)
-        if found is None:
-            refused = refusal(catalog, files, str(path), series, checkout=True)
+        try:
+            found = recognise(catalog, files, str(path), series, checkout=True)
+        except BackportError as refused:
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
-                raise refused
+                raise
             return onto_fork(git, head, files)
         verify(found.series)
         branch = branch or default_branch(found.series.manifest)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths, shape
-from .catalog import Blobs, Catalog, Files, blobs_of, series_steps, step_in
+from .catalog import Catalog, Files, blobs_of, series_steps, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
@@ -30,29 +30,24 @@ def reading(series: Series | None) -> Series:
     return series or Series.load(paths.DEFAULT_PATCH_DIR)
 
 
-def recognise(catalog: Catalog, blobs: Blobs, series: Series | None = None) -> Recognised | None:
-    """The series (the given one, else the one whose steps hold these files) and its step."""
-    if series is not None:
-        step = step_in(series_steps(series.manifest), blobs)
-        return Recognised(series, step) if step else None
-    for content in catalog.lookup(blobs):
-        if content.series:
-            folder = paths.PATCHES_ROOT / content.series
-            return Recognised(Series.load(folder), catalog.step_of(content.series, blobs) or "")
-    return None
-
-
-def recognise_or_refuse(
+def recognise(
     catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
 ) -> Recognised:
-    found = recognise(catalog, blobs_of(files), series)
-    if found is None:
-        raise refusal(catalog, files, where, series, checkout)
-    return found
+    """The series (the given one, else the one whose steps hold these files) and its step."""
+    blobs = blobs_of(files)
+    if series is not None:
+        if step := step_in(series_steps(series.manifest), blobs):
+            return Recognised(series, step)
+    else:
+        for content in catalog.lookup(blobs):
+            if content.series:
+                folder = paths.PATCHES_ROOT / content.series
+                return Recognised(Series.load(folder), catalog.step_of(content.series, blobs) or "")
+    raise _refusal(catalog, files, where, series, checkout)
 
 
-def refusal(
-    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
+def _refusal(
+    catalog: Catalog, files: Files, where: str, series: Series | None, checkout: bool
 ) -> BackportError:
     """Why files at no step are refused: ALREADY_UPSTREAM (fixed by release or shape), else
     BASE_MISMATCH naming the nearest release (and --3way for a checkout of a fork)."""
