@@ -57,8 +57,7 @@ def _patches_after(series: Series, step: str) -> list[Path]:
 
 
 def verify(series: Series, hashes: bool = True) -> None:
-    """Refuse a damaged series before anything is written: bad hashes, or a patch that (as git
-    reads it) touches other files or creates, deletes, renames or re-modes one."""
+    """Refuse a damaged series before anything is written: hashes, each patch as git reads it."""
     if hashes:
         series.verify()
     allowed = set(series.manifest.files)
@@ -138,8 +137,7 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
 
 
 def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
-    """One ref update, refused if the branch appeared meanwhile; after it signals stay held, so a
-    late Ctrl-C cannot make the run say it removed what it made."""
+    """One ref update, refused if the branch appeared meanwhile; then signals stay held: done."""
     lock.hold_interrupts()
     result = git.run("update-ref", f"refs/heads/{branch}", commit, "0" * len(commit), check=False)
     if result.returncode == 0:
@@ -239,8 +237,7 @@ def apply_to_user_checkout(
     series: Series | None = None,
     onto_fork: OntoFork | None = None,
 ) -> ApplyReport:
-    """Recognise HEAD once, under the lock, and apply the series given or recognised; a checkout
-    of no served release goes to onto_fork (--3way) where given, else is refused."""
+    """Recognise HEAD once under the lock and apply; a fork goes to onto_fork (--3way) if given."""
     if series is not None:
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)

@@ -1,5 +1,4 @@
-"""The build tree's conventions (place, tag, branch, step trees) and the one reader of the
-series' files in a tree, a checkout or a wheel."""
+"""The build tree's conventions (place, tag, branch, step trees) and files_at, the one reader."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
 
 
 def step_trees(series: Series, build: Path) -> dict[str, Path]:
-    """step -> a detached worktree of the build tree (ours, so pruning is safe) under
-    build/steps/<version>/, reused while its commit is unchanged."""
+    """step -> a detached worktree (ours: pruning is safe) in build/steps/<version>/, reused."""
     manifest = series.manifest
     git = Git(build_tree_path(series, build), owned=True)
     revs = [git.rev(pristine_tag(manifest)) or "", *series_commits(git, manifest)]

@@ -49,8 +49,7 @@ def recognise(
 def _refusal(
     catalog: Catalog, files: Files, where: str, series: Series | None, checkout: bool
 ) -> BackportError:
-    """Why files at no step are refused: ALREADY_UPSTREAM (fixed by release or shape), else
-    BASE_MISMATCH naming the nearest release (and --3way for a checkout of a fork)."""
+    """ALREADY_UPSTREAM when fixed (by release or shape), else BASE_MISMATCH naming the nearest."""
     blobs, manifest = blobs_of(files), reading(series).manifest
     version, expected = manifest.base.version, manifest.blobs_at(BASE_STEP)
     if series is None:

@@ -16,7 +16,7 @@ from .catalog import blobs_of, load_catalog
 from .errors import BackportError, Exit
 from .git import Git, config_env
 from .lock import marked_folder, tmpdir
-from .manifest import Series, series_for_release
+from .manifest import Series, git_blob_id, series_for_release
 from .paths import PATCHES_ROOT
 from .recognise import Files, full_check
 from .shapeflow import CannotTell, Sources, functions
@@ -35,8 +35,7 @@ def onto_fork(
     head: str,
     files: Files,
 ) -> ApplyReport:
-    """The --3way application, an apply.OntoFork once --sglang, --branch, --patch-set and
-    --base are bound; called under the repository's lock."""
+    """--3way under the repository's lock: an apply.OntoFork once the first four are bound."""
     series = series or _series(where, release, files)
     apply.verify(series)
     manifest = series.manifest
@@ -149,18 +148,14 @@ def _write_preimages(
     git: Git, per_step: dict[str, dict[str, bytes]], scratch: Path
 ) -> dict[str, str]:
     """Every step's files as loose objects: sha1 blob id -> the repository's (sha256) id."""
-    listed: list[tuple[str, Path]] = []
-    for step, files in per_step.items():
-        for n, (path, data) in enumerate(files.items()):
-            file = scratch / "preimages" / step / str(n)
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_bytes(data)
-            listed.append((blobs_of({path: data})[path] or "", file))
+    blobs = {git_blob_id(data): data for files in per_step.values() for data in files.values()}
+    for sha1, data in blobs.items():
+        (scratch / sha1).write_bytes(data)
     written = git.run(
         "hash-object", "-w", "--no-filters", "--stdin-paths",
-        input="".join(f"{file}\n" for _, file in listed),
+        input="".join(f"{scratch / sha1}\n" for sha1 in blobs),
     ).stdout.split()  # fmt: skip
-    return {sha1: repo_id for (sha1, _), repo_id in zip(listed, written, strict=True)}
+    return dict(zip(blobs, written, strict=True))
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
@@ -180,8 +175,7 @@ def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
 
 
 def fork_changes(base: dict[str, bytes], fork: Files, patched: dict[str, bytes]) -> Touched:
-    """(path, Class.method) of each function both the fork and the series change from base; a
-    fork's file that does not parse is named whole."""
+    """(path, Class.method) that both fork and series change from base; unparsable: whole file."""
     found = []
     for path, data in base.items():
         before, theirs, series = (
