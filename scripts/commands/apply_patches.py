@@ -38,11 +38,6 @@ exits 19 naming the first); Ctrl-C or a kill leaves nothing half-made that the
 next run does not remove.
 """
 
-CODES = [
-    Exit.DIRTY_TREE, Exit.BASE_MISMATCH, Exit.ALREADY_UPSTREAM, Exit.PATCHSET_INVALID,
-    Exit.NOT_A_CHECKOUT, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
-    Exit.WOULD_NOT_APPLY, Exit.BRANCH_EXISTS, Exit.LOCKED,
-]  # fmt: skip
 WORDING = {
     Exit.OK: "applied, already applied, or (--check) every patch applies cleanly",
     Exit.APPLY_FAILED: "a patch failed to apply, or (--3way) conflicts with your fork or "
@@ -56,7 +51,10 @@ WORDING = {
     Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
     "ref is in the way of its name: pass --branch",
 }
-
+CODES = [
+    *WORDING, Exit.DIRTY_TREE, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE,
+    Exit.WOULD_NOT_APPLY, Exit.LOCKED,
+]  # fmt: skip
 HELP = {
     "--sglang": "the folder of your git checkout that holds python/sglang",
     "--check": "say per patch whether it would apply cleanly; change nothing",

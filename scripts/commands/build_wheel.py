@@ -28,8 +28,7 @@ WORDING = {
     Exit.ENVIRONMENT: "--python cannot be run, or a file or folder cannot be written",
 }
 CODES = [
-    Exit.BASE_MISMATCH, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH,
-    Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
+    *WORDING, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
 ]  # fmt: skip
 HELP = {
     "--base": "the sglang release to build for; picks the patch set under patches/ that serves "
