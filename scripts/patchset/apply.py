@@ -342,14 +342,13 @@ def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
     """Per patch: "already applied", "applies cleanly", or FAILS and why on lines below."""
     pending = _patches_after(series, state)
     results = dict.fromkeys(series.patch_names, "already applied")
+    results |= {patch.name: f"{FAILS}\nan earlier patch failed" for patch in pending}
     with scratch_copy(files) as scratch:
         for patch in pending:
-            if any(status.startswith(FAILS) for status in results.values()):
-                results[patch.name] = f"{FAILS}\nan earlier patch failed"
-            elif (done := git_apply(scratch, patch)).returncode != 0:
+            if (done := git_apply(scratch, patch)).returncode != 0:
                 results[patch.name] = f"{FAILS}\n{done.stderr.strip()}".strip()
-            else:
-                results[patch.name] = "applies cleanly"
+                break
+            results[patch.name] = "applies cleanly"
     return results
 
 

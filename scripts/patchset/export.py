@@ -81,7 +81,6 @@ def stale_diff(series: Series, build: Path) -> str:
         old, new = (files.get(name, b"").splitlines(keepends=True) for files in (committed, fresh))
         names = f"committed/{name}".encode(), f"exported/{name}".encode()
         chunks += difflib.diff_bytes(difflib.unified_diff, old, new, *names)
-    # Shown as text, with each carriage return made visible.
     return b"".join(chunks).decode("utf-8", "replace").replace("\r", "\\r")
 
 

@@ -37,7 +37,6 @@ SGLANG_PACKAGE = "python/sglang"  # what the top folder of sglang's source holds
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
 )
-# What a file in the git folder says is half-done there.
 OPERATIONS = (
     ("rebase-apply", "git am or rebase"),
     ("rebase-merge", "rebase"),
