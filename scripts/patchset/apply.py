@@ -1,5 +1,4 @@
-"""Apply the series on a branch of its own with plumbing only (a temporary index in a marked
-folder): the repository gains objects, and one ref update at the end makes the branch."""
+"""Apply the series with plumbing only: a temporary index, then one ref update makes the branch."""
 
 from __future__ import annotations
 
@@ -277,8 +276,7 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         branch = default_branch(manifest)
         report = ApplyReport(where=repo, branch=branch, applied=list(series.patch_names))
         tip = _commit_series(git, series, _head(git), series.patch_paths, tmp)
-        git.run("update-ref", f"refs/heads/{branch}", tip, "0" * len(tip))
-        git.run("checkout", "--quiet", branch)
+        git.run("checkout", "--quiet", "-b", branch, tip)
         # One rename on one file system: a reader sees no tree or the whole one,
         # and once it is there the run has succeeded, whatever signal comes late.
         lock.hold_interrupts()

@@ -1,5 +1,4 @@
-"""Deploy the series: the pinned wheel rewritten so that only the patched files, the
-.dist-info folder's name, METADATA's Version and RECORD change."""
+"""The pinned wheel with only the patched files, dist-info name, Version and RECORD changed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One run at a time per target (an flock on a file that names its holder; the OS drops a
-killed holder's), no half-made state on an interruption, and marked_folder."""
+"""One run at a time per target (a named flock), no half-made state on a kill, marked_folder."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Read one `git format-patch` file: its message, trailers and hunks, each with its line
-in the patch file, so that lint and review can report a problem as file:line."""
+"""A `git format-patch` file's message, trailers and hunks, each line numbered for file:line."""
 
 from __future__ import annotations
 

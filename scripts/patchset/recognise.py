@@ -1,5 +1,4 @@
-"""Which served release and step a checkout's files are, or why none: the answers of
-patchset/catalog.py (blob ids) and patchset/shape.py (code shape), worded."""
+"""Which served release and step files are (catalog, shape), or the refusal that says why not."""
 
 from __future__ import annotations
 
