@@ -11,7 +11,7 @@ from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.catalog import blobs_of, load_catalog
+from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
 from patchset.manifest import BASE_STEP, Series
 
@@ -65,7 +65,7 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
 
 
 def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
-    want = load_catalog(series.folder.parent).step_blobs(series.folder.name, step)[path]
+    want = series.manifest.blobs_at(step)[path]
     have = blobs_of({path: data})[path]
     if have != want:
         raise _refuse(
