@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from functools import partial
 from pathlib import Path
 
 from patchset import apply, buildtree, cli, paths
+from patchset import wheel as wheels
 from patchset.catalog import load_catalog
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
 from patchset.manifest import Series, series_for_release
-from patchset.recognise import reading, recognise_or_refuse
-from patchset.threeway import OntoFork
+from patchset.recognise import reading, recognise
+from patchset.threeway import onto_fork
 
 DESCRIPTION = """\
 Apply the series under patches/ to sglang, on a branch of its own.
@@ -25,24 +27,17 @@ python/sglang): the served release recognised by the files the series touch;
 your branch, index and work tree stay as they are and no hook or filter program
 of yours runs. A second run says "already applied" (exit 0).
 
-With --sglang PATH --3way, for a fork: the nearest served release's series (or
---base's) by git's three-way merge on a temporary index, its preimages written
-into your repository as unreferenced loose objects. The branch is made only if
-nothing conflicts and the result is judged "fixed" by its code shape, else exit
-10 and nothing of yours changes; the run names your fork's changes to the
-functions the series changes, and `scripts/race-check --tree PATH` as the next
-step (docs/apply.md).
+With --sglang PATH --3way, for a fork: the preimages go into your repository as
+unreferenced loose objects; the branch is made only if nothing conflicts and the
+result is judged "fixed" by its code shape, else exit 10 and nothing of yours
+changes. The run names your fork's changes to the functions the series changes,
+and `scripts/race-check --tree PATH` as the next step (docs/apply.md).
 
 One run at a time per build folder or repository (a second waits, --wait, then
 exits 19 naming the first); Ctrl-C or a kill leaves nothing half-made that the
 next run does not remove.
 """
 
-CODES = [
-    Exit.DIRTY_TREE, Exit.BASE_MISMATCH, Exit.ALREADY_UPSTREAM, Exit.PATCHSET_INVALID,
-    Exit.NOT_A_CHECKOUT, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
-    Exit.WOULD_NOT_APPLY, Exit.BRANCH_EXISTS, Exit.LOCKED,
-]  # fmt: skip
 WORDING = {
     Exit.OK: "applied, already applied, or (--check) every patch applies cleanly",
     Exit.APPLY_FAILED: "a patch failed to apply, or (--3way) conflicts with your fork or "
@@ -56,7 +51,10 @@ WORDING = {
     Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
     "ref is in the way of its name: pass --branch",
 }
-
+CODES = [
+    *WORDING, Exit.DIRTY_TREE, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE,
+    Exit.WOULD_NOT_APPLY, Exit.LOCKED,
+]  # fmt: skip
 HELP = {
     "--sglang": "the folder of your git checkout that holds python/sglang",
     "--check": "say per patch whether it would apply cleanly; change nothing",
@@ -70,36 +68,33 @@ HELP = {
 }
 
 
-def branch_name_problem(name: str) -> str | None:
-    """Why name cannot be the new branch's name, or None."""
+def branch_name(name: str) -> str:
+    """argparse type: a name git can make a branch of."""
     if name.startswith("refs/"):
-        return "give the branch name without refs/ (e.g. refs/heads/x is x)"
-    check = Git(Path("/")).run("check-ref-format", "--branch", name, check=False)
-    if check.returncode != 0 or check.stdout.strip() != name:
-        return "not a valid git branch name (see `git check-ref-format --help`)"
-    return None
-
-
-def given_series(args: argparse.Namespace) -> Series | None:
-    """The patch set named (--patch-set, or --base for the build tree); None: recognise it."""
-    if args.patch_set:
-        return Series.load(args.patch_set)
-    if args.sglang:
-        return None
-    return series_for_release(paths.PATCHES_ROOT, args.base or paths.DEFAULT_BASE)
+        problem = "give the branch name without refs/ (e.g. refs/heads/x is x)"
+    else:
+        check = Git(Path("/")).run("check-ref-format", "--branch", name, check=False)
+        if check.returncode == 0 and check.stdout.strip() == name:
+            return name
+        problem = "not a valid git branch name (see `git check-ref-format --help`)"
+    raise argparse.ArgumentTypeError(f"{name!r}: {problem}")
 
 
 def check(args: argparse.Namespace, series: Series | None) -> int:
-    """--check: per patch, whether it would apply; nothing is changed."""
     catalog = load_catalog(paths.PATCHES_ROOT)
     if args.sglang:
-        git, where = open_checkout(args.sglang), str(args.sglang)
+        git, where = open_checkout(args.sglang), args.sglang
         files = buildtree.files_at(git, "HEAD", reading(series).manifest)
     else:
         assert series is not None
         apply.verify(series)
-        files, where = buildtree.files_of_build_tree(series, paths.build_dir(), paths.cache_dir())
-    found = recognise_or_refuse(catalog, files, where, series, checkout=bool(args.sglang))
+        where = buildtree.build_tree_path(series, paths.build_dir())
+        if where.is_dir():
+            files = buildtree.files_at(open_checkout(where), "HEAD", series.manifest)
+        else:  # no build tree yet: the pinned wheel's files
+            where = wheels.fetch_wheel(series.manifest.base, paths.cache_dir())
+            files = dict(wheels.read_files(where, series.manifest.files))
+    found = recognise(catalog, files, str(where), series, checkout=bool(args.sglang))
     apply.verify(found.series)
     results = apply.check_series(found.series, found.step, files)
     print(f"checking {len(results)} patches against {where}")
@@ -113,7 +108,7 @@ def main() -> int:
     p = cli.parser("apply-patches", DESCRIPTION, CODES, WORDING)
     p.add_argument("--sglang", type=cli.absolute_path, metavar="PATH", help=HELP["--sglang"])
     p.add_argument("--check", action="store_true", help=HELP["--check"])
-    p.add_argument("--branch", help=HELP["--branch"])
+    p.add_argument("--branch", type=branch_name, help=HELP["--branch"])
     p.add_argument(
         "--wait", type=float, default=DEFAULT_WAIT_S, metavar="SECONDS", help=HELP["--wait"]
     )
@@ -121,33 +116,33 @@ def main() -> int:
     p.add_argument("--patch-set", type=cli.absolute_path, metavar="DIR", help=HELP["--patch-set"])
     p.add_argument("--3way", dest="three_way", action="store_true", help=HELP["--3way"])
     args = p.parse_args()
-    if args.base and args.patch_set:
-        p.error("--base picks a patch set; give either --base or --patch-set")
-    if args.three_way and not args.sglang:
-        p.error("--3way is for a fork: it needs --sglang PATH (the build tree is a release)")
-    if args.three_way and args.check:
-        p.error(
-            "--3way cannot be combined with --check: --3way itself changes nothing "
-            "unless the merge is clean and judged fixed"
-        )
-    if args.base and args.sglang and not args.three_way:
-        p.error(
-            "--base is for the build tree; with --sglang the release is recognised "
-            "(with --3way, --base names the release a fork is of)"
-        )
-    if args.branch is not None and not args.sglang:
-        p.error("--branch needs --sglang; the build tree always uses the default branch")
-    if args.branch is not None and (problem := branch_name_problem(args.branch)):
-        p.error(f"--branch {args.branch!r}: {problem}")
-    series = given_series(args)
+    refused = {
+        "--base picks a patch set; give either --base or --patch-set": args.base and args.patch_set,
+        "--3way is for a fork: it needs --sglang PATH (the build tree is a release)": (
+            args.three_way and not args.sglang
+        ),
+        "--3way cannot be combined with --check: --3way itself changes nothing unless the "
+        "merge is clean and judged fixed": args.three_way and args.check,
+        "--base is for the build tree; with --sglang the release is recognised (with --3way, "
+        "--base names the release a fork is of)": args.base and args.sglang and not args.three_way,
+        "--branch needs --sglang; the build tree always uses the default branch": (
+            args.branch is not None and not args.sglang
+        ),
+    }
+    for message in (message for message, bad in refused.items() if bad):
+        p.error(message)
+    series = None  # with --sglang and no --patch-set: recognised from the checkout
+    if args.patch_set:
+        series = Series.load(args.patch_set)
+    elif not args.sglang:
+        series = series_for_release(paths.PATCHES_ROOT, args.base or paths.DEFAULT_BASE)
     if args.check:
         return check(args, series)
 
     if args.sglang:
         git, fork = open_checkout(args.sglang), None
         if args.three_way:
-            catalog = load_catalog(paths.PATCHES_ROOT)
-            fork = OntoFork(catalog, args.sglang, paths.cache_dir(), args.branch, series, args.base)
+            fork = partial(onto_fork, args.sglang, args.branch, series, args.base)
         report = apply.apply_to_user_checkout(
             git, args.sglang, args.branch, args.wait, series, fork
         )
@@ -155,7 +150,7 @@ def main() -> int:
         assert series is not None
         report = apply.apply_to_build_tree(series, paths.build_dir(), paths.cache_dir(), args.wait)
 
-    if report.already_applied:
+    if not report.applied:
         holder = f"branch {report.branch}" if report.branch else "its checked-out HEAD"
         n = len(report.already)
         print(f"already applied: {report.where} ({holder}) has all {n} patches; nothing to do")

@@ -18,9 +18,8 @@ wheel with the series applied to its three files. Only those files, the
 .dist-info folder name, METADATA's Version and RECORD differ (every other member
 byte-identical, in the same order; sglang.__version__ stays the base's). The
 local label is the manifest's [build-wheel] table's. Same inputs, same bytes:
-the printed sha256 can be published. sglang ships one wheel per Python (cp310
-to cp313), each pinned ([wheels."<release>"]); without --python-version,
---python or --all the wheel is the manifest's own (cp311).
+the printed sha256 can be published. Each Python's wheel (cp310 to cp313) is
+pinned ([wheels."<release>"]).
 """
 
 WORDING = {
@@ -29,8 +28,7 @@ WORDING = {
     Exit.ENVIRONMENT: "--python cannot be run, or a file or folder cannot be written",
 }
 CODES = [
-    Exit.BASE_MISMATCH, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH,
-    Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
+    *WORDING, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
 ]  # fmt: skip
 HELP = {
     "--base": "the sglang release to build for; picks the patch set under patches/ that serves "
@@ -41,12 +39,12 @@ HELP = {
     "--all": "build the wheel of every Python the manifest pins",
     "--out": "output folder (default: dist/)",
 }
-ASK_PYTHON = "import sys; print(sys.implementation.name, *sys.version_info[:2])"  # --python
 
 
 def python_of(interpreter: Path) -> str:
     """The wheel tag of an interpreter (cp312), asked of it."""
-    command = [str(interpreter), "-I", "-c", ASK_PYTHON]
+    ask = "import sys; print(sys.implementation.name, *sys.version_info[:2])"
+    command = [str(interpreter), "-I", "-c", ask]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:

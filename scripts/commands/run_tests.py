@@ -236,7 +236,7 @@ def _run(
             # (lock.hold_interrupts); this run goes on, and Ctrl-C must still stop it.
             lock.release_interrupts()
             version = series.manifest.base.version
-            if report.already_applied:
+            if not report.applied:
                 print(f"series {version}: already applied in {report.where}")
             for name in report.applied:
                 print(f"series {version}: applied {name}")

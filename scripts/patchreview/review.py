@@ -146,7 +146,7 @@ def review_patch(patch: Patch, before: dict[str, str], after: dict[str, str]) ->
         old_scopes = scopes_of(before[diff.path]) if diff.path in before else ()
         new_scopes = scopes_of(after[diff.path]) if diff.path in after else ()
         touched: dict[str, None] = {}
-        for line in (line for hunk in diff.hunks for line in hunk.lines):
+        for line in (line for hunk in diff.hunks for line in hunk):
             if line.kind == "+" and line.new_line is not None:
                 touched[enclosing(new_scopes, line.new_line)] = None
             elif line.kind == "-" and line.old_line is not None:

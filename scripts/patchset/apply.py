@@ -1,6 +1,4 @@
-"""Check a base against the pin, then apply the series on a branch of its own: plumbing
-only, onto a temporary index in a marked folder; the repository gains objects, and one
-ref update at the end makes the branch."""
+"""Apply the series with plumbing only: a temporary index, then one ref update makes the branch."""
 
 from __future__ import annotations
 
@@ -21,10 +19,9 @@ from .git import PROJECT_IDENTITY, Git, GitError
 from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
 from .paths import PATCHES_ROOT
-from .recognise import Files, reading, recognise, recognise_or_refuse, refusal
+from .recognise import Files, reading, recognise
 
 LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
-# Our temporary folders: in TMPDIR for a user's checkout, beside the build tree for it.
 TEMP_PREFIX = "sglang-backports-apply-"
 RESTORE = "restore the patch set with `git checkout -- patches/`"
 ROLLED_BACK = "this run changed nothing of yours (its work was rolled back)"
@@ -37,10 +34,6 @@ class ApplyReport:
     applied: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # --3way: the merge and its judgement
-
-    @property
-    def already_applied(self) -> bool:
-        return not self.applied
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
@@ -63,9 +56,7 @@ def _patches_after(series: Series, step: str) -> list[Path]:
 
 
 def verify(series: Series, hashes: bool = True) -> None:
-    """Refuse a damaged series before anything is written: its hashes, then a patch that
-    touches a path outside the manifest's files as git reads it (a plain ---/+++ diff
-    counts too), or creates, deletes, renames or re-modes one."""
+    """Refuse a damaged series before anything is written: hashes, each patch as git reads it."""
     if hashes:
         series.verify()
     allowed = set(series.manifest.files)
@@ -92,16 +83,10 @@ def verify(series: Series, hashes: bool = True) -> None:
             )
 
 
-def on_index(git: Git, scratch: Path) -> Git:
-    """git on a temporary index in scratch (ours, never the repository's)."""
-    return git.with_env({"GIT_INDEX_FILE": str(scratch / "index")})
-
-
 def commit_patch(
     git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str = ""
 ) -> str:
-    """Commit tree onto parent with the patch's message (and note) and author, read as
-    `git am` reads them; the new commit's id."""
+    """Commit tree onto parent with the patch's message (and note) and author, as `git am` would."""
     msg, rest = scratch / "msg", scratch / "patch"
     info = git.run(
         "mailinfo", "--no-scissors", str(msg), str(rest),
@@ -116,9 +101,8 @@ def commit_patch(
 
 
 def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scratch: Path) -> str:
-    """Commit each patch onto tip, applied to a temporary index in scratch (no fuzz, no
-    3-way, no work tree), each step's tree checked against the manifest; the last commit."""
-    index = on_index(git, scratch)
+    """Commit each patch onto tip via a temporary index (no fuzz), each step's tree checked."""
+    index = git.with_env({"GIT_INDEX_FILE": str(scratch / "index")})  # ours, not the repository's
     # Where sglang is vendored, its paths are the patches' under the prefix.
     apply = ["apply", "--cached", *([f"--directory={git.prefix}"] if git.prefix else [])]
     index.run("read-tree", tip)
@@ -152,9 +136,7 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
 
 
 def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
-    """Point the new branch at commit, in one ref update that fails if the branch appeared
-    meanwhile. From then on the run has succeeded: signals stay held to the end of the
-    process, so a late Ctrl-C cannot make the run say it removed what it made."""
+    """One ref update, refused if the branch appeared meanwhile; then signals stay held: done."""
     lock.hold_interrupts()
     result = git.run("update-ref", f"refs/heads/{branch}", commit, "0" * len(commit), check=False)
     if result.returncode == 0:
@@ -184,10 +166,9 @@ def refuse_clash(git: Git, branch: str, where: Path) -> None:
 
 
 def _apply_to_checkout(
-    git: Git, series: Series, branch: str, where: Path, temp: Path, at: tuple[str, str] | None
+    git: Git, series: Series, branch: str, where: Path, at: tuple[str, str] | None
 ) -> ApplyReport:
-    """Apply what is missing of the series to HEAD on a new branch, working in a marked
-    folder in temp; at: (HEAD's commit, its step) where the caller has recognised it."""
+    """Apply what HEAD misses of the series on a new branch; at: (HEAD, its step) if known."""
     manifest = series.manifest
     report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
@@ -210,13 +191,15 @@ def _apply_to_checkout(
     if at is None:
         head = _head(git)
         files = files_at(git, head, manifest)
-        at = head, recognise_or_refuse(load_catalog(PATCHES_ROOT), files, str(where), series).step
+        at = head, recognise(load_catalog(PATCHES_ROOT), files, str(where), series).step
     patches = _patches_after(series, at[1])
     report.already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
         report.branch = None
         return report
     commit_identity(git)
+    # The build tree's folder is beside it, so the next run there removes what a kill left.
+    temp = where.parent if git.owned else lock.tmpdir()
     with lock.marked_folder(temp, TEMP_PREFIX) as scratch:
         tip = _commit_series(git, series, at[0], patches, scratch)
         report.applied = [p.name for p in patches]
@@ -225,7 +208,6 @@ def _apply_to_checkout(
 
 
 def delete_or_rename(branch: str, where: Path) -> str:
-    """The way out of a branch name that is taken in a user's repository."""
     delete = shlex.join(["git", "-C", str(where), "branch", "-D", branch])
     return f"delete it (`{delete}`) or pass --branch with another name"
 
@@ -254,10 +236,7 @@ def apply_to_user_checkout(
     series: Series | None = None,
     onto_fork: OntoFork | None = None,
 ) -> ApplyReport:
-    """Recognise HEAD of the checkout once (under its lock) and apply its series: the
-    given one (--patch-set), else the one whose steps hold HEAD's files. A checkout at
-    no step is refused; with onto_fork (--3way), one that matches no served release
-    goes to onto_fork instead."""
+    """Recognise HEAD once under the lock and apply; a fork goes to onto_fork (--3way) if given."""
     if series is not None:
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)
@@ -266,17 +245,15 @@ def apply_to_user_checkout(
         _refuse_unclean(git, path)
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
-        found = recognise(catalog, blobs_of(files), series)
-        if found is None:
-            refused = refusal(catalog, files, str(path), series, checkout=True)
+        try:
+            found = recognise(catalog, files, str(path), series, checkout=True)
+        except BackportError as refused:
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
-                raise refused
+                raise
             return onto_fork(git, head, files)
         verify(found.series)
         branch = branch or default_branch(found.series.manifest)
-        return _apply_to_checkout(
-            git, found.series, branch, path, lock.tmpdir(), (head, found.step)
-        )
+        return _apply_to_checkout(git, found.series, branch, path, (head, found.step))
 
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
@@ -299,8 +276,7 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         branch = default_branch(manifest)
         report = ApplyReport(where=repo, branch=branch, applied=list(series.patch_names))
         tip = _commit_series(git, series, _head(git), series.patch_paths, tmp)
-        git.run("update-ref", f"refs/heads/{branch}", tip, "0" * len(tip))
-        git.run("checkout", "--quiet", branch)
+        git.run("checkout", "--quiet", "-b", branch, tip)
         # One rename on one file system: a reader sees no tree or the whole one,
         # and once it is there the run has succeeded, whatever signal comes late.
         lock.hold_interrupts()
@@ -335,7 +311,7 @@ def apply_to_build_tree(
             )
         _refuse_unclean(git, repo)
         branch = default_branch(series.manifest)
-        report = _apply_to_checkout(git, series, branch, repo, build, None)
+        report = _apply_to_checkout(git, series, branch, repo, None)
         current = git.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout
         if report.branch and current.strip() != branch:
             git.run("checkout", "--quiet", branch)
@@ -344,7 +320,6 @@ def apply_to_build_tree(
 
 @contextmanager
 def scratch_copy(files: Files) -> Iterator[Path]:
-    """A temporary folder holding copies of the files, for `git apply` to work on."""
     with lock.marked_folder(lock.tmpdir(), "sglang-backports-scratch-") as scratch:
         for path, data in files.items():
             if data is not None:
@@ -362,24 +337,21 @@ FAILS = "does not apply"
 
 
 def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
-    """Per patch, whether it would apply to these files at step state of the series:
-    "already applied", "applies cleanly" or FAILS and, on lines below, why; changes nothing."""
+    """Per patch: "already applied", "applies cleanly", or FAILS and why on lines below."""
     pending = _patches_after(series, state)
     results = dict.fromkeys(series.patch_names, "already applied")
+    results |= {patch.name: f"{FAILS}\nan earlier patch failed" for patch in pending}
     with scratch_copy(files) as scratch:
         for patch in pending:
-            if any(status.startswith(FAILS) for status in results.values()):
-                results[patch.name] = f"{FAILS}\nan earlier patch failed"
-            elif (done := git_apply(scratch, patch)).returncode != 0:
+            if (done := git_apply(scratch, patch)).returncode != 0:
                 results[patch.name] = f"{FAILS}\n{done.stderr.strip()}".strip()
-            else:
-                results[patch.name] = "applies cleanly"
+                break
+            results[patch.name] = "applies cleanly"
     return results
 
 
 def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    """The touched files at every step: the series applied to copies of the base's files,
-    each step checked against the manifest's blob ids."""
+    """The series' files at every step, each step checked against the manifest's blob ids."""
     verify(series, hashes=False)
     manifest = series.manifest
     where = manifest.base.wheel

@@ -1,15 +1,13 @@
-"""The build tree's conventions (where it lives, its tag and branch, its step trees),
-and the one way to read the series' files out of a tree, a checkout or a wheel."""
+"""The build tree's conventions (place, tag, branch, step trees) and files_at, the one reader."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from . import wheel as wheels
 from .catalog import Files
 from .errors import BackportError, Exit
-from .git import Git, open_checkout
+from .git import Git
 from .manifest import PinManifest, Series
 
 
@@ -32,11 +30,10 @@ def series_commits(git: Git, manifest: PinManifest) -> list[str]:
 
 
 def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
-    """path -> its bytes at rev (None where rev has no such file), in one git call;
-    read under git.prefix where the repository vendors sglang."""
+    """path (under git.prefix) -> its bytes at rev, or None, in one git call."""
     paths = list(manifest.files)
     asked = "".join(f"{rev}:{git.prefix}{path}\n" for path in paths).encode()
-    result = git.read("cat-file", "--batch", input=asked)
+    result = git.run("cat-file", "--batch", input=asked, check=False)
     if result.returncode != 0:  # rev itself unreadable: no file
         return dict.fromkeys(paths)
     out, at, found = result.stdout, 0, {}
@@ -52,19 +49,8 @@ def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
     return found
 
 
-def files_of_build_tree(series: Series, build: Path, cache: Path) -> tuple[Files, str]:
-    """The touched files of the build tree if it exists, else of the pinned wheel."""
-    repo = build_tree_path(series, build)
-    if repo.is_dir():
-        return files_at(open_checkout(repo), "HEAD", series.manifest), str(repo)
-    wheel = wheels.fetch_wheel(series.manifest.base, cache)
-    return dict(wheels.read_files(wheel, series.manifest.files)), str(wheel)
-
-
 def step_trees(series: Series, build: Path) -> dict[str, Path]:
-    """step -> folder whose python/ holds that step's sglang package: a detached worktree
-    of the build tree (ours: pruning its worktrees touches nothing of a user's) under
-    build/steps/<version>/, reused while its commit is unchanged."""
+    """step -> a detached worktree (ours: pruning is safe) in build/steps/<version>/, reused."""
     manifest = series.manifest
     git = Git(build_tree_path(series, build), owned=True)
     revs = [git.rev(pristine_tag(manifest)) or "", *series_commits(git, manifest)]

@@ -1,5 +1,4 @@
-"""Deploy the series: the pinned wheel rewritten so that only the patched files, the
-.dist-info folder's name, METADATA's Version and RECORD change."""
+"""The pinned wheel with only the patched files, dist-info name, Version and RECORD changed."""
 
 from __future__ import annotations
 
@@ -69,12 +68,10 @@ def _rewrite_record(
 def build_wheel(
     series: Series, cache: Path, out_dir: Path, python: str | None = None
 ) -> BuiltWheel:
-    """Write the patched wheel of series' release into out_dir; same inputs, same bytes.
-    python: the CPython tag (cp312) of the pinned wheel to patch (default: the manifest's)."""
+    """The patched wheel for python (cp312; default the manifest's) in out_dir, reproducibly."""
     series.verify()
     manifest = series.manifest
-    problems = label_problems(manifest)
-    if problems:
+    if problems := label_problems(manifest):
         raise BackportError(
             Exit.PATCHSET_INVALID,
             f"{series.folder / 'pin.toml'}: " + "; ".join(problems),
@@ -125,8 +122,7 @@ def build_wheel(
 
 
 def _copy_info(member: zipfile.ZipInfo, rename: dict[str, str]) -> zipfile.ZipInfo:
-    """A fresh ZipInfo with the member's name (renamed), date, mode and compression: not
-    the clock's or the platform's, so the output depends on the inputs alone."""
+    """The member's (renamed) ZipInfo, not the clock's or platform's: output from inputs alone."""
     info = zipfile.ZipInfo(rename.get(member.filename, member.filename), member.date_time)
     for name in ("compress_type", "external_attr", "create_system", "comment", "extra"):
         setattr(info, name, getattr(member, name))

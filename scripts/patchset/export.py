@@ -22,7 +22,6 @@ FORMAT_PATCH_FLAGS = [
 SERIES_HEADER = (
     "# Applied in this order by scripts/apply-patches; regenerate with scripts/export-patches.\n"
 )
-KEEP_FILES = "the series must keep the three patched files"
 
 
 def export_to(series: Series, repo: Path, out: Path) -> list[str]:
@@ -47,8 +46,8 @@ def export_to(series: Series, repo: Path, out: Path) -> list[str]:
     for name, rev in zip(names, series_commits(git, manifest), strict=True):
         for path, blob in blobs_of(files_at(git, rev, manifest)).items():
             if blob is None:
-                problem = f"{path} does not exist after {name}"
-                raise BackportError(Exit.PATCHSET_INVALID, problem, KEEP_FILES)
+                problem, keep = f"{path} does not exist after {name}", "the series must keep it"
+                raise BackportError(Exit.PATCHSET_INVALID, problem, keep)
             blobs[path][step_of(name)] = blob
     (out / SERIES_NAME).write_text(SERIES_HEADER + "".join(f"{n}\n" for n in names))
     committed = (series.folder / MANIFEST_NAME).read_text(encoding="utf-8")
@@ -70,7 +69,6 @@ def _exported_files(folder: Path) -> dict[str, bytes]:
 
 
 def _fresh_export(series: Series, build: Path) -> tuple[list[str], dict[str, bytes]]:
-    """The patch names and the files of an export into a marked temporary folder."""
     with marked_folder(tmpdir(), "sglang-backports-export-") as tmp:
         return export_to(series, build_tree_path(series, build), tmp), _exported_files(tmp)
 
@@ -83,7 +81,6 @@ def stale_diff(series: Series, build: Path) -> str:
         old, new = (files.get(name, b"").splitlines(keepends=True) for files in (committed, fresh))
         names = f"committed/{name}".encode(), f"exported/{name}".encode()
         chunks += difflib.diff_bytes(difflib.unified_diff, old, new, *names)
-    # Shown as text, with each carriage return made visible.
     return b"".join(chunks).decode("utf-8", "replace").replace("\r", "\\r")
 
 

@@ -37,7 +37,6 @@ SGLANG_PACKAGE = "python/sglang"  # what the top folder of sglang's source holds
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
 )
-# What a file in the git folder says is half-done there.
 OPERATIONS = (
     ("rebase-apply", "git am or rebase"),
     ("rebase-merge", "rebase"),
@@ -48,8 +47,7 @@ OPERATIONS = (
 
 @dataclass
 class Git:
-    """Runs git in one work tree. owned: a repository this project made, where the user's
-    and system's configuration are ignored, so output does not depend on who runs it."""
+    """git in one work tree; owned: ours, so the user's and system's config are ignored."""
 
     cwd: Path
     owned: bool = False
@@ -65,28 +63,19 @@ class Git:
         return env
 
     def run(
-        self, *args: str, check: bool = True, input: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        result = self._start(args, input, text=True)
-        if check and result.returncode != 0:
-            raise GitError(list(args), result)
-        return result
-
-    def read(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        """Run git for bytes (file contents), unchecked."""
-        return self._start(args, input, text=False)
-
-    def _start(self, args: tuple[str, ...], input: str | bytes | None, text: bool) -> Any:
+        self, *args: str, check: bool = True, input: str | bytes | None = None
+    ) -> subprocess.CompletedProcess[Any]:
+        """git args; given bytes (file contents), its output is bytes too."""
         config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
         try:
             # A git cut off half-way can leave a lock file: an interruption waits for it.
             with deferred_signals():
-                return subprocess.run(
+                result = subprocess.run(
                     ["git", *config, *args],
                     cwd=self.cwd,
                     env=self.env(),
                     capture_output=True,
-                    text=text,
+                    text=not isinstance(input, bytes),
                     input=input,
                     stdin=None if input is not None else subprocess.DEVNULL,
                     pass_fds=held_fds(),
@@ -97,12 +86,14 @@ class Git:
             raise BackportError(
                 Exit.ENVIRONMENT, "git is not installed (not found on PATH)", "install git"
             ) from err
+        if check and result.returncode != 0:
+            raise GitError(list(args), result)
+        return result
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
 
     def with_env(self, env: dict[str, str]) -> Git:
-        """The same git, with env added to what every command gets."""
         return replace(self, extra_env=self.extra_env | env)
 
     def rev(self, spec: str) -> str | None:
@@ -125,22 +116,15 @@ class Git:
         return sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in keys if key})
 
     def dirty_files(self) -> list[str]:
-        """Tracked files (under prefix) with staged or unstaged changes, read without
-        writing and with every filter driver off (no program of the user's runs), so a
-        file stored through one may be called changed."""
+        """Changed tracked files under prefix, read with every filter driver off (none runs)."""
         names = self.config_names("filter", "[^.]*")
         off = [(f"filter.{n}.{k}", "") for n in names for k in ("clean", "smudge", "process")]
         reader = self.with_env(config_env(off + [(f"filter.{n}.required", "false") for n in names]))
         pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
-        listing = reader.run("status", "--porcelain=v1", "-z", "--untracked-files=no", *pathspec)
-        # Each entry is "XY path"; a rename adds its old path as a separate entry.
-        entries, dirty = iter(listing.stdout.split("\0")), []
-        for entry in entries:
-            if entry:
-                dirty.append(entry[3:])
-                if entry[0] in "RC":
-                    next(entries, None)
-        return dirty
+        listing = reader.run(
+            "status", "--porcelain=v1", "-z", "--untracked-files=no", "--no-renames", *pathspec
+        )
+        return [entry[3:] for entry in listing.stdout.split("\0") if entry]  # "XY path"
 
     def ref_clash(self, branch: str) -> str | None:
         """An existing ref that keeps refs/heads/<branch> from being made (a/b beside a)."""
@@ -163,8 +147,7 @@ def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def open_checkout(path: Path) -> Git:
-    """A Git for a user's checkout (the folder that holds python/sglang: the repository's
-    top, or where it vendors sglang, named by Git.prefix); else a refusal."""
+    """A Git for the folder of a user's checkout that holds python/sglang; else a refusal."""
     if not path.is_dir():
         raise BackportError(
             Exit.NOT_A_CHECKOUT,

@@ -1,5 +1,4 @@
-"""The signals that end a run, held where a run must not be cut short; apart from
-lock.py so that cli.py (and check-install's zipapp) needs none of its file locks."""
+"""The signals that end a run; apart from lock.py, which check-install's zipapp lacks."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def hold_interrupts() -> None:
-    """For a run that has reached its end: a later signal stays pending, so the process
-    ends as what it did says (release_interrupts undoes this)."""
+    """A run at its end: a later signal stays pending, so it exits as what it did says."""
     signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
 
 

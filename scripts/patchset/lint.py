@@ -267,7 +267,7 @@ def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patc
 def _check_lines(report: LintReport, patch: Patch) -> None:
     """No added line ends in whitespace; no patched file ends without a newline."""
     for diff in patch.files:
-        for line in (line for hunk in diff.hunks for line in hunk.lines if line.kind == "+"):
+        for line in (line for hunk in diff.hunks for line in hunk if line.kind == "+"):
             report.checked["whitespace"] += 1
             if line.text != line.text.rstrip():
                 problem = f"added line {diff.path}:{line.new_line} ends in whitespace"

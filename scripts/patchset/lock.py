@@ -1,7 +1,4 @@
-"""One run at a time per target, no half-made state on an interruption, and the one
-kind of temporary folder every command makes (marked_folder). A target is guarded by
-an flock on a file beside it that names its holder, so a refused run can say whom it
-waits for; the OS drops the lock of a killed holder."""
+"""One run at a time per target (a named flock), no half-made state on a kill, marked_folder."""
 
 from __future__ import annotations
 
@@ -9,7 +6,6 @@ import errno
 import fcntl
 import os
 import re
-import secrets
 import shutil
 import signal
 import stat
@@ -28,7 +24,6 @@ from .textout import progress
 
 DEFAULT_WAIT_S = 30.0  # how long a second run waits for the first (--wait)
 TELL_AFTER_S = 1.0  # a wait shorter than this is not worth a line on stderr
-_UNNAMED_HOLDER = "a process that has not written its name yet"
 # Every git or pip we start inherits these fds: one that outlives a killed run holds them.
 _held: list[int] = []
 
@@ -43,8 +38,7 @@ def tmpdir() -> Path:
 
 @contextmanager
 def deferred_signals() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (children too): a git or a
-    cleanup cut short leaves a lock file, half a ref or half a folder."""
+    """Hold the interrupts for the block (children too): a git cut short leaves a lock file."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
     try:
         yield
@@ -54,8 +48,9 @@ def deferred_signals() -> Iterator[None]:
 
 def _holder(path: Path) -> str:
     with suppress(OSError):
-        return path.read_text(encoding="utf-8", errors="replace").strip() or _UNNAMED_HOLDER
-    return _UNNAMED_HOLDER
+        if named := path.read_text(encoding="utf-8", errors="replace").strip():
+            return named
+    return "a process that has not written its name yet"
 
 
 def _try_lock(path: Path) -> int | None:
@@ -107,11 +102,9 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             os.close(fd)
 
 
-# A temporary folder is named PREFIX<16 hex digits>SUFFIX and holds TEMP_MARKER (content
-# TEMP_MARKER_TEXT), flocked by its maker and every child (held_fds): the next run removes
-# a killed run's (marked, unlocked), never a live run's (locked) nor anything else. Making
-# and sweeping both hold this user's lock in the parent, so a folder caught half-made is a
-# killed run's; other users' folders are never judged (in a shared TMPDIR, even by root).
+# PREFIX<8 random>SUFFIX holding TEMP_MARKER, flocked by its maker and children (held_fds): a
+# sweep removes a killed run's (marked, unlocked) only. Making and sweeping hold this user's
+# lock in parent, so one caught half-made is a killed run's; other users' are never judged.
 TEMP_MARKER = ".made-by-sglang-backports"
 TEMP_MARKER_TEXT = (
     b"a temporary folder of sglang-backports; the next run removes it once the run "
@@ -120,7 +113,7 @@ TEMP_MARKER_TEXT = (
 
 
 def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
-    return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
+    return re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))  # mkdtemp's
 
 
 def _temp_lock(parent: Path) -> AbstractContextManager[None]:
@@ -130,8 +123,7 @@ def _temp_lock(parent: Path) -> AbstractContextManager[None]:
 
 @contextmanager
 def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
-    """A temporary folder in parent, marked and locked, removed when the block ends; the
-    leftovers of killed runs there (same prefix and suffix) are removed first."""
+    """A marked, locked temporary folder in parent for the block; killed runs' go first."""
     made: list[tuple[Path, int]] = []
     try:
         with _temp_lock(parent):
@@ -150,11 +142,7 @@ def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]
 
 
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
-    while True:
-        folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
-        with suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
-            break
+    folder = Path(tempfile.mkdtemp(suffix, prefix, parent))
     fd = -1
     try:
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)

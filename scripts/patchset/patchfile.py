@@ -1,5 +1,4 @@
-"""Read one `git format-patch` file: its message, trailers and hunks, each with its line
-in the patch file, so that lint and review can report a problem as file:line."""
+"""A `git format-patch` file's message, trailers and hunks, each line numbered for file:line."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from .git import Git
-from .lock import marked_folder, tmpdir
 
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -27,18 +25,13 @@ class PatchLine:
 
 
 @dataclass
-class Hunk:
-    lines: list[PatchLine] = field(default_factory=list)
-
-
-@dataclass
 class FileDiff:
     old_path: str
     new_path: str
     old_blob: str | None = None
     new_blob: str | None = None
     index_line: int | None = None
-    hunks: list[Hunk] = field(default_factory=list)
+    hunks: list[list[PatchLine]] = field(default_factory=list)
     # patch-file lines of "\ No newline at end of file" that follow '+' lines
     new_lacks_final_newline: list[int] = field(default_factory=list)
 
@@ -48,11 +41,11 @@ class FileDiff:
 
     @property
     def added(self) -> int:
-        return sum(1 for h in self.hunks for line in h.lines if line.kind == "+")
+        return sum(1 for h in self.hunks for line in h if line.kind == "+")
 
     @property
     def removed(self) -> int:
-        return sum(1 for h in self.hunks for line in h.lines if line.kind == "-")
+        return sum(1 for h in self.hunks for line in h if line.kind == "-")
 
 
 @dataclass
@@ -68,16 +61,12 @@ class Patch:
     text: str
     subject: str | None
     subject_line: int | None
-    body: list[str]  # the message without the subject and the trailers: the "why"
+    description: str  # the message without the subject and the trailers: the "why"
     trailers: list[Trailer]
     files: list[FileDiff]
 
     def trailer(self, key: str) -> list[Trailer]:
         return [t for t in self.trailers if t.key.lower() == key.lower()]
-
-    @property
-    def description(self) -> str:
-        return "\n".join(self.body).strip()
 
 
 def _strip_diff_prefix(path: str) -> str:
@@ -120,13 +109,14 @@ def parse_patch(path: Path) -> Patch:
         end += 1
     body, trailers = _split_message(lines, start, end)
     files = _file_diffs(lines, end)
-    return Patch(path, text, subject, next(subject_lines, None), body, trailers, files)
+    description = "\n".join(body).strip()
+    return Patch(path, text, subject, next(subject_lines, None), description, trailers, files)
 
 
 def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
     """The `diff --git` sections from lines[start] on, with every hunk line numbered."""
     files: list[FileDiff] = []
-    hunk: Hunk | None = None
+    hunk: list[PatchLine] | None = None
     old_no = new_no = old_left = new_left = 0
     last_kind = ""
     for number, line in enumerate(lines[start:], start + 1):
@@ -134,7 +124,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         if hunk is not None and (old_left > 0 or new_left > 0) and kind in "+- ":
             old = None if kind == "+" else old_no
             new = None if kind == "-" else new_no
-            hunk.lines.append(PatchLine(kind, line[1:], number, old, new))
+            hunk.append(PatchLine(kind, line[1:], number, old, new))
             if old is not None:
                 old_no, old_left = old_no + 1, old_left - 1
             if new is not None:
@@ -160,27 +150,24 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         elif header := HUNK_HEADER.match(line):
             old_no, new_no = int(header[1]), int(header[3])
             old_left, new_left = int(header[2] or 1), int(header[4] or 1)
-            hunk, last_kind = Hunk(), ""
+            hunk, last_kind = [], ""
             files[-1].hunks.append(hunk)
     return files
 
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
-    """What `git apply FLAGS` says of a patch, run in an empty folder; (output, error)."""
-    with marked_folder(tmpdir(), "sglang-backports-numstat-") as scratch:
-        # A missing final newline has a lint rule of its own; git would call it corrupt.
-        copy = scratch / "patch"
-        data = path.read_bytes()
-        copy.write_bytes(data if data.endswith(b"\n") else data + b"\n")
-        result = Git(scratch, owned=True).run("apply", *flags, str(copy), check=False)
+    """What `git apply FLAGS` says of a patch; (output, error)."""
+    # A missing final newline has a lint rule of its own; git would call it corrupt.
+    data = path.read_bytes().removesuffix(b"\n") + b"\n"
+    result = Git(Path("/"), owned=True).run("apply", *flags, input=data, check=False)
+    out, err = (result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace"))
     if result.returncode != 0:
-        return "", result.stderr.strip() or f"git apply exit {result.returncode}"
-    return result.stdout, ""
+        return "", err.strip() or f"git apply exit {result.returncode}"
+    return out, ""
 
 
 def touched_paths(path: Path) -> tuple[list[str], str]:
-    """The files a patch changes as git itself reads it (a plain ---/+++ diff too, which
-    our parser does not follow), or ([], why git could not)."""
+    """The files a patch changes as git reads it (plain ---/+++ too), or ([], why not)."""
     out, problem = _git_reading(path, "--numstat", "-z")
     if problem:
         return [], problem

@@ -1,5 +1,4 @@
-"""Which served release and step a checkout's files are, or why none: the answers of
-patchset/catalog.py (blob ids) and patchset/shape.py (code shape), worded."""
+"""Which served release and step files are (catalog, shape), or the refusal that says why not."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths, shape
-from .catalog import Blobs, Catalog, Files, blobs_of, step_in
+from .catalog import Catalog, Files, blobs_of, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
@@ -30,33 +29,26 @@ def reading(series: Series | None) -> Series:
     return series or Series.load(paths.DEFAULT_PATCH_DIR)
 
 
-def recognise(catalog: Catalog, blobs: Blobs, series: Series | None = None) -> Recognised | None:
-    """The series (the given one, else the one whose steps hold these files) and its step."""
-    if series is not None:
-        step = step_in(series.manifest, blobs)
-        return Recognised(series, step) if step else None
-    for content in catalog.lookup(blobs):
-        if content.series:
-            found = Series.load(paths.PATCHES_ROOT / content.series)
-            return Recognised(found, step_in(found.manifest, blobs) or "")
-    return None
-
-
-def recognise_or_refuse(
+def recognise(
     catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
 ) -> Recognised:
-    found = recognise(catalog, blobs_of(files), series)
-    if found is None:
-        raise refusal(catalog, files, where, series, checkout)
-    return found
+    """The series (the given one, else the one whose steps hold these files) and its step."""
+    blobs = blobs_of(files)
+    if series is not None:
+        if step := step_in(series.manifest, blobs):
+            return Recognised(series, step)
+    else:
+        for content in catalog.lookup(blobs):
+            if content.series:
+                found = Series.load(paths.PATCHES_ROOT / content.series)
+                return Recognised(found, step_in(found.manifest, blobs) or "")
+    raise _refusal(catalog, files, where, series, checkout)
 
 
-def refusal(
-    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
+def _refusal(
+    catalog: Catalog, files: Files, where: str, series: Series | None, checkout: bool
 ) -> BackportError:
-    """Why files at no step of the series (or of any) are refused: ALREADY_UPSTREAM when
-    fixed (by release or code shape), else BASE_MISMATCH naming the nearest release and,
-    for a user's checkout near a served release, --3way."""
+    """ALREADY_UPSTREAM when fixed (by release or shape), else BASE_MISMATCH naming the nearest."""
     blobs, manifest = blobs_of(files), reading(series).manifest
     version, expected = manifest.base.version, manifest.blobs_at(BASE_STEP)
     if series is None:

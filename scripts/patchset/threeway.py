@@ -1,25 +1,22 @@
-"""apply-patches --sglang PATH --3way: a served release's series onto a fork of it.
-The release's files at every step (from its pinned wheel) go into the user's repository
-as loose objects, so that `git apply --cached --3way` finds each preimage; the branch is
-made only when the result is judged "fixed" by its code shape (docs/apply.md)."""
+"""apply-patches --3way: a served release's series merged onto a fork of it (its preimages
+written as loose objects for `git apply --cached --3way`), kept only if judged fixed."""
 
 from __future__ import annotations
 
 import ast
 import re
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import apply, shape
+from . import apply, paths, shape
 from . import wheel as wheels
 from .apply import ApplyReport, commit_patch, create_branch, delete_or_rename, refuse_clash
 from .buildtree import default_branch, files_at
-from .catalog import Catalog, blobs_of
+from .catalog import blobs_of, load_catalog
 from .errors import BackportError, Exit
 from .git import Git, config_env
 from .lock import marked_folder, tmpdir
-from .manifest import Series, series_for_release
+from .manifest import Series, git_blob_id, series_for_release
 from .paths import PATCHES_ROOT
 from .recognise import Files, full_check
 from .shapeflow import CannotTell, Sources, functions
@@ -29,147 +26,136 @@ INDEX_LINE = re.compile(r"^(index )([0-9a-f]{40})\.\.([0-9a-f]{40})", re.M)
 Touched = list[tuple[str, str]]  # (path, function) that both the fork and the series change
 
 
-@dataclass
-class OntoFork:
-    """The --3way application (an apply.OntoFork), called under the repository's lock."""
-
-    catalog: Catalog
-    where: Path
-    cache: Path
-    branch: str | None = None
-    series: Series | None = None  # --patch-set
-    release: str | None = None  # --base
-    drivers: list[str] = field(default_factory=list)  # the user's merge drivers, not run
-
-    def __call__(self, git: Git, head: str, files: Files) -> ApplyReport:
-        series = self._series(files)
-        apply.verify(series)
-        manifest = series.manifest
-        branch = self.branch or default_branch(manifest)
-        if not (exists := git.branch_exists(branch)):
-            refuse_clash(git, branch, self.where)
-        wheel = wheels.fetch_wheel(manifest.base, self.cache)
-        per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files))
-        ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
-        report = ApplyReport(where=self.where, branch=branch)
-        note = (
-            f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
-            "by scripts/apply-patches --3way: git's three-way merge, the result "
-            "judged fixed by its code shape.)\n"
-        )
-        with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
-            ids = _write_preimages(git, per_step, scratch)
-            merger, self.drivers = _merger(git, scratch)
-            merger.run("read-tree", head)
-            tip = head
-            apply.commit_identity(git)
-            for patch in series.patch_paths:
-                self._merge(merger, patch, ids, scratch, ours, manifest.base.version)
-                tip = commit_patch(git, patch, merger.out("write-tree"), tip, scratch, note)
-                report.applied.append(patch.name)
-            merged = files_at(git, tip, manifest)
-            judged = shape.judge(Sources.from_texts(merged))
-            if not judged.fixed:
+def onto_fork(
+    where: Path,
+    branch: str | None,
+    series: Series | None,
+    release: str | None,
+    git: Git,
+    head: str,
+    files: Files,
+) -> ApplyReport:
+    """--3way under the repository's lock: an apply.OntoFork once the first four are bound."""
+    series = series or _series(where, release, files)
+    apply.verify(series)
+    manifest = series.manifest
+    branch = branch or default_branch(manifest)
+    if not (exists := git.branch_exists(branch)):
+        refuse_clash(git, branch, where)
+    wheel = wheels.fetch_wheel(manifest.base, paths.cache_dir())
+    per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files))
+    ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
+    report = ApplyReport(where=where, branch=branch)
+    note = (
+        f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
+        "by scripts/apply-patches --3way: git's three-way merge, the result "
+        "judged fixed by its code shape.)\n"
+    )
+    with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
+        ids = _write_preimages(git, per_step, scratch)
+        # each merge driver of the user's is run as `false`: no program of theirs runs
+        drivers = git.config_names("merge", "driver")
+        off = config_env([(f"merge.{name}.driver", "false") for name in drivers])
+        merger = git.with_env({"GIT_INDEX_FILE": str(scratch / "index"), **off})
+        merger.run("read-tree", head)
+        tip = head
+        apply.commit_identity(git)
+        for patch in series.patch_paths:
+            if conflict := _merge(merger, patch, ids, scratch, drivers):
                 raise BackportError(
                     Exit.APPLY_FAILED,
-                    f"the series of sglang {manifest.base.version} merged onto {self.where} "
-                    "without conflicts, but the result is not judged fixed by its code shape:\n"
-                    + "\n".join(f"  {line}" for line in judged.lines())
-                    + _said(ours),
-                    "nothing of yours was changed (no branch was made); your fork orders "
-                    "the prebuilt path in its own way, so make the fix there by hand "
-                    f"(docs/apply.md, --3way), then check it with {full_check(self.where)}",
+                    f"patch {patch.name} of sglang {manifest.base.version}'s series {conflict[0]}"
+                    f" on {where}, even with git's three-way merge:\n{conflict[1]}" + _said(ours),
+                    "nothing of yours was changed (no branch was made); port the series by "
+                    f"hand on a branch of your fork (`git -C {shlex.quote(str(where))} am -3 "
+                    f"{shlex.quote(str(patch.parent))}/*.patch` stops at the conflict: the "
+                    "preimages are in your repository now), then check it with "
+                    + full_check(where),
                 )
-            if not exists:
-                create_branch(git, branch, tip, self.where)
-            elif files_at(git, f"refs/heads/{branch}", manifest) == merged:
-                report.already, report.applied = report.applied, []
-            else:
-                raise BackportError(
-                    Exit.BRANCH_EXISTS,
-                    f"branch {branch} already exists in {self.where} and does not hold this merge",
-                    f"{delete_or_rename(branch, self.where)}; nothing of yours was changed",
-                )
-        report.notes = [
-            f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
-            f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
-            *_said(ours).strip().splitlines(),
-            f"next step, the full check: {full_check(self.where)} (after switching to the branch)",
-        ]
-        return report
-
-    def _series(self, files: Files) -> Series:
-        if self.series is not None:
-            return self.series
-        release = self.release or self.catalog.nearest_release(blobs_of(files), self.catalog.served)
-        if release is None:
-            served = ", ".join(self.catalog.served)
+            tip = commit_patch(git, patch, merger.out("write-tree"), tip, scratch, note)
+            report.applied.append(patch.name)
+        merged = files_at(git, tip, manifest)
+        judged = shape.judge(Sources.from_texts(merged))
+        if not judged.fixed:
             raise BackportError(
-                Exit.BASE_MISMATCH,
-                f"{self.where} shares no file with a served release ({served}), so which "
-                "release it is a fork of cannot be told from its files",
-                "name it: add --base VERSION (one of those releases) to --3way",
+                Exit.APPLY_FAILED,
+                f"the series of sglang {manifest.base.version} merged onto {where} "
+                "without conflicts, but the result is not judged fixed by its code shape:\n"
+                + "\n".join(f"  {line}" for line in judged.lines())
+                + _said(ours),
+                "nothing of yours was changed (no branch was made); your fork orders "
+                "the prebuilt path in its own way, so make the fix there by hand "
+                f"(docs/apply.md, --3way), then check it with {full_check(where)}",
             )
-        return series_for_release(PATCHES_ROOT, release)
+        if not exists:
+            create_branch(git, branch, tip, where)
+        elif files_at(git, f"refs/heads/{branch}", manifest) == merged:
+            report.already, report.applied = report.applied, []
+        else:
+            raise BackportError(
+                Exit.BRANCH_EXISTS,
+                f"branch {branch} already exists in {where} and does not hold this merge",
+                f"{delete_or_rename(branch, where)}; nothing of yours was changed",
+            )
+    report.notes = [
+        f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
+        f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
+        *_said(ours).strip().splitlines(),
+        f"next step, the full check: {full_check(where)} (after switching to the branch)",
+    ]
+    return report
 
-    def _merge(
-        self, merger: Git, patch: Path, ids: dict[str, str], scratch: Path, ours: Touched, ver: str
-    ) -> None:
-        """Apply one patch to the temporary index by three-way merge; refuse a conflict."""
-        text = INDEX_LINE.sub(
-            lambda m: m[1] + ids.get(m[2], m[2]) + ".." + ids.get(m[3], m[3]),
-            patch.read_text(encoding="utf-8"),
-        )
-        merged = scratch / f"3way-{patch.name}"
-        merged.write_text(text, encoding="utf-8")
-        prefix = [f"--directory={merger.prefix}"] if merger.prefix else []
-        done = merger.run("apply", "--cached", "--3way", *prefix, str(merged), check=False)
-        if done.returncode == 0:
-            return
-        unmerged = merger.run("ls-files", "--unmerged", "-z").stdout.split("\0")
-        paths = sorted({entry.split("\t", 1)[1] for entry in unmerged if "\t" in entry})
-        what = f"conflicts in {', '.join(paths)}" if paths else "does not apply"
-        if paths and self.drivers:
-            what += (
-                f" (the merge drivers your git configuration names, {', '.join(self.drivers)}, "
-                "are not run here: a file one of them would merge counts as a conflict)"
-            )
+
+def _series(where: Path, release: str | None, files: Files) -> Series:
+    catalog = load_catalog(PATCHES_ROOT)
+    release = release or catalog.nearest_release(blobs_of(files), catalog.served)
+    if release is None:
         raise BackportError(
-            Exit.APPLY_FAILED,
-            f"patch {patch.name} of sglang {ver}'s series {what} on {self.where}, "
-            f"even with git's three-way merge:\n{(done.stdout + done.stderr).strip()}"
-            + _said(ours),
-            "nothing of yours was changed (no branch was made); port the series by hand on "
-            f"a branch of your fork (`git -C {shlex.quote(str(self.where))} am -3 "
-            f"{shlex.quote(str(patch.parent))}/*.patch` stops at the conflict: the preimages "
-            f"are in your repository now), then check it with {full_check(self.where)}",
+            Exit.BASE_MISMATCH,
+            f"{where} shares no file with a served release ({', '.join(catalog.served)}), so "
+            "which release it is a fork of cannot be told from its files",
+            "name it: add --base VERSION (one of those releases) to --3way",
         )
+    return series_for_release(PATCHES_ROOT, release)
+
+
+def _merge(
+    merger: Git, patch: Path, ids: dict[str, str], scratch: Path, drivers: list[str]
+) -> tuple[str, str] | None:
+    """Merge one patch into the temporary index: None, or (what failed, git's words)."""
+    text = INDEX_LINE.sub(
+        lambda m: m[1] + ids.get(m[2], m[2]) + ".." + ids.get(m[3], m[3]),
+        patch.read_text(encoding="utf-8"),
+    )
+    merged = scratch / f"3way-{patch.name}"
+    merged.write_text(text, encoding="utf-8")
+    prefix = [f"--directory={merger.prefix}"] if merger.prefix else []
+    done = merger.run("apply", "--cached", "--3way", *prefix, str(merged), check=False)
+    if done.returncode == 0:
+        return None
+    unmerged = merger.run("ls-files", "--unmerged", "-z").stdout.split("\0")
+    paths = sorted({entry.split("\t", 1)[1] for entry in unmerged if "\t" in entry})
+    what = f"conflicts in {', '.join(paths)}" if paths else "does not apply"
+    if paths and drivers:
+        what += (
+            f" (the merge drivers your git configuration names, {', '.join(drivers)}, "
+            "are not run here: a file one of them would merge counts as a conflict)"
+        )
+    return what, (done.stdout + done.stderr).strip()
 
 
 def _write_preimages(
     git: Git, per_step: dict[str, dict[str, bytes]], scratch: Path
 ) -> dict[str, str]:
-    """Write every step's files into the repository as loose objects; sha1 blob id ->
-    the repository's id of the same bytes (another only in a sha256 repository)."""
-    listed: list[tuple[str, Path]] = []
-    for step, files in per_step.items():
-        for n, (path, data) in enumerate(files.items()):
-            file = scratch / "preimages" / step / str(n)
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_bytes(data)
-            listed.append((blobs_of({path: data})[path] or "", file))
+    """Every step's files as loose objects: sha1 blob id -> the repository's (sha256) id."""
+    blobs = {git_blob_id(data): data for files in per_step.values() for data in files.values()}
+    for sha1, data in blobs.items():
+        (scratch / sha1).write_bytes(data)
     written = git.run(
         "hash-object", "-w", "--no-filters", "--stdin-paths",
-        input="".join(f"{file}\n" for _, file in listed),
+        input="".join(f"{scratch / sha1}\n" for sha1 in blobs),
     ).stdout.split()  # fmt: skip
-    return {sha1: repo_id for (sha1, _), repo_id in zip(listed, written, strict=True)}
-
-
-def _merger(git: Git, scratch: Path) -> tuple[Git, list[str]]:
-    """git on a temporary index, each of the user's merge drivers (listed) run as `false`."""
-    names = git.config_names("merge", "driver")
-    env = config_env([(f"merge.{name}.driver", "false") for name in names]) if names else {}
-    return apply.on_index(git, scratch).with_env(env), names
+    return dict(zip(blobs, written, strict=True))
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
@@ -200,9 +186,7 @@ def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
 
 
 def fork_changes(base: dict[str, bytes], fork: Files, patched: dict[str, bytes]) -> Touched:
-    """(path, function) of each function that both the fork (against the release's
-    files) and the series (the release's files against its final step) change, by
-    qualified name (Class.method); a fork's file that does not parse is named whole."""
+    """(path, Class.method) that both fork and series change from base; unparsable: whole file."""
     found = []
     for path, data in base.items():
         before, theirs, series = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,11 +11,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .errors import BackportError, Exit
-from .lock import deferred_signals, held_fds, marked_folder, remove_leftovers
+from .lock import held_fds, marked_folder, remove_leftovers
 from .manifest import WheelPin, sha256_of
 from .textout import progress
 
-PACKAGE_PREFIX = "sglang/"
 REPO_PREFIX = "python/"  # the wheel holds the repository's python/sglang/ as sglang/
 DOWNLOAD_PREFIX = ".download-"  # a download's marked folder in the cache
 
@@ -65,9 +64,8 @@ def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
 def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     """The pinned wheel from the cache, downloading it once if it is not there."""
     cached = cache / pin.wheel
-    if cache.is_dir():
-        with suppress(OSError):  # a read-only cache still serves its wheel
-            remove_leftovers(cache, DOWNLOAD_PREFIX)
+    with suppress(OSError):  # a read-only cache still serves its wheel
+        remove_leftovers(cache, DOWNLOAD_PREFIX)
     if cached.is_file():
         _check_hash(cached, pin, "cached")
         return cached
@@ -76,20 +74,15 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
         downloaded = _download(pin, tmp, cache)
         _check_hash(downloaded, pin, "downloaded")
-        # pip copies a wheel it takes from a local folder (--find-links) with that
-        # file's mode; the cache gets the mode any new file of this user gets.
-        with deferred_signals():
-            umask = os.umask(0o077)
-            os.umask(umask)
-        downloaded.chmod(0o666 & ~umask)
-        downloaded.replace(cached)
+        # pip keeps a --find-links wheel's mode; a fresh copy gets this user's usual mode
+        shutil.copyfile(downloaded, tmp / "copy")
+        (tmp / "copy").replace(cached)
     return cached
 
 
 @contextmanager
 def unpinned_wheel(pin: WheelPin, cache: Path) -> Iterator[Path]:
-    """A wheel no manifest pins yet (its sha256 is the caller's to record), in a marked
-    folder of the cache while the block runs: the cache keeps pinned wheels only."""
+    """A wheel no manifest pins yet, in a marked folder: the cache keeps pinned wheels only."""
     cache.mkdir(parents=True, exist_ok=True)
     with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
         yield _download(pin, tmp, cache)
@@ -102,10 +95,9 @@ def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
 
 
 def extract_package(wheel: Path, dest: Path) -> Path:
-    """Lay the wheel's sglang/ tree out as dest/python/sglang/; returns dest/python.
-    (extractall drops `..` and absolute parts of a name: a hostile wheel writes nowhere else)"""
+    """The wheel's sglang/ as dest/python/sglang/ (extractall drops `..`: nowhere else)."""
     target = dest / REPO_PREFIX
     with zipfile.ZipFile(wheel) as archive:
-        ours = [m for m in archive.infolist() if m.filename.startswith(PACKAGE_PREFIX)]
+        ours = [m for m in archive.infolist() if m.filename.startswith("sglang/")]
         archive.extractall(target, members=[m for m in ours if not m.is_dir()])
     return target
