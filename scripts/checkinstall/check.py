@@ -79,15 +79,8 @@ def _outcome(
     release: str | None,
 ) -> report.Outcome:
     """The outcome with its configuration; the last of result's lines is the verdict."""
-    config = report.Configuration(
-        "server-info" if args.server_info else "launch-args",
-        settings.parser,
-        {name: settings.get(name) for name in exposure.FIELDS},
-        dict(settings.env),
-        settings.torch_build,
-        result.lines,
-        release,
-    )
+    source = "server-info" if args.server_info else "launch-args"
+    config = report.Configuration(source, settings, result.lines, release)
     return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
 
 

@@ -22,8 +22,6 @@ from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import git_blob_id
 from patchset.shapeflow import Sources
 
-BY_BLOB_ID = "blob id"
-BY_SHAPE = "code shape"
 JUDGED = "judged by code shape, not a known release"
 # what each judgement's files carry, as releases.toml names the fixes
 SHAPE_FIXES = {shape.AFFECTED: frozenset(), shape.FIX_A_ONLY: frozenset({"fix-a"})}
@@ -89,8 +87,6 @@ for dist in md.distributions():
 print(json.dumps(out))
 """
 
-LISTINGS = ("RECORD", "installed-files.txt")
-
 
 @dataclass(frozen=True)
 class ProbedDist:
@@ -107,10 +103,6 @@ class ProbedDist:
     @property
     def fork(self) -> bool:
         return re.sub(r"[-_.]+", "-", self.name).lower() != "sglang"  # as PEP 503 compares
-
-    def describe(self) -> str:
-        fork = "; a fork of sglang: not named sglang" if self.fork else ""
-        return f"{self.name} {self.version} ({self.info or 'an unnamed place'}{fork})"
 
 
 # what the probe found: the Python version, sglang's folder (None: no sglang), its distributions
@@ -160,8 +152,10 @@ def _read_probe(text: str) -> Probe:
                 listed = type(entry) is list and len(entry) == 3 and type(entry[0]) is str
                 if not (listed and all(type(part) in _TEXT for part in entry[1:])):
                     raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
-            if key == "listing" and value is not None and value not in LISTINGS:
-                raise _BadAnswer(f"{where}['listing'] is {value!r}, not one of {LISTINGS}")
+            if key == "listing" and value not in (None, "RECORD", "installed-files.txt"):
+                raise _BadAnswer(
+                    f"{where}['listing'] is {value!r}, not RECORD or installed-files.txt"
+                )
         dists.append(ProbedDist(**dist))
     return _get(answer, "python", (str,), top), _get(answer, "package", _TEXT, top), dists
 
@@ -220,7 +214,6 @@ class InstallReport:
     dist: ProbedDist | None = None  # the one distribution that installs sglang, if any
     python: str | None = None  # the inspected interpreter (None for --tree)
     python_version: str | None = None
-    basis: str | None = None  # BY_BLOB_ID or BY_SHAPE
     shape: shape.Judgement | None = None  # for files no blob id names
     judged_as: KnownContent | None = None  # with the shape's fixes: whose races are open
 
@@ -290,9 +283,8 @@ def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallRep
     # a step of our series is named before a release with the same files
     report.matches.sort(key=lambda m: not m.ours)
     if report.matches:
-        report.basis = BY_BLOB_ID
         return report
-    report.basis, report.shape = BY_SHAPE, shape.judge(Sources(package))
+    report.shape = shape.judge(Sources(package))
     if report.shape.verdict in SHAPE_FIXES:
         # the races open are those of known content with the same fixes: the release
         # the distribution names, else the one that shares most of the files
@@ -447,7 +439,10 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
     report.distribution = NO_DISTRIBUTION
     if dists:
         report.dist = dist = dists[0]
-        report.distribution = dist.describe()
+        fork = "; a fork of sglang: not named sglang" if dist.fork else ""
+        report.distribution = (
+            f"{dist.name} {dist.version} ({dist.info or 'an unnamed place'}{fork})"
+        )
         url = _editable_url(dist)
         if url is None:
             _check_record(report, dist)
