@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -323,20 +324,15 @@ def _editable_url(dist: ProbedDist) -> str | None:
 
 def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
-    try:
+    with contextlib.suppress(SyntaxError, ValueError, TypeError):
         for node in ast.parse(source).body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target = node.targets[0]
-            elif isinstance(node, ast.AnnAssign) and node.value is not None:
-                target = node.target
-            else:
+            if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
                 continue
-            if isinstance(target, ast.Name) and target.id == "MAPPING":
-                mapping = ast.literal_eval(node.value)  # type: ignore[arg-type]
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if [getattr(target, "id", None) for target in targets] == ["MAPPING"]:
+                mapping = ast.literal_eval(node.value)
                 found = isinstance(mapping, dict)
                 return {str(k): str(v) for k, v in mapping.items()} if found else {}
-    except (SyntaxError, ValueError, TypeError):
-        pass
     return {}
 
 
