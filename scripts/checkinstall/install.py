@@ -1,7 +1,5 @@
-"""What an environment's sglang is: its three files, hashed and named, and its RECORD. The
-probe that finds them runs in the interpreter under check, without importing sglang; its one
-line of JSON is checked key by key: that interpreter may be anything.
-"""
+"""An environment's sglang: its three files hashed and named, and its RECORD, found by a probe
+run in that interpreter (sglang not imported), its JSON checked key by key: it may be anything."""
 
 from __future__ import annotations
 
@@ -219,10 +217,6 @@ class InstallReport:
     judged_as: KnownContent | None = None  # with the shape's fixes: whose races are open
 
     @property
-    def modified(self) -> bool:
-        return any(f.record in MODIFIED for f in self.files)
-
-    @property
     def content(self) -> KnownContent | None:
         """What the files are taken as: named by blob id, else judged by shape."""
         return self.matches[0] if self.matches else self.judged_as
@@ -240,8 +234,7 @@ class InstallReport:
         return list(self.content.open)
 
     def verdict(self) -> tuple[Exit, str]:
-        """The exit code and the verdict line: an open race first, whether pip knows the
-        files or not, then an edit pip does not know of, then unknown content."""
+        """Exit code and verdict: an open race first, then an edit pip does not know of."""
         open_, content, names = self.open, self.content, "; ".join(m.name for m in self.matches)
         named = names
         if self.judged_as:
@@ -253,7 +246,7 @@ class InstallReport:
                     f"partial fix: {named} (has {fixes} only); races still open: {', '.join(open_)}"
                 )
             return Exit.AFFECTED, f"affected: {named}; races open: {', '.join(open_)}"
-        if self.modified:
+        if any(f.record in MODIFIED for f in self.files):
             judged = f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
             return Exit.MODIFIED, (
                 "modified: the files differ from the RECORD of the installed distribution "

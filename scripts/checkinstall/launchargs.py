@@ -220,8 +220,7 @@ def read_yaml(path: str, python: Path) -> dict[str, Any]:
 
 
 def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[str]:
-    """args with the --config file's settings first (so the command line's win), as
-    sglang's ConfigArgumentMerger puts them."""
+    """args after the --config file's settings, as sglang's ConfigArgumentMerger puts them."""
     at = config_at(args)
     if at is None:
         return args
@@ -243,8 +242,7 @@ def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[s
 def parse_with_table(
     args: list[str], table: LaunchSettings, why: str, python: Path | None = None
 ) -> Settings:
-    """The settings that matter, read with the release's [launch] table by argparse's
-    rules, a --config file merged first."""
+    """The settings that matter, read with the release's [launch] table by argparse's rules."""
     args = merge_config(args, table, python or Path(sys.executable))
     flags = {flag.flag: flag for flag in table.flags.values()}
     known = [*flags, *NEUTRAL]

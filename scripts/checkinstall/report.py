@@ -1,6 +1,5 @@
-"""check-install's answer, as text or as one JSON object (docs/check-install.md), both
-from one Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined.
-"""
+"""check-install's answer as text or one JSON object (docs/check-install.md), both from one
+Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined."""
 
 from __future__ import annotations
 
@@ -114,8 +113,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
 
 
 def error_json(err: BackportError) -> dict[str, Any]:
-    """A refusal as the same object, the verdict's keys null: a fleet job reads exit_code
-    and error, whatever went wrong."""
+    """A refusal as the same object, verdict keys null: a fleet job reads exit_code and error."""
     return {
         **_envelope(err.code),
         **dict.fromkeys(("interpreter", "inspected", "distribution")),

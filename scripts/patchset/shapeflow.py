@@ -57,8 +57,7 @@ def _regular_file(path: Path) -> bytes | None:
 
 
 class Sources:
-    """One sglang tree's files by repository path (python/sglang/...): a package folder's
-    (python/sglang, site-packages/sglang), or only the texts given."""
+    """One sglang tree's files by repository path: a package folder's, or the texts given."""
 
     def __init__(
         self, package: Path | None, texts: Mapping[str, str | bytes | None] | None = None
