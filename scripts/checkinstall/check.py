@@ -43,13 +43,12 @@ def check(args: argparse.Namespace) -> report.Outcome:
         table = registry.launch.get(content.release)
         settings = _settings(args, table, content.release)
         result = exposure.judge(settings, dict(content.races), table, assumed, PLAYS)
-        if known or result.code == Exit.EXPOSED:
-            return _outcome(args, found, settings, result, release)
-        lines = result.lines[:-1]
-        why = (
-            f"this configuration would keep sglang {release} as shipped out of the race, "
-            "but the files are not that release's, so whether it keeps them out is not known"
-        )
+        lines, why = result.lines[:-1], ""
+        if not known and result.code != Exit.EXPOSED:
+            why = (
+                f"this configuration would keep sglang {release} as shipped out of the race, "
+                "but the files are not that release's, so whether it keeps them out is not known"
+            )
     else:
         newest = max(registry.launch, key=release_key)
         settings = _settings(args, registry.launch[newest], newest)
@@ -62,9 +61,12 @@ def check(args: argparse.Namespace) -> report.Outcome:
             "no release can be assumed for these files (their distribution names none this "
             "project knows), so which races they leave open is not known"
         )
-    lines.append(f"verdict: exposure unknown: {verdict}; {why}")
-    unknown = exposure.Exposure(Exit.EXPOSURE_UNKNOWN, lines)
-    return _outcome(args, found, settings, unknown, release)
+    if why:
+        lines.append(f"verdict: exposure unknown: {verdict}; {why}")
+        result = exposure.Exposure(Exit.EXPOSURE_UNKNOWN, lines)
+    source = "server-info" if args.server_info else "launch-args"
+    config = report.Configuration(source, settings, result.lines, release)
+    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
 
 
 def _settings(
@@ -98,16 +100,3 @@ def _settings(
         settings.torch_build = args.torch_build
         settings.torch_source = f"--torch-build {args.torch_build}"
     return settings
-
-
-def _outcome(
-    args: argparse.Namespace,
-    found: install.InstallReport,
-    settings: exposure.Settings,
-    result: exposure.Exposure,
-    release: str | None,
-) -> report.Outcome:
-    """The outcome with its configuration; the last of result's lines is the verdict."""
-    source = "server-info" if args.server_info else "launch-args"
-    config = report.Configuration(source, settings, result.lines, release)
-    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
