@@ -301,18 +301,6 @@ def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
     return _judge(InstallReport(f"sglang tree {package}", files, "none (--tree)"), catalog, package)
 
 
-def _editable_url(dist: ProbedDist) -> str | None:
-    """The tree an editable install (PEP 660: dir_info.editable) serves; None if not one."""
-    try:
-        url = json.loads(dist.direct_url or "null")
-    except ValueError:
-        return None
-    info = url.get("dir_info") if isinstance(url, dict) else None
-    if isinstance(info, dict) and info.get("editable") is True:
-        return str(url.get("url", "an unnamed folder"))
-    return None
-
-
 def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
     with contextlib.suppress(SyntaxError, ValueError, TypeError):
@@ -430,9 +418,13 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         report.distribution = (
             f"{dist.name} {dist.version} ({dist.info or 'an unnamed place'}{fork})"
         )
-        url = _editable_url(dist)
-        if url is None:
-            _check_record(report, dist)
+        try:
+            url = json.loads(dist.direct_url or "null")
+        except ValueError:
+            url = None
+        info = url.get("dir_info") if isinstance(url, dict) else None
+        if isinstance(info, dict) and info.get("editable") is True:  # PEP 660
+            _check_editable(report, dist, str(url.get("url", "an unnamed folder")), package)
         else:
-            _check_editable(report, dist, url, package)
+            _check_record(report, dist)
     return _judge(report, catalog, package)
