@@ -113,41 +113,31 @@ class Loop:
         self.future_map.stash(self.running_rows, self.payload)
         torch.cuda.synchronize()
 
-    def _prebuilt_batch(self, i: int) -> SimpleNamespace:
+    def _seed(self, i: int, patched: bool) -> float:
+        """Seed one prebuilt batch; the host time of the wait_stream call in us (0: none)."""
+        dev = self.device
         req = SimpleNamespace(
             output_topk_p=[0.5] * TOPK,
             output_topk_index=list(range(TOPK)),
             hidden_states_tensor=torch.zeros(self.args.hidden, dtype=torch.bfloat16),
             output_dsa_topk_indices=None,
         )
-        row = [self.prebuilt_row]
-        return SimpleNamespace(
+        batch = SimpleNamespace(
             reqs=[req],
-            device=self.device,
+            device=dev,
             enable_overlap=True,
             # process_prebuilt's inputs, built before its wait as in get_new_prebuilt_batch
-            req_pool_indices=torch.tensor(row, dtype=torch.int64, device=self.device),
-            seq_lens=torch.tensor([100 + i % 7], dtype=torch.int64, device=self.device),
+            req_pool_indices=torch.tensor([self.prebuilt_row], dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor([100 + i % 7], dtype=torch.int64, device=dev),
         )
-
-    def _seed(self, i: int, patched: bool) -> float:
-        """Seed one prebuilt batch; the host time of the wait_stream call in us (0: none)."""
-        batch = self._prebuilt_batch(i)
         waited = 0.0
         if patched:
             start = time.perf_counter()
             self.schedule_stream.wait_stream(self.forward_stream)
             waited = (time.perf_counter() - start) * 1e6
-        last_tokens = torch.tensor([i % 1000], dtype=torch.int64, device=self.device)
+        last_tokens = torch.tensor([i % 1000], dtype=torch.int64, device=dev)
         self.build_draft_input(batch, self.server_args, last_tokens, self.future_map)
         return waited
-
-    def _forward(self) -> None:
-        y = self.x
-        for _ in range(self.args.layers):
-            y = y @ self.weight
-        self.future_map.publish(self.running_rows, self.seq_lens)
-        self.future_map.stash(self.running_rows, self.payload)
 
     def run(self, iterations: int, patched: bool) -> RunTimes:
         """Time `iterations` steady iterations: per iteration, the wait call, the idle gaps."""
@@ -163,7 +153,11 @@ class Loop:
             began, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(self.forward_stream):
                 began.record()
-                self._forward()
+                y = self.x
+                for _ in range(self.args.layers):
+                    y = y @ self.weight
+                self.future_map.publish(self.running_rows, self.seq_lens)
+                self.future_map.stash(self.running_rows, self.payload)
                 done.record()
             marks.append((began, done))
             # One iteration in flight: wait for the previous forward, not this one.

@@ -7,9 +7,9 @@ fresh one. It lives here, above every library, because it imports every command.
 from __future__ import annotations
 
 import argparse
-import importlib
 import runpy
 import sys
+from importlib import import_module
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,24 +24,15 @@ END = "<!-- end of exit codes -->"
 LAUNCHERS = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file() and not p.suffix)
 
 
-def declared_codes(command: str) -> set[Exit]:
-    """The codes a command says it can return (its CODES), with those every command has."""
-    if command.startswith("ci/"):
-        return set(runpy.run_path(str(ROOT / command), run_name="docs")["CODES"]) | set(COMMON)
-    return set(importlib.import_module(f"commands.{command.replace('-', '_')}").CODES) | set(COMMON)
-
-
 def exit_code_table() -> str:
     """One row per code of the enum: its meaning and the commands that can return it."""
-    commands = [*LAUNCHERS, "ci/run-gpu"]
-    by_code: dict[Exit, list[str]] = {code: [] for code in Exit}
-    for command in commands:
-        for code in declared_codes(command):
-            by_code[code].append(command)
+    declared = {c: import_module(f"commands.{c.replace('-', '_')}").CODES for c in LAUNCHERS}
+    declared["ci/run-gpu"] = runpy.run_path(str(ROOT / "ci" / "run-gpu"), run_name="docs")["CODES"]
     lines = ["| code | meaning | returned by |", "|---|---|---|"]
     for code in sorted(Exit):
-        who = "every command" if len(by_code[code]) == len(commands) else ", ".join(by_code[code])
-        lines.append(f"| {int(code)} | {EXIT_TEXT[code]} | {who or 'none'} |")
+        who = [c for c, codes in declared.items() if code in codes or code in COMMON]
+        said = "every command" if len(who) == len(declared) else ", ".join(who) or "none"
+        lines.append(f"| {int(code)} | {EXIT_TEXT[code]} | {said} |")
     return "\n".join(lines) + "\n"
 
 

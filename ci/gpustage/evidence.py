@@ -1,9 +1,5 @@
-"""What a GPU run measured, each figure beside its expected value; the criteria; the tarball.
-
-The criteria are fixed here and written before the first stage; the figures come from the
-stages' outcome files (S1 and CSAN as recorded properties), bench.json and the machine's
-facts (facts.json: GPU, driver, clocks, torch, triton, git).
-"""
+"""What a GPU run measured (outcome files, bench.json, facts.json), each figure beside its
+expected value; the criteria, fixed here and written before the first stage; the tarball."""
 
 from __future__ import annotations
 
@@ -145,23 +141,21 @@ def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> li
     name, expected = S1_FIGURES[kind]
     if s1 is None:
         return [(f"{label}: {name}", NOT_RUN, expected, "no")]
-    n, stale, torn = s1["iterations"], s1["stale_fields"], s1["torn"]
-    need = MIN_RACE_SHARE * n
-    split = ", ".join(f"{k} {_share(v, n)}" for k, v in stale.items())
-    seen = f"{_share(s1['seed_won'], n)}; torn rows {torn}"
+    n, stale, torn, won = s1["iterations"], s1["stale_fields"], s1["torn"], s1["seed_won"]
+    need, clean = MIN_RACE_SHARE * n, s1["running_row_wrong"] == 0
+    split = ", ".join(f"{k} {_share(v, n)}" for k, v in stale.items()) + f"; torn {torn}"
+    seen = f"{_share(won, n)}; torn rows {torn}"
     if kind == SLEEP_0:
-        met = s1["seed_won"] >= need and s1["running_row_wrong"] == 0
-    elif kind == "fix-b":
-        met = s1["seed_won"] == n and torn == 0 and s1["running_row_wrong"] == 0
+        return [(f"{label}: {name}", seen, expected, "yes" if won >= need and clean else "NO")]
+    if kind == "fix-b":
+        met = won == n and torn == 0 and clean
     elif kind == "fix-a":
         met, seen = stale["seq_len"] >= need, _share(stale["seq_len"], n)
     else:
-        met, seen = all(v >= need for v in stale.values()), f"{split}; torn {torn}"
+        met, seen = all(v >= need for v in stale.values()), split
     rows = [(f"{label}: {name}", seen, expected, "yes" if met else "NO")]
-    if kind == SLEEP_0:
-        return rows
     if kind == "fix-a":
-        rows.append((f"{label}: S1 stash fields stale", f"{split}; torn {torn}", "reported", "yes"))
+        rows.append((f"{label}: S1 stash fields stale", split, "reported", "yes"))
     sleep = "not measured"
     if slept := s1.get("slept_ms"):
         sleep = f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "

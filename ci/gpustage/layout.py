@@ -1,7 +1,5 @@
-"""Step trees without git: the wheel's sglang, each step's touched files carried, blob ids checked.
-
-``write_step_files`` runs where git is; ``lay_out`` on a runner that may have none.
-"""
+"""Step trees without git (lay_out) from the wheel and the touched files written where git is
+(write_step_files), every blob id checked."""
 
 from __future__ import annotations
 
@@ -11,8 +9,9 @@ from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.catalog import blobs_of, load_catalog
+from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
+from patchset.lock import marked_folder
 from patchset.manifest import BASE_STEP, Series
 
 MARKER = ".laid-out-by-run-gpu"  # a tree laid out here, which a later run may replace
@@ -65,7 +64,7 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
 
 
 def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
-    want = load_catalog(series.folder.parent).step_blobs(series.folder.name, step)[path]
+    want = series.manifest.blobs_at(step)[path]
     have = blobs_of({path: data})[path]
     if have != want:
         raise _refuse(
@@ -80,8 +79,7 @@ def tree_path(root: Path, series: Series, step: str) -> Path:
 
 
 def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[str, Path]:
-    """step -> its tree under root, every blob checked: the wheel unpacked once, later steps
-    hard-linked to it, a carried file replacing its link (never written through it)."""
+    """step -> its tree: later steps hard-link the base's; a carried file replaces a link."""
     manifest = series.manifest
     carried = carried_files(series, step_files)
     trees: dict[str, Path] = {}
@@ -95,9 +93,9 @@ def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[s
                     "move it aside, or pass another build folder (SGLANG_BACKPORTS_BUILD)",
                 )
             shutil.rmtree(tree)
-        aside = tree.with_name(f".{step}.partial")
-        shutil.rmtree(aside, ignore_errors=True)
-        try:
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        with marked_folder(tree.parent, f".{step}.partial-") as tmp:
+            aside = tmp / step
             if trees:
                 ignore = shutil.ignore_patterns(MARKER)
                 shutil.copytree(trees[BASE_STEP], aside, copy_function=os.link, ignore=ignore)
@@ -112,7 +110,5 @@ def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[s
                 _check_blob(series, step, path, (aside / path).read_bytes(), where)
             (aside / MARKER).write_text("made by ci/run-gpu; replaced by its next run\n")
             aside.replace(tree)
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
         trees[step] = tree
     return trees

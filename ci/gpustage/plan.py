@@ -76,15 +76,8 @@ def preflight(python: str, version: str, need_gpu: bool) -> tuple[bool, str]:
     return True, f"ok: Python {found}; {lines[0]}"
 
 
-def _step_tree(opts: Options, step: str) -> Path:
-    """The folder that holds step's sglang: the git-less trees, else build/steps/."""
-    root = opts.trees or paths.build_dir() / "steps"
-    return layout.tree_path(root, opts.series, step) / "python"
-
-
 def _gpu_stages(opts: Options) -> list[Stage]:
-    """Per step S1 and CSAN, the fixed step's long run, the two controls, the benchmark;
-    pytest without the image's plugins (PYTEST_DISABLE_PLUGIN_AUTOLOAD), ours named with -p."""
+    """S1 and CSAN per step, the long run, the controls, the bench; no plugins of the image."""
     python = str(opts.venv / "bin" / "python") if opts.venv else opts.python
     extra_path = [] if opts.venv else [str(opts.site)]
     needs = ("cuda-check", "apply") if opts.venv else ("install", "layout")
@@ -92,6 +85,8 @@ def _gpu_stages(opts: Options) -> list[Stage]:
     base, final = manifest.steps[0], manifest.final_step
     # an S1 stage's played or required CUDA: the rehearsal imports as on the lent machine
     cuda = contract.PLAY_CUDA_ENV if opts.rehearse else contract.REQUIRE_CUDA_ENV
+    trees = opts.trees or paths.build_dir() / "steps"  # the git-less trees, else git's
+    sglang_of = {s: layout.tree_path(trees, opts.series, s) / "python" for s in manifest.steps}
 
     def stage(
         name: str,
@@ -102,7 +97,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
         select: str | None = None,
         env: dict[str, str] | None = None,
     ) -> Stage:
-        tree = _step_tree(opts, step)
+        tree = sglang_of[step]
         report = opts.reports / f"{name}.json"
         command = [python, "-m", "pytest", str(GPU_TEST), "--rootdir", str(ROOT)]
         command += ["-p", "testrun.outcomes", "-p", "no:cacheprovider", "-rA"]
@@ -117,7 +112,7 @@ def _gpu_stages(opts: Options) -> list[Stage]:
             **(env or {}),
             cuda: "1",
         }
-        judge = judge_gpu_step(report, shown, rehearsal=opts.rehearse)
+        judge = partial(judge_gpu_step, report, shown, opts.rehearse)
         return Stage(name, purpose, command, GPU, stage_env, needs, judge, None, BUDGET_S[budget])
 
     stages = [
@@ -171,9 +166,9 @@ def _gpu_stages(opts: Options) -> list[Stage]:
             "idle gap, each as a share of a decode step",
             [python, str(BENCH), "--runs", str(opts.bench_runs), "--json", str(bench_json)],
             GPU,
-            {"PYTHONPATH": os.pathsep.join([str(_step_tree(opts, final)), *extra_path])},
+            {"PYTHONPATH": os.pathsep.join([str(sglang_of[final]), *extra_path])},
             needs,
-            judge_bench(bench_json),
+            partial(judge_bench, bench_json),
             budget_s=BUDGET_S["bench"],
         ),
     ]
@@ -269,9 +264,16 @@ CUDA_CHECK = (
 
 
 def offline(opts: Options) -> list[Stage]:
-    assert opts.wheelhouse_dir is not None and opts.site is not None
+    assert opts.wheelhouse_dir and opts.site and opts.step_files and opts.trees
+    series, trees, step_files = opts.series, opts.trees, opts.step_files
+    wheel = opts.wheelhouse_dir / series.manifest.base.wheel
+
+    def lay_out() -> tuple[bool, str]:
+        laid = layout.lay_out(series, wheel, step_files, trees)
+        return True, f"ok: {', '.join(laid)} laid out, {len(series.manifest.files)} blob ids each"
+
     version = opts.wheelhouse.python_version if opts.wheelhouse else "of the wheelhouse"
-    torch_pin = opts.series.manifest.release.torch or "?"
+    torch_pin = series.manifest.release.torch or "?"
     gpu = [] if opts.rehearse else ["&&", "nvidia-smi", "-L"]
     cuda = [] if opts.rehearse else ["&&", opts.python, "-c", CUDA_CHECK]
     policy = "any" if opts.any_torch else "pinned"
@@ -301,7 +303,19 @@ def offline(opts: Options) -> list[Stage]:
             needs=("torch-check",),
         ),
         _facts(opts, opts.python, ("torch-check",)),
-        _git_less_layout(opts),
+        Stage(
+            "layout",
+            f"the step trees in {rel(trees)} without git: the wheelhouse's sglang wheel, each "
+            f"step's touched files from {rel(step_files)}, every blob id checked against pin.toml",
+            _lib(  # what the action runs in-process
+                f"sys.path.insert(0, {str(ROOT / 'ci')!r}); from pathlib import Path; "
+                "from gpustage import layout; from patchset.manifest import Series; "
+                f"layout.lay_out(Series.load(Path({str(series.folder)!r})), Path({str(wheel)!r}), "
+                f"Path({str(step_files)!r}), Path({str(trees)!r}))"
+            ),
+            needs=("preflight",),
+            action=lay_out,
+        ),
         *_gpu_stages(opts),
     ]
 
@@ -316,30 +330,6 @@ def _facts(opts: Options, python: str, needs: tuple[str, ...]) -> Stage:
         ],
         needs=needs,
         action=lambda: evidence.record(python, opts.reports),
-    )
-
-
-def _git_less_layout(opts: Options) -> Stage:
-    assert opts.wheelhouse_dir and opts.step_files and opts.trees
-    series, trees, step_files = opts.series, opts.trees, opts.step_files
-    wheel = opts.wheelhouse_dir / series.manifest.base.wheel
-
-    def lay_out() -> tuple[bool, str]:
-        laid = layout.lay_out(series, wheel, step_files, trees)
-        return True, f"ok: {', '.join(laid)} laid out, {len(series.manifest.files)} blob ids each"
-
-    return Stage(
-        "layout",
-        f"the step trees in {rel(trees)} without git: the wheelhouse's sglang wheel, each "
-        f"step's touched files from {rel(step_files)}, every blob id checked against pin.toml",
-        _lib(  # what the action runs in-process
-            f"sys.path.insert(0, {str(ROOT / 'ci')!r}); from pathlib import Path; "
-            "from gpustage import layout; from patchset.manifest import Series; "
-            f"layout.lay_out(Series.load(Path({str(series.folder)!r})), Path({str(wheel)!r}), "
-            f"Path({str(step_files)!r}), Path({str(trees)!r}))"
-        ),
-        needs=("preflight",),
-        action=lay_out,
     )
 
 

@@ -1,9 +1,5 @@
-"""Import the sglang modules under test on a CUDA machine that has no sgl_kernel.
-
-With CUDA visible at import, much of the closure imports sgl_kernel, which cannot travel to
-an offline runner: so import with CUDA hidden, then restore the path's CUDA flags (RESTORED).
-docs/gpu.md says why this is enough; nothing is stubbed.
-"""
+"""Import the sglang modules under test on a CUDA machine without sgl_kernel (it cannot travel
+to an offline runner): with CUDA hidden, then the path's CUDA flags restored (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -171,8 +167,7 @@ def _sglang_function(obj: object) -> FunctionType | None:
 
 
 def _callees(func: FunctionType) -> list[FunctionType]:
-    """sglang functions func may call by name: its module's functions and classes' __init__
-    and __post_init__, its own class's methods."""
+    """sglang functions func may call by name (of its module, its classes' inits, its class)."""
     owner_name = func.__qualname__.rpartition(".")[0]
     owner = func.__globals__.get(owner_name.partition(".")[0]) if owner_name else None
     scopes = [func.__globals__, vars(owner) if isinstance(owner, type) else {}]
@@ -190,8 +185,7 @@ def _callees(func: FunctionType) -> list[FunctionType]:
 
 
 def call_time_imports() -> dict[str, set[str]]:
-    """function -> the modules it imports when it runs, for the path under test and the sglang
-    functions it calls (transitively), where any."""
+    """function -> the modules it imports when it runs, for the path under test and its callees."""
     todo = list(path_under_test().values())
     seen: dict[str, set[str]] = {}
     while todo:
@@ -204,8 +198,7 @@ def call_time_imports() -> dict[str, set[str]]:
 
 
 def path_under_test() -> dict[tuple[str, str], FunctionType]:
-    """(module, qualified name) -> function of PATH_UNDER_TEST; a missing function that is not
-    optional ("?") raises AttributeError: the path changed and the rig must follow it."""
+    """(module, qualname) -> function; AttributeError where a non-"?" one is gone."""
     present = {}
     for entry in PATH_UNDER_TEST:
         module_name, _, qualname = entry.removesuffix("?").partition(":")
@@ -231,8 +224,7 @@ class _NoSglKernel(importlib.abc.MetaPathFinder):
 
 
 def play_cuda() -> None:
-    """Play, without a GPU, the H200 the GPU stages run on, for this process (a rehearsal):
-    CUDA available at capability (9, 0), pinned memory plain, sgl_kernel unimportable."""
+    """A rehearsal plays the H200: CUDA at capability (9, 0), no pinned memory, no sgl_kernel."""
     torch.cuda.is_available = lambda: True  # type: ignore[assignment]
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # type: ignore[assignment]
     real_empty = torch.empty

@@ -29,7 +29,6 @@ from testrun import outcomes as testrun_outcomes
 
 from . import contract
 
-# A failed setup stage is Exit.SETUP; a failed CPU or GPU test stage Exit.TESTS_FAILED.
 SETUP, CPU, GPU = "setup", "cpu", "gpu"
 
 # Variables that would hide the race on a GPU: serialised launches, one hardware queue.
@@ -52,15 +51,7 @@ class Stage:
     budget_s: float = 0.0  # the least time it needs: not started with less left
 
 
-@dataclass(frozen=True)
-class Deadline:
-    """When the run must be over (time.monotonic()); the reserve is for the summary and tarball."""
-
-    end: float
-    reserve_s: float = 10.0
-
-    def left(self) -> float:
-        return self.end - self.reserve_s - time.monotonic()
+RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
 
 
 @dataclass
@@ -73,8 +64,7 @@ class Outcome:
 
 
 def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
-    """GPU stages lose what hides the race (unless they set it: the controls); the CPU
-    gate sees no GPU, so sglang takes its CPU import branches there."""
+    """GPU stages lose what hides the race (unless set: the controls); the CPU gate sees no GPU."""
     hidden = HIDES_THE_RACE if stage.kind == GPU else ()
     env = {k: v for k, v in base.items() if k not in hidden} | stage.env
     if stage.kind == CPU:
@@ -117,8 +107,7 @@ def _kill(proc: subprocess.Popen[str]) -> None:
 
 
 def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int | None:
-    """Run the stage's `&&`-joined commands in turn: the first failing one's status, else 0;
-    None when stopped at the deadline (timeout seconds from now)."""
+    """The first failing `&&` part's status, else 0; None when stopped timeout seconds from now."""
     env = stage_environment(stage, os.environ) | {"PYTHONUNBUFFERED": "1"}  # logs as printed
     end = None if timeout is None else time.monotonic() + timeout
     parts = [list(w) for sep, w in itertools.groupby(stage.command, "&&".__eq__) if not sep]
@@ -177,8 +166,9 @@ def tee_output(path: Path) -> Iterator[None]:
 
 
 def run_stage(
-    stage: Stage, done: dict[str, bool], reports: Path, deadline: Deadline | None = None
+    stage: Stage, done: dict[str, bool], reports: Path, end: float | None = None
 ) -> Outcome:
+    """end: the time.monotonic() by which the stages must be over."""
     start = time.monotonic()
     print(f"\n=== {stage.name}: {stage.purpose}", flush=True)
 
@@ -187,12 +177,10 @@ def run_stage(
 
     if blocked := [n for n in stage.needs if not done.get(n, False)]:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
-    left = None if deadline is None else deadline.left()
-    if left is not None and left < stage.budget_s:
-        print(f"not run: {left:.0f} s left before the deadline, it needs {stage.budget_s:.0f} s")
-        return outcome(
-            False, f"not run: deadline ({stage.budget_s:.0f} s needed, {left:.0f} s left)"
-        )
+    left = None if end is None else end - time.monotonic()
+    if left is not None and left < (need := stage.budget_s):
+        print(f"not run: {left:.0f} s left before the deadline, it needs {need:.0f} s")
+        return outcome(False, f"not run: deadline ({need:.0f} s needed, {left:.0f} s left)")
     if stage.action is not None:
         try:
             ok, text = stage.action()
@@ -215,41 +203,38 @@ def run_stage(
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
 
 
-def judge_gpu_step(report: Path, shown: str, rehearsal: bool = False) -> Judge:
-    """Every test passed or failed as expected (strict xfail), shown says what that shows; a
-    skip only by design (contract.allowed, its reason from the JUnit XML beside report)."""
-
-    def judge(rc: int, _log: Path) -> tuple[bool, str]:
-        if not report.is_file():
-            return False, f"FAIL: no test report (pytest exit {rc})"
-        by_test = testrun_outcomes.read_outcomes(report)[0]
-        counts = Counter(by_test.values())
-        good, skipped = counts[testrun_outcomes.PASS], counts[testrun_outcomes.SKIP]
-        text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
-        bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
-        if rc != 0 or bad:
-            return False, f"FAIL: {text}"
-        xml = report.with_suffix(".xml")
-        cases = ElementTree.parse(xml).iter("testcase") if xml.is_file() else ()
-        skip_tags = ((case.get("name", ""), case.find("skipped")) for case in cases)
-        reasons = {name: tag.get("message", "") for name, tag in skip_tags if tag is not None}
-        skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
-        refused = [
-            f"{test} ({reasons.get(test) or 'no reason found'})"
-            for test in skips
-            if not contract.allowed(test, reasons.get(test, ""), rehearsal)
-        ]
-        if refused:
-            where = "in a rehearsal" if rehearsal else "on a GPU run"
-            return False, f"FAIL: {text}; not a skip by design {where}: {'; '.join(refused)}"
-        if good == 0:
-            return False, f"FAIL: nothing passed: {text}"
-        if rehearsal:
-            return True, f"ok (rehearsal: CUDA tests skipped, no GPU): {text}"
-        by_design = f"; {skipped} skipped by design" if skipped else ""
-        return True, f"ok ({shown}{by_design}): {text}"
-
-    return judge
+def judge_gpu_step(
+    report: Path, shown: str, rehearsal: bool, rc: int, _log: Path
+) -> tuple[bool, str]:
+    """Each test passed or xfailed (strict); a skip only by design (its reason from the XML)."""
+    if not report.is_file():
+        return False, f"FAIL: no test report (pytest exit {rc})"
+    by_test = testrun_outcomes.read_outcomes(report)[0]
+    counts = Counter(by_test.values())
+    good, skipped = counts[testrun_outcomes.PASS], counts[testrun_outcomes.SKIP]
+    text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
+    bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
+    if rc != 0 or bad:
+        return False, f"FAIL: {text}"
+    xml = report.with_suffix(".xml")
+    cases = ElementTree.parse(xml).iter("testcase") if xml.is_file() else ()
+    skip_tags = ((case.get("name", ""), case.find("skipped")) for case in cases)
+    reasons = {name: tag.get("message", "") for name, tag in skip_tags if tag is not None}
+    skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
+    refused = [
+        f"{test} ({reasons.get(test) or 'no reason found'})"
+        for test in skips
+        if not contract.allowed(test, reasons.get(test, ""), rehearsal)
+    ]
+    if refused:
+        where = "in a rehearsal" if rehearsal else "on a GPU run"
+        return False, f"FAIL: {text}; not a skip by design {where}: {'; '.join(refused)}"
+    if good == 0:
+        return False, f"FAIL: nothing passed: {text}"
+    if rehearsal:
+        return True, f"ok (rehearsal: CUDA tests skipped, no GPU): {text}"
+    by_design = f"; {skipped} skipped by design" if skipped else ""
+    return True, f"ok ({shown}{by_design}): {text}"
 
 
 def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
@@ -263,19 +248,16 @@ def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
     return True, "; ".join(["ok", *warnings])
 
 
-def judge_bench(json_path: Path) -> Judge:
-    def judge(rc: int, _log: Path) -> tuple[bool, str]:
-        if rc != 0 or not json_path.is_file():
-            return False, f"FAIL: exit {rc}"
-        data = json.loads(json_path.read_text(encoding="utf-8"))
-        ratio, delta = data["ratio"], data["delta_ms"]
-        return True, (
-            f"patched/unpatched {ratio['median']:.3f} (runs {ratio['min']:.3f}.."
-            f"{ratio['max']:.3f}); +{delta['median'] * 1e3:.1f} us/iteration; the wait "
-            f"{data['wait_us']['median']:.1f} us, idle gap {data['idle_gap_us']['added']:.1f} us"
-        )
-
-    return judge
+def judge_bench(json_path: Path, rc: int, _log: Path) -> tuple[bool, str]:
+    if rc != 0 or not json_path.is_file():
+        return False, f"FAIL: exit {rc}"
+    data = json.loads(json_path.read_text(encoding="utf-8"))
+    ratio, delta = data["ratio"], data["delta_ms"]
+    return True, (
+        f"patched/unpatched {ratio['median']:.3f} (runs {ratio['min']:.3f}.."
+        f"{ratio['max']:.3f}); +{delta['median'] * 1e3:.1f} us/iteration; the wait "
+        f"{data['wait_us']['median']:.1f} us, idle gap {data['idle_gap_us']['added']:.1f} us"
+    )
 
 
 def exit_code(outcomes: list[Outcome]) -> Exit:
@@ -293,17 +275,16 @@ def summary_table(outcomes: list[Outcome]) -> str:
 def run_all(
     stages: list[Stage],
     reports: Path,
-    deadline: Deadline | None = None,
+    end: float | None = None,
     figures: Callable[[], str] | None = None,
 ) -> Exit:
-    """Run the stages in order, print and store the summary (with figures(), what the run
-    measured, below the table); the run's exit code."""
+    """Run the stages; print and store the summary, figures() below it; the run's exit code."""
     reports.mkdir(parents=True, exist_ok=True)
     done: dict[str, bool] = {}
     outcomes: list[Outcome] = []
     for stage in stages:
         try:
-            outcome = run_stage(stage, done, reports, deadline)
+            outcome = run_stage(stage, done, reports, end)
         except Exception as err:  # a bug of ours fails this stage, not the whole run
             traceback.print_exc()
             outcome = Outcome(stage.name, False, f"FAIL: internal error: {err!r}", 0.0, stage.kind)

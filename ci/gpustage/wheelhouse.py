@@ -1,10 +1,6 @@
-"""The wheelhouse an offline GPU runner installs from: what it holds, its manifest, its checks.
-
-What the CUDA image lacks of the import closure (the base's requirements/<env>.txt less
-IMAGE_HOLDS and NOT_IMPORTED), the GPU test pins and the pinned sglang wheel. And the
-rehearsal's double of the image (Python 3.12, the image's packages, no sgl_kernel, in the
-cache folder): our test environment holds the whole closure, so it would hide what is missing.
-"""
+"""The offline GPU runner's wheelhouse (what the CUDA image lacks of the import closure, the test
+pins, the sglang wheel), and the image's double for a rehearsal: our test environment holds the
+whole closure, so it would hide what is missing."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ IMAGE_HOLDS = (
     "markupsafe", "mpmath", "networkx", "sympy", "typing-extensions", "setuptools",
 )  # fmt: skip
 IMAGE_PREFIXES = ("nvidia-", "cuda-")
-# Not imported by the modules under test (found by blocking each): left out to keep under
-# the limit.
+# Not imported by the modules under test (found by blocking each): left out for the limit.
 NOT_IMPORTED = (
     "annotated-doc", "asttokens", "executing", "hf-xet", "ipython-pygments-lexers", "jedi",
     "jiter", "markdown-it-py", "matplotlib-inline", "mdurl", "parso", "pexpect",
@@ -226,8 +221,7 @@ def ensure_double() -> Path:
 
 
 def _python() -> str:
-    """python3.12 on PATH if it runs (a shim may not), else pyenv's newest 3.12.x: nothing here
-    can download one."""
+    """python3.12 on PATH if it runs (a shim may not), else pyenv's newest: none is downloaded."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     pyenv = sorted(
         root.glob(f"{DOUBLE_PYTHON}.*/bin/python{DOUBLE_PYTHON}"),

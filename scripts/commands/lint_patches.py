@@ -12,8 +12,7 @@ DESCRIPTION = (
     + """
 
 Prints one line per problem (FILE:LINE: [rule] message) and a summary.
-Exit 0 when every rule passed, 6 when any problem was found (a run that
-checked nothing is a problem too). Needs no network and no build tree.
+Needs no network and no build tree; a run that checked nothing fails.
 """
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from patchset import cli, paths
+from patchset import cli
 from patchset.errors import Exit
 from patchset.manifest import load_releases, release_key
 from racecheck import writers
@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         newest = max(registry.known, key=release_key)
         print(f"watch-releases: no sglang release on the package index is newer than {newest}")
         return Exit.OK
-    cache = paths.cache_dir()
-    wheels = [(v, writers.release_wheel(v, registry, cache)) for v in releases]
+    wheels = [(v, writers.release_wheel(v, registry)) for v in releases]
     wheels += [(w.name, contextlib.nullcontext(w)) for w in args.wheel]
     failed = []
     for release, wheel in wheels:

@@ -71,26 +71,8 @@ def _uncovered(missing: Uncovered) -> str:
     return f"no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
 
 
-def _indent(text: str, prefix: str = "    ") -> list[str]:
-    return [prefix + line if line else "" for line in text.splitlines()]
-
-
-def _patch_text(patch: PatchReview) -> list[str]:
-    return [
-        f"== {patch.name}",
-        f"subject:  {patch.subject}",
-        f"upstream: {patch.status}; PR {patch.pr}; released in {patch.release}",
-        "why:",
-        *_indent(patch.why),
-        "touches:",
-        *(f"    {change.path}: {', '.join(change.functions)}" for change in patch.files),
-        "diffstat:",
-        *_indent("\n".join(diffstat(patch.files))),
-    ]
-
-
-def _param(name: str, value: str | None) -> str:
-    return f"{name}: {value}" if value is not None else "(absent)"
+def _indent(lines: list[str]) -> list[str]:
+    return [f"    {line}" if line else "" for line in lines]
 
 
 def _function_text(function: FunctionComparison, base_version: str) -> list[str]:
@@ -103,7 +85,10 @@ def _function_text(function: FunctionComparison, base_version: str) -> list[str]
     if function.signature:
         out.append(f"signature, ours ({base_version} + series) vs {up}:")
         for change in function.signature:
-            mine, theirs = _param(change.param, change.ours), _param(change.param, change.upstream)
+            mine, theirs = (
+                f"{change.param}: {v}" if v is not None else "(absent)"
+                for v in (change.ours, change.upstream)
+            )
             ref = f"[{numbers[change.note]}]" if change.note else "UNEXPLAINED"
             out.append(f"    {mine:40} | {theirs:40} {ref}")
     verdict = f"{function.unexplained} UNEXPLAINED" if function.unexplained else "all explained"
@@ -141,7 +126,18 @@ def render_text(review: Review) -> str:
         "",
     ]
     for patch in review.patches:
-        out += [*_patch_text(patch), ""]
+        out += [
+            f"== {patch.name}",
+            f"subject:  {patch.subject}",
+            f"upstream: {patch.status}; PR {patch.pr}; released in {patch.release}",
+            "why:",
+            *_indent(patch.why.splitlines()),
+            "touches:",
+            *(f"    {change.path}: {', '.join(change.functions)}" for change in patch.files),
+            "diffstat:",
+            *_indent(diffstat(patch.files)),
+            "",
+        ]
     out.append(f"== cumulative diff against the pinned base sglang {review.base_version}")
     for path, lines in review.cumulative.items():
         out += lines if lines else [f"{path}: no net change"]
@@ -152,28 +148,22 @@ def render_text(review: Review) -> str:
     return "\n".join(out) + "\n"
 
 
-def problems_text(review: Review) -> list[str]:
-    """Only what --strict fails on: each uncovered line, parameter and stale note."""
-    out: list[str] = []
-    for function in review.functions:
-        where = f"  {review.base_version} {function.qualname}:"
-        for change in function.signature:
-            if change.note is None:
-                out.append(f"{where} no note covers parameter {change.param}")
-        out += [f"{where} {_uncovered(u)}" for diff in function.differences for u in diff.uncovered]
-        for note in function.stale_notes:
-            out.append(f"{where} STALE note (covers nothing here): {note.title}")
-    return out
-
-
 def render_all_text(reviews: list[Review], brief: bool = False) -> str:
-    """Every base's review (or with brief, only its problems), then one table."""
+    """Every base's review (with brief, only what --strict fails on), then one table."""
     out: list[str] = []
     for review in reviews:
-        if brief:
-            out += problems_text(review)
-        else:
+        if not brief:
             out += ["#" * 78, f"# sglang {review.base_version}", "#" * 78, render_text(review)]
+            continue
+        for function in review.functions:
+            where = f"  {review.base_version} {function.qualname}:"
+            sig = [c for c in function.signature if c.note is None]
+            problems = [f"no note covers parameter {c.param}" for c in sig]
+            problems += [_uncovered(u) for diff in function.differences for u in diff.uncovered]
+            problems += [
+                f"STALE note (covers nothing here): {n.title}" for n in function.stale_notes
+            ]
+            out += [f"{where} {problem}" for problem in problems]
     if reviews:
         out.append(
             f"every base compared with sglang {reviews[0].upstream_version} "
@@ -185,11 +175,6 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
             f"{r.unexplained:>3} unexplained  {r.stale:>3} stale  {'ok' if r.ok else 'NOT OK'}"
         )
     return "\n".join(out) + "\n"
-
-
-def _paragraphs(text: str) -> str:
-    blocks = (" ".join(block.split()) for block in text.split("\n\n") if block.strip())
-    return "".join(f"<p>{_e(block)}</p>" for block in blocks)
 
 
 def _badge(cls: str, text: str) -> str:
@@ -213,12 +198,14 @@ def _patch_html(patch: PatchReview) -> str:
         f"<li>{_code(c.path)}: " + ", ".join(_code(f) for f in c.functions) + "</li>"
         for c in patch.files
     )
+    blocks = (" ".join(block.split()) for block in patch.why.split("\n\n") if block.strip())
+    why = "".join(f"<p>{_e(block)}</p>" for block in blocks)
     return (
         f'<div class="card"><h3>{_e(patch.name)}</h3>'
         f'<div class="meta"><b>{_e(patch.subject)}</b></div>'
         f'<div class="meta">{_badge(status_class, f"Upstream-Status: {_e(patch.status)}")}'
         f" PR {_code(patch.pr)} · released in sglang {_code(patch.release)}</div>"
-        f'<div class="why">{_paragraphs(patch.why)}</div>'
+        f'<div class="why">{why}</div>'
         f"<div><b>Touches</b><ul>{touched}</ul></div>"
         f'<pre class="stat">{_e(chr(10).join(diffstat(patch.files)))}</pre></div>'
     )

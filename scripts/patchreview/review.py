@@ -1,8 +1,5 @@
-"""A reviewer's view of the series: each patch, the net diff, and ours beside upstream's fix.
-
-The differences from upstream's fixed release are found mechanically, their reasons come
-from notes.py: what no note covers is unexplained, a note that covers nothing is stale.
-"""
+"""Ours beside upstream's fix: differences found mechanically, their reasons from notes.py
+(what no note covers is unexplained, a note that covers nothing is stale)."""
 
 from __future__ import annotations
 
@@ -24,15 +21,12 @@ from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
 from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
 
-MODULE_LEVEL = "(module level)"
-DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
-StepFiles = dict[str, dict[str, str]]  # step -> path -> text
 Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
 
 
-def step_files(series: Series, build: Path, cache: Path) -> tuple[StepFiles, str]:
-    """The touched files at every step and where they came from: the build tree when it
+def step_files(series: Series, build: Path, cache: Path) -> tuple[dict[str, dict[str, str]], str]:
+    """The touched files (text) at every step and where they came from: the build tree when it
     holds exactly this series (each step's blob ids as pinned), else the pinned wheel."""
     manifest = series.manifest
     repo = buildtree.build_tree_path(series, build)
@@ -64,13 +58,12 @@ class Scope:
 
 @functools.lru_cache(maxsize=128)
 def scopes_of(source: str) -> tuple[Scope, ...]:
-    """Every def and class with its qualified name, outermost first (cached: steps and bases
-    share many texts, and parsing is the cost)."""
+    """Every def and class with its qualified name, outermost first (cached: bases share texts)."""
     found: list[Scope] = []
 
     def walk(body: list[ast.stmt], prefix: str) -> None:
         for node in body:
-            if isinstance(node, DEFS):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 name = f"{prefix}{node.name}"
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 found.append(Scope(name, start, node.end_lineno or node.lineno, node))
@@ -82,7 +75,7 @@ def scopes_of(source: str) -> tuple[Scope, ...]:
 
 def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
     inner = [s for s in scopes if s.start <= line <= s.end]
-    return max(inner, key=lambda s: s.start).qualname if inner else MODULE_LEVEL
+    return max(inner, key=lambda s: s.start).qualname if inner else "(module level)"
 
 
 @dataclass
@@ -232,10 +225,6 @@ class FunctionComparison:
         )
 
 
-def _indent(text: str) -> int:
-    return len(text) - len(text.lstrip())
-
-
 def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
     """Indices of changed lines (of one side) that this note covers."""
     covered: set[int] = set()
@@ -245,8 +234,9 @@ def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
             covered.add(i)
         if any(re.search(p, text) for p in note.blocks):
             # the block's body: the deeper-indented (or blank) lines that follow
+            depth = len(text) - len(text.lstrip())
             for j in range(i + 1, changed.stop):
-                if lines[j].strip() and _indent(lines[j]) <= _indent(text):
+                if lines[j].strip() and len(lines[j]) - len(lines[j].lstrip()) <= depth:
                     break
                 covered.add(j)
         if text.lstrip().startswith("#") and any(re.search(p, text) for p in note.comments):
@@ -289,8 +279,7 @@ def compare_function(
         ):
             covered: set[int] = set()
             for note in about:
-                hit = _covered_lines(source.lines, span, note)
-                if hit:
+                if hit := _covered_lines(source.lines, span, note):
                     covered |= hit
                     used.add(note)
                     diff.notes[note] = None

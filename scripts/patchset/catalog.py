@@ -35,8 +35,7 @@ class KnownContent:
     open: tuple[str, ...] = ()  # the scenarios left open ([races] of the manifests)
     release: str = ""  # the release whose [launch] settings apply
     races: tuple[tuple[str, tuple[RaceEntry, ...]], ...] = ()  # by scenario ([] clean)
-    series: str = ""  # for a step of one of our series: its folder's name and the step
-    step: str = ""
+    series: str = ""  # for a step of one of our series: its folder's name
 
 
 Blobs = dict[str, str | None]  # repository path -> git blob id (None: missing)
@@ -47,15 +46,10 @@ def blobs_of(files: Files) -> Blobs:
     return {path: None if data is None else git_blob_id(data) for path, data in files.items()}
 
 
-def step_in(steps: dict[str, dict[str, str]], blobs: Blobs) -> str | None:
-    """Which of these steps (in series order) the files are at (the last on a tie), or None."""
-    at = [step for step, pinned in steps.items() if pinned == blobs]
+def step_in(manifest: PinManifest, blobs: Blobs) -> str | None:
+    """Which step of the series the files are at (the last on a tie), or None."""
+    at = [step for step in manifest.steps if manifest.blobs_at(step) == blobs]
     return at[-1] if at else None
-
-
-def series_steps(manifest: PinManifest) -> dict[str, dict[str, str]]:
-    """Each step's blob ids, as its manifest pins them (also one given with --patch-set)."""
-    return {step: manifest.blobs_at(step) for step in manifest.steps}
 
 
 @dataclass
@@ -63,7 +57,6 @@ class Catalog:
     by_blobs: dict[tuple[tuple[str, str], ...], list[KnownContent]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     releases: dict[str, dict[str, str]] = field(default_factory=dict)  # as shipped, oldest first
-    steps: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # series -> step
     served: dict[str, str] = field(default_factory=dict)  # release -> its series' folder name
     fix_prs: dict[str, str] = field(default_factory=dict)  # "fix-a" -> KnownContent.fixes' name
 
@@ -71,27 +64,11 @@ class Catalog:
         entries = self.by_blobs.setdefault(tuple(sorted(blobs.items())), [])
         if content not in entries:
             entries.append(content)
-        if content.series:
-            self.steps.setdefault(content.series, {})[content.step] = dict(blobs)
 
     def lookup(self, blobs: Blobs) -> list[KnownContent]:
         """Everything these blob ids are: steps of our series first, then releases."""
         found = self.by_blobs.get(tuple(sorted(blobs.items())), [])  # type: ignore[arg-type]
         return sorted(found, key=lambda content: not content.ours)
-
-    def step_blobs(self, series: str, step: str) -> dict[str, str]:
-        return self.steps[series][step]
-
-    def step_of(self, series: str, blobs: Blobs) -> str | None:
-        return step_in(self.steps.get(series, {}), blobs)
-
-    def releases_with(self, blobs: Blobs) -> list[str]:
-        """The known releases whose files are exactly these, oldest first."""
-        return [version for version, files in self.releases.items() if files == blobs]
-
-    def releases_holding(self, path: str, blob: str | None) -> list[str]:
-        """The known releases whose file at path is this blob, oldest first."""
-        return [version for version, files in self.releases.items() if files.get(path) == blob]
 
     def prs(self, fixes: frozenset[str]) -> frozenset[str]:
         return frozenset(self.fix_prs[fix] for fix in fixes)
@@ -153,13 +130,13 @@ def load_catalog(patches_root: Path) -> Catalog:
         }
         for index, step in enumerate(manifest.steps):
             name = names.get(step, f"sglang {served} with {folder} applied up to patch {step}")
-            fixes, left = manifest.step_fixes[step], tuple(manifest.open_races(step))
+            races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
+            fixes, left = manifest.step_fixes[step], tuple(s for s, entries in races if entries)
             # a race open at any step with these fixes is open with them
             open_with[fixes] = tuple(dict.fromkeys(open_with.get(fixes, ()) + left))
-            races = tuple((scenario, by_step[step]) for scenario, by_step in manifest.races.items())
             races_with.setdefault(fixes, races)
             prs, version = catalog.prs(fixes), manifest.base.version
-            content = KnownContent(name, prs, index > 0, left, version, races, folder, step)
+            content = KnownContent(name, prs, index > 0, left, version, races, folder)
             catalog.add(manifest.blobs_at(step), content)
     # A served release is already named by its series' base step.
     catalog.served = {r: s.folder.name for s in all_series for r in s.manifest.releases}

@@ -12,11 +12,12 @@ import encodings.cp437  # noqa: F401
 import errno
 import signal
 import sys
+import textwrap
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .errors import BackportError, Exit, GitError, exit_help
+from .errors import COMMON, EXIT_TEXT, BackportError, Exit, GitError
 from .interrupts import hold_interrupts
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
 
@@ -28,11 +29,16 @@ def parser(
     wording: dict[Exit, str] | None = None,
     epilog: str = "",
 ) -> argparse.ArgumentParser:
-    """A parser whose --help ends with the exit codes this command can return."""
+    """A parser whose --help ends with the exit codes this command can return, and only those."""
+    wording = {**EXIT_TEXT, **(wording or {})}
+    lines = [*([epilog] if epilog else []), "exit codes:"]
+    for code in sorted(set(codes) | set(COMMON)):
+        at = f"  {int(code):>3}  "
+        lines.append(textwrap.fill(wording[code], 79, initial_indent=at, subsequent_indent=" " * 7))
     return argparse.ArgumentParser(
         prog=prog,
         description=description,
-        epilog=(epilog + "\n" if epilog else "") + exit_help(codes, wording),
+        epilog="\n".join(lines) + "\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 

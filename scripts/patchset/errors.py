@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-from collections.abc import Iterable
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
@@ -96,18 +94,6 @@ EXIT_TEXT: dict[Exit, str] = {
 
 # Every command can end with these.
 COMMON = (Exit.OK, Exit.INTERNAL, Exit.USAGE, Exit.ENVIRONMENT, Exit.INTERRUPTED)
-
-
-def exit_help(
-    codes: Iterable[Exit], wording: dict[Exit, str] | None = None, title: str = "exit codes"
-) -> str:
-    """The `exit codes:` section of a command's --help: only the codes it can return."""
-    wording = {**EXIT_TEXT, **(wording or {})}
-    lines = [f"{title}:"]
-    for code in sorted(set(codes) | set(COMMON)):
-        at = f"  {int(code):>3}  "
-        lines.append(textwrap.fill(wording[code], 79, initial_indent=at, subsequent_indent=" " * 7))
-    return "\n".join(lines) + "\n"
 
 
 class BackportError(Exception):

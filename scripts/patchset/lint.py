@@ -1,8 +1,5 @@
-"""Lint one patch set folder: series, patches and pin manifest must agree.
-
-Every rule adds to one report, so one run lists every problem with its file and line; a
-run that checked nothing fails, as a linter that checks nothing looks like one that passes.
-"""
+"""Lint one patch set folder: every rule adds to one report, so one run lists every problem;
+a run that checked nothing fails, as a linter that checks nothing looks like one that passes."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ from .errors import BackportError
 from .manifest import (
     BASE_STEP,
     MANIFEST_NAME,
+    ON_BRANCH,
     PYTHONS,
     SERIES_NAME,
     WHEELS_TABLE,
@@ -39,7 +37,6 @@ STATUS_VALUE = re.compile(r"^(?P<word>[A-Za-z-]+)(?: \[[^\]]+\])?$")
 PR_VALUE = re.compile(r"^(?:[\w.-]+/[\w.-]+#\d+|https://github\.com/[\w.-]+/[\w.-]+/pull/\d+)$")
 RELEASE_VALUE = re.compile(r"^\d+(?:\.\d+)+(?:\.post\d+)?$")
 
-ON_BRANCH = "make it on the patched branch and run scripts/export-patches"
 RULES = {
     "series": "series lists every patch file once, and only files that exist",
     "manifest": "pin.toml loads; its patch hashes, order and blob ids match (the base's: "
@@ -122,9 +119,7 @@ def _check_manifest(
     pinned = list(manifest.patch_hashes)
     for name, number in entries:
         if name not in manifest.patch_hashes:
-            problem = (
-                f"{name} has no sha256 in {MANIFEST_NAME} [patches]; run scripts/export-patches"
-            )
+            problem = f"{name} has no sha256 in {pin.name} [patches]; run scripts/export-patches"
             report.add(report.folder / SERIES_NAME, number, "manifest", problem)
     for name in pinned:
         if name not in listed:

@@ -36,6 +36,7 @@ STEP_NAME = re.compile(r"^\d{4}$")
 RESTORE = "restore it with `git checkout -- patches/`"
 REGENERATE = "regenerate it with scripts/export-patches"
 REPAIR = f"{RESTORE}, or {REGENERATE}"
+ON_BRANCH = "make it on the patched branch and run scripts/export-patches"
 # A [races] entry: (kind: first access/second, buffers, rows); every buffer races in every row.
 RaceEntry = tuple[str, tuple[str, ...], tuple[int, ...]]
 RACE_KINDS = ("write/write", "write/read", "read/write")
@@ -70,8 +71,7 @@ class ReleasePin:
 
     @classmethod
     def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
-        """keys' table, and [wheels."VERSION"] cpXY = { wheel, sha256 }: the release's wheel
-        for each other Python, a cpXY-cpXY wheel for the default wheel's platform."""
+        """keys' table, and [wheels."VERSION"]: a cpXY-cpXY wheel per other Python, one platform."""
         default = toml.wheel_pin(keys, version)
         python, abi, platform = default.tags
         if python != abi or not PYTHON_TAG.match(python):
@@ -119,10 +119,6 @@ class PinManifest:
         return self.registry.upstream_fixed
 
     @property
-    def upstream_prs(self) -> dict[str, int]:
-        return {name: fix.pr for name, fix in self.registry.fixes.items()}
-
-    @property
     def base(self) -> WheelPin:
         return self.release.wheel
 
@@ -151,8 +147,7 @@ class PinManifest:
 
     @property
     def first_number(self) -> int:
-        """The first patch's number (an empty series: [step-fixes]'), so that a step
-        number names the same fix on every base."""
+        """The first patch's number (or [step-fixes]'): a step number names one fix on all bases."""
         planned = sorted(self.raw.get("step-fixes", {}))
         return int((self.steps[1:] or planned or ["1"])[0])
 
@@ -160,16 +155,12 @@ class PinManifest:
     def final_step(self) -> str:
         return self.steps[-1]
 
-    def open_races(self, step: str) -> list[str]:
-        return [name for name, by_step in self.races.items() if by_step[step]]
-
     def blobs_at(self, step: str) -> dict[str, str]:
         return {path: by_step[step] for path, by_step in self.blobs.items()}
 
     @classmethod
     def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
-        """Read and check pin.toml: every key a command reads is there and well formed
-        (registry: default patches/releases.toml)."""
+        """pin.toml, checked: every key a command reads is there and well formed."""
         registry = registry or load_releases()
         missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
         toml = TomlFile.load(path, "pin manifest", missing, REPAIR)
@@ -190,11 +181,9 @@ class PinManifest:
         where = f"{registry.path} [fixes]"
         step_fixes = {BASE_STEP: known.fixes}
         step_fixes |= {s: toml.names(("step-fixes", s), registry.fixes, where) for s in steps[1:]}
-        same_files = {
-            other: ReleasePin.from_table(toml, ("same-files", other), other)
-            for other in toml.table(("same-files",), optional=True)
-        }
-        for other in same_files:
+        same_files: dict[str, ReleasePin] = {}
+        for other in toml.table(("same-files",), optional=True):
+            same_files[other] = ReleasePin.from_table(toml, ("same-files", other), other)
             if registry.release(other, path).blobs != known.blobs:
                 raise toml.refuse(
                     ("same-files", other),
@@ -354,8 +343,7 @@ class Series:
                 raise _invalid(
                     f"patch {path.name} has sha256 {actual}, but the manifest pins {pinned}: "
                     "the file was changed after it was exported",
-                    f"{RESTORE}, or, if the change is wanted, make it on the patched branch "
-                    "and run scripts/export-patches",
+                    f"{RESTORE}, or, if the change is wanted, {ON_BRANCH}",
                 )
 
     def for_release(self, version: str) -> Series:

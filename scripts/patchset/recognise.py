@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths, shape
-from .catalog import Blobs, Catalog, Files, blobs_of, series_steps, step_in
+from .catalog import Blobs, Catalog, Files, blobs_of, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
@@ -33,12 +33,12 @@ def reading(series: Series | None) -> Series:
 def recognise(catalog: Catalog, blobs: Blobs, series: Series | None = None) -> Recognised | None:
     """The series (the given one, else the one whose steps hold these files) and its step."""
     if series is not None:
-        step = step_in(series_steps(series.manifest), blobs)
+        step = step_in(series.manifest, blobs)
         return Recognised(series, step) if step else None
     for content in catalog.lookup(blobs):
         if content.series:
-            folder = paths.PATCHES_ROOT / content.series
-            return Recognised(Series.load(folder), catalog.step_of(content.series, blobs) or "")
+            found = Series.load(paths.PATCHES_ROOT / content.series)
+            return Recognised(found, step_in(found.manifest, blobs) or "")
     return None
 
 
@@ -71,13 +71,13 @@ def refusal(
         if blob is None:
             lines.append(f"  {path}: missing")
         elif blob != expected.get(path):
-            same_in = catalog.releases_holding(path, blob)
+            same_in = [v for v, known in catalog.releases.items() if known.get(path) == blob]
             known = f" (as in sglang {', '.join(same_in)})" if same_in else ""
             lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
 
-    looks_like = catalog.releases_with(blobs)
+    looks_like = [v for v, known in catalog.releases.items() if known == blobs]
     fixed = manifest.upstream_fixed.version
-    prs = " and ".join(f"#{pr}" for pr in manifest.upstream_prs.values())
+    prs = " and ".join(f"#{fix.pr}" for fix in manifest.registry.fixes.values())
     if any(release_key(r) >= release_key(fixed) for r in looks_like):
         lines.append(
             f"It looks like sglang {looks_like[-1]}, which already contains the fixes"

@@ -59,8 +59,7 @@ class WheelPin:
 
 @dataclass(frozen=True)
 class TomlFile:
-    """A parsed TOML file read by key path; a missing or wrong value is refused
-    (exit 6) with the key and the file, never a KeyError."""
+    """A TOML file read by key path: a missing or wrong value is refused with key and file."""
 
     path: Path
     data: dict[str, Any]

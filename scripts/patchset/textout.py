@@ -12,17 +12,16 @@ def table(
 ) -> str:
     """Columns padded to their widest cell, cells longer than wrap (if set) wrapped in place;
     markdown: a GitHub table (`| a | b |`), for reports meant to be rendered."""
-    all_rows = [list(header), *(list(r) for r in rows)]
+    all_rows = [header, *rows]
     cells = [[textwrap.wrap(c, wrap) or [""] if wrap else [c] for c in row] for row in all_rows]
     widths = [max(len(line) for row in cells for line in row[i]) for i in range(len(header))]
-    rule = ["-" * w for w in widths]
     out: list[str] = []
     for index, row in enumerate(cells):
         for n in range(max(len(lines) for lines in row)):
             parts = [lines[n] if n < len(lines) else "" for lines in row]
             out.append(_line(parts, widths, markdown))
         if index == 0:
-            out.append(_line(rule, widths, markdown))
+            out.append(_line(["-" * w for w in widths], widths, markdown))
     return "\n".join(out)
 
 

@@ -7,6 +7,7 @@ is refused with its line, never read differently from tomllib (test/tools/test_t
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["TOMLDecodeError", "loads", "subset_loads"]
@@ -55,12 +56,6 @@ class _Reader:
                 raise self.fail("a control character in a comment")
             self.pos = end
 
-    def end_of_line(self) -> None:
-        self.skip_space()
-        if self.peek() not in ("\n", ""):  # LF only, as lint requires of our files
-            raise self.fail(f"unexpected {self.peek()!r} after a value")
-        self.pos += 1
-
     def descend(self, table: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         for key in keys:
             table = table.setdefault(key, {})
@@ -96,8 +91,6 @@ class _Reader:
 
     def string(self) -> str:
         """A one-line basic string."""
-        if self.peek(3) == '"""':
-            raise self.fail("multi-line strings are not in the subset this reader reads")
         self.pos += 1
         out = []
         while (char := self.peek()) != '"':
@@ -116,48 +109,36 @@ class _Reader:
     def value(self) -> Any:
         self.skip_space()
         char = self.peek()
-        if self.peek(3) == "'''":
+        if self.peek(3) in ('"""', "'''"):
             raise self.fail("multi-line strings are not in the subset this reader reads")
         if char == '"':
             return self.string()
-        if char in ("[", "{"):
-            return self.array() if char == "[" else self.inline_table()
+        if char == "[":  # items on several lines, a comma before the ] allowed
+            return self.items("]", lambda out: out.append(self.value()), [], newlines=True)
+        if char == "{":  # one line; a comma before the } is not TOML 1.0
+            return self.items("}", self.assign, {}, newlines=False)
         found = _SCALAR.match(self.text, self.pos)
-        if found and self._ends(found.end()):
-            self.pos, word = found.end(), found.group()
+        end = found.end() if found else 0
+        if found and (end >= len(self.text) or self.text[end] in " \t\r\n#,]}"):
+            self.pos, word = end, found.group()
             return word == "true" if word in ("true", "false") else int(word.replace("_", ""))
         raise self.fail("a value this reader does not know (e.g. 'literal' strings, dates, floats)")
 
-    def _ends(self, pos: int) -> bool:
-        return pos >= len(self.text) or self.text[pos] in " \t\r\n#,]}"
-
-    def array(self) -> list[Any]:
+    def items(self, close: str, read: Callable[[Any], None], out: Any, newlines: bool) -> Any:
+        """An array's values or an inline table's KEY = VALUE pairs, read into out up to close."""
         self.pos += 1
-        items: list[Any] = []
         while True:
-            self.skip_space(newlines=True)
-            if self.peek() == "]":
+            self.skip_space(newlines)
+            if self.peek() == close and (newlines or not out):
                 break
-            items.append(self.value())
-            self.skip_space(newlines=True)
+            read(out)
+            self.skip_space(newlines)
             if self.peek() != ",":
                 break
             self.pos += 1
-        self.take("]", "an array needs a comma or a ]")
-        return items
-
-    def inline_table(self) -> dict[str, Any]:
-        self.pos += 1
-        table: dict[str, Any] = {}
-        self.skip_space()
-        while table or self.peek() != "}":  # a comma before the } is not TOML 1.0
-            self.assign(table)
-            self.skip_space()
-            if self.peek() != ",":
-                break
-            self.pos += 1
-        self.take("}", "an inline table needs a comma or a }")
-        return table
+        what = "an array" if close == "]" else "an inline table"
+        self.take(close, f"{what} needs a comma or a {close}")
+        return out
 
 
 def subset_loads(text: str) -> dict[str, Any]:
@@ -182,7 +163,10 @@ def subset_loads(text: str) -> dict[str, Any]:
                 raise reader.fail(f"the table [{'.'.join(keys)}] is defined twice")
             headers.add(tuple(keys))
             current = reader.descend(root, keys)
-        reader.end_of_line()
+        reader.skip_space()
+        if reader.peek() not in ("\n", ""):  # LF only, as lint requires of our files
+            raise reader.fail(f"unexpected {reader.peek()!r} after a value")
+        reader.pos += 1
 
 
 try:

@@ -8,15 +8,14 @@ import importlib.util
 import os
 import pickle
 import sys
-import tempfile
 import textwrap
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from patchset import buildtree, cli, paths
-from patchset.catalog import blobs_of, series_steps, step_in
+from patchset import buildtree, cli, lock, paths
+from patchset.catalog import blobs_of, step_in
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, replace_tables, series_for_release
 from treefork import fork_each, preload, use_tree
@@ -168,11 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         bases.setdefault(tree_run.barrier, {})[tree_run.version] = None
     barriers = [f"{' '.join(b)}: {how}" if several else how for how, b in bases.items()]
     print(f"ran on {csan.torch_text(runs[0].torch)}; WAR barrier " + "; ".join(barriers))
-    timings = [
+    timings = "; ".join(
         f"{r.label} sglang import {r.import_s:.1f} s + scenarios {r.run_s:.2f} s" for r in runs
-    ]
-    joined = "; ".join(timings)
-    print(f"timings: third-party imports {preload_s:.1f} s (once); {joined}; wall {wall:.1f} s")
+    )
+    print(f"timings: third-party imports {preload_s:.1f} s (once); {timings}; wall {wall:.1f} s")
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
     return report.verdict(runs)
@@ -206,7 +204,7 @@ def plan_runs(
                 p: (checked / p).read_bytes() if (checked / p).is_file() else None
                 for p in manifest.files
             }
-            held = step_in(series_steps(manifest), blobs_of(files)) or ""
+            held = step_in(manifest, blobs_of(files)) or ""
             runs.append(report.TreeRun(label, held, checked, expected, final, version, given=True))
     return runs
 
@@ -248,9 +246,7 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
     finals = [r for r in runs if r.step == r.expected_final]
     if open_final := [f"{r.label} ({name})" for r in finals for name in SCENARIOS if r.races[name]]:
         opened = ", ".join(open_final)
-        print(
-            f"FAILED: the final step of a series leaves races open: {opened}; nothing was written"
-        )
+        print(f"FAILED: the final step of a series leaves races open: {opened}; nothing written")
         return Exit.RACE
     stale = []
     for series in chosen:
@@ -284,25 +280,25 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
 
 
 def _run(tree: Path) -> dict[str, Any]:
+    """The tree's TreeRun fields, measured in this process; a BackportError says why not."""
     started = time.perf_counter()
     use_tree(tree)
     try:
         import sglang.srt.disaggregation.decode  # noqa: F401
     except Exception as err:  # any import failure of the tree is reported, not raised
-        hint = ""
-        if isinstance(err, ModuleNotFoundError):
-            hint = (
-                "use an interpreter with sglang's import closure (build/venv from "
-                "scripts/run-tests, or --python PATH)"
-            )
-        return _error(Exit.SCENARIO, f"importing sglang failed: {_short(err)}", hint)
+        hint = "use an interpreter with sglang's import closure (build/venv from "
+        hint += "scripts/run-tests, or --python PATH)"
+        hint = hint if isinstance(err, ModuleNotFoundError) else ""
+        raise BackportError(
+            Exit.SCENARIO, f"importing sglang failed: {_short(err)}", hint
+        ) from None
     import torch
 
     from . import scenarios, treecode
 
     root, expected = scenarios.sglang_root(), (tree / "python" / "sglang").resolve()
     if root != expected:
-        return _error(
+        raise BackportError(
             Exit.ENVIRONMENT,
             f"sglang was imported from {root}, not from {expected}; another "
             "sglang (an installed package?) shadows the tree",
@@ -314,7 +310,8 @@ def _run(tree: Path) -> dict[str, Any]:
         try:
             races[name] = scenarios.run(name)
         except Exception as err:  # the tree's API differs from what the scenario drives
-            return _error(Exit.SCENARIO, f"scenario {name} could not run: {_short(err)}")
+            problem = f"scenario {name} could not run: {_short(err)}"
+            raise BackportError(Exit.SCENARIO, problem) from None
     return {
         "torch": torch.__version__,
         "barrier": treecode.war_barrier_of_tree().how,
@@ -322,10 +319,6 @@ def _run(tree: Path) -> dict[str, Any]:
         "run_s": round(time.perf_counter() - imported, 3),
         "races": races,
     }
-
-
-def _error(code: Exit, problem: str, next_step: str = "") -> dict[str, Any]:
-    return {"code": int(code), "error": problem, "next_step": next_step}
 
 
 def _short(err: BaseException) -> str:
@@ -342,21 +335,21 @@ def run_trees(runs: list[report.TreeRun]) -> float:
     def announce(n: int) -> None:
         print(f"race-check: {len(SCENARIOS)} scenarios on {runs[n].label} ({runs[n].tree})")
 
-    with tempfile.TemporaryDirectory(prefix="race-check-") as tmp:
-        outs = [Path(tmp) / f"{n}.pickle" for n in range(len(runs))]
+    with lock.marked_folder(lock.tmpdir(), "race-check-") as tmp:
+        outs = [tmp / f"{n}.pickle" for n in range(len(runs))]
         # More children than cores would only share them and hold more memory.
         jobs, slots = range(len(runs)), os.cpu_count() or 1
         fork_each(jobs, slots, lambda n: _child(runs[n].tree, outs[n]), announce)
         results = [_result(out) for out in outs]
     for run, result in zip(runs, results, strict=True):
-        if "error" in result:
-            if result["code"] == Exit.INTERNAL:
-                print(result["error"], file=sys.stderr)
-                raise RuntimeError(f"the checker failed on {run.tree} (the trace above)")
-            problem = f"{run.label} ({run.tree}): {result['error']}"
-            raise BackportError(Exit(result["code"]), problem, result["next_step"])
-        for key in ("races", "torch", "barrier", "import_s", "run_s"):
-            setattr(run, key, result[key])
+        if isinstance(result, dict):
+            vars(run).update(result)
+        elif result[0] == Exit.INTERNAL:
+            print(result[1], file=sys.stderr)
+            raise RuntimeError(f"the checker failed on {run.tree} (the trace above)")
+        else:
+            code, problem, next_step = result
+            raise BackportError(code, f"{run.label} ({run.tree}): {problem}", next_step)
     return preload_s
 
 
@@ -365,21 +358,24 @@ def _child(tree: Path, out: Path) -> int:
     log = os.open(out.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    result: dict[str, Any] | tuple[Exit, str, str]
     try:
         result = _run(tree)
+    except BackportError as err:
+        result = (err.code, err.problem, err.next_step)
     except BaseException:
-        result = _error(Exit.INTERNAL, traceback.format_exc())
+        result = (Exit.INTERNAL, traceback.format_exc(), "")
     out.write_bytes(pickle.dumps(result))
     return 0
 
 
-def _result(out: Path) -> dict[str, Any]:
+def _result(out: Path) -> dict[str, Any] | tuple[Exit, str, str]:
     """What the child wrote, or what it printed if it ended without writing it."""
     if out.is_file():
         return pickle.loads(out.read_bytes())
     log = out.with_suffix(".log")
     printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
-    return _error(
+    return (
         Exit.ENVIRONMENT,
         "its process ended without a result:\n" + "\n".join(printed[-15:]),
         "check that this interpreter imports torch, or pass --python PATH",

@@ -1,6 +1,5 @@
-"""torch.cuda._sanitizer (CSAN), a private torch API, checked before use (a changed one
-stops the checker instead of letting it see nothing); and simulated CUDA streams and
-events, whose ordering operations feed its vector clocks while ops run on the CPU."""
+"""torch.cuda._sanitizer (CSAN), a private API checked before use (a changed one must stop
+the checker, not blind it); simulated streams and events feed its clocks on the CPU."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
 }
 _ACCESS_FIELDS = {"type", "seq_num", "stream", "operator", "aliases", "is_output", "stack_trace"}
 _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
+DEFAULT_STREAM_ID = 0  # CSAN knows stream 0 from the start; check_shape pins the value
 
 
 def torch_text(version: str) -> str:
@@ -86,13 +86,9 @@ def check_shape(csan: ModuleType) -> list[str]:
     access_type = getattr(csan, "AccessType", None)
     if access_type is None or not {"READ", "WRITE"} <= set(access_type.__members__):
         problems.append("AccessType lacks READ/WRITE")
-    if getattr(csan, "DEFAULT_STREAM_ID", None) != 0:
+    if getattr(csan, "DEFAULT_STREAM_ID", None) != DEFAULT_STREAM_ID:
         problems.append("DEFAULT_STREAM_ID is no longer 0")
     return problems
-
-
-# CSAN knows stream 0 from the start (check_shape pins the value).
-DEFAULT_STREAM_ID = 0
 
 
 def _unmodelled(what: str) -> bool:
@@ -174,10 +170,8 @@ class SimDevice:
 
     @contextlib.contextmanager
     def stream(self, stream: SimStream | None) -> Iterator[None]:
-        if stream is None:  # torch.cuda.stream(None) changes nothing
-            yield
-            return
-        previous, self._current = self._current, stream
+        previous = self._current
+        self._current = stream or previous  # torch.cuda.stream(None) changes nothing
         try:
             yield
         finally:
@@ -187,7 +181,3 @@ class SimDevice:
 
     def synchronize(self, device: Any = None) -> None:
         self.handler._handle_device_synchronization()
-
-    def stream_name(self, stream_id: int) -> str:
-        stream = self.streams.get(stream_id)
-        return stream.name if stream else f"stream {stream_id}"

@@ -56,8 +56,7 @@ class Race:
     second: Access
 
     @property
-    def kind(self) -> str:
-        """'write/write', 'write/read' or 'read/write' (first access / second)."""
+    def kind(self) -> str:  # the first access's kind / the second's: "write/read"
         return f"{self.first.kind}/{self.second.kind}"
 
 
@@ -112,17 +111,12 @@ def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
 
 def entries_of(cell: Cell) -> list[tuple[str, tuple[int, ...], list[str]]]:
     """A cell as [races] entries (kind, rows, buffers): per kind, one per set of rows."""
-    entries = []
-    for kind in RACE_KINDS:
-        rows_of: dict[str, set[int]] = {}
-        for k, buffer, row in cell:
-            if k == kind:
-                rows_of.setdefault(buffer, set()).add(row)
-        groups: dict[tuple[int, ...], list[str]] = {}
-        for buffer in sorted(rows_of, key=lambda b: (_ORDER.get(b, len(_ORDER)), b)):
-            groups.setdefault(tuple(sorted(rows_of[buffer])), []).append(buffer)
-        entries += [(kind, rows, buffers) for rows, buffers in groups.items()]
-    return entries
+    groups: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    order = sorted(cell, key=lambda e: (RACE_KINDS.index(e[0]), _ORDER.get(e[1], len(_ORDER)), e))
+    for kind, buffer in dict.fromkeys((k, b) for k, b, _ in order):
+        rows = tuple(sorted(r for k, b, r in cell if (k, b) == (kind, buffer)))
+        groups.setdefault((kind, rows), []).append(buffer)
+    return [(kind, rows, buffers) for (kind, rows), buffers in groups.items()]
 
 
 def table_lines(by_step: Mapping[str, Cell]) -> list[str]:
@@ -207,8 +201,7 @@ def print_races(run: TreeRun) -> None:
 
 
 def verdict(runs: list[TreeRun]) -> int:
-    """Steps must give the expected table, a patched step tree no race; a given tree is
-    wrong where the step its files hold expects otherwise."""
+    """Steps give the expected table (a patched one no race); a given tree, its step's."""
     code = Exit.OK
     steps = [r for r in runs if not r.given]
     clean_final = [

@@ -29,17 +29,15 @@ VOCAB_SIZE = 1000
 class _World:
     """A decode scheduler's relay state: streams, request pool, FutureMap, ChunkCache."""
 
-    def __init__(self, device: SimDevice, watch: BufferWatch, spec: str | None, hisparse: bool):
+    def __init__(self, device: SimDevice, watch: BufferWatch, server_args: Any):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         self.device = device
-        self.server_args = treecode.stand_in_server_args(spec, hisparse)
-        # SamplingBatchInfo and spec_need_hidden_states read the process-wide args.
-        treecode.publish_server_args(self.server_args)
-        self.spec_algorithm = SpeculativeAlgorithm.from_string(spec)
+        self.server_args = server_args
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.schedule_stream = device.Stream(name="schedule_stream")
         self.forward_stream = device.Stream(name="forward_stream")
         self.req_to_token_pool = ReqToTokenPool(
@@ -72,9 +70,8 @@ class _World:
     def inflight_forward(
         self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None
     ) -> None:
-        """run_batch's redundant forward for just-finished requests, on the forward stream:
-        read the inputs, publish, stash. With a runner, it records its WAR read-done event
-        where the cuda-graph runners do: before publish, or after it in EAGLE's draft_extend."""
+        """run_batch's forward of just-finished requests; a runner gets the read-done event
+        where the cuda-graph runners record it: before publish, after it in EAGLE's draft_extend."""
         n = len(rows)
         index = torch.tensor(rows, dtype=torch.int64)
         eagle = not self.spec_algorithm.is_none()
@@ -154,8 +151,7 @@ class _World:
         return batch
 
     def prefill_forward(self, reqs: list[Any]) -> tuple[Any, Any]:
-        """The prefill batch's forward, then copy_to_cpu's copy_done on the copy stream
-        (0.5.15 on) or the forward stream."""
+        """The prefill forward; copy_done on the copy stream (0.5.15 on) or forward stream."""
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.utils import GenerationBatchResult
@@ -211,8 +207,7 @@ def _stash_payload(n: int, *, eagle: bool) -> Any:
         "topk_index": torch.full((n, EAGLE_TOPK), 3, dtype=torch.int64),
         "hidden_states": torch.full((n, HIDDEN_SIZE), 0.25),
     }
-    relay_payload = getattr(overlap_utils, "RelayPayload", None)
-    if relay_payload is not None:
+    if (relay_payload := getattr(overlap_utils, "RelayPayload", None)) is not None:
         return relay_payload(bonus_tokens=bonus, **(extras if eagle else {}))
     if not eagle:
         return bonus
@@ -236,14 +231,22 @@ def play(world: _World, scenario: Play) -> None:
         if scenario.barrier is not None:
             # run_batch orders iteration N's forward after the schedule stream.
             world.forward_stream.wait_stream(world.schedule_stream)
-    if scenario.consumer:
-        consume(world, scenario.finished + scenario.prebuilt)
+    if scenario.consumer:  # a later iteration reads the rows back
+        rows = scenario.finished + scenario.prebuilt
+        merged = SimpleNamespace(
+            spec_info=SimpleNamespace(future_indices=torch.tensor(rows, dtype=torch.int64)),
+            req_pool_indices_cpu=torch.tensor(rows, dtype=torch.int64),
+            seq_lens=None,
+            seq_lens_cpu=None,
+            seq_lens_sum=None,
+        )
+        with world.device.stream(world.device.Stream(name="consumer_stream")):
+            world.future_map.resolve_seq_lens_cpu(merged)
 
 
 def play_hisparse(world: _World, scenario: Play) -> None:
-    """H1 in event_loop_overlap's order: finished rows go to requests prefilled here, their
-    result processed (synchronizing on copy_done), then _build_hisparse_decode_batch
-    stashes. The coordinator is a mock: its staging copies KV pages, no relay row."""
+    """H1 in event_loop_overlap's order: prefill, its result processed (synchronizing on
+    copy_done), the stash; the coordinator is a mock (its staging copies KV, no relay row)."""
     coordinator = mock.Mock(name="hisparse_coordinator")
     coordinator.collect_ready_reqs.side_effect = lambda: [
         call.args[0] for call in coordinator.admit_request_into_staging.call_args_list
@@ -273,20 +276,6 @@ def play_hisparse(world: _World, scenario: Play) -> None:
         )
 
 
-def consume(world: _World, rows: tuple[int, ...]) -> None:
-    """A later iteration reads the rows back (resolve_seq_lens_cpu)."""
-    consumer = world.device.Stream(name="consumer_stream")
-    merged = SimpleNamespace(
-        spec_info=SimpleNamespace(future_indices=torch.tensor(rows, dtype=torch.int64)),
-        req_pool_indices_cpu=torch.tensor(rows, dtype=torch.int64),
-        seq_lens=None,
-        seq_lens_cpu=None,
-        seq_lens_sum=None,
-    )
-    with world.device.stream(consumer):
-        world.future_map.resolve_seq_lens_cpu(merged)
-
-
 def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> None:
     """The tree's WAR barrier; enabled stands for is_cuda() or SGLANG_ENABLE_WAR_BARRIER."""
     barrier = treecode.war_barrier_of_tree()
@@ -304,24 +293,23 @@ def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> Non
 
 def required(scenario: Play) -> set[tuple[str, str, str]]:
     """Accesses a scenario must see, else clean only means the tree took another path."""
-    if scenario.consumer:
-        return {
-            ("forward_stream", "write", "new_seq_lens_buf"),
-            ("schedule_stream", "write", "new_seq_lens_buf"),
-            ("consumer_stream", "read", "new_seq_lens_buf"),
-        }
     buffers = EAGLE_ROW if scenario.spec == EAGLE else ("output_tokens_buf",)
-    return {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in buffers}
+    if scenario.consumer:  # both streams write the seq lens the consumer reads
+        buffers = ("new_seq_lens_buf",)
+    seen = {(s, "write", b) for s in ("forward_stream", "schedule_stream") for b in buffers}
+    return seen | ({("consumer_stream", "read", buffers[0])} if scenario.consumer else set())
 
 
 def run(name: str) -> list[Race]:
     """The races CSAN saw as the scenario played on fresh simulated streams."""
     scenario = BY_NAME[name]
+    args = treecode.stand_in_server_args(scenario.spec, scenario.hisparse)
+    # SamplingBatchInfo and spec_need_hidden_states read the process-wide args.
     with (
-        treecode.server_args_restored(),
+        treecode.server_args_published(args),
         simulated_gpu(code_roots=[sglang_root()]) as (device, watch),
     ):
-        world = _World(device, watch, scenario.spec, scenario.hisparse)
+        world = _World(device, watch, args)
         (play_hisparse if scenario.hisparse else play)(world, scenario)
     if missing := sorted(required(scenario) - watch.seen):
         unseen = ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in missing)

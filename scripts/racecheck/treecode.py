@@ -50,40 +50,26 @@ def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
     return args
 
 
-def _runtime_context() -> Any:
-    try:
-        from sglang.srt.runtime_context import get_context
-    except ImportError:  # 0.5.13 has no runtime context
-        return None
-    context = get_context()
-    return context if hasattr(context, "set_server_args") else None
-
-
-def publish_server_args(args: Any) -> None:
-    """Make args the process-wide server args: the runtime context, else a module global."""
-    context = _runtime_context()
-    if context is not None:
-        context.set_server_args(args)
-        return
-    from sglang.srt import server_args
-
-    server_args.set_global_server_args_for_scheduler(args)
-
-
 @contextlib.contextmanager
-def server_args_restored() -> Iterator[None]:
-    """The server args published before a scenario (a test session's) come back after it."""
-    holder: Any = _runtime_context()
-    if holder is None:
-        from sglang.srt import server_args as holder
+def server_args_published(args: Any) -> Iterator[None]:
+    """args as the process-wide server args (the runtime context, else a module global) while
+    the block runs; those published before (a test session's) come back after it."""
+    try:
+        from sglang.srt.runtime_context import get_context, reset_context
 
-        saved = {"_global_server_args": holder._global_server_args}
-    else:
-        from sglang.srt.runtime_context import reset_context
-
+        holder: Any = get_context()
+    except ImportError:  # 0.5.13 has no runtime context
+        holder = None
+    if hasattr(holder, "set_server_args"):
         names = getattr(type(holder), "__slots__", None) or list(vars(holder))
         saved = {name: getattr(holder, name) for name in names if hasattr(holder, name)}
         reset_context()
+        get_context().set_server_args(args)
+    else:
+        from sglang.srt import server_args as holder
+
+        saved = {"_global_server_args": holder._global_server_args}
+        holder.set_global_server_args_for_scheduler(args)
     try:
         yield
     finally:
@@ -144,9 +130,8 @@ _IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 @functools.cache
 def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
-    """Scheduler.<name> (None where the release has none) and how it was obtained: where
-    scheduler.py does not import on the CPU, compiled from its source (same file and
-    lines) with what its imports bind for the names it uses."""
+    """Scheduler.<name> (None: the release has none) and how it was got; where scheduler.py
+    does not import on the CPU, compiled from its source with what its imports bind."""
     try:
         from sglang.srt.managers.scheduler import Scheduler
     except Exception as err:  # the scheduler module needs more than the relay does

@@ -4,6 +4,7 @@ pointer: each row gets its own key, else two streams writing different rows woul
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -38,8 +39,7 @@ class BufferWatch(TorchDispatchMode):
         self._sources: list[Callable[[], dict[str, torch.Tensor]]] = []
         self._keys: dict[tuple[str, int], int] = {}  # (buffer, row) -> its CSAN key
         # frames in the code under test, and in the scenarios that drive it (this package)
-        self._roots = {"code": [os.path.realpath(r) for r in code_roots], "driver": [_DRIVER]}
-        self._file_root: dict[str, tuple[str, str] | None] = {}
+        self._code_roots = tuple(os.path.realpath(r) for r in code_roots)
 
     def watch_attributes(self, obj: object, suffix: str = "_buf") -> None:
         """Watch every tensor attribute of obj whose name ends with suffix, now and later."""
@@ -55,7 +55,8 @@ class BufferWatch(TorchDispatchMode):
         kwargs = kwargs or {}
         if func is torch.ops.aten.record_stream.default:
             return func(*args, **kwargs)
-        watched = self._watched()
+        watched = {_storage_key(t): (n, t) for source in self._sources for n, t in source().items()}
+        watched.pop(0, None)  # a tensor without storage
         reads: dict[int, list[str]] = {}
         writes: dict[int, list[str]] = {}
         bound = _bind(func._schema, args, kwargs) if watched else []
@@ -84,11 +85,6 @@ class BufferWatch(TorchDispatchMode):
                 self.races.append(Race(buffer, row, self._access(before), self._access(now)))
         return result
 
-    def _watched(self) -> dict[int, tuple[str, torch.Tensor]]:
-        found = {_storage_key(t): (n, t) for source in self._sources for n, t in source().items()}
-        found.pop(0, None)
-        return found
-
     def _key(self, name: str, row: int) -> int:
         if (name, row) not in self._keys:
             self._keys[(name, row)] = _FIRST_KEY + len(self._keys)
@@ -98,31 +94,31 @@ class BufferWatch(TorchDispatchMode):
     def _access(self, access: Any) -> Access:
         sites: dict[str, list[Site]] = {"code": [], "driver": []}
         for frame in reversed(list(access.stack_trace)):
-            where = self._where(frame.filename)
+            where = _where(frame.filename, self._code_roots)
             if where is not None:
                 sites[where[0]].append(Site(where[1], frame.lineno, frame.name))
         return Access(
             kind="write" if access.type.name == "WRITE" else "read",
-            stream=self.device.stream_name(access.stream),
+            stream=self.device.streams[access.stream].name,
             operator=str(access.operator.name),
             code=tuple(sites["code"]),
             driver=tuple(sites["driver"]),
         )
 
-    def _where(self, filename: str) -> tuple[str, str] | None:
-        """("code" or "driver", the file relative to its root's parent), or None."""
-        if filename not in self._file_root:
-            real = os.path.realpath(filename)
-            self._file_root[filename] = next(
-                (
-                    (kind, os.path.relpath(real, os.path.dirname(root)))
-                    for kind, roots in self._roots.items()
-                    for root in roots
-                    if real.startswith(root + os.sep) and real not in _MACHINERY
-                ),
-                None,
-            )
-        return self._file_root[filename]
+
+@functools.cache
+def _where(filename: str, code_roots: tuple[str, ...]) -> tuple[str, str] | None:
+    """("code" or "driver", the file relative to its root's parent), or None."""
+    real = os.path.realpath(filename)
+    roots = [*(("code", root) for root in code_roots), ("driver", _DRIVER)]
+    return next(
+        (
+            (kind, os.path.relpath(real, os.path.dirname(root)))
+            for kind, root in roots
+            if real.startswith(root + os.sep) and real not in _MACHINERY
+        ),
+        None,
+    )
 
 
 @contextlib.contextmanager

@@ -1,6 +1,5 @@
-"""Every FutureMap writer of a tree (publish/stash, or a write into a relay buffer), found
-by ast (no import) and classified by the [writers] tables; and releases we have not seen,
-judged by their code alone (fixed by shape, every writer classified)."""
+"""Every FutureMap writer of a tree, found by ast (no import), classified by the [writers]
+tables; and releases we have not seen, judged by that and their code's shape alone."""
 
 from __future__ import annotations
 
@@ -8,13 +7,12 @@ import ast
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchset import paths, shape, wheel
+from patchset import lock, paths, shape, wheel
 from patchset.errors import BackportError, Exit
 from patchset.manifest import (
     PinManifest,
@@ -75,8 +73,7 @@ def _writes(node: ast.AST, scope: str) -> Iterator[tuple[int, str, str]]:
         if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             yield from _writes(child, f"{scope}.{child.name}" if scope else child.name)
             continue
-        what = _what(child)
-        if what:
+        if what := _what(child):
             yield child.lineno, scope or "<module>", what
         yield from _writes(child, scope)
 
@@ -189,10 +186,10 @@ def classified() -> Rows:
 
 def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, list[str]]:
     """Whether the wheel passes, and its verdict's lines: the judgement, each problem."""
-    with tempfile.TemporaryDirectory(prefix="watch-releases-") as tmp:
-        wheel.extract_package(wheel_file, Path(tmp))
-        judged = shape.judge_tree(Path(tmp))
-        unclassified = [w for w in scan(Path(tmp)) if w.key not in classes]
+    with lock.marked_folder(lock.tmpdir(), "watch-releases-") as tmp:
+        wheel.extract_package(wheel_file, tmp)
+        judged = shape.judge_tree(tmp)
+        unclassified = [w for w in scan(tmp) if w.key not in classes]
     lines = [f"sglang {release}: {wheel_file.name} sha256 {sha256_of(wheel_file)}"]
     lines += [f"  {line}" for line in judged.lines()]
     if not judged.fixed:
@@ -209,9 +206,9 @@ def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, li
 
 
 @contextmanager
-def release_wheel(version: str, registry: Releases, cache: Path) -> Iterator[Path]:
+def release_wheel(version: str, registry: Releases) -> Iterator[Path]:
     """The pinned wheel (hash-checked, cached) if the registry has one, else a download."""
-    known = registry.known.get(version)
+    known, cache = registry.known.get(version), paths.cache_dir()
     if known is not None and known.wheel is not None:
         yield wheel.fetch_wheel(known.wheel, cache)
         return

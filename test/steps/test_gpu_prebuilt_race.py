@@ -111,11 +111,7 @@ from patchset.paths import DEFAULT_BASE  # noqa: E402
 # The racecheck scenarios' stand-in server args: how each release takes them
 # (a ServerArgs with config bags from 0.5.18, the runtime context from 0.5.15,
 # a module global before) is said once, there.
-from racecheck.treecode import (  # noqa: E402
-    publish_server_args,
-    server_args_restored,
-    stand_in_server_args,
-)
+from racecheck.treecode import server_args_published, stand_in_server_args  # noqa: E402
 from testrun.steps import StepUnderTest  # noqa: E402
 
 CSAN_CHILD_FLAG = "--csan-child"
@@ -268,8 +264,7 @@ class Rig:
         # FutureMap sizes its hidden-state relay from the process-wide args;
         # close() brings back what the process had published before.
         self._restore = ExitStack()
-        self._restore.enter_context(server_args_restored())
-        publish_server_args(self.server_args)
+        self._restore.enter_context(server_args_published(self.server_args))
         self.forward_stream = self.module.Stream()
         self.schedule_stream = self.module.Stream()
         self.pool = ReqToTokenPool(

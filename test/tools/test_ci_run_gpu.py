@@ -222,8 +222,8 @@ BY_DESIGN_REASONS = {
 
 
 def judge(tmp_path: Path, cases: dict[str, str], rc: int, skips=None, rehearsal=False):
-    check = stages.judge_gpu_step(outcome_file(tmp_path, cases, skips), "shown", rehearsal)
-    return check(rc, tmp_path / "log")
+    report = outcome_file(tmp_path, cases, skips)
+    return stages.judge_gpu_step(report, "shown", rehearsal, rc, tmp_path / "log")
 
 
 def test_gpu_stage_accepts_the_known_failure_as_xfail(tmp_path: Path) -> None:
@@ -282,8 +282,7 @@ def test_a_rehearsal_accepts_skips_for_want_of_cuda_only(tmp_path: Path) -> None
 
 
 def test_gpu_stage_without_a_report_fails(tmp_path: Path) -> None:
-    check = stages.judge_gpu_step(tmp_path / "missing.json", "shown")
-    ok, text = check(4, tmp_path)
+    ok, text = stages.judge_gpu_step(tmp_path / "missing.json", "shown", False, 4, tmp_path)
     assert not ok
     assert "no test report" in text
 
@@ -297,7 +296,7 @@ def test_bench_stage_reports_ratio_and_difference(tmp_path: Path) -> None:
     }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(data))
-    ok, text = stages.judge_bench(path)(0, tmp_path)
+    ok, text = stages.judge_bench(path, 0, tmp_path)
     assert ok
     assert text == (
         "patched/unpatched 1.010 (runs 1.000..1.020); +12.5 us/iteration; "
@@ -340,8 +339,7 @@ def test_a_stage_that_does_not_fit_the_deadline_is_not_run(tmp_path: Path) -> No
         stages.Stage("quick", "p", [sys.executable, "-c", "pass"], kind=stages.GPU, budget_s=1),
         stages.Stage("long", "p", [sys.executable, "-c", "pass"], kind=stages.GPU, budget_s=60),
     ]
-    deadline = stages.Deadline(time.monotonic() + 30, reserve_s=0)
-    assert stages.run_all(planned, tmp_path, deadline) == Exit.TESTS_FAILED
+    assert stages.run_all(planned, tmp_path, time.monotonic() + 30) == Exit.TESTS_FAILED
     summary = (tmp_path / "summary.md").read_text()
     assert "| quick | ok " in summary
     assert "| long  | not run: deadline (60 s needed, " in summary
@@ -358,7 +356,7 @@ def test_a_stage_running_at_the_deadline_is_stopped_with_its_children(tmp_path: 
     )
     stage = stages.Stage("slow", "p", [sys.executable, "-c", code], kind=stages.GPU)
     start = time.monotonic()
-    outcome = stages.run_stage(stage, {}, tmp_path, stages.Deadline(start + 3, reserve_s=0))
+    outcome = stages.run_stage(stage, {}, tmp_path, start + 3)
     assert time.monotonic() - start < 20
     assert not outcome.ok and outcome.result.startswith("FAIL: stopped at the deadline after ")
     child = int(pid_file.read_text())
