@@ -25,17 +25,48 @@ def check(args: argparse.Namespace) -> report.Outcome:
         found = install.inspect_install(args.python, catalog)
     code, verdict = found.verdict()
     configured = args.launch_args is not None or args.config or args.server_info
-    if configured and not found.matches and not found.settled_by_shape:
-        return _unknown_content(args, found, verdict, catalog)
-    if not configured or code not in (Exit.AFFECTED, Exit.PARTIAL_FIX):
+    known = bool(found.matches) or found.settled_by_shape
+    if not configured or (known and code not in (Exit.AFFECTED, Exit.PARTIAL_FIX)):
         if code == Exit.OK and configured:
             verdict += "; whatever the configuration"
         return report.Outcome(found, code, verdict)
-    content = found.matches[0]
-    table = load_releases(zipapp.data_root() / RELEASES_NAME).launch.get(content.release)
-    settings = _settings(args, table, content.release)
-    result = exposure.judge(settings, dict(content.races), table, verdict, PLAYS)
-    return _outcome(args, found, settings, result, content.release)
+    registry = load_releases(zipapp.data_root() / RELEASES_NAME)
+    # files no blob id names, never "not exposed": judged with the races of known content with
+    # the shape's fixes, else of the release their distribution's version names, as shipped
+    content, assumed = found.content, verdict
+    version = found.dist.version.split("+")[0] if found.dist else ""
+    if content is None and (shipped := registry.known.get(version)):
+        content = next((c for c in catalog.lookup(dict(shipped.blobs)) if not c.ours), None)
+        assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"
+    release = content.release if content else None
+    if content and (known or content.release in registry.launch):
+        table = registry.launch.get(content.release)
+        settings = _settings(args, table, content.release)
+        result = exposure.judge(settings, dict(content.races), table, assumed, PLAYS)
+        lines, why = result.lines[:-1], ""
+        if not known and result.code != Exit.EXPOSED:
+            why = (
+                f"this configuration would keep sglang {release} as shipped out of the race, "
+                "but the files are not that release's, so whether it keeps them out is not known"
+            )
+    else:
+        newest = max(registry.launch, key=release_key)
+        settings = _settings(args, registry.launch[newest], newest)
+        lines = [
+            f"configuration parsed by {settings.parser}, with the flags of sglang {newest} "
+            "(the newest release this project knows the flags of)",
+            *(f"{name}: {settings.get(name)}" for name in exposure.FIELDS),
+        ]
+        why = (
+            "no release can be assumed for these files (their distribution names none this "
+            "project knows), so which races they leave open is not known"
+        )
+    if why:
+        lines.append(f"verdict: exposure unknown: {verdict}; {why}")
+        result = exposure.Exposure(Exit.EXPOSURE_UNKNOWN, lines)
+    source = "server-info" if args.server_info else "launch-args"
+    config = report.Configuration(source, settings, result.lines, release)
+    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
 
 
 def _settings(
@@ -69,65 +100,3 @@ def _settings(
         settings.torch_build = args.torch_build
         settings.torch_source = f"--torch-build {args.torch_build}"
     return settings
-
-
-def _outcome(
-    args: argparse.Namespace,
-    found: install.InstallReport,
-    settings: exposure.Settings,
-    result: exposure.Exposure,
-    release: str | None,
-) -> report.Outcome:
-    """The outcome with its configuration; the last of result's lines is the verdict."""
-    config = report.Configuration(
-        "server-info" if args.server_info else "launch-args",
-        settings.parser,
-        {name: settings.get(name) for name in exposure.FIELDS},
-        dict(settings.env),
-        settings.torch_build,
-        result.lines,
-        release,
-    )
-    return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
-
-
-def _unknown_content(
-    args: argparse.Namespace, found: install.InstallReport, verdict: str, catalog: catalogs.Catalog
-) -> report.Outcome:
-    """Files no blob id names, with a configuration: never "not exposed". Judged with the races
-    of known content with the shape's fixes, else of the release the distribution's version
-    names, as shipped: exposed if the configuration reaches one, else exposure unknown."""
-    registry = load_releases(zipapp.data_root() / RELEASES_NAME)
-    shipped, assumed = found.judged_as, verdict  # the verdict says how they were judged
-    version = found.dist.version.split("+")[0] if found.dist else ""
-    known = registry.known.get(version)
-    if shipped is None and known:
-        shipped = next((c for c in catalog.lookup(dict(known.blobs)) if not c.ours), None)
-        assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"
-    assumed_release = shipped.release if shipped else None
-    if shipped and assumed_release in registry.launch:
-        table = registry.launch[assumed_release]
-        settings = _settings(args, table, assumed_release)
-        result = exposure.judge(settings, dict(shipped.races), table, assumed, PLAYS)
-        lines = result.lines[:-1]
-        if result.code == Exit.EXPOSED:
-            return _outcome(args, found, settings, result, assumed_release)
-        why = (
-            f"this configuration would keep sglang {assumed_release} as shipped out of the race, "
-            "but the files are not that release's, so whether it keeps them out is not known"
-        )
-    else:
-        newest = max(registry.launch, key=release_key)
-        settings = _settings(args, registry.launch[newest], newest)
-        lines = [
-            f"configuration parsed by {settings.parser}, with the flags of sglang {newest} "
-            "(the newest release this project knows the flags of)",
-            *(f"{name}: {settings.get(name)}" for name in exposure.FIELDS),
-        ]
-        why = (
-            "no release can be assumed for these files (their distribution names none this "
-            "project knows), so which races they leave open is not known"
-        )
-    lines.append(f"verdict: exposure unknown: {verdict}; {why}")
-    unknown = exposure.Exposure(Exit.EXPOSURE_UNKNOWN, lines)
-    return _outcome(args, found, settings, unknown, assumed_release)

@@ -1,12 +1,11 @@
-"""What an environment's sglang is: its three files, hashed and named, and its RECORD. The
-probe that finds them runs in the interpreter under check, without importing sglang; its one
-line of JSON is checked key by key: that interpreter may be anything.
-"""
+"""An environment's sglang: its three files hashed and named, and its RECORD, found by a probe
+run in that interpreter (sglang not imported), its JSON checked key by key: it may be anything."""
 
 from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -22,8 +21,6 @@ from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import git_blob_id
 from patchset.shapeflow import Sources
 
-BY_BLOB_ID = "blob id"
-BY_SHAPE = "code shape"
 JUDGED = "judged by code shape, not a known release"
 # what each judgement's files carry, as releases.toml names the fixes
 SHAPE_FIXES = {shape.AFFECTED: frozenset(), shape.FIX_A_ONLY: frozenset({"fix-a"})}
@@ -89,8 +86,6 @@ for dist in md.distributions():
 print(json.dumps(out))
 """
 
-LISTINGS = ("RECORD", "installed-files.txt")
-
 
 @dataclass(frozen=True)
 class ProbedDist:
@@ -107,10 +102,6 @@ class ProbedDist:
     @property
     def fork(self) -> bool:
         return re.sub(r"[-_.]+", "-", self.name).lower() != "sglang"  # as PEP 503 compares
-
-    def describe(self) -> str:
-        fork = "; a fork of sglang: not named sglang" if self.fork else ""
-        return f"{self.name} {self.version} ({self.info or 'an unnamed place'}{fork})"
 
 
 # what the probe found: the Python version, sglang's folder (None: no sglang), its distributions
@@ -160,8 +151,10 @@ def _read_probe(text: str) -> Probe:
                 listed = type(entry) is list and len(entry) == 3 and type(entry[0]) is str
                 if not (listed and all(type(part) in _TEXT for part in entry[1:])):
                     raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
-            if key == "listing" and value is not None and value not in LISTINGS:
-                raise _BadAnswer(f"{where}['listing'] is {value!r}, not one of {LISTINGS}")
+            if key == "listing" and value not in (None, "RECORD", "installed-files.txt"):
+                raise _BadAnswer(
+                    f"{where}['listing'] is {value!r}, not RECORD or installed-files.txt"
+                )
         dists.append(ProbedDist(**dist))
     return _get(answer, "python", (str,), top), _get(answer, "package", _TEXT, top), dists
 
@@ -220,13 +213,8 @@ class InstallReport:
     dist: ProbedDist | None = None  # the one distribution that installs sglang, if any
     python: str | None = None  # the inspected interpreter (None for --tree)
     python_version: str | None = None
-    basis: str | None = None  # BY_BLOB_ID or BY_SHAPE
     shape: shape.Judgement | None = None  # for files no blob id names
     judged_as: KnownContent | None = None  # with the shape's fixes: whose races are open
-
-    @property
-    def modified(self) -> bool:
-        return any(f.record in MODIFIED for f in self.files)
 
     @property
     def content(self) -> KnownContent | None:
@@ -246,8 +234,7 @@ class InstallReport:
         return list(self.content.open)
 
     def verdict(self) -> tuple[Exit, str]:
-        """The exit code and the verdict line: an open race first, whether pip knows the
-        files or not, then an edit pip does not know of, then unknown content."""
+        """Exit code and verdict: an open race first, then an edit pip does not know of."""
         open_, content, names = self.open, self.content, "; ".join(m.name for m in self.matches)
         named = names
         if self.judged_as:
@@ -259,7 +246,7 @@ class InstallReport:
                     f"partial fix: {named} (has {fixes} only); races still open: {', '.join(open_)}"
                 )
             return Exit.AFFECTED, f"affected: {named}; races open: {', '.join(open_)}"
-        if self.modified:
+        if any(f.record in MODIFIED for f in self.files):
             judged = f"{self.shape.verdict} ({JUDGED})" if self.shape else "unknown"
             return Exit.MODIFIED, (
                 "modified: the files differ from the RECORD of the installed distribution "
@@ -286,13 +273,10 @@ def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
 
 def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallReport:
     blobs = {f.path: f.blob_id for f in report.files}
-    report.matches = catalog.lookup(blobs) if all(blobs.values()) else []
-    # a step of our series is named before a release with the same files
-    report.matches.sort(key=lambda m: not m.ours)
+    report.matches = catalog.lookup(blobs) if all(blobs.values()) else []  # our steps first
     if report.matches:
-        report.basis = BY_BLOB_ID
         return report
-    report.basis, report.shape = BY_SHAPE, shape.judge(Sources(package))
+    report.shape = shape.judge(Sources(package))
     if report.shape.verdict in SHAPE_FIXES:
         # the races open are those of known content with the same fixes: the release
         # the distribution names, else the one that shares most of the files
@@ -317,34 +301,17 @@ def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
     return _judge(InstallReport(f"sglang tree {package}", files, "none (--tree)"), catalog, package)
 
 
-def _editable_url(dist: ProbedDist) -> str | None:
-    """The tree an editable install (PEP 660: dir_info.editable) serves; None if not one."""
-    try:
-        url = json.loads(dist.direct_url or "null")
-    except ValueError:
-        return None
-    info = url.get("dir_info") if isinstance(url, dict) else None
-    if isinstance(info, dict) and info.get("editable") is True:
-        return str(url.get("url", "an unnamed folder"))
-    return None
-
-
 def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
-    try:
+    with contextlib.suppress(SyntaxError, ValueError, TypeError):
         for node in ast.parse(source).body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target = node.targets[0]
-            elif isinstance(node, ast.AnnAssign) and node.value is not None:
-                target = node.target
-            else:
+            if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
                 continue
-            if isinstance(target, ast.Name) and target.id == "MAPPING":
-                mapping = ast.literal_eval(node.value)  # type: ignore[arg-type]
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if [getattr(target, "id", None) for target in targets] == ["MAPPING"]:
+                mapping = ast.literal_eval(node.value)
                 found = isinstance(mapping, dict)
                 return {str(k): str(v) for k, v in mapping.items()} if found else {}
-    except (SyntaxError, ValueError, TypeError):
-        pass
     return {}
 
 
@@ -447,10 +414,17 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
     report.distribution = NO_DISTRIBUTION
     if dists:
         report.dist = dist = dists[0]
-        report.distribution = dist.describe()
-        url = _editable_url(dist)
-        if url is None:
-            _check_record(report, dist)
+        fork = "; a fork of sglang: not named sglang" if dist.fork else ""
+        report.distribution = (
+            f"{dist.name} {dist.version} ({dist.info or 'an unnamed place'}{fork})"
+        )
+        try:
+            url = json.loads(dist.direct_url or "null")
+        except ValueError:
+            url = None
+        info = url.get("dir_info") if isinstance(url, dict) else None
+        if isinstance(info, dict) and info.get("editable") is True:  # PEP 660
+            _check_editable(report, dist, str(url.get("url", "an unnamed folder")), package)
         else:
-            _check_editable(report, dist, url, package)
+            _check_record(report, dist)
     return _judge(report, catalog, package)

@@ -79,18 +79,12 @@ def refused(release: str, why: str) -> BackportError:
     )
 
 
-def _join_continuations(text: str) -> str:
-    """text without the shell's backslash-newline continuations (outside '...')."""
-    return "".join(
-        p if p.startswith("'") else _ESCAPE.sub(r"\1", p) for p in _SHELL_PIECE.findall(text)
-    )
-
-
 def read_launch_args(text: str) -> tuple[list[str], dict[str, str]]:
     """The options sglang's parser gets and the NAME=VALUE words before the command, as a
     shell runs it: `python -m sglang.launch_server`, `sglang serve` or the options alone."""
+    pieces = _SHELL_PIECE.findall(text)  # the continuations (outside '...') joined first
     try:
-        words = shlex.split(_join_continuations(text))
+        words = shlex.split("".join(p if p[0] == "'" else _ESCAPE.sub(r"\1", p) for p in pieces))
     except ValueError as err:
         raise BackportError(
             Exit.USAGE,
@@ -160,15 +154,7 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
                 f"--config {args[at + 1]}: {path} is not a file here",
                 "pass --config FILE with a copy of the server's file, or --config-root DIR",
             )
-    _check_config(path)
-    if at is None:
-        return [*args, "--config", str(path)]
-    return [*args[: at + 1], str(path), *args[at + 2 :]]
-
-
-def _check_config(path: Path) -> None:
-    """A config file small and plain: YAML aliases can expand past memory (sglang's too)."""
-    try:
+    try:  # small and plain: YAML aliases can expand past memory (sglang's too)
         size = path.stat().st_size
         text = "" if size > MAX_CONFIG_BYTES else path.read_text("utf-8", "replace")
     except OSError as err:
@@ -180,6 +166,9 @@ def _check_config(path: Path) -> None:
             f"--config {path} holds YAML anchors or aliases (&name, *name), not expanded here",
             "write the values out in a copy of the file, and pass it with --config FILE",
         )
+    if at is None:
+        return [*args, "--config", str(path)]
+    return [*args[: at + 1], str(path), *args[at + 2 :]]
 
 
 def config_at(args: list[str]) -> int | None:
@@ -231,8 +220,7 @@ def read_yaml(path: str, python: Path) -> dict[str, Any]:
 
 
 def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[str]:
-    """args with the --config file's settings first (so the command line's win), as
-    sglang's ConfigArgumentMerger puts them."""
+    """args after the --config file's settings, as sglang's ConfigArgumentMerger puts them."""
     at = config_at(args)
     if at is None:
         return args
@@ -254,8 +242,7 @@ def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[s
 def parse_with_table(
     args: list[str], table: LaunchSettings, why: str, python: Path | None = None
 ) -> Settings:
-    """The settings that matter, read with the release's [launch] table by argparse's
-    rules, a --config file merged first."""
+    """The settings that matter, read with the release's [launch] table by argparse's rules."""
     args = merge_config(args, table, python or Path(sys.executable))
     flags = {flag.flag: flag for flag in table.flags.values()}
     known = [*flags, *NEUTRAL]

@@ -1,38 +1,32 @@
-"""check-install's answer, as text or as one JSON object (docs/check-install.md), both
-from one Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined.
-"""
+"""check-install's answer as text or one JSON object (docs/check-install.md), both from one
+Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined."""
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from patchset.errors import BackportError, Exit
 
 from .install import JUDGED, InstallReport
+from .launchargs import FIELDS, Settings
 
 SCHEMA = "sglang-backports/check-install"
 SCHEMA_VERSION = 1
 FORMATS = ("text", "json")
 DIST_KEYS = ("name", "version", "info", "fork", "listing")
 FILE_KEYS = ("path", "location", "blob_id", "sha256", "record", "record_match")
-CONFIG_KEYS = ("source", "parser", "release", "settings", "environment", "torch_build")
 NOT_EFFECTS = ("verdict: ", "configuration parsed by ")  # a configuration's other lines
 
 
-@dataclass
+@dataclass(frozen=True)
 class Configuration:
-    """The deployment's configuration as it was read and judged."""
-
     source: str  # "launch-args" or "server-info"
-    parser: str  # which parser read it, in words
-    settings: dict[str, Any]  # ServerArgs field -> value
-    environment: dict[str, str]  # the server's environment as given (--env)
-    torch_build: str | None
-    lines: list[str] = field(default_factory=list)  # one per setting, then the verdict's
-    release: str | None = None  # whose table and races were used (None: none assumed)
+    settings: Settings  # as read, the server's environment (--env) with them
+    lines: list[str]  # one per setting, then the verdict's
+    release: str | None  # whose table and races were used (None: none assumed)
 
 
 @dataclass
@@ -51,7 +45,7 @@ def text(outcome: Outcome) -> str:
         lines.append(f"  {state.path}  {found if state.blob_id else 'missing'}")
     if report.shape:
         lines += [f"{JUDGED}:", *(f"  {line}" for line in report.shape.lines())]
-    if outcome.configuration and outcome.configuration.lines:
+    if outcome.configuration:
         lines += outcome.configuration.lines
     else:
         lines.append(f"verdict: {outcome.verdict}")
@@ -89,7 +83,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
         "verdict": {
             "text": outcome.verdict,
             "content": [m.name for m in report.matches],
-            "basis": report.basis,  # install.BY_BLOB_ID or BY_SHAPE
+            "basis": "blob id" if report.matches else "code shape",
             "shape": None
             if judged is None
             else {
@@ -106,7 +100,12 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
         "configuration": None
         if config is None
         else {
-            **{key: getattr(config, key) for key in CONFIG_KEYS},
+            "source": config.source,
+            "parser": config.settings.parser,
+            "release": config.release,
+            "settings": {name: config.settings.get(name) for name in FIELDS},
+            "environment": dict(config.settings.env),
+            "torch_build": config.settings.torch_build,
             "effects": [line for line in config.lines if not line.startswith(NOT_EFFECTS)],
         },
         "error": None,
@@ -114,8 +113,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
 
 
 def error_json(err: BackportError) -> dict[str, Any]:
-    """A refusal as the same object, the verdict's keys null: a fleet job reads exit_code
-    and error, whatever went wrong."""
+    """A refusal as the same object, verdict keys null: a fleet job reads exit_code and error."""
     return {
         **_envelope(err.code),
         **dict.fromkeys(("interpreter", "inspected", "distribution")),

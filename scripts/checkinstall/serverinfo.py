@@ -8,9 +8,7 @@ import contextlib
 import http.client
 import json
 import re
-import socket
 import threading
-import time
 import urllib.parse
 from typing import Any
 
@@ -55,68 +53,13 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
     return parts, target, urllib.parse.urlunsplit((parts.scheme, parts.netloc, target, "", ""))
 
 
-class _Deadline:
-    """One deadline for the whole exchange: the socket shut down when it passes, so that a
-    read the server keeps alive one byte at a time ends too."""
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-        self.passed = False
-        self.sock: socket.socket | None = None
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _expire(self) -> None:
-        self.passed = True
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
-
-    def left(self) -> float:
-        left = self.end - time.monotonic()
-        if left <= 0:
-            self.passed = True
-            raise TimeoutError
-        return left
-
-    def close(self) -> None:
-        self._timer.cancel()
-
-
-def _resolvable(host: str, port: int, deadline: _Deadline) -> None:
-    """The host resolved within the deadline: getaddrinfo takes no timeout (a name that
-    resolves once resolves again at once for the connection itself)."""
-    errors: list[OSError] = []
-
-    def lookup() -> None:
-        try:
-            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as err:
-            errors.append(err)
-
-    thread = threading.Thread(target=lookup, daemon=True)
-    thread.start()
-    thread.join(deadline.left())
-    if thread.is_alive():
-        deadline.passed = True
-        raise TimeoutError
-    if errors:
-        raise errors[0]
-
-
 def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
-         deadline: _Deadline) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
+         timeout: float) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
     https = parts.scheme == "https"
     kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
     # the port always given: http.client would read one out of an IPv6 address's colons
-    port = parts.port or (443 if https else 80)
-    _resolvable(parts.hostname or "", port, deadline)
-    conn = kind(parts.hostname, port, timeout=deadline.left())
+    conn = kind(parts.hostname, parts.port or (443 if https else 80), timeout=timeout)
     try:
-        conn.connect()
-        deadline.sock = conn.sock
-        deadline.left()  # it may have passed while connecting
         conn.request("GET", target, headers=headers)
         answer = conn.getresponse()
         if answer.status != 200:
@@ -125,25 +68,57 @@ def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
         if length and length.strip().isdigit() and int(length) > MAX_BYTES:
             raise _TooLarge(f"{MAX_BYTES} bytes (it announces {int(length)} bytes)")
         body = bytearray()
-        while True:
-            if conn.sock is not None:
-                conn.sock.settimeout(deadline.left())
-            chunk = answer.read(1 << 16)
-            if not chunk:
-                if deadline.passed:  # the socket was shut down, not the body ended
-                    raise TimeoutError
-                if answer.length:
-                    raise http.client.IncompleteRead(bytes(body), answer.length)
-                return answer.status, answer.reason, answer.headers, bytes(body)
+        while chunk := answer.read(1 << 16):
             body += chunk
             if len(body) > MAX_BYTES:
                 raise _TooLarge(f"{MAX_BYTES} bytes (its body goes on past that)")
+        if answer.length:
+            raise http.client.IncompleteRead(bytes(body), answer.length)
+        return answer.status, answer.reason, answer.headers, bytes(body)
     finally:
         conn.close()
 
 
 class _TooLarge(Exception):
     pass
+
+
+def _exchange(
+    parts: urllib.parse.SplitResult,
+    target: str,
+    headers: dict[str, str],
+    shown: str,
+    timeout: float,
+) -> tuple[int, str, bytes]:
+    """The answer at the end of the redirects that stay within the URL's origin."""
+    origin = (parts.scheme, parts.hostname, parts.port)
+    for _hop in range(MAX_REDIRECTS + 1):
+        try:
+            status, reason, headers_in, body = _get(parts, target, headers, timeout)
+        except _TooLarge as err:
+            raise _refuse(shown, f"its answer is larger than {err}", _POINT) from None
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
+            if isinstance(err, TimeoutError):
+                why = f"no whole answer within {timeout:g} s (timed out)"
+            raise _refuse(shown, why[:300]) from None
+        if status not in (301, 302, 303, 307, 308):
+            return status, reason, body
+        location = headers_in.get("Location", "")
+        moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
+        there = None
+        with contextlib.suppress(ValueError):  # a port that is not a number
+            there = (moved.scheme, moved.hostname, moved.port)
+        if there != origin or moved.username or moved.password:
+            where = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}"
+            raise _refuse(
+                shown,
+                f"it redirects (HTTP {status}) to another origin, {where!r}: not followed, "
+                "and the token was not sent there",
+                "pass the URL of the server itself (its host and port)",
+            )
+        target = moved.path + (f"?{moved.query}" if moved.query else "")
+    raise _refuse(shown, f"more than {MAX_REDIRECTS} redirects")
 
 
 def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dict[str, Any], str]:
@@ -160,36 +135,24 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
                 "(e.g. --api-key \"$(cat key | tr -d '\\n')\")",
             )
         headers["Authorization"] = f"Bearer {api_key}"
-    origin = (parts.scheme, parts.hostname, parts.port)
-    with contextlib.closing(_Deadline(timeout)) as deadline:
-        for _hop in range(MAX_REDIRECTS + 1):
-            try:
-                status, reason, headers_in, body = _get(parts, target, headers, deadline)
-            except _TooLarge as err:
-                raise _refuse(shown, f"its answer is larger than {err}", _POINT) from None
-            except (OSError, http.client.HTTPException, ValueError) as err:
-                why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
-                if deadline.passed or isinstance(err, TimeoutError):
-                    why = f"no whole answer within {timeout:g} s (timed out)"
-                raise _refuse(shown, why[:300]) from None
-            if status not in (301, 302, 303, 307, 308):
-                break
-            location = headers_in.get("Location", "")
-            moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
-            there = None
-            with contextlib.suppress(ValueError):  # a port that is not a number
-                there = (moved.scheme, moved.hostname, moved.port)
-            if there != origin or moved.username or moved.password:
-                where = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}"
-                raise _refuse(
-                    shown,
-                    f"it redirects (HTTP {status}) to another origin, {where!r}: not followed, "
-                    "and the token was not sent there",
-                    "pass the URL of the server itself (its host and port)",
-                )
-            target = moved.path + (f"?{moved.query}" if moved.query else "")
-        else:
-            raise _refuse(shown, f"more than {MAX_REDIRECTS} redirects")
+    # one deadline for the whole exchange, the name lookup too (getaddrinfo takes no timeout):
+    # a server that keeps the answer alive one byte at a time is left to the daemon thread
+    done: list[Any] = []
+
+    def run() -> None:
+        try:
+            done.append(_exchange(parts, target, headers, shown, timeout))
+        except BaseException as err:  # raised again in the caller's thread
+            done.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not done:
+        raise _refuse(shown, f"no whole answer within {timeout:g} s (timed out)")
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    status, reason, body = done[0]
     if status != 200:
         hint = _HINTS.get(status, "check that the URL is an sglang server's /server_info")
         raise _refuse(shown, f"it answered HTTP {status} {reason}", hint)

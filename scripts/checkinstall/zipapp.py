@@ -1,7 +1,5 @@
-"""check-install as one file to copy into a pod (a zipapp): its code, the patchset modules
-it imports and the release data, its bytes from those files alone. It runs from the archive
-(zipimport, zipfile.Path): nothing needs to be writable (readOnlyRootFilesystem).
-"""
+"""check-install, the patchset modules it imports and the release data as one reproducible
+zipapp for a pod, run from the archive (zipimport, zipfile.Path): nothing need be writable."""
 
 from __future__ import annotations
 
@@ -43,8 +41,7 @@ ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
 def members(project: Path) -> list[Path]:
-    """Every file the zipapp holds besides its __main__.py: CODE, the patchset modules it
-    imports (at its top or inside a function, in turn), and DATA."""
+    """CODE, the patchset modules it imports (anywhere, in turn), and DATA."""
     code = {path for pattern in CODE for path in project.glob(pattern)}
     finder = ModuleFinder(path=[str(project / "scripts")])  # ours only: the stdlib is not read
     for source in sorted(code):
@@ -76,8 +73,7 @@ def _refuse(out: Path, what: str, next_step: str) -> BackportError:
 
 
 def write_zipapp(data: bytes, out: Path | None) -> str:
-    """data to out (None: standard output); returns its sha256. A symlink (/dev/stdout), a
-    device or a folder at out is refused rather than replaced by a regular file."""
+    """data to out (None: stdout), its sha256 returned; a symlink, device or folder refused."""
     digest = hashlib.sha256(data).hexdigest()
     if out is None:
         if sys.stdout.isatty():
@@ -113,8 +109,7 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
 
 
 def data_root() -> Path | zipfile.Path:
-    """Where patches/ is: inside the zipapp when this module was imported from it (both kinds
-    of path have iterdir, is_file, read_text, name and /)."""
+    """Where patches/ is: inside the zipapp when this module was imported from it."""
     loader = __spec__.loader if __spec__ else None
     if isinstance(loader, zipimport.zipimporter):
         return zipfile.Path(loader.archive, "patches/")

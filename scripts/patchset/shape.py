@@ -1,9 +1,6 @@
-"""Judge sglang's prebuilt FutureMap race by the shape of its code (ast), not its bytes:
-for a fork, a cherry-pick, a release not yet seen. Fixed only when every path with overlap on
-fully orders the schedule stream after the forward stream between prepare_for_prebuilt() and
-process_prebuilt() (fix B); fix A and the WAR barrier are reported, never taken for fix B.
-Standard library only, Python 3.10-safe: check-install runs it.
-"""
+"""sglang's prebuilt FutureMap race judged by code shape (ast) for files no release has: fixed
+only when every path with overlap on fully orders the schedule stream after the forward stream
+between prepare_for_prebuilt() and process_prebuilt() (fix B). Python 3.10-safe, stdlib only."""
 
 from __future__ import annotations
 

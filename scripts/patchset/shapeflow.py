@@ -1,8 +1,6 @@
-"""sglang's code for the shape judgement (patchset/shape.py): its files, and a walk of every
-path from get_new_prebuilt_batch through the helpers it calls, keeping per path whether
-prepare_for_prebuilt() ran and a full ordering of the streams followed it. Overlap is on; any
-other condition may go either way. Standard library only, Python 3.10-safe.
-"""
+"""shape.py's walk of every path from get_new_prebuilt_batch through its helpers, keeping per
+path whether prepare_for_prebuilt() ran and a full stream ordering followed it. Overlap is on;
+any other condition may go either way. Standard library only, Python 3.10-safe."""
 
 from __future__ import annotations
 
@@ -59,8 +57,7 @@ def _regular_file(path: Path) -> bytes | None:
 
 
 class Sources:
-    """One sglang tree's files by repository path (python/sglang/...): a package folder's
-    (python/sglang, site-packages/sglang), or only the texts given."""
+    """One sglang tree's files by repository path: a package folder's, or the texts given."""
 
     def __init__(
         self, package: Path | None, texts: Mapping[str, str | bytes | None] | None = None
