@@ -6,6 +6,7 @@ import errno
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -102,7 +103,7 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
             os.close(fd)
 
 
-# PREFIX<8 random>SUFFIX holding TEMP_MARKER, flocked by its maker and children (held_fds): a
+# PREFIX<16 hex>SUFFIX holding TEMP_MARKER, flocked by its maker and children (held_fds): a
 # sweep removes a killed run's (marked, unlocked) only. Making and sweeping hold this user's
 # lock in parent, so one caught half-made is a killed run's; other users' are never judged.
 TEMP_MARKER = ".made-by-sglang-backports"
@@ -113,7 +114,7 @@ TEMP_MARKER_TEXT = (
 
 
 def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
-    return re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))  # mkdtemp's
+    return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
 
 
 def _temp_lock(parent: Path) -> AbstractContextManager[None]:
@@ -142,7 +143,12 @@ def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]
 
 
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
-    folder = Path(tempfile.mkdtemp(suffix, prefix, parent))
+    # the name the sweep matches (not mkdtemp's): folders of earlier releases are still found
+    while True:
+        folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
+        with suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+            break
     fd = -1
     try:
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
@@ -181,10 +187,12 @@ def _is_leftover(folder: Path) -> bool:
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo's read would never return
+            return False
         text = os.read(fd, len(TEMP_MARKER_TEXT) + 1)
         # alone, the marker may be half-written: its maker was killed while writing it
         half = names == [TEMP_MARKER] and TEMP_MARKER_TEXT.startswith(text)
-        if not stat.S_ISREG(os.fstat(fd).st_mode) or not (half or text == TEMP_MARKER_TEXT):
+        if not (half or text == TEMP_MARKER_TEXT):
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its maker lives
         return True

@@ -188,3 +188,25 @@ def test_an_interrupted_build_removes_its_folder(
     assert run.returncode == 130, stderr
     assert f"interrupted ({signum.name}); what this run made was removed" in stderr
     assert listing(out) == []
+
+
+def test_a_fifo_named_like_our_marker_is_left_alone(tmp_path: Path):
+    """The sweep checks the marker is a plain file before it reads it: a read of a fifo
+    would wait forever, and every later run with it."""
+    folder = tmp_path / f"{wheel.DOWNLOAD_PREFIX}{'0' * 15}1"
+    folder.mkdir()
+    os.mkfifo(folder / lock.TEMP_MARKER)
+    sweep = "import sys; from pathlib import Path; from patchset import lock, wheel; "
+    sweep += "print(lock.remove_leftovers(Path(sys.argv[1]), wheel.DOWNLOAD_PREFIX))"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", sweep, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=SCRIPTS,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the sweep read the fifo and waited on it") from None
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+    assert stat.S_ISFIFO(os.lstat(folder / lock.TEMP_MARKER).st_mode)
