@@ -251,7 +251,8 @@ def apply_to_user_checkout(
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
                 raise
             return onto_fork(git, head, files)
-        verify(found.series)
+        if found.series is not series:  # a given series was verified before the lock
+            verify(found.series)
         branch = branch or default_branch(found.series.manifest)
         return _apply_to_checkout(git, found.series, branch, path, (head, found.step))
 

@@ -10,14 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchset.lock import marked_folder
+from patchset.lock import marked_folder, tmpdir
 from patchset.manifest import Series
 from patchset.paths import PROJECT_ROOT
 from patchset.textout import table
@@ -139,7 +138,7 @@ def run_forked(
     groups = [(python, runs) for python, runs in groups if runs]
     if not groups:
         return
-    with marked_folder(Path(tempfile.gettempdir()), "sglang-backports-run-tests-") as tmp:
+    with marked_folder(tmpdir(), "sglang-backports-run-tests-") as tmp:
         workers: list[tuple[subprocess.Popen[bytes], Path]] = []
         results: dict[SuiteRun, Path] = {}
         for g, (python, runs) in enumerate(groups):
