@@ -34,6 +34,11 @@ WORDING = {
     Exit.NOT_INSTALLED: "that interpreter (or --tree) has no sglang",
     Exit.MODIFIED: "the race is closed or the content unknown, but the files differ from "
     "the installed distribution's RECORD (an in-place edit pip does not know of)",
+    Exit.AMBIGUOUS: "two or more distributions that install sglang on that interpreter's "
+    "path (they are named, a fork too): remove all but one",
+    Exit.EXPOSURE_UNKNOWN: "the configuration could not be fully understood (a config file, "
+    "an option, a value, or the release to read it by): what was not understood is named, "
+    "and the deployment may reach the race",
     Exit.ENVIRONMENT: "--python cannot be run or asked (it crashed, or its answer is not "
     "the JSON this command asks for), a file cannot be read, or --server-info gave no "
     "usable answer (refused, timed out, 401, 404, not JSON)",
