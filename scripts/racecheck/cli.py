@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import os
 import pickle
+import subprocess
 import sys
 import textwrap
 import time
@@ -215,6 +216,21 @@ def choose_python(explicit: Path | None) -> Path:
             Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
         )
     if explicit is not None:
+        # the whole command runs again on it (main): a Python 3.11+, asked once
+        said = "race-check can run on this Python"
+        probe = f"import sys\nif sys.version_info >= (3, 11): print({said!r})"
+        try:
+            answer = subprocess.run(
+                [str(explicit), "-c", probe], capture_output=True, text=True, timeout=60
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as err:
+            answer = str(err)
+        if answer.strip() != said:
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                f"--python {explicit} is not a Python 3.11 or newer",
+                "pass one with torch (build/venv/bin/python, which run-tests makes)",
+            )
         return explicit
     if importlib.util.find_spec("torch") is not None:
         return Path(sys.executable)

@@ -388,6 +388,19 @@ def test_a_missing_interpreter_is_refused(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("python", ["/bin/true", "/usr/bin/env", "3.10.13"])
+def test_an_interpreter_that_cannot_run_the_check_is_refused(python: str) -> None:
+    """The whole command runs again on --python: a program that is no Python 3.11+ is
+    refused first, not run (one that exits 0 would have passed with no output)."""
+    if python[0].isdigit():
+        python = str(Path.home() / ".pyenv" / "versions" / python / "bin" / "python3")
+        assert Path(python).is_file(), f"this machine's pyenv has no {python}"
+    result = race_check("--python", python, "--step", "base")
+    assert result.returncode == 16, result.stdout + result.stderr
+    assert f"--python {python} is not a Python 3.11 or newer" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_bad_usage_exits_2() -> None:
     result = race_check("--step", "9999")
     assert result.returncode == 2
