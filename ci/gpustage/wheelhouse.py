@@ -120,17 +120,20 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
     write_manifest(manifest, python_version, out)
-    return load(out, manifest)  # refuses a pin that pip did not bring
+    return load(out, manifest)  # the hashes read back
 
 
 def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> None:
     """wheelhouse.json for the wheels in out: the sglang wheel and those of the wanted pins."""
     by_dist = {_dist_of(p.name): p for p in out.glob("*.whl")}
     wanted = [(canonical(name), version) for name, version in wanted_pins(manifest).items()]
-    entries = [
-        _entry(out / manifest.base.wheel),
-        *(_entry(by_dist[w]) for w in wanted if w in by_dist),
-    ]
+    if lost := [f"{name}=={version}" for name, version in wanted if (name, version) not in by_dist]:
+        raise BackportError(
+            Exit.SETUP,
+            f"pip did not bring {', '.join(lost)} into {out}",
+            "run it again; report it if it stays",
+        )
+    entries = [_entry(out / manifest.base.wheel), *(_entry(by_dist[w]) for w in wanted)]
     data = {
         "base": manifest.base.version,
         "python_version": python_version,

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "ci"))
 
 from gpustage import layout, plan, stages, wheelhouse  # noqa: E402
 from patchset import paths  # noqa: E402
-from patchset.errors import Exit  # noqa: E402
+from patchset.errors import BackportError, Exit  # noqa: E402
 from patchset.manifest import Series, sha256_of  # noqa: E402
 
 pytestmark = TORCH_IN_PROCESS
@@ -322,3 +322,14 @@ def test_the_tarball_and_the_log_survive_an_internal_error(
     text = log.read_text(encoding="utf-8")
     assert "a stage ran\n" in text and "RuntimeError: a bug in the middle of the run" in text
     assert f"reports packed into {tarball}" in text
+
+
+def test_a_pin_pip_did_not_bring_is_named_before_a_manifest_is_written(
+    fake_wheelhouse: Path, series: Series
+) -> None:
+    (fake_wheelhouse / wheelhouse.MANIFEST).unlink()
+    next(fake_wheelhouse.glob("msgspec-*.whl")).unlink()
+    with pytest.raises(BackportError) as refused:
+        wheelhouse.write_manifest(series.manifest, "3.12", fake_wheelhouse)
+    assert "pip did not bring msgspec==0.23.0" in refused.value.problem
+    assert not (fake_wheelhouse / wheelhouse.MANIFEST).exists()
