@@ -110,7 +110,7 @@ def load_catalog(patches_root: Path) -> Catalog:
     registry = load_releases(patches_root / RELEASES_NAME)
     all_series = [Series.load(folder, registry) for folder in folders]
     catalog = Catalog(files=list(all_series[0].manifest.files))
-    catalog.fix_prs = {name: f"sgl-project/sglang#{fix.pr}" for name, fix in registry.fixes.items()}
+    catalog.fix_prs = {name: fix.ref for name, fix in registry.fixes.items()}
     open_with: dict[frozenset[str], tuple[str, ...]] = {}
     races_with: dict[frozenset[str], tuple[tuple[str, tuple[RaceEntry, ...]], ...]] = {}
     for series in all_series:

@@ -255,7 +255,7 @@ def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patc
     for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
         report.checked["trailers"] += 1
         first = next((r for r, k in registry.known.items() if name in k.fixes), None)
-        pr = f"sgl-project/sglang#{registry.fixes[name].pr}"
+        pr = registry.fixes[name].ref
         for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
             found = patch.trailer(key)
             if found and value is not None and found[0].value != value:

@@ -142,6 +142,11 @@ class Fix:
     marker: str = ""  # a line the fix adds; in marker_function it means "fixed"
     marker_function: str = ""
 
+    @property
+    def ref(self) -> str:
+        """The upstream pull request, as the patches' trailers and the catalog name it."""
+        return f"sgl-project/sglang#{self.pr}"
+
 
 @dataclass(frozen=True)
 class KnownRelease:
