@@ -20,7 +20,13 @@ from patchset import shape, wheel
 from patchset.errors import Exit
 from patchset.manifest import Series
 from patchset.shapeflow import Sources
-from test_apply_interrupt import assert_nothing_of_ours, faulty_git, run_with_fault  # noqa: F401
+from test_apply_interrupt import (  # noqa: F401 (fixtures)
+    apply_server,
+    assert_nothing_of_ours,
+    faulty_git,
+    forked_apply,
+    run_with_fault,
+)
 
 BRANCH = "sglang-backports/0.5.15.post1"
 DECODE = "python/sglang/srt/disaggregation/decode.py"
@@ -224,7 +230,7 @@ def test_3way_is_refused_where_it_means_nothing(tmp_path: Path, args: list[str],
 
 
 def test_3way_on_a_fork_survives_sigint_at_each_git_call(
-    run_script: RunScript,
+    forked_apply: RunScript,  # noqa: F811 (the fixture)
     faulty_git: Path,  # noqa: F811 (the fixture)
     checkout: Path,
     runs_tmpdir: Path,
@@ -237,7 +243,7 @@ def test_3way_on_a_fork_survives_sigint_at_each_git_call(
     at = 1
     while True:
         code, stderr, calls = run_with_fault(
-            run_script, faulty_git, "INT", at, "--sglang", str(repo), "--3way", env=env
+            forked_apply, faulty_git, "INT", at, "--sglang", str(repo), "--3way", env=env
         )
         assert_nothing_of_ours(repo, runs_tmpdir)
         if calls < at:
