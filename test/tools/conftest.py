@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from forked_command import ForkedCommands
 from patchset import apply, buildtree, lock, paths, wheel
 from patchset.errors import BackportError, Exit
 from patchset.lint import series_sha256
@@ -229,6 +230,35 @@ def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
             cwd=cwd or tmp_path,
             preexec_fn=_default_sigint if interruptible else None,
         )
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkedCommands]:
+    """One server of forked command runs per worker (see forked_command.py)."""
+    server = ForkedCommands(SCRIPTS, tmp_path_factory.mktemp("forked"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def forked_script(command_server: ForkedCommands, tmp_path: Path, wheel_cache: Path) -> RunScript:
+    """run_script, each run forked from command_server (always interruptible): for the
+    tests that start a command many times; each command keeps tests that start it."""
+
+    def run(
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        interruptible: bool = True,  # every forked run is
+    ):
+        full_env = dict(os.environ)
+        full_env["SGLANG_BACKPORTS_BUILD"] = str(tmp_path / "build")
+        full_env["SGLANG_BACKPORTS_CACHE"] = str(wheel_cache)
+        full_env.update(env or {})
+        return command_server.run(name, *args, env=full_env, cwd=cwd or tmp_path)
 
     return run
 

@@ -20,13 +20,7 @@ from patchset import shape, wheel
 from patchset.errors import Exit
 from patchset.manifest import Series
 from patchset.shapeflow import Sources
-from test_apply_interrupt import (  # noqa: F401 (fixtures)
-    apply_server,
-    assert_nothing_of_ours,
-    faulty_git,
-    forked_apply,
-    run_with_fault,
-)
+from test_apply_interrupt import assert_nothing_of_ours, faulty_git, run_with_fault  # noqa: F401
 
 BRANCH = "sglang-backports/0.5.15.post1"
 DECODE = "python/sglang/srt/disaggregation/decode.py"
@@ -75,11 +69,11 @@ def branch_files(repo: Path, series: Series) -> dict[str, str]:
 
 
 def test_a_fork_is_refused_without_3way_and_told_it_exists(
-    run_script: RunScript, checkout: Path
+    forked_script: RunScript, checkout: Path
 ) -> None:
     repo = fork(checkout, "from __future__", COMMENT + "from __future__")
     before = untouched(repo)
-    result = run_script("apply-patches", "--sglang", str(repo))
+    result = forked_script("apply-patches", "--sglang", str(repo))
     assert result.returncode == Exit.BASE_MISMATCH, result.stderr
     assert "the nearest is sglang 0.5.15.post1" in result.stderr
     assert f"apply-patches --sglang {repo} --3way" in result.stderr
@@ -120,7 +114,7 @@ def test_3way_merges_the_series_onto_a_fork_and_changes_nothing_else(
 
 @pytest.mark.parametrize("object_format", ["sha1", "sha256"])
 def test_3way_merges_where_the_plain_apply_cannot(
-    run_script: RunScript, tmp_path: Path, series: Series, wheel_cache: Path, object_format: str
+    forked_script: RunScript, tmp_path: Path, series: Series, wheel_cache: Path, object_format: str
 ) -> None:
     """The fork changed a context line of patch 0002: only the merge applies it. In a
     sha256 repository the patches' preimages are found by their sha256 ids."""
@@ -133,7 +127,7 @@ def test_3way_merges_where_the_plain_apply_cannot(
         (repo / path).write_bytes(data)
     commit_all(repo, "v0.5.15.post1")
     fork(repo, CONTEXT, CONTEXT.replace("prefill", "prefill (our fork)"))
-    result = run_script("apply-patches", "--sglang", str(repo), "--3way")
+    result = forked_script("apply-patches", "--sglang", str(repo), "--3way")
     assert result.returncode == Exit.OK, result.stderr
     merged = branch_files(repo, series)
     assert CONTEXT.replace("prefill", "prefill (our fork)") + PREPARE + IF_OVERLAP in merged[DECODE]
@@ -143,11 +137,11 @@ def test_3way_merges_where_the_plain_apply_cannot(
 
 
 def test_a_conflict_with_patch_0002_changes_nothing_and_names_the_function(
-    run_script: RunScript, checkout: Path, runs_tmpdir: Path
+    forked_script: RunScript, checkout: Path, runs_tmpdir: Path
 ) -> None:
     repo = fork(checkout, PROCESS, PROCESS.replace(")\n", ")  # seeded at once\n"))
     before = untouched(repo)
-    result = run_script(
+    result = forked_script(
         "apply-patches", "--sglang", str(repo), "--3way", env={"TMPDIR": str(runs_tmpdir)}
     )
     assert result.returncode == Exit.APPLY_FAILED, result.stdout + result.stderr
@@ -160,11 +154,11 @@ def test_a_conflict_with_patch_0002_changes_nothing_and_names_the_function(
 
 
 def test_a_clean_merge_that_is_not_judged_fixed_is_refused(
-    run_script: RunScript, checkout: Path, runs_tmpdir: Path
+    forked_script: RunScript, checkout: Path, runs_tmpdir: Path
 ) -> None:
     repo = fork(checkout, BUILT, BUILT + FAST_PATH)
     before = untouched(repo)
-    result = run_script(
+    result = forked_script(
         "apply-patches", "--sglang", str(repo), "--3way", env={"TMPDIR": str(runs_tmpdir)}
     )
     assert result.returncode == Exit.APPLY_FAILED, result.stdout + result.stderr
@@ -176,18 +170,18 @@ def test_a_clean_merge_that_is_not_judged_fixed_is_refused(
 
 
 def test_a_fork_of_every_file_needs_base_to_name_its_release(
-    run_script: RunScript, checkout: Path, series: Series
+    forked_script: RunScript, checkout: Path, series: Series
 ) -> None:
     for path in series.manifest.files:
         (checkout / path).write_text(COMMENT + (checkout / path).read_text())
     commit_all(checkout, "our fork's header in every file")
     before = untouched(checkout)
-    unnamed = run_script("apply-patches", "--sglang", str(checkout), "--3way")
+    unnamed = forked_script("apply-patches", "--sglang", str(checkout), "--3way")
     assert unnamed.returncode == Exit.BASE_MISMATCH, unnamed.stdout + unnamed.stderr
     assert "shares no file with a served release" in unnamed.stderr
     assert "add --base VERSION" in unnamed.stderr
     assert untouched(checkout) == before
-    named = run_script(
+    named = forked_script(
         "apply-patches", "--sglang", str(checkout), "--3way", "--base", "0.5.15.post1"
     )
     assert named.returncode == Exit.OK, named.stderr
@@ -195,7 +189,7 @@ def test_a_fork_of_every_file_needs_base_to_name_its_release(
 
 
 def test_a_merge_driver_of_the_users_is_not_run(
-    run_script: RunScript, checkout: Path, tmp_path: Path
+    forked_script: RunScript, checkout: Path, tmp_path: Path
 ) -> None:
     """A driver that would take the patch's side: run, it would merge cleanly."""
     ran = tmp_path / "driver-ran"
@@ -203,7 +197,7 @@ def test_a_merge_driver_of_the_users_is_not_run(
     git(checkout, "config", "merge.ours-too.driver", f"touch {ran}; cp %B %A")
     repo = fork(checkout, CONTEXT, CONTEXT.replace("prefill", "prefill (our fork)"))
     before = untouched(repo)
-    result = run_script("apply-patches", "--sglang", str(repo), "--3way")
+    result = forked_script("apply-patches", "--sglang", str(repo), "--3way")
     assert result.returncode == Exit.APPLY_FAILED, result.stdout + result.stderr
     assert "merge drivers your git configuration names, ours-too, are not run" in result.stderr
     assert not ran.exists()
@@ -230,7 +224,7 @@ def test_3way_is_refused_where_it_means_nothing(tmp_path: Path, args: list[str],
 
 
 def test_3way_on_a_fork_survives_sigint_at_each_git_call(
-    forked_apply: RunScript,  # noqa: F811 (the fixture)
+    forked_script: RunScript,
     faulty_git: Path,  # noqa: F811 (the fixture)
     checkout: Path,
     runs_tmpdir: Path,
@@ -243,7 +237,7 @@ def test_3way_on_a_fork_survives_sigint_at_each_git_call(
     at = 1
     while True:
         code, stderr, calls = run_with_fault(
-            forked_apply, faulty_git, "INT", at, "--sglang", str(repo), "--3way", env=env
+            forked_script, faulty_git, "INT", at, "--sglang", str(repo), "--3way", env=env
         )
         assert_nothing_of_ours(repo, runs_tmpdir)
         if calls < at:

@@ -107,13 +107,13 @@ def test_a_held_lock_is_refused_naming_its_holder(run_script: RunScript, checkou
 
 
 def test_a_held_build_lock_is_refused_and_check_needs_no_lock(
-    run_script: RunScript, tmp_path: Path
+    forked_script: RunScript, tmp_path: Path
 ):
     build = tmp_path / "build"
     build.mkdir()
     with held(build / ".sglang-0.5.15.post1.lock", "test", 0):
-        result = run_script("apply-patches", "--wait", "0")
-        check = run_script("apply-patches", "--check")
+        result = forked_script("apply-patches", "--wait", "0")
+        check = forked_script("apply-patches", "--check")
     assert result.returncode == Exit.LOCKED, result.stderr
     assert f"pid {os.getpid()}" in result.stderr
     assert check.returncode == Exit.OK, check.stderr

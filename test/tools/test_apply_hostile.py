@@ -49,7 +49,7 @@ def final_ids(series: Series) -> dict[str, str]:
 
 
 def test_a_sha256_repository_is_recognised_by_content(
-    run_script: RunScript, tmp_path: Path, series: Series, wheel_cache: Path
+    forked_script: RunScript, tmp_path: Path, series: Series, wheel_cache: Path
 ):
     repo = tmp_path / "sglang"
     repo.mkdir()
@@ -61,15 +61,15 @@ def test_a_sha256_repository_is_recognised_by_content(
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_bytes(data)
     commit_all(repo, "v0.5.15.post1")
-    check = run_script("apply-patches", "--check", "--sglang", str(repo))
-    applied = run_script("apply-patches", "--sglang", str(repo))
+    check = forked_script("apply-patches", "--check", "--sglang", str(repo))
+    applied = forked_script("apply-patches", "--sglang", str(repo))
     # --check and the apply say the same
     assert check.returncode == Exit.OK, check.stdout + check.stderr
     assert check.stdout.count(": applies cleanly") == len(series.patch_names)
     assert applied.returncode == Exit.OK, applied.stderr
     assert content_ids(repo, BRANCH, series) == final_ids(series)
     assert len(git(repo, "rev-parse", BRANCH)) == 64
-    again = run_script("apply-patches", "--sglang", str(repo))
+    again = forked_script("apply-patches", "--sglang", str(repo))
     assert again.returncode == Exit.OK and "already applied" in again.stdout, again.stderr
 
 
@@ -103,11 +103,11 @@ REDIRECTS = {
 
 @pytest.mark.parametrize("name", sorted(REDIRECTS))
 def test_git_variables_of_the_caller_do_not_redirect_the_run(
-    run_script: RunScript, checkout: Path, decoy: Path, series: Series, name: str
+    forked_script: RunScript, checkout: Path, decoy: Path, series: Series, name: str
 ):
     (decoy / "global-config").write_text("[core]\n\tsplitIndex = true\n")
     before = decoy_state(decoy)
-    result = run_script(
+    result = forked_script(
         "apply-patches", "--sglang", str(checkout), env={name: REDIRECTS[name](decoy)}
     )
     assert result.returncode == Exit.OK, result.stderr
@@ -145,14 +145,14 @@ def index_state(repo: Path) -> tuple[bytes, int]:
 
 
 def test_the_work_tree_check_runs_no_filter_and_writes_no_index(
-    run_script: RunScript, checkout: Path, filtered: Path, series: Series
+    forked_script: RunScript, checkout: Path, filtered: Path, series: Series
 ):
     # Every file's stat differs from the index (as after a copy or a touch), its content not.
     later = (checkout / DECODE).stat().st_mtime + 100
     for path in series.manifest.files:
         os.utime(checkout / path, (later, later))
     before = index_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.OK, result.stderr
     assert not filtered.exists(), "the user's filter program ran"
     assert index_state(checkout) == before, ".git/index was rewritten"
@@ -160,19 +160,19 @@ def test_the_work_tree_check_runs_no_filter_and_writes_no_index(
 
 
 def test_a_changed_file_is_still_refused_with_filters_configured(
-    run_script: RunScript, checkout: Path, filtered: Path
+    forked_script: RunScript, checkout: Path, filtered: Path
 ):
     (checkout / DECODE).write_text((checkout / DECODE).read_text() + "# local edit\n")
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.DIRTY_TREE, result.stderr
     assert DECODE in result.stderr
     assert not filtered.exists()
 
 
-def test_a_split_index_leaves_no_shared_index_of_ours(run_script: RunScript, checkout: Path):
+def test_a_split_index_leaves_no_shared_index_of_ours(forked_script: RunScript, checkout: Path):
     git(checkout, "config", "core.splitIndex", "true")
     before = sorted(p.name for p in (checkout / ".git").glob("sharedindex.*"))
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.OK, result.stderr
     assert sorted(p.name for p in (checkout / ".git").glob("sharedindex.*")) == before
 
@@ -182,11 +182,11 @@ def test_a_split_index_leaves_no_shared_index_of_ours(run_script: RunScript, che
 
 @pytest.mark.parametrize("other", ["sglang-backports", f"{BRANCH}/old"])
 def test_a_ref_in_the_way_of_the_branch_is_refused_naming_branch(
-    run_script: RunScript, checkout: Path, other: str
+    forked_script: RunScript, checkout: Path, other: str
 ):
     git(checkout, "branch", other)
     before, objects = repo_state(checkout), git(checkout, "count-objects", "-v")
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.BRANCH_EXISTS, result.stderr
     assert f"refs/heads/{other}" in result.stderr
     assert "--branch" in result.stderr.split("next step:")[1]
@@ -195,7 +195,7 @@ def test_a_ref_in_the_way_of_the_branch_is_refused_naming_branch(
     assert git(checkout, "count-objects", "-v") == objects
     # the next step works
     step = result.stderr.split("--branch ", 2)[2].split(")")[0]
-    again = run_script("apply-patches", "--sglang", str(checkout), "--branch", step)
+    again = forked_script("apply-patches", "--sglang", str(checkout), "--branch", step)
     assert again.returncode == Exit.OK, again.stderr
 
 
@@ -218,33 +218,33 @@ def monorepo(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
 
 
 def test_sglang_vendored_in_a_subfolder_is_patched_there(
-    run_script: RunScript, monorepo: Path, series: Series
+    forked_script: RunScript, monorepo: Path, series: Series
 ):
     vendored = monorepo / "third_party" / "sglang"
     (monorepo / "README.md").write_text("our services, being edited\n")  # not sglang's
-    check = run_script("apply-patches", "--check", "--sglang", str(vendored))
+    check = forked_script("apply-patches", "--check", "--sglang", str(vendored))
     assert check.returncode == Exit.OK, check.stderr
-    result = run_script("apply-patches", "--sglang", str(vendored))
+    result = forked_script("apply-patches", "--sglang", str(vendored))
     assert result.returncode == Exit.OK, result.stderr
     assert content_ids(monorepo, BRANCH, series, "third_party/sglang/") == final_ids(series)
     changed = git(monorepo, "diff", "--name-only", "HEAD", BRANCH).splitlines()
     base = series.manifest.blobs_at("base")
     differ = [p for p in series.manifest.files if base[p] != final_ids(series)[p]]
     assert sorted(changed) == sorted(f"third_party/sglang/{p}" for p in differ)
-    again = run_script("apply-patches", "--sglang", str(vendored))
+    again = forked_script("apply-patches", "--sglang", str(vendored))
     assert "already applied" in again.stdout, again.stderr
 
 
 @pytest.mark.parametrize("given", [".", "third_party", "third_party/sglang/python"])
 def test_a_folder_without_python_sglang_is_told_which_one_to_pass(
-    run_script: RunScript, monorepo: Path, series: Series, given: str
+    forked_script: RunScript, monorepo: Path, series: Series, given: str
 ):
     vendored = monorepo / "third_party" / "sglang"
     before = repo_state(monorepo)
-    result = run_script("apply-patches", "--sglang", str(monorepo / given))
+    result = forked_script("apply-patches", "--sglang", str(monorepo / given))
     assert result.returncode == Exit.NOT_A_CHECKOUT, result.stderr
     assert f"next step: pass --sglang {vendored}" in result.stderr
     assert repo_state(monorepo) == before
     # the advice works
-    advised = run_script("apply-patches", "--sglang", str(vendored))
+    advised = forked_script("apply-patches", "--sglang", str(vendored))
     assert advised.returncode == Exit.OK, advised.stderr

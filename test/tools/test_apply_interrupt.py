@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, RunScript, SlimSet, blobs, git, repo_state
-from forked_command import ForkedCommand
+from conftest import RunScript, SlimSet, blobs, git, repo_state
 from patchset import lock
 from patchset.apply import LOCK_NAME, TEMP_PREFIX
 from patchset.errors import Exit
@@ -60,28 +58,6 @@ def faulty_git(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def apply_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkedCommand]:
-    server = ForkedCommand(SCRIPTS, "apply-patches", tmp_path_factory.mktemp("forked"))
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def forked_apply(apply_server: ForkedCommand, tmp_path: Path, wheel_cache: Path) -> RunScript:
-    """run_script for apply-patches, each run forked from apply_server (interruptible)."""
-
-    def run(name: str, *args: str, env: dict[str, str] | None = None, **_: object):
-        assert name == "apply-patches", name
-        full_env = os.environ | {
-            "SGLANG_BACKPORTS_BUILD": str(tmp_path / "build"),
-            "SGLANG_BACKPORTS_CACHE": str(wheel_cache),
-        }
-        return apply_server.run(*args, env=full_env | (env or {}), cwd=tmp_path)
-
-    return run
-
-
 def run_with_fault(
     run_script: RunScript,
     faulty_git: Path,
@@ -115,7 +91,7 @@ def assert_nothing_of_ours(repo: Path, tmpdir: Path) -> None:
 
 @pytest.mark.parametrize("signal", ["INT", "KILL"])
 def test_user_checkout_survives_a_signal_at_each_git_call(
-    forked_apply: RunScript,
+    forked_script: RunScript,
     faulty_git: Path,
     tmpdir_of_runs: Path,
     checkout: Path,
@@ -129,7 +105,7 @@ def test_user_checkout_survives_a_signal_at_each_git_call(
     at = 1
     while True:
         code, stderr, calls = run_with_fault(
-            forked_apply, faulty_git, signal, at, "--sglang", str(checkout), env=env
+            forked_script, faulty_git, signal, at, "--sglang", str(checkout), env=env
         )
         if calls < at:  # the run made fewer calls than `at`: it ended on its own
             assert code == Exit.OK, stderr
@@ -150,7 +126,7 @@ def test_user_checkout_survives_a_signal_at_each_git_call(
         elif signal == "INT":
             at += 1  # rolled back to the state before: a rerun is the first run again
             continue
-        rerun = forked_apply("apply-patches", "--sglang", str(checkout), env=env)
+        rerun = forked_script("apply-patches", "--sglang", str(checkout), env=env)
         assert rerun.returncode == Exit.OK, (at, rerun.stderr)
         assert blobs(checkout, BRANCH, series) == final, at
         assert_nothing_of_ours(checkout, tmpdir_of_runs)
@@ -163,7 +139,7 @@ def test_user_checkout_survives_a_signal_at_each_git_call(
 
 @pytest.mark.parametrize("signal", ["INT", "KILL"])
 def test_build_tree_survives_a_signal_at_each_git_call(
-    forked_apply: RunScript,
+    forked_script: RunScript,
     faulty_git: Path,
     tmpdir_of_runs: Path,
     tmp_path: Path,
@@ -178,7 +154,7 @@ def test_build_tree_survives_a_signal_at_each_git_call(
     at = 1
     left: list[Path] = []
     while True:
-        code, stderr, calls = run_with_fault(forked_apply, faulty_git, signal, at, *slim, env=env)
+        code, stderr, calls = run_with_fault(forked_script, faulty_git, signal, at, *slim, env=env)
         # The leftovers of the run before were removed by this one.
         assert not any(folder.exists() for folder in left), at
         if calls < at:

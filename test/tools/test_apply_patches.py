@@ -73,11 +73,11 @@ def test_check_on_the_default_base_changes_nothing(
 
 
 def test_user_checkout_gets_a_new_branch_and_keeps_its_own(
-    run_script: RunScript, full_checkout: Path, series: Series
+    forked_script: RunScript, full_checkout: Path, series: Series
 ):
     checkout = full_checkout
     head_before = git(checkout, "rev-parse", "HEAD")
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == 0, result.stderr
     assert f"patched branch {BRANCH} created" in result.stdout
     assert git(checkout, "symbolic-ref", "--short", "HEAD") == "main"
@@ -99,21 +99,23 @@ def test_user_checkout_second_run_says_already_applied(run_script: RunScript, ch
     assert repo_state(checkout) == before
 
 
-def test_checkout_already_on_the_patched_branch_is_a_no_op(run_script: RunScript, checkout: Path):
-    assert run_script("apply-patches", "--sglang", str(checkout)).returncode == 0
+def test_checkout_already_on_the_patched_branch_is_a_no_op(
+    forked_script: RunScript, checkout: Path
+):
+    assert forked_script("apply-patches", "--sglang", str(checkout)).returncode == 0
     git(checkout, "switch", "-q", BRANCH)
-    result = run_script("apply-patches", "--sglang", str(checkout), "--branch", "other")
+    result = forked_script("apply-patches", "--sglang", str(checkout), "--branch", "other")
     assert result.returncode == 0, result.stderr
     assert "already applied" in result.stdout
     assert "refs/heads/other" not in repo_state(checkout)["refs"]
 
 
 def test_checkout_with_only_the_first_patch_gets_the_rest(
-    run_script: RunScript, checkout: Path, series: Series
+    forked_script: RunScript, checkout: Path, series: Series
 ):
     first = series.patch_paths[0]
     git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "am", "-q", str(first))
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == 0, result.stderr
     assert f"already in the base: {first.name}" in result.stdout
     assert f"applied: {series.patch_names[1]}" in result.stdout
@@ -121,10 +123,10 @@ def test_checkout_with_only_the_first_patch_gets_the_rest(
 
 
 def test_check_on_a_checkout_reports_each_patch_and_changes_nothing(
-    run_script: RunScript, checkout: Path, series: Series
+    forked_script: RunScript, checkout: Path, series: Series
 ):
     before = repo_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout), "--check")
+    result = forked_script("apply-patches", "--sglang", str(checkout), "--check")
     assert result.returncode == 0, result.stderr
     assert [line.strip() for line in result.stdout.splitlines()[1:]] == [
         f"{name}: applies cleanly" for name in series.patch_names
@@ -133,9 +135,9 @@ def test_check_on_a_checkout_reports_each_patch_and_changes_nothing(
 
 
 def test_check_reports_a_patch_that_would_not_apply(
-    run_script: RunScript, broken_second_patch: Path, slim_set: SlimSet, series: Series
+    forked_script: RunScript, broken_second_patch: Path, slim_set: SlimSet, series: Series
 ):
-    result = run_script(
+    result = forked_script(
         "apply-patches", "--check", "--patch-set", str(broken_second_patch), env=slim_set.env
     )
     assert result.returncode == Exit.WOULD_NOT_APPLY
@@ -146,21 +148,21 @@ def test_check_reports_a_patch_that_would_not_apply(
 # --- refusals: a message, a non-zero exit, nothing touched ------------------
 
 
-def test_dirty_work_tree_is_refused_by_name(run_script: RunScript, checkout: Path):
+def test_dirty_work_tree_is_refused_by_name(forked_script: RunScript, checkout: Path):
     (checkout / DECODE).write_text((checkout / DECODE).read_text() + "# local edit\n")
     before = repo_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.DIRTY_TREE
     assert DECODE in result.stderr
     assert "next step:" in result.stderr
     assert repo_state(checkout) == before
 
 
-def test_unknown_base_is_refused_naming_the_file(run_script: RunScript, checkout: Path):
+def test_unknown_base_is_refused_naming_the_file(forked_script: RunScript, checkout: Path):
     (checkout / OVERLAP).write_text((checkout / OVERLAP).read_text() + "# fork\n")
     commit_all(checkout, "a fork")
     before = repo_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.BASE_MISMATCH
     assert f"{OVERLAP}: blob" in result.stderr
     assert DECODE not in result.stderr  # only the file that differs is named
@@ -169,23 +171,23 @@ def test_unknown_base_is_refused_naming_the_file(run_script: RunScript, checkout
 
 
 def test_fixed_release_is_refused_as_already_upstream(
-    run_script: RunScript, checkout: Path, series: Series, upstream_fixed_wheel: Path
+    forked_script: RunScript, checkout: Path, series: Series, upstream_fixed_wheel: Path
 ):
     for path, data in wheel.read_files(upstream_fixed_wheel, series.manifest.files).items():
         (checkout / path).write_bytes(data)
     commit_all(checkout, "v0.5.19")
     before = repo_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.ALREADY_UPSTREAM
     assert "looks like sglang 0.5.19" in result.stderr
     assert "no patch is needed" in result.stderr
     assert repo_state(checkout) == before
-    check = run_script("apply-patches", "--sglang", str(checkout), "--check")
+    check = forked_script("apply-patches", "--sglang", str(checkout), "--check")
     assert check.returncode == Exit.ALREADY_UPSTREAM
 
 
 def test_unknown_release_with_fix_b_is_refused_as_already_upstream(
-    run_script: RunScript, checkout: Path, series: Series
+    forked_script: RunScript, checkout: Path, series: Series
 ):
     patched = checkout / DECODE
     text = patched.read_text().replace(
@@ -195,46 +197,50 @@ def test_unknown_release_with_fix_b_is_refused_as_already_upstream(
     )
     patched.write_text(text)
     commit_all(checkout, "someone's own fix")
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.ALREADY_UPSTREAM
     assert "0.5.19 or later" in result.stderr
 
 
 def test_changed_patch_file_is_refused(
-    run_script: RunScript, tmp_path: Path, patch_set: Path, series: Series
+    forked_script: RunScript, tmp_path: Path, patch_set: Path, series: Series
 ):
     folder = patch_set
     patch = folder / series.patch_names[0]
     patch.write_text(patch.read_text().replace("cumulative", "accumulating", 1))
-    result = run_script("apply-patches", "--patch-set", str(folder))
+    result = forked_script("apply-patches", "--patch-set", str(folder))
     assert result.returncode == Exit.PATCHSET_INVALID
     assert f"patch {patch.name} has sha256" in result.stderr
     assert not (tmp_path / "build").exists()
 
 
-def test_path_that_is_not_a_checkout_is_refused(run_script: RunScript, tmp_path: Path):
+def test_path_that_is_not_a_checkout_is_refused(forked_script: RunScript, tmp_path: Path):
     plain = tmp_path / "plain"
     plain.mkdir()
     for target in (plain, tmp_path / "missing"):
-        result = run_script("apply-patches", "--sglang", str(target))
+        result = forked_script("apply-patches", "--sglang", str(target))
         assert result.returncode == Exit.NOT_A_CHECKOUT
         assert str(target) in result.stderr
         assert "next step:" in result.stderr
     assert list(plain.iterdir()) == []
 
 
-def test_wheel_with_wrong_sha256_is_refused(run_script: RunScript, tmp_path: Path, series: Series):
+def test_wheel_with_wrong_sha256_is_refused(
+    forked_script: RunScript, tmp_path: Path, series: Series
+):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / series.manifest.base.wheel).write_bytes(b"not the wheel")
-    result = run_script("apply-patches", env={"SGLANG_BACKPORTS_CACHE": str(cache)})
+    result = forked_script("apply-patches", env={"SGLANG_BACKPORTS_CACHE": str(cache)})
     assert result.returncode == Exit.WHEEL_HASH
     assert series.manifest.base.sha256 in result.stderr
     assert not (tmp_path / "build").exists()
     assert (cache / series.manifest.base.wheel).read_bytes() == b"not the wheel"
 
 
-def test_no_network_and_no_cache_is_refused(run_script: RunScript, tmp_path: Path, series: Series):
+def test_no_network_and_no_cache_is_refused(
+    forked_script: RunScript, tmp_path: Path, series: Series
+):
     offline = {
         "SGLANG_BACKPORTS_CACHE": str(tmp_path / "empty-cache"),
         "PIP_CONFIG_FILE": "/dev/null",
@@ -245,16 +251,16 @@ def test_no_network_and_no_cache_is_refused(run_script: RunScript, tmp_path: Pat
         "PIP_RETRIES": "0",
         "PIP_TIMEOUT": "2",
     }
-    result = run_script("apply-patches", env=offline)
+    result = forked_script("apply-patches", env=offline)
     assert result.returncode == Exit.WHEEL_UNAVAILABLE
     assert series.manifest.base.wheel in result.stderr
     assert not (tmp_path / "build").exists()
 
 
-def test_existing_branch_with_other_content_is_refused(run_script: RunScript, checkout: Path):
+def test_existing_branch_with_other_content_is_refused(forked_script: RunScript, checkout: Path):
     git(checkout, "branch", BRANCH)
     before = repo_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == Exit.BRANCH_EXISTS
     assert "--branch" in result.stderr
     assert repo_state(checkout) == before
@@ -279,10 +285,10 @@ def broken_second_patch(slim_set: SlimSet, series: Series) -> Path:
 
 
 def test_failed_patch_rolls_back_a_user_checkout(
-    run_script: RunScript, checkout: Path, broken_second_patch: Path, series: Series
+    forked_script: RunScript, checkout: Path, broken_second_patch: Path, series: Series
 ):
     before = repo_state(checkout)
-    result = run_script(
+    result = forked_script(
         "apply-patches", "--sglang", str(checkout), "--patch-set", str(broken_second_patch)
     )
     assert result.returncode == Exit.APPLY_FAILED
@@ -292,15 +298,17 @@ def test_failed_patch_rolls_back_a_user_checkout(
 
 
 def test_failed_patch_rolls_back_the_build_tree(
-    run_script: RunScript, tmp_path: Path, broken_second_patch: Path, slim_set: SlimSet
+    forked_script: RunScript, tmp_path: Path, broken_second_patch: Path, slim_set: SlimSet
 ):
-    result = run_script("apply-patches", "--patch-set", str(broken_second_patch), env=slim_set.env)
+    result = forked_script(
+        "apply-patches", "--patch-set", str(broken_second_patch), env=slim_set.env
+    )
     assert result.returncode == Exit.APPLY_FAILED
     assert not (tmp_path / "build" / "sglang-0.5.15.post1").exists()
 
 
 def test_failed_patch_keeps_an_existing_build_tree_as_it_was(
-    run_script: RunScript,
+    forked_script: RunScript,
     tmp_path: Path,
     broken_second_patch: Path,
     slim_set: SlimSet,
@@ -310,12 +318,16 @@ def test_failed_patch_keeps_an_existing_build_tree_as_it_was(
     # A build tree from an earlier run, holding only the pristine base.
     repo = tmp_path / "build" / "sglang-0.5.15.post1"
     intact, _cache = slim_patch_set(series, wheel_cache, tmp_path / "intact")
-    assert run_script("apply-patches", "--patch-set", str(intact), env=slim_set.env).returncode == 0
+    assert (
+        forked_script("apply-patches", "--patch-set", str(intact), env=slim_set.env).returncode == 0
+    )
     owned = Git(repo, owned=True)
     owned.run("switch", "-q", "--detach", "pristine/0.5.15.post1")
     owned.run("branch", "-D", BRANCH)
     before = repo_state_detached(repo)
-    result = run_script("apply-patches", "--patch-set", str(broken_second_patch), env=slim_set.env)
+    result = forked_script(
+        "apply-patches", "--patch-set", str(broken_second_patch), env=slim_set.env
+    )
     assert result.returncode == Exit.APPLY_FAILED
     assert repo_state_detached(repo) == before
 
@@ -341,17 +353,17 @@ def test_help_documents_only_its_own_exit_codes(run_script: RunScript):
 
 
 def test_build_tree_with_an_older_series_says_to_rebuild_it(
-    run_script: RunScript, tmp_path: Path, slim_set: SlimSet
+    forked_script: RunScript, tmp_path: Path, slim_set: SlimSet
 ):
     slim = ("--patch-set", str(slim_set.folder))
-    assert run_script("apply-patches", *slim, env=slim_set.env).returncode == 0
+    assert forked_script("apply-patches", *slim, env=slim_set.env).returncode == 0
     repo = tmp_path / "build" / "sglang-0.5.15.post1"
     owned = Git(repo, owned=True)
     owned.run("commit", "-q", "--allow-empty", "-m", "an older series' extra commit")
     (repo / DECODE).write_text("# not the patched file\n")
     owned.run("commit", "-q", "--all", "-m", "older content")
     before = repo_state(repo)
-    result = run_script("apply-patches", *slim, env=slim_set.env)
+    result = forked_script("apply-patches", *slim, env=slim_set.env)
     assert result.returncode == Exit.BRANCH_EXISTS
     assert f"delete {repo} (it is generated)" in result.stderr
     assert repo_state(repo) == before
@@ -361,7 +373,7 @@ def test_build_tree_with_an_older_series_says_to_rebuild_it(
 
 
 def test_user_hooks_and_signing_do_not_run(
-    run_script: RunScript, checkout: Path, series: Series, tmp_path: Path
+    forked_script: RunScript, checkout: Path, series: Series, tmp_path: Path
 ):
     ran = tmp_path / "hooks-ran"
     hooks = checkout / ".git" / "hooks"
@@ -371,27 +383,27 @@ def test_user_hooks_and_signing_do_not_run(
     git(checkout, "config", "commit.gpgsign", "true")
     git(checkout, "config", "gpg.program", str(tmp_path / "no-such-gpg"))
     git(checkout, "config", "am.threeWay", "true")
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == 0, result.stderr
     assert not ran.exists()
     assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
 
 
 @pytest.mark.parametrize("name", ["a..b", "../x", "foo.lock", "-x", "", "refs/heads/x", "@{-1}"])
-def test_bad_branch_name_is_refused_as_usage(run_script: RunScript, checkout: Path, name: str):
+def test_bad_branch_name_is_refused_as_usage(forked_script: RunScript, checkout: Path, name: str):
     before = repo_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout), f"--branch={name}")
+    result = forked_script("apply-patches", "--sglang", str(checkout), f"--branch={name}")
     assert result.returncode == Exit.USAGE, result.stderr
     assert "--branch" in result.stderr and "Traceback" not in result.stderr
     assert repo_state(checkout) == before
 
 
 def test_relative_paths_are_resolved_before_use(
-    run_script: RunScript, checkout: Path, patch_set: Path, tmp_path: Path, series: Series
+    forked_script: RunScript, checkout: Path, patch_set: Path, tmp_path: Path, series: Series
 ):
     relative = patch_set.relative_to(tmp_path)
     for extra in (["--check"], []):
-        result = run_script(
+        result = forked_script(
             "apply-patches", "--sglang", "sglang", "--patch-set", str(relative), *extra
         )
         assert result.returncode == 0, result.stderr
@@ -399,30 +411,30 @@ def test_relative_paths_are_resolved_before_use(
 
 
 def test_base_that_holds_the_series_claims_no_branch(
-    run_script: RunScript, checkout: Path, series: Series
+    forked_script: RunScript, checkout: Path, series: Series
 ):
     for patch in series.patch_paths:
         git(checkout, "am", "-q", str(patch))
     before = repo_state(checkout)
-    result = run_script("apply-patches", "--sglang", str(checkout))
+    result = forked_script("apply-patches", "--sglang", str(checkout))
     assert result.returncode == 0, result.stderr
     assert "already applied" in result.stdout
     assert BRANCH not in result.stdout and "(branch" not in result.stdout
     assert repo_state(checkout) == before
 
 
-def test_no_home_is_refused(run_script: RunScript, tmp_path: Path):
+def test_no_home_is_refused(forked_script: RunScript, tmp_path: Path):
     env = {"HOME": "", "XDG_CACHE_HOME": "", "SGLANG_BACKPORTS_CACHE": ""}
-    result = run_script("apply-patches", env=env)
+    result = forked_script("apply-patches", env=env)
     assert result.returncode == Exit.ENVIRONMENT, result.stderr
     assert "HOME is not set" in result.stderr and "SGLANG_BACKPORTS_CACHE" in result.stderr
     assert not (tmp_path / "build").exists()
 
 
-def test_cache_path_that_is_a_file_is_refused(run_script: RunScript, tmp_path: Path):
+def test_cache_path_that_is_a_file_is_refused(forked_script: RunScript, tmp_path: Path):
     cache = tmp_path / "cache-file"
     cache.write_text("not a folder\n")
-    result = run_script("apply-patches", env={"SGLANG_BACKPORTS_CACHE": str(cache)})
+    result = forked_script("apply-patches", env={"SGLANG_BACKPORTS_CACHE": str(cache)})
     assert result.returncode == Exit.ENVIRONMENT, result.stderr
     assert str(cache) in result.stderr and "next step:" in result.stderr
     assert "Traceback" not in result.stderr

@@ -61,10 +61,10 @@ def assert_refused_as_foreign(result: subprocess.CompletedProcess[str]) -> None:
 
 
 def test_a_plain_diff_of_another_file_is_refused_on_a_checkout(
-    run_script: RunScript, checkout: Path, foreign_set: SlimSet
+    forked_script: RunScript, checkout: Path, foreign_set: SlimSet
 ):
     before, objs = repo_state(checkout), objects(checkout)
-    result = run_script(
+    result = forked_script(
         "apply-patches", "--sglang", str(checkout), "--patch-set", str(foreign_set.folder)
     )
     assert_refused_as_foreign(result)
@@ -73,31 +73,31 @@ def test_a_plain_diff_of_another_file_is_refused_on_a_checkout(
 
 
 def test_a_plain_diff_of_another_file_is_refused_by_check_and_the_build_tree(
-    run_script: RunScript, tmp_path: Path, foreign_set: SlimSet
+    forked_script: RunScript, tmp_path: Path, foreign_set: SlimSet
 ):
     patch_set = ("--patch-set", str(foreign_set.folder))
     assert_refused_as_foreign(
-        run_script("apply-patches", "--check", *patch_set, env=foreign_set.env)
+        forked_script("apply-patches", "--check", *patch_set, env=foreign_set.env)
     )
-    assert_refused_as_foreign(run_script("apply-patches", *patch_set, env=foreign_set.env))
+    assert_refused_as_foreign(forked_script("apply-patches", *patch_set, env=foreign_set.env))
     build = tmp_path / "build"
     assert not build.exists() or list(build.iterdir()) == []
 
 
 def test_a_plain_diff_of_another_file_is_refused_by_build_wheel(
-    run_script: RunScript, tmp_path: Path, patch_set: Path, series: Series, wheel_cache: Path
+    forked_script: RunScript, tmp_path: Path, patch_set: Path, series: Series, wheel_cache: Path
 ):
     """On the real wheel, where the other file exists and the diff would apply."""
     add_plain_diff_of_another_file(patch_set, series, wheel_cache / series.manifest.base.wheel)
     out = tmp_path / "dist"
     assert_refused_as_foreign(
-        run_script("build-wheel", "--patch-set", str(patch_set), "--out", str(out))
+        forked_script("build-wheel", "--patch-set", str(patch_set), "--out", str(out))
     )
     assert not out.exists() or list(out.iterdir()) == []
 
 
 def test_a_patch_that_changes_a_file_mode_is_refused(
-    run_script: RunScript, checkout: Path, slim_set: SlimSet, series: Series
+    forked_script: RunScript, checkout: Path, slim_set: SlimSet, series: Series
 ):
     first = slim_set.folder / series.patch_names[0]
     path = series.manifest.files[0]
@@ -107,7 +107,7 @@ def test_a_patch_that_changes_a_file_mode_is_refused(
     first.write_text(text.replace(header, header + "old mode 100644\nnew mode 100755\n", 1))
     repin(slim_set.folder)
     before = repo_state(checkout)
-    result = run_script(
+    result = forked_script(
         "apply-patches", "--sglang", str(checkout), "--patch-set", str(slim_set.folder)
     )
     assert result.returncode == Exit.PATCHSET_INVALID, result.stderr
@@ -125,23 +125,23 @@ def to_crlf(folder: Path, name: str) -> None:
 
 
 def test_a_crlf_patch_with_updated_hashes_fails_lint(
-    run_script: RunScript, patch_set: Path, series: Series
+    forked_script: RunScript, patch_set: Path, series: Series
 ):
     to_crlf(patch_set, series.patch_names[0])
-    result = run_script("lint-patches", "--patch-set", str(patch_set))
+    result = forked_script("lint-patches", "--patch-set", str(patch_set))
     assert result.returncode == Exit.PATCHSET_INVALID, result.stdout + result.stderr
     assert "[line-endings]" in result.stdout + result.stderr
 
 
 def test_a_crlf_patch_set_is_stale_for_export_check(
-    run_script: RunScript, slim_set: SlimSet, series: Series
+    forked_script: RunScript, slim_set: SlimSet, series: Series
 ):
     """As a clone made with core.autocrlf=true and no .gitattributes has it: every file CRLF."""
     patch_set = ("--patch-set", str(slim_set.folder))
-    assert run_script("apply-patches", *patch_set, env=slim_set.env).returncode == Exit.OK
+    assert forked_script("apply-patches", *patch_set, env=slim_set.env).returncode == Exit.OK
     for path in slim_set.folder.iterdir():
         path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
-    result = run_script("export-patches", "--check", *patch_set, env=slim_set.env)
+    result = forked_script("export-patches", "--check", *patch_set, env=slim_set.env)
     assert result.returncode == Exit.STALE, result.stdout + result.stderr
     assert "\\r" in result.stdout  # the difference is shown, made visible
 
@@ -170,7 +170,7 @@ def test_an_autocrlf_clone_keeps_the_commands_and_patches_byte_exact(tmp_path: P
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the repository away")
 def test_a_repository_owned_by_someone_else_shows_gits_reason(
-    run_script: RunScript, tmp_path: Path, checkout: Path
+    forked_script: RunScript, tmp_path: Path, checkout: Path
 ):
     spaced = tmp_path / "their sglang"
     checkout.rename(spaced)
@@ -181,7 +181,7 @@ def test_a_repository_owned_by_someone_else_shows_gits_reason(
     home.mkdir()
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
     for args in (["--sglang", str(spaced)], ["--check", "--sglang", str(spaced)]):
-        result = run_script("apply-patches", *args, env=env)
+        result = forked_script("apply-patches", *args, env=env)
         assert result.returncode == Exit.ENVIRONMENT, result.stderr
         assert "dubious ownership" in result.stderr  # git's own words
         assert f"safe.directory {shlex.quote(str(spaced))}" in result.stderr
@@ -234,11 +234,11 @@ def test_an_unwritable_repository_is_an_environment_error(
 
 
 def test_the_printed_switch_command_can_be_pasted(
-    run_script: RunScript, tmp_path: Path, checkout: Path
+    forked_script: RunScript, tmp_path: Path, checkout: Path
 ):
     spaced = tmp_path / "my sglang's tree"
     checkout.rename(spaced)
-    result = run_script("apply-patches", "--sglang", str(spaced))
+    result = forked_script("apply-patches", "--sglang", str(spaced))
     assert result.returncode == Exit.OK, result.stderr
     command = result.stdout.split("`")[1]
     assert command == shlex.join(["git", "-C", str(spaced), "switch", BRANCH])
@@ -249,14 +249,14 @@ def test_the_printed_switch_command_can_be_pasted(
 
 @pytest.mark.parametrize("release", ["0.5.19", "0.5.23", "0.5.99"])
 def test_a_base_that_has_the_fixes_is_refused_as_already_upstream(
-    run_script: RunScript, release: str
+    forked_script: RunScript, release: str
 ):
-    result = run_script("apply-patches", "--base", release)
+    result = forked_script("apply-patches", "--base", release)
     assert result.returncode == Exit.ALREADY_UPSTREAM, result.stderr
     assert "no patch is needed" in result.stderr
 
 
-def test_a_base_no_patch_set_serves_is_still_a_mismatch(run_script: RunScript):
-    result = run_script("apply-patches", "--base", "0.5.12")
+def test_a_base_no_patch_set_serves_is_still_a_mismatch(forked_script: RunScript):
+    result = forked_script("apply-patches", "--base", "0.5.12")
     assert result.returncode == Exit.BASE_MISMATCH, result.stderr
     assert "nearest release served is 0.5.13" in result.stderr
