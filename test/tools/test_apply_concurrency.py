@@ -8,13 +8,14 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import SCRIPTS, RunScript, git
+from conftest import SCRIPTS, RunScript, blobs, git, repo_state
 from patchset.apply import LOCK_NAME
 from patchset.errors import Exit
 from patchset.lock import held
 from patchset.manifest import Series, git_blob_id
 
 BRANCH = "sglang-backports/0.5.15.post1"
+DECODE = "python/sglang/srt/disaggregation/decode.py"
 
 
 def start_four(build: Path, cache: Path, *args: str) -> list[subprocess.Popen[str]]:
@@ -61,12 +62,23 @@ def tree_at(repo: Path, rev: str) -> dict[str, str]:
     return tree
 
 
-def test_four_runs_at_once_on_one_build_folder(tmp_path: Path, wheel_cache: Path, series: Series):
+def test_four_runs_at_once_on_one_build_folder(
+    run_script: RunScript, tmp_path: Path, wheel_cache: Path, series: Series
+):
+    """Also the default run on the whole tree, and a later run that changes nothing."""
     build = tmp_path / "build"
     outputs = finish(start_four(build, wheel_cache))
     assert sum("patched tree:" in out for out in outputs) == 1
     assert sum("already applied" in out for out in outputs) == 3
     repo = build / "sglang-0.5.15.post1"
+    (laid_out,) = [out for out in outputs if "patched tree:" in out]
+    assert f"patched tree: {repo / 'python'}" in laid_out
+    for name in series.patch_names:
+        assert f"applied: {name}" in laid_out
+    assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
+    assert blobs(repo, "HEAD", series) == series.manifest.blobs_at("0002")
+    assert blobs(repo, "pristine/0.5.15.post1", series) == series.manifest.blobs_at("base")
+    assert "self.schedule_stream.wait_stream(self.forward_stream)" in (repo / DECODE).read_text()
     expected = expected_tree(series, wheel_cache / series.manifest.base.wheel)
     assert tree_at(repo, "HEAD") == expected
     # The files on disk, not only the commit: every one of them, and no other.
@@ -78,15 +90,30 @@ def test_four_runs_at_once_on_one_build_folder(tmp_path: Path, wheel_cache: Path
     assert on_disk == expected
     assert git(repo, "status", "--porcelain") == ""
     assert sorted(p.name for p in build.iterdir()) == [repo.name]
+    before = repo_state(repo)
+    again = run_script("apply-patches")
+    assert again.returncode == 0, again.stderr
+    assert "already applied" in again.stdout
+    assert repo_state(repo) == before
 
 
 def test_four_runs_at_once_on_one_checkout(
     tmp_path: Path, wheel_cache: Path, series: Series, full_checkout: Path
 ):
+    """Also: the user's whole checkout gets a new branch and keeps its own."""
     checkout = full_checkout
+    head_before = git(checkout, "rev-parse", "HEAD")
     outputs = finish(start_four(tmp_path / "build", wheel_cache, "--sglang", str(checkout)))
     assert sum("patched branch" in out for out in outputs) == 1
     assert sum("already applied" in out for out in outputs) == 3
+    assert sum(f"patched branch {BRANCH} created" in out for out in outputs) == 1
+    assert git(checkout, "symbolic-ref", "--short", "HEAD") == "main"
+    assert git(checkout, "rev-parse", "HEAD") == head_before
+    assert (checkout / "notes.txt").read_text() == "my notes\n"
+    assert git(checkout, "status", "--porcelain") == "?? notes.txt"
+    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
+    subjects = git(checkout, "log", "--format=%s", f"main..{BRANCH}").splitlines()
+    assert len(subjects) == len(series.patch_names)
     expected = expected_tree(series, wheel_cache / series.manifest.base.wheel)
     assert tree_at(checkout, BRANCH) == expected
     assert len(git(checkout, "worktree", "list").splitlines()) == 1

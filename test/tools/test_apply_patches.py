@@ -36,27 +36,9 @@ OVERLAP = "python/sglang/srt/managers/overlap_utils.py"
 # --- the default: the pinned wheel laid out under build/ -------------------
 
 
-def test_default_run_builds_the_patched_tree_and_a_second_run_changes_nothing(
-    run_script: RunScript, tmp_path: Path, series: Series
-):
-    result = run_script("apply-patches")
-    assert result.returncode == 0, result.stderr
-    repo = tmp_path / "build" / "sglang-0.5.15.post1"
-    assert f"patched tree: {repo / 'python'}" in result.stdout
-    for name in series.patch_names:
-        assert f"applied: {name}" in result.stdout
-    assert git(repo, "symbolic-ref", "--short", "HEAD") == BRANCH
-    assert blobs(repo, "HEAD", series) == series.manifest.blobs_at("0002")
-    assert blobs(repo, "pristine/0.5.15.post1", series) == series.manifest.blobs_at("base")
-    assert git(repo, "status", "--porcelain") == ""
-    # The files on disk are the patched ones.
-    assert "self.schedule_stream.wait_stream(self.forward_stream)" in (repo / DECODE).read_text()
-
-    before = repo_state(repo)
-    again = run_script("apply-patches")
-    assert again.returncode == 0, again.stderr
-    assert "already applied" in again.stdout
-    assert repo_state(repo) == before
+# The default run on the whole tree, and a second run that changes nothing: with
+# test_four_runs_at_once_on_one_build_folder (test_apply_concurrency.py), whose four
+# runs lay the same tree out once.
 
 
 def test_check_on_the_default_base_changes_nothing(
@@ -72,22 +54,8 @@ def test_check_on_the_default_base_changes_nothing(
 # --- a user's own checkout ---------------------------------------------------
 
 
-def test_user_checkout_gets_a_new_branch_and_keeps_its_own(
-    forked_script: RunScript, full_checkout: Path, series: Series
-):
-    checkout = full_checkout
-    head_before = git(checkout, "rev-parse", "HEAD")
-    result = forked_script("apply-patches", "--sglang", str(checkout))
-    assert result.returncode == 0, result.stderr
-    assert f"patched branch {BRANCH} created" in result.stdout
-    assert git(checkout, "symbolic-ref", "--short", "HEAD") == "main"
-    assert git(checkout, "rev-parse", "HEAD") == head_before
-    assert (checkout / "notes.txt").read_text() == "my notes\n"
-    assert git(checkout, "status", "--porcelain") == "?? notes.txt"
-    assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
-    subjects = git(checkout, "log", "--format=%s", f"main..{BRANCH}").splitlines()
-    assert len(subjects) == len(series.patch_names)
-    assert len(git(checkout, "worktree", "list").splitlines()) == 1
+# A user's whole checkout gets a new branch and keeps its own: with
+# test_four_runs_at_once_on_one_checkout (test_apply_concurrency.py).
 
 
 def test_user_checkout_second_run_says_already_applied(run_script: RunScript, checkout: Path):

@@ -30,12 +30,9 @@ def build(out: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path) -> Path:
-    result = build(tmp_path_factory.mktemp("dist"), wheel_cache)
-    assert result.returncode == 0, result.stdout + result.stderr
-    path = Path(re.search(r"^wheel: (.+)$", result.stdout, re.M)[1])
-    assert f"sha256: {sha256_of(path)}" in result.stdout
-    return path
+def built(ours: Path) -> Path:
+    """The default build (the session's own, conftest's ours)."""
+    return ours
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +49,8 @@ def test_same_inputs_same_bytes(built: Path, tmp_path: Path, wheel_cache: Path):
     again = build(tmp_path / "again", wheel_cache)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again" / built.name).read_bytes() == built.read_bytes()
+    assert f"wheel: {tmp_path / 'again' / built.name}" in again.stdout.splitlines()
+    assert f"sha256: {sha256_of(built)}" in again.stdout.splitlines()
     # --base of the primary release picks the same patch set: the same wheel
     by_base = build(tmp_path / "by-base", wheel_cache, "--base", BASE)
     assert by_base.returncode == 0, by_base.stderr
