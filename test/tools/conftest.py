@@ -9,8 +9,8 @@ gets a build folder of its own.
 
 scripts/run-tests runs them under pytest-xdist (--dist loadgroup). Each
 session fixture is made once per worker, so the files that share the costly
-ones carry one xdist_group mark (SESSION_TREES, TORCH_IN_PROCESS) and run on
-one worker; every other file is a group of its own, so that its module
+ones carry one xdist_group mark (SESSION_TREES, TORCH_IN_PROCESS, WHEEL_BUILDS) and
+run on one worker; every other file is a group of its own, so that its module
 fixtures are made once too.
 """
 
@@ -45,6 +45,8 @@ NETWORK_FIXTURES = {"wheel_cache", "upstream_fixed_wheel", "run_script", "ours"}
 SESSION_TREES = pytest.mark.xdist_group("session-trees")
 # The files that import torch (and the racecheck modules over it) in the test process.
 TORCH_IN_PROCESS = pytest.mark.xdist_group("torch-in-process")
+# The files of build-wheel's own tests, which share the session's default build (ours).
+WHEEL_BUILDS = pytest.mark.xdist_group("wheel-builds")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,10 +10,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, TEST_PINS, make_venv, pip
+from conftest import SCRIPTS, TEST_PINS, WHEEL_BUILDS, make_venv, pip
 from patched_wheel import assert_only_patched_differ, assert_record_right
 from patchset.errors import Exit
 from patchset.manifest import Series, sha256_of
+
+pytestmark = WHEEL_BUILDS
 
 BASE = "0.5.15.post1"
 LOCAL = "pdrace.2"

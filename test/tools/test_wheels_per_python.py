@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, fetch_or_skip, make_venv, pip
+from conftest import SCRIPTS, WHEEL_BUILDS, fetch_or_skip, make_venv, pip
 from patched_wheel import (
     assert_only_patched_differ,
     assert_record_right,
@@ -22,6 +22,8 @@ from patchset import paths
 from patchset.errors import Exit
 from patchset.lint import lint_patch_set
 from patchset.manifest import PinManifest, Series, patch_set_folders, sha256_of
+
+pytestmark = WHEEL_BUILDS
 
 # The Pythons sglang ships a wheel for (Requires-Python >= 3.10, cp310 to cp313 on the index).
 PYTHONS = ("cp310", "cp311", "cp312", "cp313")
