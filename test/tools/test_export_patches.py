@@ -23,9 +23,9 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def applied_copy(run_script: RunScript, slim_set: SlimSet) -> Path:
+def applied_copy(forked_script: RunScript, slim_set: SlimSet) -> Path:
     """A copy of the patch set, with the real series applied in the build tree."""
-    result = run_script("apply-patches", "--patch-set", str(slim_set.folder), env=slim_set.env)
+    result = forked_script("apply-patches", "--patch-set", str(slim_set.folder), env=slim_set.env)
     assert result.returncode == 0, result.stderr
     return slim_set.folder
 
@@ -40,22 +40,22 @@ def test_committed_patch_set_is_up_to_date(
     assert "up to date" in result.stdout
 
 
-def test_exporting_again_changes_no_byte(run_script: RunScript, applied_copy: Path):
+def test_exporting_again_changes_no_byte(forked_script: RunScript, applied_copy: Path):
     folder = applied_copy
     before = folder_bytes(folder)
     for _ in range(2):
-        result = run_script("export-patches", "--patch-set", str(folder))
+        result = forked_script("export-patches", "--patch-set", str(folder))
         assert result.returncode == 0, result.stderr
         assert folder_bytes(folder) == before
 
 
-def test_check_shows_a_stale_patch(run_script: RunScript, applied_copy: Path, series: Series):
+def test_check_shows_a_stale_patch(forked_script: RunScript, applied_copy: Path, series: Series):
     folder = applied_copy
     patch = folder / series.patch_names[0]
     patch.write_text(patch.read_text().replace("cumulative", "accumulating", 1))
     repin(folder)
     before = folder_bytes(folder)
-    result = run_script("export-patches", "--check", "--patch-set", str(folder))
+    result = forked_script("export-patches", "--check", "--patch-set", str(folder))
     assert result.returncode == Exit.STALE
     assert f"committed/{patch.name}" in result.stdout
     assert "-record, so the event stays accumulating: once it fires, every earlier" in result.stdout
@@ -65,7 +65,7 @@ def test_check_shows_a_stale_patch(run_script: RunScript, applied_copy: Path, se
 
 
 def test_export_follows_an_edited_commit(
-    run_script: RunScript, applied_copy: Path, tmp_path: Path, series: Series
+    forked_script: RunScript, applied_copy: Path, tmp_path: Path, series: Series
 ):
     """A maintainer amends 0002 on the branch; export rewrites patch and manifest."""
     folder = applied_copy
@@ -76,7 +76,7 @@ def test_export_follows_an_edited_commit(
         decode.read_text().replace("Let it finish before seeding.", "Drain it first.")
     )
     owned.run("commit", "-q", "--all", "--amend", "--no-edit")
-    result = run_script("export-patches", "--patch-set", str(folder))
+    result = forked_script("export-patches", "--patch-set", str(folder))
     assert result.returncode == 0, result.stderr
     second = folder / series.patch_names[1]
     assert "+            # prebuilt requests may now reuse. Drain it first." in second.read_text()

@@ -8,14 +8,17 @@ the FILE:LINE of the report.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import repin
+from forked_command import ForkedCommands
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT = ROOT / "scripts" / "lint-patches"
@@ -25,13 +28,35 @@ P2 = "0002-disagg-decode-order-prebuilt-seeding-after-the-in-fl.patch"
 PATCHSET_INVALID = 6
 
 
-def lint(folder: Path) -> subprocess.CompletedProcess[str]:
+def started_lint(folder: Path) -> subprocess.CompletedProcess[str]:
+    """lint-patches on folder, started as a user starts it."""
     return subprocess.run(
         [sys.executable, str(LINT), "--patch-set", str(folder)],
         capture_output=True,
         text=True,
         cwd=folder.parent,
     )
+
+
+Lint = Callable[[Path], subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def lint_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkedCommands]:
+    server = ForkedCommands(LINT.parent, tmp_path_factory.mktemp("forked"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def lint(lint_server: ForkedCommands) -> Lint:
+    """lint-patches on a folder, each run forked from lint_server (see forked_command.py)."""
+
+    def run(folder: Path) -> subprocess.CompletedProcess[str]:
+        args = ("--patch-set", str(folder))
+        return lint_server.run(LINT.name, *args, env=dict(os.environ), cwd=folder.parent)
+
+    return run
 
 
 def rules_of(result: subprocess.CompletedProcess[str]) -> set[str]:
@@ -58,7 +83,7 @@ def assert_only(result: subprocess.CompletedProcess[str], rule: str) -> None:
 
 
 def test_real_patch_set_passes() -> None:
-    result = lint(REAL)
+    result = started_lint(REAL)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "lint ok: 2 patches" in result.stdout
     # every rule that looks at content looked at something
@@ -66,14 +91,14 @@ def test_real_patch_set_passes() -> None:
         assert re.search(rf"\b{rule} [1-9]", result.stdout), (rule, result.stdout)
 
 
-def test_series_names_missing_file(patch_set: Path) -> None:
+def test_series_names_missing_file(patch_set: Path, lint: Lint) -> None:
     (patch_set / P2).unlink()
     result = lint(patch_set)
     assert_only(result, "series")
     assert f"series:{line_of(patch_set / 'series', P2)}: [series] {P2} is listed" in result.stdout
 
 
-def test_series_lists_a_patch_twice(patch_set: Path) -> None:
+def test_series_lists_a_patch_twice(patch_set: Path, lint: Lint) -> None:
     with (patch_set / "series").open("a", encoding="utf-8") as series:
         series.write(P1 + "\n")
     result = lint(patch_set)
@@ -82,14 +107,14 @@ def test_series_lists_a_patch_twice(patch_set: Path) -> None:
     assert "series:4: [series] " + P1 + " is listed again (first on line 2)" in result.stdout
 
 
-def test_unlisted_patch_file(patch_set: Path) -> None:
+def test_unlisted_patch_file(patch_set: Path, lint: Lint) -> None:
     shutil.copy(patch_set / P1, patch_set / "0003-stray.patch")
     result = lint(patch_set)
     assert_only(result, "series")
     assert "0003-stray.patch: [series] this patch file is not listed" in result.stdout
 
 
-def test_patch_outside_allow_list(patch_set: Path) -> None:
+def test_patch_outside_allow_list(patch_set: Path, lint: Lint) -> None:
     edit(
         patch_set / P2,
         "python/sglang/srt/disaggregation/decode.py",
@@ -110,7 +135,7 @@ def test_patch_outside_allow_list(patch_set: Path) -> None:
     assert rules_of(result) == {"allow-list", "manifest"}
 
 
-def test_missing_description(patch_set: Path) -> None:
+def test_missing_description(patch_set: Path, lint: Lint) -> None:
     path = patch_set / P1
     text = path.read_text(encoding="utf-8")
     start = text.index("With overlap scheduling")
@@ -122,7 +147,7 @@ def test_missing_description(patch_set: Path) -> None:
     assert f"{P1}:4: [description] no description" in result.stdout
 
 
-def test_missing_trailer(patch_set: Path) -> None:
+def test_missing_trailer(patch_set: Path, lint: Lint) -> None:
     edit(patch_set / P2, "Upstream-PR: sgl-project/sglang#35748\n", "")
     repin(patch_set)
     result = lint(patch_set)
@@ -150,7 +175,7 @@ def test_missing_trailer(patch_set: Path) -> None:
         ),
     ],
 )
-def test_bad_trailer_value(patch_set: Path, old: str, new: str, message: str) -> None:
+def test_bad_trailer_value(patch_set: Path, old: str, new: str, message: str, lint: Lint) -> None:
     edit(patch_set / P1, old, new)
     repin(patch_set)
     result = lint(patch_set)
@@ -160,7 +185,7 @@ def test_bad_trailer_value(patch_set: Path, old: str, new: str, message: str) ->
     assert re.search(rf"^{where}: \[trailers\] .*{re.escape(message)}", result.stdout, re.M)
 
 
-def test_trailing_whitespace_on_added_line(patch_set: Path) -> None:
+def test_trailing_whitespace_on_added_line(patch_set: Path, lint: Lint) -> None:
     edit(
         patch_set / P2, "+        if self.enable_overlap:\n", "+        if self.enable_overlap: \n"
     )
@@ -174,7 +199,7 @@ def test_trailing_whitespace_on_added_line(patch_set: Path) -> None:
     )
 
 
-def test_trailing_whitespace_on_context_line_is_fine(patch_set: Path) -> None:
+def test_trailing_whitespace_on_context_line_is_fine(patch_set: Path, lint: Lint) -> None:
     # only added lines are ours to fix; the rule must not fire on context
     edit(patch_set / P2, "\n         return new_batch\n", "\n         return new_batch \n")
     repin(patch_set)
@@ -182,7 +207,7 @@ def test_trailing_whitespace_on_context_line_is_fine(patch_set: Path) -> None:
     assert "[whitespace]" not in result.stdout
 
 
-def test_patch_file_without_final_newline(patch_set: Path) -> None:
+def test_patch_file_without_final_newline(patch_set: Path, lint: Lint) -> None:
     path = patch_set / P1
     path.write_bytes(path.read_bytes().rstrip(b"\n"))
     repin(patch_set)
@@ -191,7 +216,7 @@ def test_patch_file_without_final_newline(patch_set: Path) -> None:
     assert f"{P1}:" in result.stdout and "no newline at the end of the file" in result.stdout
 
 
-def test_patched_file_would_lack_final_newline(patch_set: Path) -> None:
+def test_patched_file_would_lack_final_newline(patch_set: Path, lint: Lint) -> None:
     edit(
         patch_set / P2,
         "+            self.schedule_stream.wait_stream(self.forward_stream)\n",
@@ -204,14 +229,14 @@ def test_patched_file_would_lack_final_newline(patch_set: Path) -> None:
     assert "decode.py would end without a newline" in result.stdout
 
 
-def test_manifest_hash_mismatch(patch_set: Path) -> None:
+def test_manifest_hash_mismatch(patch_set: Path, lint: Lint) -> None:
     edit(patch_set / P1, "A CUDA event only remembers", "A CUDA event remembers only")
     result = lint(patch_set)
     assert_only(result, "manifest")
     assert f"{P1}: [manifest] sha256 is " in result.stdout
 
 
-def test_manifest_blob_mismatch(patch_set: Path) -> None:
+def test_manifest_blob_mismatch(patch_set: Path, lint: Lint) -> None:
     edit(
         patch_set / "pin.toml",
         '"0002" = "390495b8d4916143dade4d8a4e41748d8d77a6c7"',
@@ -226,7 +251,7 @@ def test_manifest_blob_mismatch(patch_set: Path) -> None:
     )
 
 
-def test_manifest_unreadable(patch_set: Path) -> None:
+def test_manifest_unreadable(patch_set: Path, lint: Lint) -> None:
     (patch_set / "pin.toml").write_text("[sglang\n", encoding="utf-8")
     result = lint(patch_set)
     assert result.returncode == PATCHSET_INVALID
@@ -236,7 +261,7 @@ def test_manifest_unreadable(patch_set: Path) -> None:
     assert "lint ok" not in result.stdout
 
 
-def test_empty_series_checks_nothing_and_fails(patch_set: Path) -> None:
+def test_empty_series_checks_nothing_and_fails(patch_set: Path, lint: Lint) -> None:
     for patch in patch_set.glob("*.patch"):
         patch.unlink()
     (patch_set / "series").write_text("# nothing here\n", encoding="utf-8")
@@ -245,14 +270,14 @@ def test_empty_series_checks_nothing_and_fails(patch_set: Path) -> None:
     assert "[nothing-checked]" in result.stdout
 
 
-def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+def test_missing_folder_is_a_clear_error(tmp_path: Path, lint: Lint) -> None:
     result = lint(tmp_path / "no-such-set")
     assert result.returncode == PATCHSET_INVALID
     assert "does not exist" in result.stderr and "next step:" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_plain_diff_for_a_fourth_file_is_caught(patch_set: Path) -> None:
+def test_plain_diff_for_a_fourth_file_is_caught(patch_set: Path, lint: Lint) -> None:
     # No `diff --git` header: git am still applies a plain ---/+++ diff.
     with (patch_set / P2).open("a", encoding="utf-8") as patch:
         patch.write(
