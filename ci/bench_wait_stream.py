@@ -15,11 +15,10 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,11 +45,10 @@ INTS = {  # flag: default, help, the least value, said when below it
 }
 
 
-@dataclass
-class RunTimes:
+class RunTimes(NamedTuple):
     seconds_per_iteration: float
-    wait_us: list[float] = field(default_factory=list)  # host time of each wait_stream call
-    gap_us: list[float] = field(default_factory=list)  # forward stream idle between forwards
+    wait_us: Sequence[float] = ()  # host time of each wait_stream call
+    gap_us: Sequence[float] = ()  # forward stream idle between forwards
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,11 +72,7 @@ class Loop:
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
         # imported as the GPU test does: no sgl_kernel needed
         mods = sglang_import.import_modules()
-        FutureMap = mods["sglang.srt.managers.overlap_utils"].FutureMap
-        RelayPayload = mods["sglang.srt.managers.overlap_utils"].RelayPayload
-        ReqToTokenPool = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
-        get_context = mods["sglang.srt.runtime_context"].get_context
-        SpeculativeAlgorithm = mods["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+        overlap = mods["sglang.srt.managers.overlap_utils"]
         eagle = mods["sglang.srt.speculative.eagle_disaggregation"]
         self.build_draft_input = eagle.build_eagle_disagg_draft_input
         self.args = args
@@ -89,11 +83,12 @@ class Loop:
             speculative_eagle_topk=TOPK,
             speculative_num_steps=1,
         )
-        get_context().set_server_args(self.server_args)
-        pool = ReqToTokenPool(
+        mods["sglang.srt.runtime_context"].get_context().set_server_args(self.server_args)
+        pool = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool(
             size=POOL_ROWS, max_context_len=8, device=str(dev), enable_memory_saver=False
         )
-        self.future_map = FutureMap(dev, SpeculativeAlgorithm.from_string("EAGLE"), pool)
+        spec = mods["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+        self.future_map = overlap.FutureMap(dev, spec.from_string("EAGLE"), pool)
         self.forward_stream = torch.cuda.Stream()
         self.schedule_stream = torch.cuda.Stream()
 
@@ -103,7 +98,7 @@ class Loop:
         self.running_rows = torch.arange(1, b + 1, dtype=torch.int64, device=dev)
         self.prebuilt_row = b + 1
         self.seq_lens = torch.full((b,), 100, dtype=torch.int64, device=dev)
-        self.payload = RelayPayload(
+        self.payload = overlap.RelayPayload(
             bonus_tokens=torch.zeros(b, dtype=torch.int64, device=dev),
             topk_p=torch.rand(b, TOPK, device=dev),
             topk_index=torch.zeros(b, TOPK, dtype=torch.int64, device=dev),

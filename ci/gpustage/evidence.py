@@ -31,8 +31,6 @@ VERSIONS = (
 
 def output(command: list[str]) -> str | None:
     """What the command printed, or None where it is missing or failed."""
-    if shutil.which(command[0]) is None and not Path(command[0]).is_file():
-        return None
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):

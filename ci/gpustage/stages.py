@@ -243,9 +243,7 @@ def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
         line.strip() for line in log.read_text(encoding="utf-8").splitlines()
         if line.startswith(("WARNING: ", "FAIL: "))
     ]  # fmt: skip
-    if rc != 0:
-        return False, f"FAIL: exit {rc}" + "".join(f"; {w}" for w in warnings)
-    return True, "; ".join(["ok", *warnings])
+    return rc == 0, "; ".join(["ok" if rc == 0 else f"FAIL: exit {rc}", *warnings])
 
 
 def judge_bench(json_path: Path, rc: int, _log: Path) -> tuple[bool, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -126,91 +127,64 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
     ]
 
 
-class Environments:
-    """The releases' test environments, made one after another in a thread while the
-    series are applied (two made at once with the same torch both download it)."""
-
-    def __init__(self, given: Path | None, series: list[Series]) -> None:
-        self.given = given
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uv")
-        self._made: dict[str, Future[Path]] = {}
-        if given is None:
-            venv.uv_binary()  # bootstrapped once, here, before the threads share it
-            for one in series:
-                self._start(one)
-
-    def _start(self, series: Series) -> Future[Path]:
-        env = venv.env_for(series.manifest)
-        if env.name not in self._made:
-            self._made[env.name] = self._pool.submit(self._make, env)
-        return self._made[env.name]
-
-    @staticmethod
-    def _make(env: venv.TestEnv) -> Path:
-        started = time.monotonic()
-        state = "made" if venv.ensure_venv(env.venv, env.requirements, env.name) else "synced"
-        took = time.monotonic() - started
-        print(f"environment {env.name}: {env.venv} ({state} in {took:.0f}s)", flush=True)
-        return env.python
-
-    def python(self, series: Series) -> Path:
-        """The interpreter of a release's test environment, once it is made (--python's)."""
-        if self.given is None:
-            return self._start(series).result()
-        if not self.given.is_file():
+def environments(
+    given: Path | None, series: list[Series], pool: ThreadPoolExecutor
+) -> Callable[[Series], Path]:
+    """A release -> its test environment's interpreter (--python's if given); the releases'
+    are made one after another in pool while the series are applied (two made at once with
+    the same torch both download it)."""
+    if given is not None:
+        if not given.is_file():
             raise BackportError(
-                Exit.SETUP, f"--python {self.given} does not exist", "pass a python binary"
+                Exit.SETUP, f"--python {given} does not exist", "pass a python binary"
             )
-        return self.given
+        return lambda _series: given
+    venv.uv_binary()  # bootstrapped once, here, before the threads share it
+    made: dict[str, Future[Path]] = {}
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def start(one: Series) -> Future[Path]:
+        env = venv.env_for(one.manifest)
+        if env.name not in made:
+            made[env.name] = pool.submit(make_env, env)
+        return made[env.name]
+
+    for one in series:
+        start(one)
+    return lambda one: start(one).result()
+
+
+def make_env(env: venv.TestEnv) -> Path:
+    started = time.monotonic()
+    state = "made" if venv.ensure_venv(env.venv, env.requirements, env.name) else "synced"
+    took = time.monotonic() - started
+    print(f"environment {env.name}: {env.venv} ({state} in {took:.0f}s)", flush=True)
+    return env.python
 
 
 def link_default_venv(python: Path, build: Path) -> None:
     """build/venv points at the default release's environment (ruff, race-check use it)."""
-    link = build / "venv"
-    target = python.parent.parent
+    link, target = build / "venv", python.parent.parent
     if link.is_symlink() and link.readlink() == target:
         return
-    if link.is_symlink() or not link.exists():
-        # Made aside and renamed over the old one: two runs at once both end
-        # with the link, neither finds the other's half-made.
-        build.mkdir(parents=True, exist_ok=True)
-        aside = build / f".venv.{os.getpid()}"
-        aside.unlink(missing_ok=True)
-        aside.symlink_to(target, target_is_directory=True)
-        aside.replace(link)
-
-
-def tree_labels(trees: list[Path]) -> dict[str, Path]:
-    """label -> tree per --tree: "tree" alone, else "tree-1", "tree-2", ... in order."""
-    checked = [buildtree.check_tree(tree) for tree in trees]
-    if len(checked) == 1:
-        return {"tree": checked[0]}
-    return {f"tree-{n}": tree for n, tree in enumerate(checked, 1)}
+    if link.is_symlink() or not link.exists():  # a real folder there is the user's
+        venv.make_aside(link, link, lambda made: made.symlink_to(target, target_is_directory=True))
 
 
 def main() -> int:
     args = parse_args()
     venv.check_interpreter()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uv")
+    try:
+        return run(args, pool)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     chosen = selected_series(args)
     started = time.monotonic()
     default = Series.load(paths.DEFAULT_PATCH_DIR)
-    envs = Environments(args.python, [default, *([] if args.tools_only else chosen)])
-    try:
-        return _run(args, chosen, default, envs, started)
-    finally:
-        envs.close()
-
-
-def _run(
-    args: argparse.Namespace,
-    chosen: list[Series],
-    default: Series,
-    envs: Environments,
-    started: float,
-) -> int:
+    python_of = environments(args.python, [default, *([] if args.tools_only else chosen)], pool)
     build = paths.build_dir()
     results = build / "test-results"
     extra = ["-k", args.k] if args.k else []
@@ -221,7 +195,9 @@ def _run(
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
         series, final = chosen[0], chosen[0].manifest.final_step
-        trees = tree_labels(args.tree)
+        checked = [buildtree.check_tree(tree) for tree in args.tree]
+        names = ["tree"] if len(checked) == 1 else [f"tree-{n}" for n in range(1, len(checked) + 1)]
+        trees = dict(zip(names, checked, strict=True))
         runs = [
             SuiteRun(label, runner.STEP_TESTS, results, runner.step_env(series, final, tree), tree)
             for label, tree in trees.items()
@@ -252,12 +228,12 @@ def _run(
     phases["apply and step trees"] = time.monotonic() - started
 
     waited = time.monotonic()
-    tools_python = envs.python(default)
+    tools_python = python_of(default)
     if not args.python:
         link_default_venv(tools_python, build)
     by_python: dict[Path, list[SuiteRun]] = {}
     for _title, _headers, runs, series in tables:
-        by_python.setdefault(envs.python(series), []).extend(runs)
+        by_python.setdefault(python_of(series), []).extend(runs)
     phases["waiting for the environments"] = time.monotonic() - waited
     started = time.monotonic()
     runner.run_forked(list(by_python.items()), extra, args.parallel)

@@ -1,10 +1,6 @@
-"""A pytest plugin: each test's outcome and recorded properties, written as JSON.
-
-With --outcomes-json FILE a run writes {"outcomes": {test: outcome}, "properties":
-{name: value}}. The outcome is decided where the test ran (a strict xfail whose
-body raised nothing is an unexpected pass) and carried on its report, so that
-under pytest-xdist the controller, which runs no test, writes FILE.
-"""
+"""A pytest plugin: --outcomes-json FILE gets {"outcomes": {test: outcome}, "properties": {..}}.
+Each outcome is decided where the test ran and carried on its report: under pytest-xdist the
+controller, which runs no test, writes FILE."""
 
 from __future__ import annotations
 

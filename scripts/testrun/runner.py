@@ -1,8 +1,4 @@
-"""One pytest run per suite and per sglang tree, and the tables of their outcomes.
-
-test/tools runs once, under pytest-xdist; test/steps runs once per step, each run
-in a child that testrun.worker forks after the heavy imports (docs/testing.md).
-"""
+"""One pytest run per suite and per sglang tree (docs/testing.md), and their tables."""
 
 from __future__ import annotations
 
@@ -95,8 +91,7 @@ def _finish(run: SuiteRun, returncode: int, seconds: float) -> None:
 
 
 def run_tools(python: Path, run: SuiteRun, extra: Sequence[str], workers: int) -> None:
-    """pytest on test/tools with `workers` pytest-xdist workers (--dist loadgroup: the
-    tests of one xdist_group on one worker); its output goes to run.log, then here."""
+    """pytest-xdist with `workers` (loadgroup: an xdist_group's tests share one worker)."""
     args = run.pytest_args(["-n", str(workers), "--dist", "loadgroup", *extra])
     started = time.monotonic()
     with run.log.open("wb") as log:
@@ -113,8 +108,7 @@ def run_tools(python: Path, run: SuiteRun, extra: Sequence[str], workers: int) -
 
 
 def _wait(procs: Sequence[subprocess.Popen[bytes]]) -> list[int]:
-    """Their exit codes. Interrupted (Ctrl-C, SIGTERM), this ends those still running
-    and waits for them before the interrupt goes on: none outlives run-tests."""
+    """Their exit codes; interrupted, it ends those still running first: none outlives us."""
     try:
         return [proc.wait() for proc in procs]
     finally:
@@ -128,13 +122,8 @@ def _wait(procs: Sequence[subprocess.Popen[bytes]]) -> list[int]:
 def run_forked(
     groups: Sequence[tuple[Path, Sequence[SuiteRun]]], extra: Sequence[str], parallel: int = 2
 ) -> None:
-    """Run the step runs: one testrun.worker per interpreter, all workers at once.
-
-    Each worker imports torch and the rest, then forks its runs; the workers
-    share `parallel` children at a time between them (at least one each), so
-    one environment's imports overlap another's runs. Their output goes to
-    build/test-results/worker-N.log and is printed, worker by worker, at the end.
-    """
+    """One testrun.worker per interpreter, all at once, sharing `parallel` forked children
+    (one each at least): one environment's imports overlap another's runs."""
     groups = [(python, runs) for python, runs in groups if runs]
     if not groups:
         return
