@@ -186,7 +186,6 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     default = Series.load(paths.DEFAULT_PATCH_DIR)
     python_of = environments(args.python, [default, *([] if args.tools_only else chosen)], pool)
     build = paths.build_dir()
-    results = build / "test-results"
     extra = ["-k", args.k] if args.k else []
     phases: dict[str, float] = {}
 
@@ -195,13 +194,9 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
         series, final = chosen[0], chosen[0].manifest.final_step
-        checked = [buildtree.check_tree(tree) for tree in args.tree]
-        names = ["tree"] if len(checked) == 1 else [f"tree-{n}" for n in range(1, len(checked) + 1)]
-        trees = dict(zip(names, checked, strict=True))
-        runs = [
-            SuiteRun(label, runner.STEP_TESTS, results, runner.step_env(series, final, tree), tree)
-            for label, tree in trees.items()
-        ]
+        labels = [f"tree-{n}" for n in range(1, 1 + len(args.tree))] if args.tree[1:] else ["tree"]
+        trees = {label: buildtree.check_tree(t) for label, t in zip(labels, args.tree, strict=True)}
+        runs = [runner.step_run(label, series, final, tree) for label, tree in trees.items()]
         tables.append(
             (f"--tree (as {series.manifest.base.version} +{final})", list(trees), runs, series)
         )
@@ -217,11 +212,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
             for name in report.applied:
                 print(f"series {version}: applied {name}")
             trees = buildtree.step_trees(series, build)
-            runs = [
-                SuiteRun(f"{version}-{step}", runner.STEP_TESTS, results,
-                         runner.step_env(series, step, tree), tree)
-                for step, tree in trees.items()
-            ]  # fmt: skip
+            runs = [runner.step_run(f"{version}-{s}", series, s, t) for s, t in trees.items()]
             first = series.manifest.steps[0]
             headers = [step if step == first else f"+{step}" for step in trees]
             tables.append((version, headers, runs, series))
@@ -243,7 +234,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     # longer in all than one after the other (measured; see docs/performance.md).
     all_runs: list[SuiteRun] = []
     if not args.steps_only and not args.tree:
-        all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, results, {}))
+        all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, {}))
         progress(f"test/tools started with {tools_python}, {args.parallel} xdist worker(s)")
         started = time.monotonic()
         runner.run_tools(tools_python, all_runs[0], extra, args.parallel)

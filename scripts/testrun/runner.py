@@ -14,7 +14,7 @@ from pathlib import Path
 
 from patchset.lock import marked_folder, tmpdir
 from patchset.manifest import Series
-from patchset.paths import PROJECT_ROOT
+from patchset.paths import PROJECT_ROOT, build_dir
 from patchset.textout import table
 
 from .outcomes import OPTION, SEVERITY, read_outcomes
@@ -32,9 +32,9 @@ class SuiteRun:
 
     label: str
     tests: Path  # the suite's folder
-    results: Path  # the folder for this run's outcomes and log
     env: dict[str, str]
     tree: Path | None = None
+    results: Path = field(default_factory=lambda: build_dir() / "test-results")
     returncode: int | None = None
     outcomes: dict[str, str] = field(default_factory=dict)
     properties: dict[str, str] = field(default_factory=dict)
@@ -69,14 +69,11 @@ class SuiteRun:
         return f"{status} ({summary or 'no tests'}) {took}"
 
 
-def step_env(series: Series, step: str, tree: Path) -> dict[str, str]:
-    """What a step's run is told: the patch set, the step, and the tree under test."""
-    return {
-        STEP_ENV: step,
-        PATCH_SET_ENV: str(series.folder),
-        TREE_ENV: str(tree),
-        "PYTHONPATH": os.pathsep.join([str(tree / "python"), str(SCRIPTS)]),
-    }
+def step_run(label: str, series: Series, step: str, tree: Path) -> SuiteRun:
+    """The step suite against tree, told the patch set, the step, and the tree under test."""
+    env = {STEP_ENV: step, PATCH_SET_ENV: str(series.folder), TREE_ENV: str(tree)}
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), str(SCRIPTS)])
+    return SuiteRun(label, STEP_TESTS, env, tree)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -129,15 +126,13 @@ def run_forked(
         return
     with marked_folder(tmpdir(), "sglang-backports-run-tests-") as tmp:
         workers: list[tuple[subprocess.Popen[bytes], Path]] = []
-        results: dict[SuiteRun, Path] = {}
+        ends: dict[SuiteRun, Path] = {}
         for g, (python, runs) in enumerate(groups):
             jobs = []
             for run in runs:
-                results[run] = Path(tmp) / f"{g}-{len(results)}.json"
+                ends[run] = Path(tmp) / f"{g}-{len(ends)}.json"
                 job = dict(label=run.label, args=run.pytest_args(extra), env=run.env)
-                jobs.append(
-                    job | dict(tree=str(run.tree), log=str(run.log), result=str(results[run]))
-                )
+                jobs.append(job | dict(tree=str(run.tree), log=str(run.log), result=str(ends[run])))
             jobs_file = Path(tmp) / f"jobs-{g}.json"
             parallel_here = max(1, parallel // len(groups))
             jobs_file.write_text(json.dumps({"parallel": parallel_here, "runs": jobs}), "utf-8")
@@ -155,7 +150,7 @@ def run_forked(
         _wait([proc for proc, _log in workers])
         for _proc, log in workers:
             sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))
-        for run, result in results.items():
+        for run, result in ends.items():
             data = {"returncode": -1, "seconds": 0.0}
             if result.is_file():
                 data = json.loads(result.read_text(encoding="utf-8"))
