@@ -213,8 +213,7 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
     base, final = manifest.steps[0], manifest.final_step
     step_fixes = {step: manifest.step_fixes.get(step, frozenset()) for step in manifest.steps}
     rows: list[tuple[str, ...]] = []
-    found = _json(reports / FACTS_FILE)
-    if found:
+    if found := _json(reports / FACTS_FILE):
         expected = "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
         rows.append(("machine", describe(found), expected, "reported"))
         if found.get("clocks"):

@@ -244,8 +244,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
         all_runs += runs
         print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
         print(runner.step_table(runs, headers))
-        races = runner.step_table(runs, headers, prefix="race:")
-        if races:
+        if races := runner.step_table(runs, headers, prefix="race:"):
             print(f"\nraces measured by scripts/racecheck on each step of {title}:")
             print(races)
     print()

@@ -68,10 +68,8 @@ class _Recorder:
             self.outcomes[name] = outcome
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        for name, value in report.user_properties:
-            self.properties[str(name)] = str(value)
-        outcome = getattr(report, "testrun_outcome", "")
-        if outcome:
+        self.properties.update((str(name), str(value)) for name, value in report.user_properties)
+        if outcome := getattr(report, "testrun_outcome", ""):
             self.record(report.nodeid, outcome)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:

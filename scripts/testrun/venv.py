@@ -124,8 +124,7 @@ def ensure_venv(
     venv: Path, requirements: Sequence[Path], what: str = "", python: str = sys.executable
 ) -> bool:
     """Make venv (with python) hold exactly the requirements; True when it was made anew."""
-    missing = [str(p) for p in requirements if not p.is_file()]
-    if missing:
+    if missing := [str(p) for p in requirements if not p.is_file()]:
         raise BackportError(
             Exit.SETUP,
             f"requirement files missing: {', '.join(missing)}",
