@@ -113,8 +113,7 @@ def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int | 
     parts = [list(w) for sep, w in itertools.groupby(stage.command, "&&".__eq__) if not sep]
     with log.open("w", encoding="utf-8") as out:
         for part in parts:
-            out.write(f"$ {shlex.join(part)}\n")
-            out.flush()
+            print(f"$ {shlex.join(part)}", file=out, flush=True)
             proc = subprocess.Popen(part, cwd=PROJECT_ROOT, env=env, **_PIPED)
             timer = threading.Timer(max(0.0, (end or 0) - time.monotonic()), _kill, (proc,))
             if end is not None:

@@ -131,7 +131,6 @@ def ensure_venv(
             "restore them from git (they are part of the project)",
         )
     uv = str(uv_binary())
-    env = dict(os.environ, UV_CACHE_DIR=str(cache_dir() / "uv-cache"))
     created = not venv_python(venv).exists()
     if created and venv.exists():
         raise BackportError(
@@ -142,18 +141,15 @@ def ensure_venv(
     if created:
         progress(f"making the virtual environment {venv}{f' ({what})' if what else ''}")
         make = [uv, "venv", "--quiet", "--clear", "--python", python]
-        make_aside(
-            venv, venv_python(venv), lambda aside: _run_setup([*make, str(aside)], "uv venv", env)
-        )
+        make_aside(venv, venv_python(venv), lambda made: _run_setup([*make, str(made)], "uv venv"))
     # compiled once, here: under PYTHONDONTWRITEBYTECODE every process compiles torch again
     sync = [uv, "pip", "sync", "--quiet", "--require-hashes", "--compile-bytecode"]
-    _run_setup(
-        [*sync, "--python", str(venv_python(venv)), *map(str, requirements)], "uv pip sync", env
-    )
+    _run_setup([*sync, "--python", str(venv_python(venv)), *map(str, requirements)], "uv pip sync")
     return created
 
 
-def _run_setup(command: list[str], what: str, env: dict[str, str] | None = None) -> None:
+def _run_setup(command: list[str], what: str) -> None:
+    env = dict(os.environ, UV_CACHE_DIR=str(cache_dir() / "uv-cache"))  # read by uv alone
     try:
         result = subprocess.run(command, capture_output=True, text=True, env=env)
     except OSError as err:

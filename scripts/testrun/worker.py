@@ -34,8 +34,7 @@ def _ended(run: dict[str, Any], code: int, seconds: float) -> None:
         json.dumps({"returncode": code, "seconds": seconds}), encoding="utf-8"
     )
     print(f"\n=== {run['label']} (pytest exit {code}) ===", flush=True)
-    sys.stdout.write(Path(run["log"]).read_text(encoding="utf-8", errors="replace"))
-    sys.stdout.flush()
+    print(Path(run["log"]).read_text(encoding="utf-8", errors="replace"), end="", flush=True)
 
 
 def main(jobs_file: str) -> int:
