@@ -133,7 +133,10 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Non
             f"pip did not bring {', '.join(lost)} into {out}",
             "run it again; report it if it stays",
         )
-    entries = [_entry(out / manifest.base.wheel), *(_entry(by_dist[w]) for w in wanted)]
+    entries = [
+        Entry(*_dist_of(p.name), p.name, sha256_of(p), p.stat().st_size)
+        for p in (out / manifest.base.wheel, *(by_dist[w] for w in wanted))
+    ]
     data = {
         "base": manifest.base.version,
         "python_version": python_version,
@@ -143,11 +146,6 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Non
         "packages": [e.__dict__ for e in entries],
     }
     (out / MANIFEST).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-def _entry(path: Path) -> Entry:
-    name, version = _dist_of(path.name)
-    return Entry(name, version, path.name, sha256_of(path), path.stat().st_size)
 
 
 @dataclass(frozen=True)

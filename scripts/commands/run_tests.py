@@ -227,7 +227,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
         by_python.setdefault(python_of(series), []).extend(runs)
     phases["waiting for the environments"] = time.monotonic() - waited
     started = time.monotonic()
-    runner.run_forked(list(by_python.items()), extra, args.parallel)
+    runner.run_forked(by_python, extra, args.parallel)
     phases["step suites"] = time.monotonic() - started
 
     # test/tools after the step runs: on two cores, running both at once took

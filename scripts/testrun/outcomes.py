@@ -21,12 +21,6 @@ SEVERITY = (ERROR, UNEXPECTED_PASS, FAIL, SKIP, EXPECTED_FAIL, PASS)
 OPTION = "--outcomes-json"
 
 
-def test_name(nodeid: str) -> str:
-    """tools/test_x.py::test_y[p] -> test_x::test_y[p]"""
-    path, _, rest = nodeid.partition("::")
-    return f"{Path(path).stem}::{rest}"
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(OPTION, metavar="FILE", help="write each test's outcome to FILE as JSON")
 
@@ -62,7 +56,8 @@ class _Recorder:
         self.properties: dict[str, str] = {}
 
     def record(self, nodeid: str, outcome: str) -> None:
-        name = test_name(nodeid)
+        path, _, rest = nodeid.partition("::")
+        name = f"{Path(path).stem}::{rest}"  # tools/test_x.py::test_y[p] -> test_x::test_y[p]
         previous = self.outcomes.get(name)
         if previous is None or SEVERITY.index(outcome) < SEVERITY.index(previous):
             self.outcomes[name] = outcome

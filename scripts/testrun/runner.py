@@ -116,18 +116,16 @@ def _wait(procs: Sequence[subprocess.Popen[bytes]]) -> list[int]:
             proc.wait()
 
 
-def run_forked(
-    groups: Sequence[tuple[Path, Sequence[SuiteRun]]], extra: Sequence[str], parallel: int = 2
-) -> None:
+def run_forked(groups: dict[Path, list[SuiteRun]], extra: Sequence[str], parallel: int) -> None:
     """One testrun.worker per interpreter, all at once, sharing `parallel` forked children
     (one each at least): one environment's imports overlap another's runs."""
-    groups = [(python, runs) for python, runs in groups if runs]
+    groups = {python: runs for python, runs in groups.items() if runs}
     if not groups:
         return
     with marked_folder(tmpdir(), "sglang-backports-run-tests-") as tmp:
         workers: list[tuple[subprocess.Popen[bytes], Path]] = []
         ends: dict[SuiteRun, Path] = {}
-        for g, (python, runs) in enumerate(groups):
+        for g, (python, runs) in enumerate(groups.items()):
             jobs = []
             for run in runs:
                 ends[run] = Path(tmp) / f"{g}-{len(ends)}.json"
