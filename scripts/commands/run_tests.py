@@ -33,9 +33,6 @@ Set up and run every test of the project (docs/testing.md says how).
 4. Print, per release, a table of each step test's outcome per step and the
    race table measured at each step, then each run's verdict.
 
-With --tree DIR the step suite runs once, against the sglang tree in DIR,
-judged as the final step of the default series (or of --base/--patch-set);
---tree may be given more than once, and every tree shares one worker.
 Outcomes (JSON), logs and JUnit XML of every run go to build/test-results/.
 """
 
@@ -50,6 +47,17 @@ outcomes in the table:
   ERROR            an error outside the test body (fixture, collection)
 """
 
+HELP = {
+    "--base": "test this sglang release (repeatable; default: every release served)",
+    "--tree": "run only the step suite, against DIR/python/sglang, judged as the final step "
+    "of the default series (or of --base/--patch-set) (repeatable: one column per tree, "
+    "every tree in one worker)",
+    "--python": "use this interpreter, whose environment already holds the requirements, "
+    "for every run instead of the per-release environments",
+    "--patch-set": "test only this patch set folder (its primary release)",
+    "--parallel": "step runs at once, and pytest-xdist workers for test/tools "
+    "(default: 2, or 1 on one core)",
+}
 APPLY_CODES = (
     Exit.DIRTY_TREE, Exit.ALREADY_UPSTREAM, Exit.PATCHSET_INVALID, Exit.NOT_A_CHECKOUT,
     Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED, Exit.BRANCH_EXISTS,
@@ -66,45 +74,18 @@ CODES = {
 
 def parse_args() -> argparse.Namespace:
     p = cli.parser("run-tests", DESCRIPTION, CODES, CODES, epilog=OUTCOMES)
+    p.add_argument("--base", action="append", metavar="VERSION", help=HELP["--base"])
     p.add_argument(
-        "--base",
-        action="append",
-        metavar="VERSION",
-        help="test this sglang release (repeatable; default: every release served)",
-    )
-    p.add_argument(
-        "--tree",
-        action="append",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="run only the step suite, against DIR/python/sglang, judged as the final "
-        "step (repeatable: one column per tree)",
+        "--tree", action="append", type=cli.absolute_path, metavar="DIR", help=HELP["--tree"]
     )
     p.add_argument("-k", metavar="EXPR", help="passed to every pytest run (pytest -k)")
     only = p.add_mutually_exclusive_group()
     only.add_argument("--steps-only", action="store_true", help="skip test/tools")
     only.add_argument("--tools-only", action="store_true", help="skip test/steps")
-    p.add_argument(
-        "--python",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="use this interpreter, whose environment already holds the requirements, "
-        "for every run instead of the per-release environments",
-    )
-    p.add_argument(
-        "--patch-set",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="test only this patch set folder (its primary release)",
-    )
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        metavar="N",
-        help="step runs at once, and pytest-xdist workers for test/tools "
-        "(default: 2, or 1 on one core)",
-    )
+    p.add_argument("--python", type=cli.absolute_path, metavar="PATH", help=HELP["--python"])
+    p.add_argument("--patch-set", type=cli.absolute_path, metavar="DIR", help=HELP["--patch-set"])
+    cores = min(2, os.cpu_count() or 1)
+    p.add_argument("--parallel", type=int, default=cores, metavar="N", help=HELP["--parallel"])
     args = p.parse_args()
     if args.tree and args.tools_only:
         p.error("--tree runs the step suite; it cannot be combined with --tools-only")
