@@ -151,17 +151,16 @@ class _Tee(io.TextIOBase):
 def tee_output(path: Path) -> Iterator[None]:
     """What is printed inside also goes to path as it is printed, and so does an internal error."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as log:
-        real = sys.stdout, sys.stderr
-        sys.stdout = _Tee(real[0], log)  # type: ignore[assignment]
-        sys.stderr = _Tee(real[1], log)  # type: ignore[assignment]
+    with (
+        path.open("w", encoding="utf-8") as log,
+        contextlib.redirect_stdout(_Tee(sys.stdout, log)),
+        contextlib.redirect_stderr(_Tee(sys.stderr, log)),
+    ):
         try:
             yield
         except BaseException as err:
             log.write("".join(traceback.format_exception(err)))
             raise
-        finally:
-            sys.stdout, sys.stderr = real
 
 
 def run_stage(
