@@ -106,10 +106,9 @@ def _kill(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int | None:
-    """The first failing `&&` part's status, else 0; None when stopped timeout seconds from now."""
+def run_command(stage: Stage, log: Path, end: float | None = None) -> int | None:
+    """The first failing `&&` part's status, else 0; None when stopped at end (time.monotonic())."""
     env = stage_environment(stage, os.environ) | {"PYTHONUNBUFFERED": "1"}  # logs as printed
-    end = None if timeout is None else time.monotonic() + timeout
     parts = [list(w) for sep, w in itertools.groupby(stage.command, "&&".__eq__) if not sep]
     with log.open("w", encoding="utf-8") as out:
         for part in parts:
@@ -189,7 +188,7 @@ def run_stage(
         return outcome(ok, text)
     log = reports / f"{stage.name}.log"
     try:
-        rc = run_command(stage, log, left)
+        rc = run_command(stage, log, end)
     except OSError as err:
         return outcome(False, f"FAIL: {err}")
     if rc is None:
