@@ -1,11 +1,9 @@
 #!/usr/bin/env python3
-"""What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop.
-
-Two CUDA streams in the overlap scheduler's rhythm through the real FutureMap, "patched"
-(0002's wait before seeding) and "unpatched" runs alternating; the wait itself and the idle
-gap it adds, as shares of decode steps (docs/gpu.md). A measurement, not a test. Run it
-with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
-"""
+"""What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop: two CUDA
+streams in the overlap scheduler's rhythm through the real FutureMap, "patched" (0002's wait
+before seeding) and "unpatched" runs alternating; the wait itself and the idle gap it adds, as
+shares of decode steps (docs/gpu.md). A measurement, not a test. Run it with an sglang tree on
+PYTHONPATH (ci/run-gpu uses the final step's tree)."""
 
 from __future__ import annotations
 
