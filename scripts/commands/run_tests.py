@@ -111,9 +111,8 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
 def environments(
     given: Path | None, series: list[Series], pool: ThreadPoolExecutor
 ) -> Callable[[Series], Path]:
-    """A release -> its test environment's interpreter (--python's if given); the releases'
-    are made one after another in pool while the series are applied (two made at once with
-    the same torch both download it)."""
+    """A release -> its environment's python, made in pool while the series are applied, one
+    at a time (two made at once with the same torch both download it); or --python."""
     if given is not None:
         if not given.is_file():
             raise BackportError(

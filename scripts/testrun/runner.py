@@ -76,10 +76,14 @@ def step_run(label: str, series: Series, step: str, tree: Path) -> SuiteRun:
     return SuiteRun(label, STEP_TESTS, env, tree)
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without what a step's run is told, and with extra."""
+def _start(command: list[str], log: Path, **extra: str) -> subprocess.Popen[bytes]:
+    """command, its output into log, in this environment less what a step's run is told."""
     dropped = (STEP_ENV, PATCH_SET_ENV, TREE_ENV, "PYTHONPATH")
-    return {k: v for k, v in os.environ.items() if k not in dropped} | extra
+    env = {k: v for k, v in os.environ.items() if k not in dropped} | extra
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, env=env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _finish(run: SuiteRun, returncode: int, seconds: float) -> None:
@@ -91,14 +95,7 @@ def run_tools(python: Path, run: SuiteRun, extra: Sequence[str], workers: int) -
     """pytest-xdist with `workers` (loadgroup: an xdist_group's tests share one worker)."""
     args = run.pytest_args(["-n", str(workers), "--dist", "loadgroup", *extra])
     started = time.monotonic()
-    with run.log.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(python), "-m", "pytest", *args],
-            env=_clean_env(**run.env),
-            cwd=PROJECT_ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    proc = _start([str(python), "-m", "pytest", *args], run.log, **run.env)
     _finish(run, _wait([proc])[0], time.monotonic() - started)
     print(f"\n=== {run.label} (pytest exit {run.returncode}) ===")
     sys.stdout.write(run.log.read_text(encoding="utf-8", errors="replace"))
@@ -135,16 +132,10 @@ def run_forked(groups: dict[Path, list[SuiteRun]], extra: Sequence[str], paralle
             parallel_here = max(1, parallel // len(groups))
             jobs_file.write_text(json.dumps({"parallel": parallel_here, "runs": jobs}), "utf-8")
             log = runs[0].results / f"worker-{g + 1}.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    [str(python), "-m", "testrun.worker", str(jobs_file)],
-                    # what torch and pytest put in TMPDIR (torchinductor_<user>, ...) goes
-                    # with the run's own folder, also when a signal ends the run
-                    env=_clean_env(PYTHONPATH=str(SCRIPTS), TMPDIR=str(tmp)),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            workers.append((proc, log))
+            command = [str(python), "-m", "testrun.worker", str(jobs_file)]
+            # what torch and pytest put in TMPDIR (torchinductor_<user>, ...) goes with the
+            # run's own folder, also when a signal ends the run
+            workers.append((_start(command, log, PYTHONPATH=str(SCRIPTS), TMPDIR=str(tmp)), log))
         _wait([proc for proc, _log in workers])
         for _proc, log in workers:
             sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))
