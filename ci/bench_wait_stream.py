@@ -134,7 +134,6 @@ class Loop:
 
     def run(self, iterations: int, patched: bool) -> RunTimes:
         """Time `iterations` steady iterations: per iteration, the wait call, the idle gaps."""
-        in_flight: torch.cuda.Event | None = None
         waits: list[float] = []
         marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # forward start, end
         start = time.perf_counter()
@@ -153,10 +152,8 @@ class Loop:
                 self.future_map.stash(self.running_rows, self.payload)
                 done.record()
             marks.append((began, done))
-            # One iteration in flight: wait for the previous forward, not this one.
-            if in_flight is not None:
-                in_flight.synchronize()
-            in_flight = done
+            if len(marks) > 1:  # one iteration in flight: wait for the previous forward
+                marks[-2][1].synchronize()
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / iterations
         gaps = [marks[k - 1][1].elapsed_time(marks[k][0]) * 1e3 for k in range(1, len(marks))]

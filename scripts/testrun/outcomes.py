@@ -58,9 +58,7 @@ class _Recorder:
     def record(self, nodeid: str, outcome: str) -> None:
         path, _, rest = nodeid.partition("::")
         name = f"{Path(path).stem}::{rest}"  # tools/test_x.py::test_y[p] -> test_x::test_y[p]
-        previous = self.outcomes.get(name)
-        if previous is None or SEVERITY.index(outcome) < SEVERITY.index(previous):
-            self.outcomes[name] = outcome
+        self.outcomes[name] = min(outcome, self.outcomes.get(name, outcome), key=SEVERITY.index)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.properties.update((str(name), str(value)) for name, value in report.user_properties)
