@@ -193,8 +193,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
                 print(f"series {version}: applied {name}")
             trees = buildtree.step_trees(series, build)
             runs = [runner.step_run(f"{version}-{s}", series, s, t) for s, t in trees.items()]
-            first = series.manifest.steps[0]
-            headers = [step if step == first else f"+{step}" for step in trees]
+            headers = [s if s == series.manifest.steps[0] else f"+{s}" for s in trees]
             tables.append((version, headers, runs, series))
     phases["apply and step trees"] = time.monotonic() - started
 
