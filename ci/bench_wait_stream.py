@@ -30,7 +30,7 @@ from patchset.errors import BackportError, Exit
 from patchset.textout import table as text_table
 
 POOL_ROWS = 512
-MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch and the prebuilt row batch + 1
+MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch, the prebuilt row batch + 1; row 0 pads
 TOPK = 4
 CODES = {Exit.OK: "measured (and written to --json)"}
 INTS = {  # flag: default, help, the least value, said when below it
@@ -58,7 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (_, _, least, said) in INTS.items():
         if getattr(args, name) < least:
             p.error(f"--{name} must be {said}")
-    # rows 1..batch run, row batch + 1 is the prebuilt one; row 0 is the pool's padding
     if args.batch > MAX_BATCH:
         p.error(f"--batch must be at most {MAX_BATCH} (the pool has {POOL_ROWS} rows)")
     return args

@@ -169,8 +169,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     extra = ["-k", args.k] if args.k else []
     phases: dict[str, float] = {}
 
-    # One entry per table printed at the end: its title, column headers and runs, and
-    # the release whose environment runs them (made meanwhile, waited for after the applies).
+    # per table printed at the end: title, headers, runs, the release whose environment runs them
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
         series, final = chosen[0], chosen[0].manifest.final_step
@@ -183,8 +182,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
-            # An apply that succeeded holds the signals for the rest of the process
-            # (lock.hold_interrupts); this run goes on, and Ctrl-C must still stop it.
+            # a successful apply holds the signals for the process; Ctrl-C must still stop us
             lock.release_interrupts()
             version = series.manifest.base.version
             if not report.applied:
@@ -209,8 +207,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     runner.run_forked(by_python, extra, args.parallel)
     phases["step suites"] = time.monotonic() - started
 
-    # test/tools after the step runs: on two cores, running both at once took
-    # longer in all than one after the other (measured; see docs/performance.md).
+    # test/tools after the step runs: on two cores, both at once took longer (docs/performance.md)
     all_runs: list[SuiteRun] = []
     if not args.steps_only and not args.tree:
         all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, {}))

@@ -133,8 +133,7 @@ def run_forked(groups: dict[Path, list[SuiteRun]], extra: Sequence[str], paralle
             jobs_file.write_text(json.dumps({"parallel": parallel_here, "runs": jobs}), "utf-8")
             log = runs[0].results / f"worker-{g + 1}.log"
             command = [str(python), "-m", "testrun.worker", str(jobs_file)]
-            # what torch and pytest put in TMPDIR (torchinductor_<user>, ...) goes with the
-            # run's own folder, also when a signal ends the run
+            # TMPDIR in the run's folder: what torch and pytest put there goes too, even on a signal
             workers.append((_start(command, log, PYTHONPATH=str(SCRIPTS), TMPDIR=str(tmp)), log))
         _wait([proc for proc, _log in workers])
         for _proc, log in workers:
