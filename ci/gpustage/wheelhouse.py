@@ -97,14 +97,12 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
             print(f"{out} already holds every wheel, each with its sha256: nothing to download")
             return house
     out.mkdir(parents=True, exist_ok=True)
-    pins = wanted_pins(manifest)
     with marked_folder(out, ".download-") as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), "utf-8")
         command = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
             "--disable-pip-version-check", "--python-version", python_version,
-            *(f"--platform={p}" for p in PLATFORMS), "--dest", str(tmp), "-r", str(requirements),
+            *(f"--platform={p}" for p in PLATFORMS), "--dest", str(tmp),
+            *(f"{name}=={version}" for name, version in wanted_pins(manifest).items()),
         ]  # fmt: skip
         print(f"$ {' '.join(command)}", flush=True)
         result = subprocess.run(command)
@@ -115,7 +113,7 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
                 "run it where the package index is reachable; a pin with no wheel for "
                 f"Python {python_version} on x86_64 Linux needs another base or Python",
             )
-        for path in Path(tmp).glob("*.whl"):
+        for path in tmp.glob("*.whl"):
             path.replace(out / path.name)
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
