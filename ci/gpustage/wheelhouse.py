@@ -105,11 +105,10 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
             *(f"{name}=={version}" for name, version in wanted_pins(manifest).items()),
         ]  # fmt: skip
         print(f"$ {' '.join(command)}", flush=True)
-        result = subprocess.run(command)
-        if result.returncode != 0:
+        if rc := subprocess.run(command).returncode:
             raise BackportError(
                 Exit.SETUP,
-                f"pip download failed with exit code {result.returncode} (its output is above)",
+                f"pip download failed with exit code {rc} (its output is above)",
                 "run it where the package index is reachable; a pin with no wheel for "
                 f"Python {python_version} on x86_64 Linux needs another base or Python",
             )
