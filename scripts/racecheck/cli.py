@@ -211,21 +211,20 @@ def plan_runs(
 
 
 def choose_python(explicit: Path | None) -> Path:
-    if explicit is not None and not explicit.is_file():
-        raise BackportError(
-            Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
-        )
     if explicit is not None:
+        if not explicit.is_file():
+            raise BackportError(
+                Exit.ENVIRONMENT, f"--python {explicit}: no such file", "pass an interpreter"
+            )
         # the whole command runs again on it (main): a Python 3.11+, asked once
-        said = "race-check can run on this Python"
-        probe = f"import sys\nif sys.version_info >= (3, 11): print({said!r})"
+        probe = "import sys; print('race-check can run:', sys.version_info >= (3, 11))"
         try:
             answer = subprocess.run(
                 [str(explicit), "-c", probe], capture_output=True, text=True, timeout=60
             ).stdout
         except (OSError, subprocess.SubprocessError) as err:
             answer = str(err)
-        if answer.strip() != said:
+        if answer.strip() != "race-check can run: True":
             raise BackportError(
                 Exit.ENVIRONMENT,
                 f"--python {explicit} is not a Python 3.11 or newer",
@@ -356,16 +355,8 @@ def run_trees(runs: list[report.TreeRun]) -> float:
         # More children than cores would only share them and hold more memory.
         jobs, slots = range(len(runs)), os.cpu_count() or 1
         fork_each(jobs, slots, lambda n: _child(runs[n].tree, outs[n]), announce)
-        results = [_result(out) for out in outs]
-    for run, result in zip(runs, results, strict=True):
-        if isinstance(result, dict):
-            vars(run).update(result)
-        elif result[0] == Exit.INTERNAL:
-            print(result[1], file=sys.stderr)
-            raise RuntimeError(f"the checker failed on {run.tree} (the trace above)")
-        else:
-            code, problem, next_step = result
-            raise BackportError(code, f"{run.label} ({run.tree}): {problem}", next_step)
+        for run, out in zip(runs, outs, strict=True):
+            _take_result(run, out)
     return preload_s
 
 
@@ -385,14 +376,21 @@ def _child(tree: Path, out: Path) -> int:
     return 0
 
 
-def _result(out: Path) -> dict[str, Any] | tuple[Exit, str, str]:
-    """What the child wrote, or what it printed if it ended without writing it."""
-    if out.is_file():
-        return pickle.loads(out.read_bytes())
-    log = out.with_suffix(".log")
-    printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
-    return (
-        Exit.ENVIRONMENT,
-        "its process ended without a result:\n" + "\n".join(printed[-15:]),
-        "check that this interpreter imports torch, or pass --python PATH",
-    )
+def _take_result(run: report.TreeRun, out: Path) -> None:
+    """What the child wrote into run, else raised: its refusal, or what it printed."""
+    if out.is_file() and isinstance(result := pickle.loads(out.read_bytes()), dict):
+        vars(run).update(result)
+        return
+    if not out.is_file():
+        log = out.with_suffix(".log")
+        printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+        result = (
+            Exit.ENVIRONMENT,
+            "its process ended without a result:\n" + "\n".join(printed[-15:]),
+            "check that this interpreter imports torch, or pass --python PATH",
+        )
+    code, problem, next_step = result
+    if code == Exit.INTERNAL:
+        print(problem, file=sys.stderr)
+        raise RuntimeError(f"the checker failed on {run.tree} (the trace above)")
+    raise BackportError(code, f"{run.label} ({run.tree}): {problem}", next_step)

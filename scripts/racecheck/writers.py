@@ -9,8 +9,8 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from patchset import lock, paths, shape, wheel
 from patchset.errors import BackportError, Exit
@@ -36,8 +36,7 @@ EVERY_SCENARIO = "all"
 Rows = dict[str, dict[str, str]]  # writer key -> {stream, order, scenarios | reason}
 
 
-@dataclass(frozen=True)
-class Writer:
+class Writer(NamedTuple):
     file: str  # relative to python/sglang
     line: int
     function: str  # Class.method or function
