@@ -10,9 +10,8 @@ from typing import NamedTuple
 
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RACE_KINDS, PinManifest
+from patchset.plays import SCENARIOS
 from patchset.textout import table
-
-from .catalogue import SCENARIOS
 
 # FutureMap's relay buffers, in report order; an EAGLE row is the first five.
 RELAY_BUFFERS = (

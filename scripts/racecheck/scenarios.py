@@ -1,4 +1,4 @@
-"""The scenarios of racecheck.catalogue, played through the real sglang code of the tree
+"""The scenarios of patchset.plays, played through the real sglang code of the tree
 first on sys.path; stand-ins replace only scheduler state the relay does not touch."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 from unittest import mock
 
 import torch
+from patchset.plays import BY_NAME, EAGLE, Play
 
 from . import treecode
-from .catalogue import BY_NAME, EAGLE, Play
 from .csan import SimDevice
 from .report import EAGLE_ROW, Race
 from .treecode import EAGLE_TOPK, ScenarioError, sglang_root

@@ -25,8 +25,8 @@ from patchset.manifest import (
     sha256_of,
     writer_rows,
 )
+from patchset.plays import BY_NAME
 
-from .catalogue import BY_NAME
 from .report import RELAY_BUFFERS
 
 _METHODS = ("publish", "stash")
@@ -117,7 +117,7 @@ def checked(rows: Rows, where: Callable[[str], str]) -> Rows:
                 Exit.PATCHSET_INVALID,
                 f"{where(key)} [writers] {key!r}: scenarios = {named!r} names "
                 f"{', '.join(unknown)}, which is not a scenario of "
-                "scripts/racecheck/catalogue.py",
+                "scripts/patchset/plays.py",
                 f"name scenarios from {' '.join(BY_NAME)}, separated by spaces, or write "
                 f'"{EVERY_SCENARIO}" for the in-flight forward every scenario plays',
             )
