@@ -1,6 +1,5 @@
-"""Show, on the CPU, which FutureMap stream races each step of the series closes: the
-scenarios on each tree in a child forked for it (a process imports one sglang) that pickles
-its races back; then the table, races and verdict."""
+"""Which FutureMap stream races each step leaves open, on the CPU: the scenarios run in a child
+forked per tree (a process imports one sglang) that pickles its races back to the verdict."""
 
 from __future__ import annotations
 

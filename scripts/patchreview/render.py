@@ -71,10 +71,6 @@ def _uncovered(missing: Uncovered) -> str:
     return f"no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
 
 
-def _indent(lines: list[str]) -> list[str]:
-    return [f"    {line}" if line else "" for line in lines]
-
-
 def _function_text(function: FunctionComparison, base_version: str) -> list[str]:
     numbers = _numbered(function)
     up = function.upstream_version
@@ -131,11 +127,11 @@ def render_text(review: Review) -> str:
             f"subject:  {patch.subject}",
             f"upstream: {patch.status}; PR {patch.pr}; released in {patch.release}",
             "why:",
-            *_indent(patch.why.splitlines()),
+            *(f"    {line}" if line else "" for line in patch.why.splitlines()),
             "touches:",
             *(f"    {change.path}: {', '.join(change.functions)}" for change in patch.files),
             "diffstat:",
-            *_indent(diffstat(patch.files)),
+            *(f"    {line}" for line in diffstat(patch.files)),
             "",
         ]
     out.append(f"== cumulative diff against the pinned base sglang {review.base_version}")

@@ -1,5 +1,4 @@
-"""What the scenarios take from the tree under test, as each release spells it: server
-arguments, the WAR barrier, Scheduler methods."""
+"""What the scenarios take from the tree under test (server args, WAR barrier), per release."""
 
 from __future__ import annotations
 
@@ -9,10 +8,9 @@ import dataclasses
 import functools
 import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 EAGLE_TOPK = 1  # the draft's top-k in every scenario
 
@@ -77,8 +75,7 @@ def server_args_published(args: Any) -> Iterator[None]:
             object.__setattr__(holder, name, value)
 
 
-@dataclass(frozen=True)
-class Barrier:  # the tree's WAR barrier, function(scheduler), as the overlap decode loop runs it
+class Barrier(NamedTuple):  # the WAR barrier, function(scheduler), as the decode loop runs it
     function: Callable[..., None]
     scheduler: Any
     runner_attr: str  # model_worker's runner whose read-done event the fast path consumes
