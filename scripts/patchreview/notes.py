@@ -182,8 +182,7 @@ def check_bounds(notes: dict[str, FunctionNotes], registry: Releases) -> None:
     """Refuse a note whose bound is not a release of patches/releases.toml."""
     for qualname, function_notes in notes.items():
         for note in function_notes.notes:
-            unknown = [b for b in (note.since, note.before) if b and b not in registry.known]
-            if unknown:
+            if unknown := [b for b in (note.since, note.before) if b and b not in registry.known]:
                 raise BackportError(
                     Exit.PATCHSET_INVALID,
                     f"scripts/patchreview/notes.py: the note {note.title!r} of {qualname} "

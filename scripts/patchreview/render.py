@@ -305,8 +305,7 @@ def _function_html(function: FunctionComparison, base_version: str, anchor: str)
     return (
         f'<h3 id="{_e(anchor)}" class="fn">{_code(function.qualname)}</h3>'
         f'<div class="meta">{_code(function.path)} · ours is '
-        f"{_e(_net_change(function, base_version))} · {badge}</div>"
-        f"{sig}"
+        f"{_e(_net_change(function, base_version))} · {badge}</div>{sig}"
         + (f'<ol class="notes">{notes}</ol>' if notes else "")
         + stale
         + _side_by_side(function, base_version, numbers)
