@@ -191,8 +191,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 def _patch_html(patch: PatchReview) -> str:
     status_class = "ok" if patch.status.split(" ")[0] in {"Backport", "Submitted"} else "neutral"
     touched = "".join(
-        f"<li>{_code(c.path)}: " + ", ".join(_code(f) for f in c.functions) + "</li>"
-        for c in patch.files
+        f"<li>{_code(c.path)}: {', '.join(map(_code, c.functions))}</li>" for c in patch.files
     )
     blocks = (" ".join(block.split()) for block in patch.why.split("\n\n") if block.strip())
     why = "".join(f"<p>{_e(block)}</p>" for block in blocks)
