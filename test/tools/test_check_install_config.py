@@ -32,7 +32,7 @@ from patchset import catalog as catalogs
 from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Releases, load_releases, series_for_release
-from racecheck.catalogue import PLAYS
+from patchset.plays import PLAYS
 from testrun.venv import env_for
 
 RELEASES = sorted(load_releases().launch)
