@@ -136,7 +136,6 @@ def _check_manifest(
                 problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
                 problem += f"change is wanted, {ON_BRANCH}"
                 report.add(patch.path, None, "manifest", problem)
-        _check_blob_ids(report, manifest, patch)
     for version in manifest.releases:  # the manifest has checked each pin's form already
         report.checked["wheels"] += 1
         pinned = manifest.for_release(version).release.wheels
@@ -149,19 +148,13 @@ def _check_manifest(
             report.add(pin, None, "wheels", problem)
 
 
-def _step_before(manifest: PinManifest, patch: Patch) -> tuple[str, str] | None:
-    """(the step a patch brings the tree to, the step before it); None off the manifest."""
-    step = step_of(patch.path.name)
-    if step not in manifest.steps[1:]:
-        return None
-    return step, manifest.steps[manifest.steps.index(step) - 1]
-
-
-def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    """A patch's index lines name its step's blobs; a file it does not touch keeps its blob."""
-    if not (steps := _step_before(manifest, patch)):
+def _check_step(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
+    """What the manifest says of the step a patch brings the tree to: its index lines name the
+    step's blobs, a file it does not touch keeps its blob, and a Backport's PR and release are
+    those releases.toml gives the fix the step adds."""
+    if (step := step_of(patch.path.name)) not in manifest.steps[1:]:
         return
-    step, before = steps
+    before = manifest.steps[manifest.steps.index(step) - 1]
     pins = {s: "[blobs] pins" for s in manifest.steps}
     pins[BASE_STEP] = f'{manifest.registry.path.name} [releases."{manifest.base.version}"] has'
     touched = {diff.path: diff for diff in patch.files}
@@ -180,6 +173,20 @@ def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> 
                     f"{path}: {side}-image blob {blob}, but {pins[at]} {by_step[at]} at step {at}"
                 )
                 report.add(patch.path, diff.index_line, "manifest", problem)
+    status = patch.trailer("Upstream-Status")
+    if not status or not status[0].value.startswith("Backport"):
+        return
+    registry = manifest.registry
+    for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
+        report.checked["trailers"] += 1
+        first = next((r for r, k in registry.known.items() if name in k.fixes), None)
+        pr = registry.fixes[name].ref
+        for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
+            found = patch.trailer(key)
+            if found and value is not None and found[0].value != value:
+                problem = f"{key}: {found[0].value}, but {registry.path.name} says {name} "
+                problem += f"(what step {step} adds, [step-fixes]) is {value}"
+                report.add(patch.path, found[0].line, "trailers", problem)
 
 
 def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
@@ -244,26 +251,6 @@ def _check_message(report: LintReport, patch: Patch, base_version: str | None) -
         bad("Upstream-Release", f"{problem}, so the base already has this fix")
 
 
-def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    """A Backport's PR and release are those releases.toml gives the fix its step adds."""
-    status = patch.trailer("Upstream-Status")
-    steps = _step_before(manifest, patch)
-    if not steps or not status or not status[0].value.startswith("Backport"):
-        return
-    step, before = steps
-    registry = manifest.registry
-    for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
-        report.checked["trailers"] += 1
-        first = next((r for r, k in registry.known.items() if name in k.fixes), None)
-        pr = registry.fixes[name].ref
-        for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
-            found = patch.trailer(key)
-            if found and value is not None and found[0].value != value:
-                problem = f"{key}: {found[0].value}, but {registry.path.name} says {name} "
-                problem += f"(what step {step} adds, [step-fixes]) is {value}"
-                report.add(patch.path, found[0].line, "trailers", problem)
-
-
 def _check_lines(report: LintReport, patch: Patch) -> None:
     """No added line ends in whitespace; no patched file ends without a newline."""
     for diff in patch.files:
@@ -311,7 +298,7 @@ def lint_patch_set(folder: Path) -> LintReport:
         _check_lines(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
-            _check_upstream_facts(report, manifest, patch)
+            _check_step(report, manifest, patch)
         if not any(diff.hunks for diff in patch.files):
             report.add(patch.path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:

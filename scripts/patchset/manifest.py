@@ -26,9 +26,6 @@ from .releases import (
     writer_rows,
 )
 
-# The registry's names, also where check-install, the catalog and racecheck import them.
-from .releases import LaunchSettings as LaunchSettings
-
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
 BASE_STEP = "base"
@@ -90,10 +87,9 @@ class ReleasePin:
                 problem = f"= {json.dumps(pin.wheel)} is not a {cp}-{cp}-{platform} wheel"
                 raise toml.refuse((*key, "wheel"), problem)
             wheels[cp] = pin
-        tag = toml.text((*keys, "tag"))
         pins = [toml.text((*keys, key), default="") for key in ("torch", "transformers")]
-        by_minor = sorted(wheels.items(), key=lambda item: int(item[0][3:]))
-        return cls(default, tag, *pins, dict(by_minor))
+        by_minor = dict(sorted(wheels.items(), key=lambda item: int(item[0][3:])))
+        return cls(default, toml.text((*keys, "tag")), *pins, by_minor)
 
 
 @dataclass
@@ -115,16 +111,8 @@ class PinManifest:
     raw: dict[str, Any] = field(default_factory=dict)  # for facts only one tool reads
 
     @property
-    def upstream_fixed(self) -> WheelPin:
-        return self.registry.upstream_fixed
-
-    @property
     def base(self) -> WheelPin:
         return self.release.wheel
-
-    @property
-    def tag(self) -> str:
-        return self.release.tag
 
     @property
     def releases(self) -> list[str]:
@@ -240,6 +228,7 @@ def _is_list(value: object, kind: type) -> bool:
 
 def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[RaceEntry, ...]]]:
     """[races]: every scenario lists every step; each entry is {kind, buffers, rows}."""
+    form = f"{{ kind = one of {', '.join(RACE_KINDS)}, rows = [integers], buffers = [strings] }}"
     races: dict[str, dict[str, tuple[RaceEntry, ...]]] = {}
     for scenario in toml.table(("races",), optional=True):
         toml.table(("races", scenario))
@@ -253,11 +242,7 @@ def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[
                 if entry.get("kind") not in RACE_KINDS or not (
                     _is_list(entry.get("buffers"), str) and _is_list(entry.get("rows"), int)
                 ):
-                    raise toml.refuse(
-                        keys,
-                        f"entry {n} is not {{ kind = one of {', '.join(RACE_KINDS)}, "
-                        "rows = [integers], buffers = [strings] }",
-                    )
+                    raise toml.refuse(keys, f"entry {n} is not {form}")
             races[scenario][step] = tuple(
                 (e["kind"], tuple(e["buffers"]), tuple(e["rows"])) for e in entries
             )
@@ -265,18 +250,13 @@ def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[
 
 
 def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
-    """text with the key lines of each named table replaced (see replace_tables)."""
+    """text with each named table's key lines written from its strings or inline tables."""
 
-    def toml_value(value: str | dict[str, str]) -> str:
-        if isinstance(value, str):
-            return json.dumps(value)
-        pairs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
-        return f"{{ {pairs} }}"
+    def pair(key: str, value: str | dict[str, str]) -> str:
+        inline = isinstance(value, dict) and ", ".join(pair(*item) for item in value.items())
+        return f"{json.dumps(key)} = {f'{{ {inline} }}' if inline else json.dumps(value)}"
 
-    lines = {
-        name: [f"{json.dumps(key)} = {toml_value(value)}" for key, value in entries.items()]
-        for name, entries in tables.items()
-    }
+    lines = {name: [pair(*item) for item in rows.items()] for name, rows in tables.items()}
     return replace_tables(text, lines)
 
 
@@ -346,9 +326,6 @@ class Series:
                     f"{RESTORE}, or, if the change is wanted, {ON_BRANCH}",
                 )
 
-    def for_release(self, version: str) -> Series:
-        return replace(self, manifest=self.manifest.for_release(version))
-
 
 def series_entries(path: Path) -> list[tuple[str, int]]:
     """A series file's (patch name, line number) entries: no blank or comment line."""
@@ -371,9 +348,9 @@ def series_for_release(root: Path, version: str) -> Series:
     """The series that serves an sglang release; refuse one no patch set serves."""
     registry = load_releases(root / RELEASES_NAME)
     all_series = [Series.load(folder, registry) for folder in patch_set_folders(root)]
-    served = {r: series.for_release(r) for series in all_series for r in series.manifest.releases}
-    if version in served:
-        return served[version]
+    served = {r: series for series in all_series for r in series.manifest.releases}
+    if found := served.get(version):
+        return replace(found, manifest=found.manifest.for_release(version))
     known = sorted(served, key=release_key)
     fixed = registry.upstream_fixed.version
     is_release = re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version)

@@ -114,13 +114,9 @@ class TomlFile:
     def names(self, keys: tuple[str, ...], defined: dict[str, Any], where: str) -> frozenset[str]:
         """A list of names, each one that where defines."""
         listed = self.value(keys, list)
-        unknown = [
-            n if isinstance(n, str) else json.dumps(n)
-            for n in listed
-            if not isinstance(n, str) or n not in defined
-        ]
-        if unknown:
-            raise self.refuse(keys, f"names {', '.join(unknown)}, which {where} does not define")
+        if unknown := [n for n in listed if not isinstance(n, str) or n not in defined]:
+            names = ", ".join(n if isinstance(n, str) else json.dumps(n) for n in unknown)
+            raise self.refuse(keys, f"names {names}, which {where} does not define")
         return frozenset(listed)
 
     def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
