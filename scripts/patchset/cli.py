@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .errors import COMMON, EXIT_TEXT, BackportError, Exit, GitError
-from .interrupts import hold_interrupts
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
+
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # the signals that end a run
 
 
 def parser(
@@ -92,6 +93,15 @@ def describe_os_error(err: OSError) -> BackportError:
     problem = f"cannot use {where}: {reason}" if where else f"a system call failed: {reason}"
     next_step = _OS_NEXT_STEP.get(err.errno or 0, "fix what the message names and run again")
     return BackportError(Exit.ENVIRONMENT, problem, next_step)
+
+
+def hold_interrupts() -> None:
+    """A run at its end: a later signal stays pending, so it exits as what it did says."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+
+
+def release_interrupts() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
 
 
 def _terminate(signum: int, _frame: object) -> None:
