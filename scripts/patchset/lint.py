@@ -112,7 +112,7 @@ def _read_series(report: LintReport, folder: Path) -> tuple[list[tuple[str, int]
 
 
 def _check_manifest(
-    report: LintReport, manifest: PinManifest, entries: list[tuple[str, int]], patches: list[Patch]
+    report: LintReport, manifest: PinManifest, entries: list[tuple[str, int]]
 ) -> None:
     pin = report.folder / MANIFEST_NAME
     listed = [name for name, _ in entries]
@@ -127,15 +127,6 @@ def _check_manifest(
     if [n for n in listed if n in pinned] != [n for n in pinned if n in listed]:
         problem = f"[patches] orders the patches {pinned}, series orders them {listed}"
         report.add(pin, None, "manifest", problem)
-    for patch in patches:
-        pinned_hash = manifest.patch_hashes.get(patch.path.name)
-        if pinned_hash is not None:
-            report.checked["manifest"] += 1
-            actual = sha256_of(patch.path)
-            if actual != pinned_hash:
-                problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
-                problem += f"change is wanted, {ON_BRANCH}"
-                report.add(patch.path, None, "manifest", problem)
     for version in manifest.releases:  # the manifest has checked each pin's form already
         report.checked["wheels"] += 1
         pinned = manifest.for_release(version).release.wheels
@@ -148,10 +139,15 @@ def _check_manifest(
             report.add(pin, None, "wheels", problem)
 
 
-def _check_step(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    """What the manifest says of the step a patch brings the tree to: its index lines name the
-    step's blobs, a file it does not touch keeps its blob, and a Backport's PR and release are
-    those releases.toml gives the fix the step adds."""
+def _check_pins(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
+    """What the manifest pins of a patch: its sha256; and of the step it brings the tree to: its
+    index lines name the step's blobs, a file it does not touch keeps its blob, and a Backport's
+    PR and release are those releases.toml gives the fix the step adds."""
+    if (pinned := manifest.patch_hashes.get(patch.path.name)) is not None:
+        report.checked["manifest"] += 1
+        if (actual := sha256_of(patch.path)) != pinned:
+            problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned}; if the change is "
+            report.add(patch.path, None, "manifest", f"{problem}wanted, {ON_BRANCH}")
     if (step := step_of(patch.path.name)) not in manifest.steps[1:]:
         return
     before = manifest.steps[manifest.steps.index(step) - 1]
@@ -206,7 +202,6 @@ def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -
 
 
 def _check_message(report: LintReport, patch: Patch, base_version: str | None) -> None:
-    """Its subject, description and trailers."""
     report.checked.update(("description", "trailers"))
     if not patch.subject:
         report.add(patch.path, 1, "description", "no Subject: header")
@@ -279,7 +274,6 @@ def _check_file_bytes(report: LintReport, path: Path) -> None:
 
 
 def lint_patch_set(folder: Path) -> LintReport:
-    """Run every rule on one patch set folder."""
     require_folder(folder)
     report = LintReport(folder)
     entries, paths = _read_series(report, folder)
@@ -298,11 +292,11 @@ def lint_patch_set(folder: Path) -> LintReport:
         _check_lines(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
-            _check_step(report, manifest, patch)
+            _check_pins(report, manifest, patch)
         if not any(diff.hunks for diff in patch.files):
             report.add(patch.path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:
-        _check_manifest(report, manifest, entries, patches)
+        _check_manifest(report, manifest, entries)
         report.checked["build-wheel"] += 1
         for problem in label_problems(manifest):
             report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)

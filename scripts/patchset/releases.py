@@ -112,7 +112,6 @@ class TomlFile:
         return str(text)
 
     def names(self, keys: tuple[str, ...], defined: dict[str, Any], where: str) -> frozenset[str]:
-        """A list of names, each one that where defines."""
         listed = self.value(keys, list)
         if unknown := [n for n in listed if not isinstance(n, str) or n not in defined]:
             names = ", ".join(n if isinstance(n, str) else json.dumps(n) for n in unknown)
@@ -279,7 +278,6 @@ class Releases:
         return cls(path, fixes, known, upstream, launch, writer_rows(toml))
 
     def release(self, version: str, needed_by: Path) -> KnownRelease:
-        """A known release; refuse one the registry does not have."""
         if version not in self.known:
             raise BackportError(
                 Exit.PATCHSET_INVALID,

@@ -59,7 +59,6 @@ class _Reader:
         return table
 
     def assign(self, table: dict[str, Any]) -> None:
-        """KEY = VALUE, set in table."""
         keys = self.key()
         self.take("=", "an = was expected after a key")
         value = self.value()
@@ -133,7 +132,6 @@ class _Reader:
 
 
 def subset_loads(text: str) -> dict[str, Any]:
-    """The TOML subset our data files use, read without tomllib."""
     reader = _Reader(text)
     root: dict[str, Any] = {}
     current = root
