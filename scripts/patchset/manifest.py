@@ -154,8 +154,7 @@ class PinManifest:
         toml = TomlFile.load(path, "pin manifest", missing, REPAIR)
         version = toml.text(("sglang", "version"))
         patch_hashes = {
-            name: toml.text(("patches", name), SHA256, "a sha256")
-            for name in toml.table(("patches",))
+            name: toml.text(("patches", name), SHA256) for name in toml.table(("patches",))
         }
         steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
         known = registry.release(version, path)
@@ -217,7 +216,7 @@ def _step_blobs(
             )
     return {
         file: {BASE_STEP: base}
-        | {step: toml.text(("blobs", file, step), BLOB_ID, "a git blob id") for step in steps[1:]}
+        | {step: toml.text(("blobs", file, step), BLOB_ID) for step in steps[1:]}
         for file, base in known.blobs.items()
     }
 

@@ -18,8 +18,9 @@ RELEASES_NAME = "releases.toml"
 RESTORE_RELEASES = "restore it with `git checkout -- patches/releases.toml`"
 ADDING = "(docs/maintaining.md: adding a release)"
 REPAIR_RELEASES = f"{RESTORE_RELEASES}, or fix it as the comment at its top describes {ADDING}"
-BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+Form = tuple[re.Pattern[str], str]  # a text's pattern, and what such a text is called
+BLOB_ID: Form = (re.compile(r"^[0-9a-f]{40}$"), "a git blob id")
+SHA256: Form = (re.compile(r"^[0-9a-f]{64}$"), "a sha256")
 # PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
 WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.]+-[^-]+-[a-z]+\d+-[^-]+-[^-]+\.whl$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -100,15 +101,11 @@ class TomlFile:
         return dict(self.value(keys, dict, {} if optional else _REQUIRED))
 
     def text(
-        self,
-        keys: tuple[str, ...],
-        pattern: re.Pattern[str] | None = None,
-        what: str = "",
-        default: Any = _REQUIRED,
+        self, keys: tuple[str, ...], form: Form | None = None, default: Any = _REQUIRED
     ) -> str:
         text = self.value(keys, str, default)
-        if pattern is not None and not pattern.match(text):
-            raise self.refuse(keys, f"= {json.dumps(text)} is not {what}")
+        if form is not None and not form[0].match(text):
+            raise self.refuse(keys, f"= {json.dumps(text)} is not {form[1]}")
         return str(text)
 
     def names(self, keys: tuple[str, ...], defined: dict[str, Any], where: str) -> frozenset[str]:
@@ -120,11 +117,11 @@ class TomlFile:
 
     def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
         """The table's wheel (a wheel file name of that sglang version) and sha256."""
-        wheel = self.text((*keys, "wheel"), WHEEL_NAME, "a wheel file name (PEP 427)")
+        wheel = self.text((*keys, "wheel"), (WHEEL_NAME, "a wheel file name (PEP 427)"))
         if wheel.split("-")[:2] != ["sglang", version]:  # WHEEL_NAME: neither holds a "-"
             problem = f"= {json.dumps(wheel)} is not a wheel of sglang {version}"
             raise self.refuse((*keys, "wheel"), problem)
-        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
+        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256))
 
 
 @dataclass(frozen=True)
@@ -195,7 +192,7 @@ def _launch_profile(toml: TomlFile, name: str) -> LaunchSettings:
         key = field_name.replace("_", "-")
         if field_name in LAUNCH_OPTIONAL and key not in toml.table(keys):
             continue
-        flag = toml.text((*keys, key, "flag"), _FLAG, "a long option (--name)")
+        flag = toml.text((*keys, key, "flag"), (_FLAG, "a long option (--name)"))
         default = toml.value((*keys, key, "default"), kind, None if kind is str else False)
         if kind is bool and default is not False:
             raise toml.refuse((*keys, key, "default"), "of a store_true flag must be false")
@@ -257,7 +254,7 @@ class Releases:
             keys = ("releases", version)
             fixed = toml.names((*keys, "fixes"), fixes, "[fixes]")
             blobs = {
-                file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
+                file: toml.text((*keys, "blobs", file), BLOB_ID)
                 for file in toml.table((*keys, "blobs"))
             }
             wheel = toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None
