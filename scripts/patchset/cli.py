@@ -24,14 +24,10 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # the signals that 
 
 
 def parser(
-    prog: str,
-    description: str,
-    codes: Iterable[Exit],
-    wording: dict[Exit, str] | None = None,
-    epilog: str = "",
+    prog: str, description: str, codes: Iterable[Exit], wording: dict[Exit, str], epilog: str = ""
 ) -> argparse.ArgumentParser:
     """A parser whose --help ends with the exit codes this command can return, and only those."""
-    wording = {**EXIT_TEXT, **(wording or {})}
+    wording = {**EXIT_TEXT, **wording}
     lines = [*([epilog] if epilog else []), "exit codes:"]
     for code in sorted(set(codes) | set(COMMON)):
         at = f"  {int(code):>3}  "

@@ -62,10 +62,8 @@ class Violation:
     message: str
 
     def render(self) -> str:
-        try:
-            shown = str(self.path.resolve().relative_to(Path.cwd().resolve()))
-        except ValueError:
-            shown = str(self.path)
+        path, here = self.path.resolve(), Path.cwd().resolve()
+        shown = str(path.relative_to(here) if path.is_relative_to(here) else self.path)
         where = f"{shown}:{self.line}" if self.line else shown
         return f"{where}: [{self.rule}] {self.message}"
 
