@@ -325,6 +325,9 @@ class Series:
                     f"{RESTORE}, or, if the change is wanted, {ON_BRANCH}",
                 )
 
+    def for_release(self, version: str) -> Series:
+        return replace(self, manifest=self.manifest.for_release(version))
+
 
 def series_entries(path: Path) -> list[tuple[str, int]]:
     """A series file's (patch name, line number) entries: no blank or comment line."""
@@ -347,9 +350,9 @@ def series_for_release(root: Path, version: str) -> Series:
     """The series that serves an sglang release; refuse one no patch set serves."""
     registry = load_releases(root / RELEASES_NAME)
     all_series = [Series.load(folder, registry) for folder in patch_set_folders(root)]
-    served = {r: series for series in all_series for r in series.manifest.releases}
-    if found := served.get(version):
-        return replace(found, manifest=found.manifest.for_release(version))
+    served = {r: series.for_release(r) for series in all_series for r in series.manifest.releases}
+    if version in served:
+        return served[version]
     known = sorted(served, key=release_key)
     fixed = registry.upstream_fixed.version
     is_release = re.fullmatch(r"\d+(\.\d+)*(\.post\d+)?", version)

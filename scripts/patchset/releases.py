@@ -131,6 +131,8 @@ class Fix:
     name: str
     pr: int
     about: str
+    marker: str = ""  # a line the fix adds; in marker_function it means "fixed"
+    marker_function: str = ""
 
     @property
     def ref(self) -> str:
@@ -244,7 +246,9 @@ class Releases:
         fixes: dict[str, Fix] = {}
         for name in toml.table(("fixes",)):
             keys = ("fixes", name)
-            fixes[name] = Fix(name, toml.value((*keys, "pr"), int), toml.text((*keys, "about")))
+            pr, about = toml.value((*keys, "pr"), int), toml.text((*keys, "about"))
+            optional = (toml.text((*keys, k), default="") for k in ("marker", "marker-function"))
+            fixes[name] = Fix(name, pr, about, *optional)
         profiles = {
             name: _launch_profile(toml, name) for name in toml.table((LAUNCH_TABLE,), optional=True)
         }

@@ -218,7 +218,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     assert "every one classified" in run(root, env, *scan_writers).stdout
 
     # 8. Review: every difference from upstream's fixed release explained.
-    upstream = fetch_or_skip(old.upstream_fixed, paths.cache_dir())
+    upstream = fetch_or_skip(old.registry.upstream_fixed, paths.cache_dir())
     shutil.copy(upstream, cache / upstream.name)
     run(root, env, "review", "--patch-set", str(folder), "--strict")
 
