@@ -131,9 +131,7 @@ def run(main: Callable[[], int]) -> None:
         code = Exit.INTERRUPTED
     except Exception:
         traceback.print_exc()
-        print(
-            "error: internal error (the trace above); nothing of yours was reset", file=sys.stderr
-        )
+        sys.stderr.write("error: internal error (the trace above); nothing of yours was reset\n")
         code = Exit.INTERNAL
     # The outcome is settled: a signal from now on would only kill the interpreter
     # while it shuts down, turning a finished run into a silent death by SIGINT.

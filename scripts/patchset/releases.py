@@ -240,44 +240,6 @@ class Releases:
     # the FutureMap writers every release has; a pin.toml adds its own
     writers: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    @classmethod
-    def load(cls, path: Path) -> Releases:
-        toml = TomlFile.load(path, "release registry", RESTORE_RELEASES, REPAIR_RELEASES)
-        fixes: dict[str, Fix] = {}
-        for name in toml.table(("fixes",)):
-            keys = ("fixes", name)
-            pr, about = toml.value((*keys, "pr"), int), toml.text((*keys, "about"))
-            optional = (toml.text((*keys, k), default="") for k in ("marker", "marker-function"))
-            fixes[name] = Fix(name, pr, about, *optional)
-        profiles = {
-            name: _launch_profile(toml, name) for name in toml.table((LAUNCH_TABLE,), optional=True)
-        }
-        known: dict[str, KnownRelease] = {}
-        launch: dict[str, LaunchSettings] = {}
-        for version in sorted(toml.table(("releases",)), key=release_key):
-            keys = ("releases", version)
-            fixed = toml.names((*keys, "fixes"), fixes, "[fixes]")
-            blobs = {
-                file: toml.text((*keys, "blobs", file), BLOB_ID)
-                for file in toml.table((*keys, "blobs"))
-            }
-            wheel = toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None
-            known[version] = KnownRelease(version, fixed, blobs, wheel)
-            profile = toml.text((*keys, LAUNCH_TABLE), default="")
-            if profile and profile not in profiles:
-                raise toml.refuse(
-                    (*keys, LAUNCH_TABLE),
-                    f"= {json.dumps(profile)} names no [{LAUNCH_TABLE}.{profile}] "
-                    f"(profiles: {', '.join(profiles) or 'none'})",
-                )
-            if profile:
-                launch[version] = replace(profiles[profile], release=version)
-        first = toml.text(("upstream-fixed",))
-        if first not in known:
-            raise toml.refuse(("upstream-fixed",), f'= "{first}" has no [releases."{first}"]')
-        upstream = known[first].wheel or toml.wheel_pin(("releases", first), first)
-        return cls(path, fixes, known, upstream, launch, writer_rows(toml))
-
     def release(self, version: str, needed_by: Path) -> KnownRelease:
         if version not in self.known:
             raise BackportError(
@@ -290,4 +252,38 @@ class Releases:
 
 @functools.cache
 def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
-    return Releases.load(path)
+    toml = TomlFile.load(path, "release registry", RESTORE_RELEASES, REPAIR_RELEASES)
+    fixes: dict[str, Fix] = {}
+    for name in toml.table(("fixes",)):
+        keys = ("fixes", name)
+        pr, about = toml.value((*keys, "pr"), int), toml.text((*keys, "about"))
+        optional = (toml.text((*keys, k), default="") for k in ("marker", "marker-function"))
+        fixes[name] = Fix(name, pr, about, *optional)
+    profiles = {
+        name: _launch_profile(toml, name) for name in toml.table((LAUNCH_TABLE,), optional=True)
+    }
+    known: dict[str, KnownRelease] = {}
+    launch: dict[str, LaunchSettings] = {}
+    for version in sorted(toml.table(("releases",)), key=release_key):
+        keys = ("releases", version)
+        fixed = toml.names((*keys, "fixes"), fixes, "[fixes]")
+        blobs = {
+            file: toml.text((*keys, "blobs", file), BLOB_ID)
+            for file in toml.table((*keys, "blobs"))
+        }
+        wheel = toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None
+        known[version] = KnownRelease(version, fixed, blobs, wheel)
+        profile = toml.text((*keys, LAUNCH_TABLE), default="")
+        if profile and profile not in profiles:
+            raise toml.refuse(
+                (*keys, LAUNCH_TABLE),
+                f"= {json.dumps(profile)} names no [{LAUNCH_TABLE}.{profile}] "
+                f"(profiles: {', '.join(profiles) or 'none'})",
+            )
+        if profile:
+            launch[version] = replace(profiles[profile], release=version)
+    first = toml.text(("upstream-fixed",))
+    if first not in known:
+        raise toml.refuse(("upstream-fixed",), f'= "{first}" has no [releases."{first}"]')
+    upstream = known[first].wheel or toml.wheel_pin(("releases", first), first)
+    return Releases(path, fixes, known, upstream, launch, writer_rows(toml))

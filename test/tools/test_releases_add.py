@@ -40,9 +40,9 @@ from patchset.errors import Exit
 from patchset.git import Git
 from patchset.manifest import (
     RELEASES_NAME,
-    Releases,
     Series,
     git_blob_id,
+    load_releases,
     series_for_release,
     sha256_of,
 )
@@ -189,7 +189,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     assert f"lint ok: {len(old.patch_hashes)} patches" in lint.stdout
 
     # 6. The race tables, as race-check --write-expected writes them from its run.
-    series = Series.load(folder, Releases.load(registry))
+    series = Series.load(folder, load_releases(registry))
     measured = measured_runs(series, report.expected_table(old, SCENARIOS))
     assert cli.expected_tables([series], measured, write=True) == Exit.OK
 
