@@ -184,16 +184,15 @@ def _check_pins(report: LintReport, manifest: PinManifest, patch: Patch) -> None
 
 
 def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    allowed = set(manifest.files)
     touched, problem = touched_paths(patch.path)
     report.checked["allow-list"] += 1
     if problem:
         report.add(patch.path, None, "allow-list", f"git cannot read this patch: {problem}")
     for path in dict.fromkeys(touched):
-        if path not in allowed:
+        if path not in manifest.blobs:
             problem = (
                 f"touches {path}, which is not one of the files this series may change "
-                f"({', '.join(sorted(allowed))}); add it to the manifest's [blobs] only if "
+                f"({', '.join(sorted(manifest.blobs))}); add it to the manifest's [blobs] only if "
                 "the fix really needs it"
             )
             report.add(patch.path, line_naming(patch, path), "allow-list", problem)
