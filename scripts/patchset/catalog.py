@@ -5,7 +5,7 @@ Standard library only and Python 3.10-safe: check-install's zipapp carries it.""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,13 +84,12 @@ class Catalog:
 
         return max(found, key=rank, default=None)
 
-    def nearest_release(self, blobs: Blobs, among: Iterable[str] | None = None) -> str | None:
+    def nearest_release(self, blobs: Blobs, among: Container[str] | None = None) -> str | None:
         """The known release (of among) sharing most of these files (newest on a tie), or None."""
-        allowed = set(self.releases if among is None else among)
         scored = [
             (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(v), v)
             for v, files in self.releases.items()
-            if v in allowed
+            if among is None or v in among
         ]
         best = max(scored, default=None)
         return best[2] if best and best[0] else None
