@@ -10,16 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BackportError, Exit
-from .manifest import (
-    RELEASES_NAME,
-    PinManifest,
-    RaceEntry,
-    Series,
-    git_blob_id,
-    load_releases,
-    patch_set_folders,
-    release_key,
-)
+from .manifest import PinManifest, RaceEntry, Series, git_blob_id, patch_set_folders
+from .releases import RELEASES_NAME, load_releases, release_key
 
 # the manifests' paths; in a wheel or an install the files sit under sglang/, one folder up
 REPO_PREFIX = "python/"
