@@ -158,7 +158,6 @@ class PinManifest:
         }
         steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
         known = registry.release(version, path)
-        blobs = _step_blobs(toml, known, steps, registry.path)
         for step in toml.table(("step-fixes",)):
             if step == BASE_STEP:
                 holds = f'the base holds what [releases."{version}"] fixes in {registry.path} says'
@@ -186,7 +185,7 @@ class PinManifest:
         return cls(
             release=ReleasePin.from_table(toml, ("sglang",), version),
             patch_hashes=patch_hashes,
-            blobs=blobs,
+            blobs=_step_blobs(toml, known, steps, registry.path),
             step_fixes=step_fixes,
             registry=registry,
             same_files=same_files,
@@ -305,8 +304,7 @@ class Series:
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
             raise _invalid(f"{series_file} does not exist", REGENERATE)
-        names = [name for name, _ in series_entries(series_file)]
-        return cls(folder=folder, patch_names=names, manifest=manifest)
+        return cls(folder, [name for name, _ in series_entries(series_file)], manifest)
 
     def verify(self) -> None:
         """Refuse a series whose patch files differ from the manifest's hashes."""
