@@ -46,7 +46,7 @@ class _Reader:
     def skip_space(self, newlines: bool = False) -> None:
         """Spaces, tabs and comments; with newlines, line ends too."""
         found = _SPACE[newlines].match(self.text, self.pos)
-        if bad := _CONTROL.search(self.text, self.pos, found.end()):  # in a comment: none else
+        if bad := _CONTROL.search(self.text, self.pos, found.end()):  # only a comment holds one
             self.pos = bad.start()
             raise self.fail("a control character in a comment")
         self.pos = found.end()
