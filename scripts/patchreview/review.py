@@ -341,7 +341,7 @@ def build_review(series: Series, build: Path, cache: Path, notes: Notes | None =
     series.verify()
     notes = FUNCTION_NOTES if notes is None else notes
     manifest = series.manifest
-    upstream, release = manifest.upstream_fixed.version, manifest.base.version
+    upstream, release = manifest.registry.upstream_fixed.version, manifest.base.version
     check_bounds(notes, manifest.registry)
     by_step, source = step_files(series, build, cache)
     steps = list(by_step.values())
@@ -351,7 +351,7 @@ def build_review(series: Series, build: Path, cache: Path, notes: Notes | None =
         for i, path in enumerate(series.patch_paths)
     ]
     paths = tuple(sorted({n.path for n in notes.values()}))
-    upstream_files = _upstream_sources(manifest.upstream_fixed, cache, paths)
+    upstream_files = _upstream_sources(manifest.registry.upstream_fixed, cache, paths)
     functions: list[FunctionComparison] = []
     for qualname, about in notes.items():
         path = about.path

@@ -41,9 +41,9 @@ from patchset.errors import Exit
 from patchset.git import Git
 from patchset.manifest import (
     RELEASES_NAME,
-    Releases,
     Series,
     git_blob_id,
+    load_releases,
     series_for_release,
     sha256_of,
 )
@@ -190,7 +190,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     assert f"lint ok: {len(old.patch_hashes)} patches" in lint.stdout
 
     # 6. The race tables, as race-check --write-expected writes them from its run.
-    series = Series.load(folder, Releases.load(registry))
+    series = Series.load(folder, load_releases(registry))
     measured = measured_runs(series, report.expected_table(old, SCENARIOS))
     assert cli.expected_tables([series], measured, write=True) == Exit.OK
 
@@ -219,7 +219,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     assert "every one classified" in run(root, env, *scan_writers).stdout
 
     # 8. Review: every difference from upstream's fixed release explained.
-    upstream = fetch_or_skip(old.upstream_fixed, paths.cache_dir())
+    upstream = fetch_or_skip(old.registry.upstream_fixed, paths.cache_dir())
     shutil.copy(upstream, cache / upstream.name)
     run(root, env, "review", "--patch-set", str(folder), "--strict")
 
