@@ -25,6 +25,12 @@ LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds 
 TEMP_PREFIX = "sglang-backports-apply-"
 RESTORE = "restore the patch set with `git checkout -- patches/`"
 ROLLED_BACK = "this run changed nothing of yours (its work was rolled back)"
+OPERATIONS = (
+    ("rebase-apply", "git am or rebase"),
+    ("rebase-merge", "rebase"),
+    ("MERGE_HEAD", "merge"),
+    ("CHERRY_PICK_HEAD", "cherry-pick"),
+)
 
 
 @dataclass
@@ -37,13 +43,19 @@ class ApplyReport:
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
-    if operation := git.operation_in_progress():
+    git_dir = Path(git.out("rev-parse", "--absolute-git-dir"))
+    if operation := next((name for mark, name in OPERATIONS if (git_dir / mark).exists()), None):
         raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} is in the middle of a {operation}",
             "finish or abort it there first; nothing was changed",
         )
-    if dirty := git.dirty_files():
+    # Changed tracked files under the prefix, read with every filter driver off (none runs).
+    off = dict.fromkeys(("clean", "smudge", "process"), "") | {"required": "false"}
+    pathspec = ["--", f":(literal){git.prefix}"] if git.prefix else []
+    status = ["status", "--porcelain=v1", "-z", "--untracked-files=no", "--no-renames"]
+    listing = git.overriding("filter", "[^.]*", off)[0].run(*status, *pathspec).stdout
+    if dirty := [entry[3:] for entry in listing.split("\0") if entry]:  # "XY path"
         raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} has uncommitted changes to tracked files: {', '.join(dirty)}",
@@ -155,7 +167,11 @@ def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
 
 def refuse_clash(git: Git, branch: str, where: Path) -> None:
     """Refuse a branch name that an existing ref keeps git from making (a/b beside a)."""
-    if clash := git.ref_clash(branch):
+    ref, top = f"refs/heads/{branch}", "refs/heads/" + branch.split("/", 1)[0]
+    listed = git.run("for-each-ref", "--format=%(refname)", top).stdout.split()
+    if clash := next(
+        (r for r in listed if ref.startswith(r + "/") or r.startswith(ref + "/")), None
+    ):
         raise BackportError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} cannot be made in {where}: git keeps refs as files and "
@@ -224,23 +240,22 @@ def _head(git: Git) -> str:
     return git.out("rev-parse", "--verify", "HEAD^{commit}")
 
 
-# --3way: applies a series onto a fork, given (git, HEAD, its files).
-OntoFork = Callable[[Git, str, Files], ApplyReport]
-
-
 def apply_to_user_checkout(
     git: Git,
     path: Path,
     branch: str | None,
     wait_s: float = lock.DEFAULT_WAIT_S,
     series: Series | None = None,
-    onto_fork: OntoFork | None = None,
+    onto_fork: Callable[[Git, str, Files], ApplyReport] | None = None,
 ) -> ApplyReport:
-    """Recognise HEAD once under the lock and apply; a fork goes to onto_fork (--3way) if given."""
+    """Recognise HEAD once under the lock and apply; a fork goes to onto_fork(git, HEAD, its
+    files) (--3way) if given."""
     if series is not None:
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)
-    with lock.held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
+    # in the repository's own git folder, shared by all its worktrees
+    common = Path(git.out("rev-parse", "--path-format=absolute", "--git-common-dir"))
+    with lock.held(common / LOCK_NAME, f"the repository {path}", wait_s):
         lock.remove_leftovers(lock.tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
         head = _head(git)

@@ -6,7 +6,6 @@ import os
 import shlex
 import subprocess
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,6 @@ SGLANG_PACKAGE = "python/sglang"  # what the top folder of sglang's source holds
 # other may point git at other objects, alternates, index or config.
 KEPT_GIT_ENV = frozenset(
     f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
-)
-OPERATIONS = (
-    ("rebase-apply", "git am or rebase"),
-    ("rebase-merge", "rebase"),
-    ("MERGE_HEAD", "merge"),
-    ("CHERRY_PICK_HEAD", "cherry-pick"),
 )
 
 
@@ -100,50 +93,21 @@ class Git:
         result = self.run("rev-parse", "--verify", "--quiet", spec, check=False)
         return result.stdout.strip() if result.returncode == 0 else None
 
-    @cached_property
-    def common_dir(self) -> Path:
-        """The repository's own git folder, shared by all its worktrees."""
-        return Path(self.out("rev-parse", "--path-format=absolute", "--git-common-dir"))
-
     def branch_exists(self, branch: str) -> bool:
         return self.rev(f"refs/heads/{branch}") is not None
 
-    def config_names(self, section: str, var: str) -> list[str]:
-        """NAME of each configured key section.NAME.var (var: a regular expression)."""
+    def overriding(self, section: str, var: str, values: dict[str, str]) -> tuple[Git, list[str]]:
+        """This git with section.NAME.KEY=value for each configured NAME (that sets var), and
+        the NAMEs: set through the environment, as a NAME may hold "=", unlike with -c."""
         keys = self.run(
             "config", "-z", "--name-only", "--get-regexp", rf"^{section}\..*\.{var}$", check=False
         ).stdout.split("\0")
-        return sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in keys if key})
-
-    def dirty_files(self) -> list[str]:
-        """Changed tracked files under prefix, read with every filter driver off (none runs)."""
-        names = self.config_names("filter", "[^.]*")
-        off = [(f"filter.{n}.{k}", "") for n in names for k in ("clean", "smudge", "process")]
-        reader = self.with_env(config_env(off + [(f"filter.{n}.required", "false") for n in names]))
-        pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
-        listing = reader.run(
-            "status", "--porcelain=v1", "-z", "--untracked-files=no", "--no-renames", *pathspec
-        )
-        return [entry[3:] for entry in listing.stdout.split("\0") if entry]  # "XY path"
-
-    def ref_clash(self, branch: str) -> str | None:
-        """An existing ref that keeps refs/heads/<branch> from being made (a/b beside a)."""
-        ref = f"refs/heads/{branch}"
-        top = "refs/heads/" + branch.split("/", 1)[0]
-        listed = self.run("for-each-ref", "--format=%(refname)", top).stdout.split()
-        return next((r for r in listed if ref.startswith(r + "/") or r.startswith(ref + "/")), None)
-
-    def operation_in_progress(self) -> str | None:
-        git_dir = Path(self.out("rev-parse", "--absolute-git-dir"))
-        return next((name for marker, name in OPERATIONS if (git_dir / marker).exists()), None)
-
-
-def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """Config for one git call through the environment (a key may hold "=", unlike -c)."""
-    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
-    for n, (key, value) in enumerate(pairs):
-        env |= {f"GIT_CONFIG_KEY_{n}": key, f"GIT_CONFIG_VALUE_{n}": value}
-    return env
+        names = sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in keys if key})
+        pairs = [(f"{section}.{n}.{k}", v) for n in names for k, v in values.items()]
+        env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+        for n, (key, value) in enumerate(pairs):
+            env |= {f"GIT_CONFIG_KEY_{n}": key, f"GIT_CONFIG_VALUE_{n}": value}
+        return self.with_env(env), names
 
 
 def open_checkout(path: Path) -> Git:

@@ -113,10 +113,6 @@ TEMP_MARKER_TEXT = (
 )
 
 
-def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
-    return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
-
-
 def _temp_lock(parent: Path) -> AbstractContextManager[None]:
     path = parent / f".sglang-backports-temp-{os.getuid()}.lock"
     return held(path, f"the temporary folders in {parent}", DEFAULT_WAIT_S)
@@ -126,12 +122,11 @@ def _temp_lock(parent: Path) -> AbstractContextManager[None]:
 def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
     """A marked, locked temporary folder in parent for the block; killed runs' go first."""
     made: list[tuple[Path, int]] = []
+    remove_leftovers(parent, prefix, suffix)
     try:
-        with _temp_lock(parent):
-            _sweep(parent, prefix, suffix)
-            with deferred_signals():
-                made.append(_make_marked(parent, prefix, suffix))
-                _held.append(made[0][1])
+        with _temp_lock(parent), deferred_signals():
+            made.append(_make_marked(parent, prefix, suffix))
+            _held.append(made[0][1])
         # a signal held while the folder was made lands inside this try: it is removed
         yield made[0][0]
     finally:
@@ -202,22 +197,17 @@ def _is_leftover(folder: Path) -> bool:
         os.close(fd)
 
 
-def _sweep(parent: Path, prefix: str, suffix: str) -> list[Path]:
-    """Remove the leftovers of killed runs in parent; call with its lock held."""
-    names, removed = _temp_names(prefix, suffix), []
-    for folder in sorted(parent.iterdir()):
-        if names.fullmatch(folder.name) and not folder.is_symlink() and _is_leftover(folder):
-            with deferred_signals():
-                _remove_marked(folder)
-            progress(f"removed {folder}, which a killed run left")
-            removed.append(folder)
-    return removed
-
-
 def remove_leftovers(parent: Path, prefix: str, suffix: str = "") -> list[Path]:
     """Remove what killed runs left in parent (see marked_folder); returns what went."""
-    names = _temp_names(prefix, suffix)
+    names = re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
     if not parent.is_dir() or not any(names.fullmatch(name) for name in os.listdir(parent)):
         return []
+    removed = []
     with _temp_lock(parent):
-        return _sweep(parent, prefix, suffix)
+        for folder in sorted(parent.iterdir()):
+            if names.fullmatch(folder.name) and not folder.is_symlink() and _is_leftover(folder):
+                with deferred_signals():
+                    _remove_marked(folder)
+                progress(f"removed {folder}, which a killed run left")
+                removed.append(folder)
+    return removed

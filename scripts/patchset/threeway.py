@@ -14,7 +14,7 @@ from .apply import ApplyReport, commit_patch, create_branch, delete_or_rename, r
 from .buildtree import default_branch, files_at
 from .catalog import blobs_of, load_catalog
 from .errors import BackportError, Exit
-from .git import Git, config_env
+from .git import Git
 from .lock import marked_folder, tmpdir
 from .manifest import Series, git_blob_id, series_for_release
 from .paths import PATCHES_ROOT
@@ -35,7 +35,8 @@ def onto_fork(
     head: str,
     files: Files,
 ) -> ApplyReport:
-    """--3way under the repository's lock: an apply.OntoFork once the first four are bound."""
+    """--3way under the repository's lock: apply_to_user_checkout's onto_fork, the first four
+    bound."""
     series = series or _series(where, release, files)
     apply.verify(series)
     manifest = series.manifest
@@ -54,9 +55,8 @@ def onto_fork(
     with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
         ids = _write_preimages(git, per_step, scratch)
         # each merge driver of the user's is run as `false`: no program of theirs runs
-        drivers = git.config_names("merge", "driver")
-        off = config_env([(f"merge.{name}.driver", "false") for name in drivers])
-        merger = git.with_env({"GIT_INDEX_FILE": str(scratch / "index"), **off})
+        merger, drivers = git.overriding("merge", "driver", {"driver": "false"})
+        merger = merger.with_env({"GIT_INDEX_FILE": str(scratch / "index")})
         merger.run("read-tree", head)
         tip = head
         apply.commit_identity(git)
