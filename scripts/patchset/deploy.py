@@ -46,11 +46,11 @@ def _rewrite_record(
     data: bytes, rename: dict[str, str], changed: dict[str, bytes], record: str
 ) -> bytes:
     """RECORD with renamed paths, each changed member's new hash and size; other lines kept."""
-    out = []
+    out = io.StringIO()
     for line in data.decode("utf-8").splitlines(keepends=True):
         path, *rest = next(csv.reader([line]))
         if path not in rename and path not in changed:
-            out.append(line)
+            out.write(line)
             continue
         new_path = rename.get(path, path)
         if new_path == record:
@@ -58,11 +58,9 @@ def _rewrite_record(
         elif path in changed:
             digest = base64.urlsafe_b64encode(hashlib.sha256(changed[path]).digest())
             rest = [f"sha256={digest.rstrip(b'=').decode()}", str(len(changed[path]))]
-        buffer = io.StringIO()
         ending = line[len(line.rstrip("\r\n")) :]
-        csv.writer(buffer, lineterminator=ending).writerow([new_path, *rest])
-        out.append(buffer.getvalue())
-    return "".join(out).encode("utf-8")
+        csv.writer(out, lineterminator=ending).writerow([new_path, *rest])
+    return out.getvalue().encode("utf-8")
 
 
 def build_wheel(

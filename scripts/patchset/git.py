@@ -33,9 +33,7 @@ SAFE_CONFIG = [
 SGLANG_PACKAGE = "python/sglang"  # what the top folder of sglang's source holds
 # The only GIT_* variables of the caller's that reach git (who commits, and when): any
 # other may point git at other objects, alternates, index or config.
-KEPT_GIT_ENV = frozenset(
-    f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
-)
+KEPT_GIT_ENV = {*PROJECT_IDENTITY, "GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE"}
 
 
 @dataclass
@@ -154,17 +152,14 @@ def _where_sglang_is(path: Path, here: Path, top: Path) -> BackportError:
     up = [f for f in [here, *here.parents] if f == top or top in f.parents]
     down = [f.parents[1] for d in ("*", "*/*") for f in sorted(here.glob(f"{d}/{SGLANG_PACKAGE}"))]
     found = [f for f in [*up, *down] if (f / SGLANG_PACKAGE).is_dir()]
-    if len(found) == 1:
-        return BackportError(
-            Exit.NOT_A_CHECKOUT,
-            f"{path} holds no {SGLANG_PACKAGE}; sglang's top folder in this repository is "
-            f"{found[0]}",
-            f"pass --sglang {shlex.quote(str(found[0]))}",
-        )
-    listed = f"; these folders of the repository {top} do: {', '.join(map(str, found))}"
-    return BackportError(
-        Exit.NOT_A_CHECKOUT,
-        f"{path} holds no {SGLANG_PACKAGE}" + (listed if found else ""),
+    problem = f"{path} holds no {SGLANG_PACKAGE}"
+    next_step = (
         "pass --sglang with the folder of your git checkout that holds python/sglang "
-        "(sglang's own top folder, or where your repository vendors it)",
+        "(sglang's own top folder, or where your repository vendors it)"
     )
+    if len(found) == 1:
+        problem += f"; sglang's top folder in this repository is {found[0]}"
+        next_step = f"pass --sglang {shlex.quote(str(found[0]))}"
+    elif found:
+        problem += f"; these folders of the repository {top} do: {', '.join(map(str, found))}"
+    return BackportError(Exit.NOT_A_CHECKOUT, problem, next_step)

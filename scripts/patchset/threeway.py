@@ -3,7 +3,6 @@ written as loose objects for `git apply --cached --3way`), kept only if judged f
 
 from __future__ import annotations
 
-import ast
 import re
 import shlex
 from pathlib import Path
@@ -61,7 +60,7 @@ def onto_fork(
         tip = head
         apply.commit_identity(git)
         for patch in series.patch_paths:
-            if conflict := _merge(merger, patch, ids, scratch, drivers):
+            if conflict := _merge(merger, patch, ids, drivers):
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} of sglang {manifest.base.version}'s series {conflict[0]}"
@@ -120,17 +119,15 @@ def _series(where: Path, release: str | None, files: Files) -> Series:
 
 
 def _merge(
-    merger: Git, patch: Path, ids: dict[str, str], scratch: Path, drivers: list[str]
+    merger: Git, patch: Path, ids: dict[str, str], drivers: list[str]
 ) -> tuple[str, str] | None:
     """Merge one patch into the temporary index: None, or (what failed, git's words)."""
     text = INDEX_LINE.sub(
         lambda m: m[1] + ids.get(m[2], m[2]) + ".." + ids.get(m[3], m[3]),
         patch.read_text(encoding="utf-8"),
     )
-    merged = scratch / f"3way-{patch.name}"
-    merged.write_text(text, encoding="utf-8")
     prefix = [f"--directory={merger.prefix}"] if merger.prefix else []
-    done = merger.run("apply", "--cached", "--3way", *prefix, str(merged), check=False)
+    done = merger.run("apply", "--cached", "--3way", *prefix, input=text, check=False)
     if done.returncode == 0:
         return None
     unmerged = merger.run("ls-files", "--unmerged", "-z").stdout.split("\0")
@@ -165,20 +162,8 @@ def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
         found = functions(sources.module(path), path)
     except CannotTell:
         return None
-    text = sources.text(path) or ""
-    lines = re.findall(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z", text)  # as ast splits a source
-    return {fn.name: _segment(lines, fn.node) for fn in found}
-
-
-def _segment(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    """ast.get_source_segment(text, node), from lines split once: it splits the whole
-    text again on each call, which made a run on a fork take a second."""
-    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
-    start, end = node.col_offset, node.end_col_offset
-    if first == last:
-        return lines[first].encode()[start:end].decode()
-    head, tail = lines[first].encode()[start:].decode(), lines[last].encode()[:end].decode()
-    return head + "".join(lines[first + 1 : last]) + tail
+    lines = re.findall(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z", sources.text(path) or "")  # as ast does
+    return {fn.name: "".join(lines[fn.node.lineno - 1 : fn.node.end_lineno]) for fn in found}
 
 
 def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:

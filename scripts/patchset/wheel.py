@@ -31,36 +31,6 @@ def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
         )
 
 
-def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
-    python_tag, abi, platform = pin.tags
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps",
-        "--only-binary=:all:", "--disable-pip-version-check",
-        "--implementation", python_tag[:2], "--python-version", python_tag[2:],
-        "--abi", abi, "--platform", platform,
-        "--dest", str(tmp), f"{pin.wheel.split('-', 1)[0]}=={pin.version}",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, pass_fds=held_fds())
-    downloaded = tmp / pin.wheel
-    if "No module named pip" in result.stderr:
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            f"{sys.executable} has no pip, which downloads {pin.wheel}",
-            f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
-            f"into {cache} by hand, and run again",
-        )
-    if result.returncode != 0 or not downloaded.is_file():
-        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackportError(
-            Exit.WHEEL_UNAVAILABLE,
-            f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
-            f"and it is not in the cache {cache}. pip said: {detail}",
-            "connect to the package index (or set pip's index options), or "
-            f"put the wheel into {cache} by hand",
-        )
-    return downloaded
-
-
 def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     """The pinned wheel from the cache, downloading it once if it is not there."""
     cached = cache / pin.wheel
@@ -69,23 +39,46 @@ def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
     if cached.is_file():
         _check_hash(cached, pin, "cached")
         return cached
-    cache.mkdir(parents=True, exist_ok=True)
     progress(f"downloading {pin.wheel} with pip into {cache}")
-    with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
-        downloaded = _download(pin, tmp, cache)
+    with unpinned_wheel(pin, cache) as downloaded:
         _check_hash(downloaded, pin, "downloaded")
         # pip keeps a --find-links wheel's mode; a fresh copy gets this user's usual mode
-        shutil.copyfile(downloaded, tmp / "copy")
-        (tmp / "copy").replace(cached)
+        shutil.copyfile(downloaded, downloaded.with_name("copy"))
+        downloaded.with_name("copy").replace(cached)
     return cached
 
 
 @contextmanager
 def unpinned_wheel(pin: WheelPin, cache: Path) -> Iterator[Path]:
-    """A wheel no manifest pins yet, in a marked folder: the cache keeps pinned wheels only."""
+    """A wheel downloaded into a marked folder: the cache keeps pinned, checked wheels only."""
     cache.mkdir(parents=True, exist_ok=True)
+    python_tag, abi, platform = pin.tags
     with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
-        yield _download(pin, tmp, cache)
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps",
+            "--only-binary=:all:", "--disable-pip-version-check",
+            "--implementation", python_tag[:2], "--python-version", python_tag[2:],
+            "--abi", abi, "--platform", platform,
+            "--dest", str(tmp), f"{pin.wheel.split('-', 1)[0]}=={pin.version}",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, pass_fds=held_fds())
+        if "No module named pip" in result.stderr:
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                f"{sys.executable} has no pip, which downloads {pin.wheel}",
+                f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
+                f"into {cache} by hand, and run again",
+            )
+        if result.returncode != 0 or not (tmp / pin.wheel).is_file():
+            detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise BackportError(
+                Exit.WHEEL_UNAVAILABLE,
+                f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
+                f"and it is not in the cache {cache}. pip said: {detail}",
+                "connect to the package index (or set pip's index options), or "
+                f"put the wheel into {cache} by hand",
+            )
+        yield tmp / pin.wheel
 
 
 def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
