@@ -69,7 +69,6 @@ HELP = {
 
 
 def branch_name(name: str) -> str:
-    """argparse type: a name git can make a branch of."""
     if name.startswith("refs/"):
         problem = "give the branch name without refs/ (e.g. refs/heads/x is x)"
     else:

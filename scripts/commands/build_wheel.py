@@ -68,7 +68,6 @@ def python_of(interpreter: Path) -> str:
 
 
 def python_tag(text: str) -> str:
-    """--python-version X.Y as a wheel tag (3.12 -> cp312)."""
     found = re.fullmatch(r"3\.(\d+)", text)
     if not found:
         raise argparse.ArgumentTypeError(f"{text!r} is not a Python version X.Y (e.g. 3.12)")

@@ -169,13 +169,11 @@ def refuse_clash(git: Git, branch: str, where: Path) -> None:
     """Refuse a branch name that an existing ref keeps git from making (a/b beside a)."""
     ref, top = f"refs/heads/{branch}", "refs/heads/" + branch.split("/", 1)[0]
     listed = git.run("for-each-ref", "--format=%(refname)", top).stdout.split()
-    if clash := next(
-        (r for r in listed if ref.startswith(r + "/") or r.startswith(ref + "/")), None
-    ):
+    if clashes := [r for r in listed if ref.startswith(r + "/") or r.startswith(ref + "/")]:
         raise BackportError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} cannot be made in {where}: git keeps refs as files and "
-            f"folders, and {clash} is in its way",
+            f"folders, and {clashes[0]} is in its way",
             f"pass --branch with another name (e.g. --branch "
             f"{shlex.quote(branch.replace('/', '-'))}); nothing of yours was changed",
         )
@@ -248,8 +246,7 @@ def apply_to_user_checkout(
     series: Series | None = None,
     onto_fork: Callable[[Git, str, Files], ApplyReport] | None = None,
 ) -> ApplyReport:
-    """Recognise HEAD once under the lock and apply; a fork goes to onto_fork(git, HEAD, its
-    files) (--3way) if given."""
+    """Recognise HEAD once under the lock and apply; onto_fork(git, HEAD, files): --3way's."""
     if series is not None:
         verify(series)
     catalog = load_catalog(PATCHES_ROOT)
@@ -290,7 +287,6 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         )  # fmt: skip
         git.run("tag", pristine_tag(manifest))
         branch = default_branch(manifest)
-        report = ApplyReport(where=repo, branch=branch, applied=list(series.patch_names))
         tip = _commit_series(git, series, _head(git), series.patch_paths, tmp)
         git.run("checkout", "--quiet", "-b", branch, tip)
         # One rename on one file system: a reader sees no tree or the whole one,
@@ -301,13 +297,12 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         except BaseException:
             lock.release_interrupts()
             raise
-        return report
+        return ApplyReport(where=repo, branch=branch, applied=list(series.patch_names))
 
 
 def apply_to_build_tree(
     series: Series, build: Path, cache: Path, wait_s: float = lock.DEFAULT_WAIT_S
 ) -> ApplyReport:
-    """The default: a git tree from the pinned wheel in the build folder, patched."""
     verify(series)
     repo = build_tree_path(series, build)
     if not repo.exists():
@@ -367,7 +362,6 @@ def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
 
 
 def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    """The series' files at every step, each step checked against the manifest's blob ids."""
     verify(series, hashes=False)
     manifest = series.manifest
     where = manifest.base.wheel

@@ -24,7 +24,6 @@ def default_branch(manifest: PinManifest) -> str:
 
 
 def series_commits(git: Git, manifest: PinManifest) -> list[str]:
-    """The commits pristine..patched-branch of a build tree, oldest first."""
     range_ = f"{pristine_tag(manifest)}..{default_branch(manifest)}"
     return git.out("rev-list", "--reverse", range_).split()
 

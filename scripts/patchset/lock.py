@@ -75,7 +75,6 @@ def _try_lock(path: Path) -> int | None:
 
 @contextmanager
 def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
-    """Hold the lock at path for target, waiting up to wait_s for another holder."""
     started = time.monotonic()
     told = False
     while (fd := _try_lock(path)) is None:

@@ -114,22 +114,17 @@ def parse_patch(path: Path) -> Patch:
 
 
 def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
-    """The `diff --git` sections from lines[start] on, with every hunk line numbered."""
     files: list[FileDiff] = []
     hunk: list[PatchLine] | None = None
     old_no = new_no = old_left = new_left = 0
-    last_kind = ""
     for number, line in enumerate(lines[start:], start + 1):
         kind = line[:1] or " "
         if hunk is not None and (old_left > 0 or new_left > 0) and kind in "+- ":
             old = None if kind == "+" else old_no
             new = None if kind == "-" else new_no
             hunk.append(PatchLine(kind, line[1:], number, old, new))
-            if old is not None:
-                old_no, old_left = old_no + 1, old_left - 1
-            if new is not None:
-                new_no, new_left = new_no + 1, new_left - 1
-            last_kind = kind
+            old_no, old_left = old_no + (old is not None), old_left - (old is not None)
+            new_no, new_left = new_no + (new is not None), new_left - (new is not None)
         elif line.startswith("diff --git "):
             parts = line.split(" ")
             names = [_strip_diff_prefix(p) for p in parts[2:4]] if len(parts) >= 4 else ["", ""]
@@ -138,7 +133,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         elif not files:
             continue
         elif line.startswith("\\"):
-            if last_kind in ("+", " "):
+            if hunk and hunk[-1].kind in "+ ":
                 files[-1].new_lacks_final_newline.append(number)
         elif hunk is None and (index := INDEX_LINE.match(line)):
             files[-1].old_blob, files[-1].new_blob = index[1], index[2]
@@ -150,7 +145,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         elif header := HUNK_HEADER.match(line):
             old_no, new_no = int(header[1]), int(header[3])
             old_left, new_left = int(header[2] or 1), int(header[4] or 1)
-            hunk, last_kind = [], ""
+            hunk = []
             files[-1].hunks.append(hunk)
     return files
 
@@ -189,7 +184,6 @@ def file_events(path: Path) -> list[str]:
 
 
 def line_naming(patch: Patch, file: str) -> int | None:
-    """The first diff header line of the patch that names file."""
     for number, line in enumerate(patch.text.split("\n"), 1):
         if line.startswith(("diff --git ", "--- ", "+++ ")) and line.endswith(
             ("/" + file, " " + file)

@@ -45,14 +45,13 @@ def onto_fork(
     wheel = wheels.fetch_wheel(manifest.base, paths.cache_dir())
     per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files))
     ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
-    report = ApplyReport(where=where, branch=branch)
     note = (
         f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
         "by scripts/apply-patches --3way: git's three-way merge, the result "
         "judged fixed by its code shape.)\n"
     )
     with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
-        ids = _write_preimages(git, per_step, scratch)
+        ids = _write_preimages(git, per_step)
         # each merge driver of the user's is run as `false`: no program of theirs runs
         merger, drivers = git.overriding("merge", "driver", {"driver": "false"})
         merger = merger.with_env({"GIT_INDEX_FILE": str(scratch / "index")})
@@ -72,7 +71,6 @@ def onto_fork(
                     + full_check(where),
                 )
             tip = commit_patch(git, patch, merger.out("write-tree"), tip, scratch, note)
-            report.applied.append(patch.name)
         merged = files_at(git, tip, manifest)
         judged = shape.judge(Sources.from_texts(merged))
         if not judged.fixed:
@@ -88,21 +86,20 @@ def onto_fork(
             )
         if not exists:
             create_branch(git, branch, tip, where)
-        elif files_at(git, f"refs/heads/{branch}", manifest) == merged:
-            report.already, report.applied = report.applied, []
-        else:
+        elif files_at(git, f"refs/heads/{branch}", manifest) != merged:
             raise BackportError(
                 Exit.BRANCH_EXISTS,
                 f"branch {branch} already exists in {where} and does not hold this merge",
                 f"{delete_or_rename(branch, where)}; nothing of yours was changed",
             )
-    report.notes = [
+    done = list(series.patch_names)
+    notes = [
         f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
         f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
         *_said(ours).strip().splitlines(),
         f"next step, the full check: {full_check(where)} (after switching to the branch)",
     ]
-    return report
+    return ApplyReport(where, branch, [] if exists else done, done if exists else [], notes)
 
 
 def _series(where: Path, release: str | None, files: Files) -> Series:
@@ -141,18 +138,13 @@ def _merge(
     return what, (done.stdout + done.stderr).strip()
 
 
-def _write_preimages(
-    git: Git, per_step: dict[str, dict[str, bytes]], scratch: Path
-) -> dict[str, str]:
+def _write_preimages(git: Git, per_step: dict[str, dict[str, bytes]]) -> dict[str, str]:
     """Every step's files as loose objects: sha1 blob id -> the repository's (sha256) id."""
     blobs = {git_blob_id(data): data for files in per_step.values() for data in files.values()}
-    for sha1, data in blobs.items():
-        (scratch / sha1).write_bytes(data)
-    written = git.run(
-        "hash-object", "-w", "--no-filters", "--stdin-paths",
-        input="".join(f"{scratch / sha1}\n" for sha1 in blobs),
-    ).stdout.split()  # fmt: skip
-    return dict(zip(blobs, written, strict=True))
+    write = ("hash-object", "-w", "--no-filters", "--stdin")
+    return {
+        sha1: git.run(*write, input=data).stdout.decode().strip() for sha1, data in blobs.items()
+    }
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:

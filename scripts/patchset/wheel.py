@@ -32,7 +32,6 @@ def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
 
 
 def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
-    """The pinned wheel from the cache, downloading it once if it is not there."""
     cached = cache / pin.wheel
     with suppress(OSError):  # a read-only cache still serves its wheel
         remove_leftovers(cache, DOWNLOAD_PREFIX)
@@ -82,7 +81,6 @@ def unpinned_wheel(pin: WheelPin, cache: Path) -> Iterator[Path]:
 
 
 def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
-    """The given python/sglang/... files as the wheel holds them."""
     with zipfile.ZipFile(wheel) as archive:
         return {path: archive.read(path.removeprefix(REPO_PREFIX)) for path in repo_paths}
 
