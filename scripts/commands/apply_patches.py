@@ -9,7 +9,6 @@ from pathlib import Path
 
 from patchset import apply, buildtree, cli, paths
 from patchset import wheel as wheels
-from patchset.catalog import load_catalog
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
@@ -80,7 +79,6 @@ def branch_name(name: str) -> str:
 
 
 def check(args: argparse.Namespace, series: Series | None) -> int:
-    catalog = load_catalog(paths.PATCHES_ROOT)
     if args.sglang:
         git, where = open_checkout(args.sglang), args.sglang
         files = buildtree.files_at(git, "HEAD", reading(series).manifest)
@@ -93,7 +91,7 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
         else:  # no build tree yet: the pinned wheel's files
             where = wheels.fetch_wheel(series.manifest.base, paths.cache_dir())
             files = dict(wheels.read_files(where, series.manifest.files))
-    found = recognise(catalog, files, str(where), series, checkout=bool(args.sglang))
+    found = recognise(files, str(where), series, checkout=bool(args.sglang))
     if args.sglang or found.series is not series:  # the build tree's series is verified above
         apply.verify(found.series)
     results = apply.check_series(found.series, found.step, files)
@@ -140,11 +138,9 @@ def main() -> int:
         return check(args, series)
 
     if args.sglang:
-        git, fork = open_checkout(args.sglang), None
-        if args.three_way:
-            fork = partial(onto_fork, args.sglang, args.branch, series, args.base)
+        fork = partial(onto_fork, args.sglang, args.branch, series, args.base)
         report = apply.apply_to_user_checkout(
-            git, args.sglang, args.branch, args.wait, series, fork
+            args.sglang, args.branch, args.wait, series, fork if args.three_way else None
         )
     else:
         assert series is not None

@@ -13,18 +13,18 @@ from pathlib import Path
 from . import lock
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, files_at, pristine_tag
-from .catalog import blobs_of, load_catalog
+from .catalog import blobs_of
 from .errors import BackportError, Exit
-from .git import PROJECT_IDENTITY, Git, GitError
+from .git import PROJECT_IDENTITY, Git, GitError, open_checkout
 from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
-from .paths import PATCHES_ROOT
 from .recognise import Files, reading, recognise
 
 LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
 TEMP_PREFIX = "sglang-backports-apply-"
 RESTORE = "restore the patch set with `git checkout -- patches/`"
 ROLLED_BACK = "this run changed nothing of yours (its work was rolled back)"
+OntoFork = Callable[[Git, str, Files], "ApplyReport"]  # --3way's, given (git, HEAD, its files)
 OPERATIONS = (
     ("rebase-apply", "git am or rebase"),
     ("rebase-merge", "rebase"),
@@ -204,8 +204,7 @@ def _apply_to_checkout(
     refuse_clash(git, branch, where)
     if at is None:
         head = _head(git)
-        files = files_at(git, head, manifest)
-        at = head, recognise(load_catalog(PATCHES_ROOT), files, str(where), series).step
+        at = head, recognise(files_at(git, head, manifest), str(where), series).step
     patches = _patches_after(series, at[1])
     report.already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
@@ -239,17 +238,12 @@ def _head(git: Git) -> str:
 
 
 def apply_to_user_checkout(
-    git: Git,
-    path: Path,
-    branch: str | None,
-    wait_s: float = lock.DEFAULT_WAIT_S,
-    series: Series | None = None,
-    onto_fork: Callable[[Git, str, Files], ApplyReport] | None = None,
+    path: Path, branch: str | None, wait_s: float, series: Series | None, onto_fork: OntoFork | None
 ) -> ApplyReport:
-    """Recognise HEAD once under the lock and apply; onto_fork(git, HEAD, files): --3way's."""
+    """Recognise HEAD once under the lock and apply; a fork goes to onto_fork (--3way) if given."""
+    git = open_checkout(path)
     if series is not None:
         verify(series)
-    catalog = load_catalog(PATCHES_ROOT)
     # in the repository's own git folder, shared by all its worktrees
     common = Path(git.out("rev-parse", "--path-format=absolute", "--git-common-dir"))
     with lock.held(common / LOCK_NAME, f"the repository {path}", wait_s):
@@ -258,7 +252,7 @@ def apply_to_user_checkout(
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
         try:
-            found = recognise(catalog, files, str(path), series, checkout=True)
+            found = recognise(files, str(path), series, checkout=True)
         except BackportError as refused:
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
                 raise

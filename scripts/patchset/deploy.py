@@ -63,9 +63,7 @@ def _rewrite_record(
     return out.getvalue().encode("utf-8")
 
 
-def build_wheel(
-    series: Series, cache: Path, out_dir: Path, python: str | None = None
-) -> BuiltWheel:
+def build_wheel(series: Series, cache: Path, out_dir: Path, python: str | None) -> BuiltWheel:
     """The patched wheel for python (cp312; default the manifest's) in out_dir, reproducibly."""
     series.verify()
     manifest = series.manifest
@@ -111,10 +109,9 @@ def build_wheel(
         with marked_folder(out_dir, *BUILD_TEMP) as tmp:
             with zipfile.ZipFile(tmp / target.name, "w") as rebuilt:
                 for member in members:
-                    data = changed.get(member.filename)
-                    if data is None and not member.is_dir():
-                        data = original.read(member)
-                    rebuilt.writestr(_copy_info(member, rename), data or b"")
+                    if (data := changed.get(member.filename)) is None:
+                        data = b"" if member.is_dir() else original.read(member)
+                    rebuilt.writestr(_copy_info(member, rename), data)
             os.replace(tmp / target.name, target)
     return BuiltWheel(target, sha256_of(target), version, [rename.get(m, m) for m in changed])
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths, shape
-from .catalog import Catalog, Files, blobs_of, step_in
+from .catalog import Catalog, Files, blobs_of, load_catalog, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
@@ -30,10 +30,10 @@ def reading(series: Series | None) -> Series:
 
 
 def recognise(
-    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
+    files: Files, where: str, series: Series | None = None, checkout: bool = False
 ) -> Recognised:
     """The series (the given one, else the one whose steps hold these files) and its step."""
-    blobs = blobs_of(files)
+    blobs, catalog = blobs_of(files), load_catalog(paths.PATCHES_ROOT)
     if series is not None:
         if step := step_in(series.manifest, blobs):
             return Recognised(series, step)

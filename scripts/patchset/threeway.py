@@ -34,8 +34,7 @@ def onto_fork(
     head: str,
     files: Files,
 ) -> ApplyReport:
-    """--3way under the repository's lock: apply_to_user_checkout's onto_fork, the first four
-    bound."""
+    """--3way under the repository's lock: an apply.OntoFork once the first four are bound."""
     series = series or _series(where, release, files)
     apply.verify(series)
     manifest = series.manifest
