@@ -184,12 +184,10 @@ def _apply_to_checkout(
 ) -> ApplyReport:
     """Apply what HEAD misses of the series on a new branch; at: (HEAD, its step) if known."""
     manifest = series.manifest
-    report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
         held = blobs_of(files_at(git, f"refs/heads/{branch}", manifest))
         if held == manifest.blobs_at(manifest.final_step):
-            report.already = list(series.patch_names)
-            return report
+            return ApplyReport(where, branch, already=list(series.patch_names))
         next_step = (
             "the build tree holds another version of the series; if you have no "
             f"unexported work there, delete {where} (it is generated) and run again"
@@ -206,18 +204,16 @@ def _apply_to_checkout(
         head = _head(git)
         at = head, recognise(files_at(git, head, manifest), str(where), series).step
     patches = _patches_after(series, at[1])
-    report.already = series.patch_names[: len(series.patch_names) - len(patches)]
+    already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
-        report.branch = None
-        return report
+        return ApplyReport(where, None, already=already)
     commit_identity(git)
     # The build tree's folder is beside it, so the next run there removes what a kill left.
     temp = where.parent if git.owned else lock.tmpdir()
     with lock.marked_folder(temp, TEMP_PREFIX) as scratch:
         tip = _commit_series(git, series, at[0], patches, scratch)
-        report.applied = [p.name for p in patches]
         create_branch(git, branch, tip, where)
-    return report
+    return ApplyReport(where, branch, [p.name for p in patches], already)
 
 
 def delete_or_rename(branch: str, where: Path) -> str:
@@ -315,11 +311,9 @@ def apply_to_build_tree(
                 "move it aside or delete it (it is generated) and run again",
             )
         _refuse_unclean(git, repo)
-        branch = default_branch(series.manifest)
-        report = _apply_to_checkout(git, series, branch, repo, None)
-        current = git.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout
-        if report.branch and current.strip() != branch:
-            git.run("checkout", "--quiet", branch)
+        report = _apply_to_checkout(git, series, default_branch(series.manifest), repo, None)
+        if report.branch:  # on it already: a checkout that changes nothing
+            git.run("checkout", "--quiet", report.branch)
         return report
 
 
@@ -362,8 +356,7 @@ def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, di
     per_step = {manifest.steps[0]: dict(base_files)}
     with scratch_copy(dict(base_files)) as scratch:
         for patch in series.patch_paths:
-            result = git_apply(scratch, patch)
-            if result.returncode != 0:
+            if (result := git_apply(scratch, patch)).returncode != 0:
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} does not apply to the files of {where}:\n"
