@@ -1,7 +1,5 @@
 """Apply the PD-decode prebuilt race backports to sglang."""
 
-from __future__ import annotations
-
 import argparse
 import shlex
 from functools import partial

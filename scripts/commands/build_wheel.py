@@ -1,7 +1,5 @@
 """Build a patched sglang wheel that pip installs over the official one."""
 
-from __future__ import annotations
-
 import argparse
 import re
 import subprocess

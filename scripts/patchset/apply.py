@@ -1,7 +1,5 @@
 """Apply the series with plumbing only: a temporary index, then one ref update makes the branch."""
 
-from __future__ import annotations
-
 import os
 import shlex
 import subprocess

@@ -1,7 +1,5 @@
 """The build tree's conventions (place, tag, branch, step trees) and files_at, the one reader."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 

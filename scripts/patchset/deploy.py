@@ -1,7 +1,5 @@
 """The pinned wheel with only the patched files, dist-info name, Version and RECORD changed."""
 
-from __future__ import annotations
-
 import base64
 import csv
 import hashlib

@@ -1,7 +1,5 @@
 """Write the series back out of the patched branch, deterministically."""
 
-from __future__ import annotations
-
 import difflib
 from pathlib import Path
 

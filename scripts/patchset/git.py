@@ -1,13 +1,11 @@
 """A thin wrapper over the git command line."""
 
-from __future__ import annotations
-
 import os
 import shlex
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from .errors import BackportError, Exit, GitError
 from .lock import deferred_signals, held_fds
@@ -84,7 +82,7 @@ class Git:
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
 
-    def with_env(self, env: dict[str, str]) -> Git:
+    def with_env(self, env: dict[str, str]) -> Self:
         return replace(self, extra_env=self.extra_env | env)
 
     def rev(self, spec: str) -> str | None:
@@ -94,7 +92,7 @@ class Git:
     def branch_exists(self, branch: str) -> bool:
         return self.rev(f"refs/heads/{branch}") is not None
 
-    def overriding(self, section: str, var: str, values: dict[str, str]) -> tuple[Git, list[str]]:
+    def overriding(self, section: str, var: str, values: dict[str, str]) -> tuple[Self, list[str]]:
         """This git with section.NAME.KEY=value for each configured NAME (that sets var), and
         the NAMEs: set through the environment, as a NAME may hold "=", unlike with -c."""
         keys = self.run(

@@ -1,7 +1,5 @@
 """One run at a time per target (a named flock), no half-made state on a kill, marked_folder."""
 
-from __future__ import annotations
-
 import errno
 import fcntl
 import os

@@ -1,7 +1,5 @@
 """A `git format-patch` file's message, trailers and hunks, each line numbered for file:line."""
 
-from __future__ import annotations
-
 import email.policy
 import re
 from dataclasses import dataclass, field

@@ -1,7 +1,5 @@
 """Which served release and step files are (catalog, shape), or the refusal that says why not."""
 
-from __future__ import annotations
-
 import shlex
 from dataclasses import dataclass
 from pathlib import Path

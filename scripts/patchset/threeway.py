@@ -1,8 +1,6 @@
 """apply-patches --3way: a served release's series merged onto a fork of it (its preimages
 written as loose objects for `git apply --cached --3way`), kept only if judged fixed."""
 
-from __future__ import annotations
-
 import re
 import shlex
 from pathlib import Path

@@ -1,7 +1,5 @@
 """The pinned sglang wheels: download with pip, check the sha256, cache, unpack."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 import sys
