@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from .errors import BackportError, Exit
@@ -141,17 +141,14 @@ def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
         with suppress(FileExistsError):
             folder.mkdir(mode=0o700)
             break
-    fd = -1
-    try:
+    with ExitStack() as undo:  # on any failure: nothing of it left
+        undo.callback(shutil.rmtree, folder, ignore_errors=True)
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        undo.callback(os.close, fd)
         with suppress(OSError):  # no flock on this file system: no sweep can take it either
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, TEMP_MARKER_TEXT)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+        undo.pop_all()
     return folder, fd
 
 
@@ -169,29 +166,22 @@ def _remove_marked(folder: Path) -> None:
 
 def _is_leftover(folder: Path) -> bool:
     """Whether folder (named as ours) is a killed run's; call with the parent's lock held."""
-    try:
+    with suppress(OSError), ExitStack() as stack:
         if os.lstat(folder).st_uid != os.getuid():
             return False
-        names = os.listdir(folder)
-        if not names:
+        if not (names := os.listdir(folder)):
             return True  # killed before its marker was made
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
+        stack.callback(os.close, fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo's read would never return
             return False
         text = os.read(fd, len(TEMP_MARKER_TEXT) + 1)
         # alone, the marker may be half-written: its maker was killed while writing it
         half = names == [TEMP_MARKER] and TEMP_MARKER_TEXT.startswith(text)
-        if not (half or text == TEMP_MARKER_TEXT):
-            return False
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its maker lives
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        if half or text == TEMP_MARKER_TEXT:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its maker lives
+            return True
+    return False
 
 
 def remove_leftovers(parent: Path, prefix: str, suffix: str = "") -> list[Path]:
