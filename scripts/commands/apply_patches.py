@@ -89,10 +89,10 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
         else:  # no build tree yet: the pinned wheel's files
             where = wheels.fetch_wheel(series.manifest.base, paths.cache_dir())
             files = dict(wheels.read_files(where, series.manifest.files))
-    found = recognise(files, str(where), series, checkout=bool(args.sglang))
-    if args.sglang or found.series is not series:  # the build tree's series is verified above
-        apply.verify(found.series)
-    results = apply.check_series(found.series, found.step, files)
+    found, step = recognise(files, str(where), series, checkout=bool(args.sglang))
+    if args.sglang or found is not series:  # the build tree's series is verified above
+        apply.verify(found)
+    results = apply.check_series(found, step, files)
     print(f"checking {len(results)} patches against {where}")
     for name, status in results.items():
         print(f"  {name}: " + status.replace("\n", "\n    "))

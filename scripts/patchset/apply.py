@@ -200,7 +200,7 @@ def _apply_to_checkout(
     refuse_clash(git, branch, where)
     if at is None:
         head = _head(git)
-        at = head, recognise(files_at(git, head, manifest), str(where), series).step
+        at = head, recognise(files_at(git, head, manifest), str(where), series)[1]
     patches = _patches_after(series, at[1])
     already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
@@ -246,15 +246,15 @@ def apply_to_user_checkout(
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
         try:
-            found = recognise(files, str(path), series, checkout=True)
+            found, step = recognise(files, str(path), series, checkout=True)
         except BackportError as refused:
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
                 raise
             return onto_fork(git, head, files)
-        if found.series is not series:  # a given series was verified before the lock
-            verify(found.series)
-        branch = branch or default_branch(found.series.manifest)
-        return _apply_to_checkout(git, found.series, branch, path, (head, found.step))
+        if found is not series:  # a given series was verified before the lock
+            verify(found)
+        branch = branch or default_branch(found.manifest)
+        return _apply_to_checkout(git, found, branch, path, (head, step))
 
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:

@@ -95,8 +95,7 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
     finally:
         with deferred_signals():
             _held.remove(fd)
-            with suppress(FileNotFoundError):
-                path.unlink()
+            path.unlink(missing_ok=True)
             os.close(fd)
 
 

@@ -89,14 +89,11 @@ def _split_message(lines: list[str], start: int, end: int) -> tuple[list[str], l
 
 def parse_patch(path: Path) -> Patch:
     text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    lines = text.removesuffix("\n").split("\n") if text else []
     # Mail headers end at the first blank line (after the mbox "From " line);
     # the email package unfolds them and decodes RFC 2047 words (=?UTF-8?q?...?=).
-    header_start = start = 1 if lines and lines[0].startswith("From ") else 0
-    while start < len(lines) and lines[start].strip():
-        start += 1
+    header_start = 1 if lines and lines[0].startswith("From ") else 0
+    start = next((n for n in range(header_start, len(lines)) if not lines[n].strip()), len(lines))
     header = "\n".join(lines[header_start:start]) + "\n\n"
     raw_subject = HeaderParser(policy=email.policy.default).parsestr(header).get("Subject")
     subject = " ".join(str(raw_subject).split()) if raw_subject is not None else None

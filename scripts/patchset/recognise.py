@@ -1,7 +1,6 @@
 """Which served release and step files are (catalog, shape), or the refusal that says why not."""
 
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths, shape
@@ -9,12 +8,6 @@ from .catalog import Catalog, Files, blobs_of, load_catalog, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
-
-
-@dataclass(frozen=True)
-class Recognised:
-    series: Series
-    step: str  # the step of the series the files are at
 
 
 def full_check(where: str | Path) -> str:
@@ -29,17 +22,17 @@ def reading(series: Series | None) -> Series:
 
 def recognise(
     files: Files, where: str, series: Series | None = None, checkout: bool = False
-) -> Recognised:
-    """The series (the given one, else the one whose steps hold these files) and its step."""
+) -> tuple[Series, str]:
+    """The series (the given one, else the one whose steps hold these files), the files' step."""
     blobs, catalog = blobs_of(files), load_catalog(paths.PATCHES_ROOT)
     if series is not None:
         if step := step_in(series.manifest, blobs):
-            return Recognised(series, step)
+            return series, step
     else:
         for content in catalog.lookup(blobs):
             if content.series:
                 found = Series.load(paths.PATCHES_ROOT / content.series)
-                return Recognised(found, step_in(found.manifest, blobs) or "")
+                return found, step_in(found.manifest, blobs) or ""
     raise _refusal(catalog, files, where, series, checkout)
 
 
