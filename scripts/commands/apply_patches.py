@@ -77,18 +77,15 @@ def branch_name(name: str) -> str:
 
 
 def check(args: argparse.Namespace, series: Series | None) -> int:
-    if args.sglang:
-        git, where = open_checkout(args.sglang), args.sglang
-        files = buildtree.files_at(git, "HEAD", reading(series).manifest)
-    else:
-        assert series is not None
-        apply.verify(series)
-        where = buildtree.build_tree_path(series, paths.build_dir())
-        if where.is_dir():
-            files = buildtree.files_at(open_checkout(where), "HEAD", series.manifest)
-        else:  # no build tree yet: the pinned wheel's files
-            where = wheels.fetch_wheel(series.manifest.base, paths.cache_dir())
-            files = dict(wheels.read_files(where, series.manifest.files))
+    manifest = reading(series).manifest
+    if not args.sglang:
+        apply.verify(reading(series))
+    where = args.sglang or buildtree.build_tree_path(reading(series), paths.build_dir())
+    if args.sglang or where.is_dir():
+        files = buildtree.files_at(open_checkout(where), "HEAD", manifest)
+    else:  # no build tree yet: the pinned wheel's files
+        where = wheels.fetch_wheel(manifest.base, paths.cache_dir())
+        files = dict(wheels.read_files(where, manifest.files))
     found, step = recognise(files, str(where), series, checkout=bool(args.sglang))
     if args.sglang or found is not series:  # the build tree's series is verified above
         apply.verify(found)

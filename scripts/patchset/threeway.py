@@ -1,5 +1,4 @@
-"""apply-patches --3way: a served release's series merged onto a fork of it (its preimages
-written as loose objects for `git apply --cached --3way`), kept only if judged fixed."""
+"""apply-patches --3way: a served release's series merged onto a fork of it, kept only if fixed."""
 
 import re
 import shlex
@@ -155,23 +154,16 @@ def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
     return {fn.name: "".join(lines[fn.node.lineno - 1 : fn.node.end_lineno]) for fn in found}
 
 
-def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
-    return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
-
-
 def fork_changes(base: dict[str, bytes], fork: Files, patched: dict[str, bytes]) -> Touched:
     """(path, Class.method) that both fork and series change from base; unparsable: whole file."""
     found = []
     for path, data in base.items():
-        before, theirs, series = (
-            _functions(d, path) for d in (data, fork.get(path), patched[path])
-        )
+        old, theirs, new = (_functions(d, path) for d in (data, fork.get(path), patched[path]))
         if theirs is None:
             found.append((path, "(the whole file: it does not parse)"))
-        elif before is not None and series is not None:
-            found += [
-                (path, n) for n in sorted(_changed(before, theirs) & _changed(before, series))
-            ]
+        elif old is not None and new is not None:
+            names = sorted(old.keys() | theirs.keys() | new.keys())
+            found += [(path, n) for n in names if old.get(n) not in (theirs.get(n), new.get(n))]
     return found
 
 
