@@ -86,7 +86,7 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
     else:  # no build tree yet: the pinned wheel's files
         where = wheels.fetch_wheel(manifest.base, paths.cache_dir())
         files = dict(wheels.read_files(where, manifest.files))
-    found, step = recognise(files, str(where), series, checkout=bool(args.sglang))
+    found, step = recognise(files, str(where), series, bool(args.sglang))
     if args.sglang or found is not series:  # the build tree's series is verified above
         apply.verify(found)
     results = apply.check_series(found, step, files)

@@ -200,7 +200,7 @@ def _apply_to_checkout(
     refuse_clash(git, branch, where)
     if at is None:
         head = _head(git)
-        at = head, recognise(files_at(git, head, manifest), str(where), series)[1]
+        at = head, recognise(files_at(git, head, manifest), str(where), series, False)[1]
     patches = _patches_after(series, at[1])
     already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
@@ -246,7 +246,7 @@ def apply_to_user_checkout(
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
         try:
-            found, step = recognise(files, str(path), series, checkout=True)
+            found, step = recognise(files, str(path), series, True)
         except BackportError as refused:
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
                 raise

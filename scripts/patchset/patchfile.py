@@ -71,22 +71,6 @@ def _strip_diff_prefix(path: str) -> str:
     return path[2:] if path.startswith(("a/", "b/")) else path
 
 
-def _split_message(lines: list[str], start: int, end: int) -> tuple[list[str], list[Trailer]]:
-    """Body and trailers of the message lines [start, end) (0-based)."""
-    # The trailer block is the last paragraph, if every line of it is Key: value.
-    last = end
-    while last > start and not lines[last - 1].strip():
-        last -= 1
-    first = last
-    while first > start and lines[first - 1].strip():
-        first -= 1
-    found = [TRAILER.match(line) for line in lines[first:last]]
-    if not found or not all(found):
-        return lines[start:last], []
-    trailers = [Trailer(m[1], m[2].strip(), first + n + 1) for n, m in enumerate(found) if m]
-    return lines[start:first], trailers
-
-
 def parse_patch(path: Path) -> Patch:
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.removesuffix("\n").split("\n") if text else []
@@ -102,9 +86,19 @@ def parse_patch(path: Path) -> Patch:
     end = start
     while end < len(lines) and lines[end] != "---" and not lines[end].startswith("diff --git "):
         end += 1
-    body, trailers = _split_message(lines, start, end)
+    # The trailer block is the message's last paragraph, if every line of it is Key: value.
+    last = end
+    while last > start and not lines[last - 1].strip():
+        last -= 1
+    first = last
+    while first > start and lines[first - 1].strip():
+        first -= 1
+    found = [TRAILER.match(line) for line in lines[first:last]]
+    if not found or not all(found):
+        first, found = last, []
+    trailers = [Trailer(m[1], m[2].strip(), first + n + 1) for n, m in enumerate(found) if m]
+    description = "\n".join(lines[start:first]).strip()
     files = _file_diffs(lines, end)
-    description = "\n".join(body).strip()
     return Patch(path, text, subject, next(subject_lines, None), description, trailers, files)
 
 

@@ -4,7 +4,7 @@ import shlex
 from pathlib import Path
 
 from . import paths, shape
-from .catalog import Catalog, Files, blobs_of, load_catalog, step_in
+from .catalog import Files, blobs_of, load_catalog, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
@@ -21,25 +21,24 @@ def reading(series: Series | None) -> Series:
 
 
 def recognise(
-    files: Files, where: str, series: Series | None = None, checkout: bool = False
+    files: Files, where: str, series: Series | None, checkout: bool
 ) -> tuple[Series, str]:
     """The series (the given one, else the one whose steps hold these files), the files' step."""
-    blobs, catalog = blobs_of(files), load_catalog(paths.PATCHES_ROOT)
+    blobs = blobs_of(files)
     if series is not None:
         if step := step_in(series.manifest, blobs):
             return series, step
     else:
-        for content in catalog.lookup(blobs):
+        for content in load_catalog(paths.PATCHES_ROOT).lookup(blobs):
             if content.series:
                 found = Series.load(paths.PATCHES_ROOT / content.series)
                 return found, step_in(found.manifest, blobs) or ""
-    raise _refusal(catalog, files, where, series, checkout)
+    raise _refusal(files, where, series, checkout)
 
 
-def _refusal(
-    catalog: Catalog, files: Files, where: str, series: Series | None, checkout: bool
-) -> BackportError:
+def _refusal(files: Files, where: str, series: Series | None, checkout: bool) -> BackportError:
     """ALREADY_UPSTREAM when fixed (by release or shape), else BASE_MISMATCH naming the nearest."""
+    catalog = load_catalog(paths.PATCHES_ROOT)
     blobs, manifest = blobs_of(files), reading(series).manifest
     version, expected = manifest.base.version, manifest.blobs_at(BASE_STEP)
     if series is None:
