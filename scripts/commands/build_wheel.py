@@ -40,7 +40,6 @@ HELP = {
 
 
 def python_of(interpreter: Path) -> str:
-    """The wheel tag of an interpreter (cp312), asked of it."""
     ask = "import sys; print(sys.implementation.name, *sys.version_info[:2])"
     command = [str(interpreter), "-I", "-c", ask]
     try:

@@ -97,11 +97,10 @@ def commit_patch(
     git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str = ""
 ) -> str:
     """Commit tree onto parent with the patch's message (and note) and author, as `git am` would."""
-    msg, rest = scratch / "msg", scratch / "patch"
+    msg = scratch / "msg"
     info = git.run(
-        "mailinfo", "--no-scissors", str(msg), str(rest),
-        input=patch.read_text(encoding="utf-8"),
-    ).stdout  # fmt: skip
+        "mailinfo", "--no-scissors", str(msg), os.devnull, input=patch.read_text(encoding="utf-8")
+    ).stdout
     fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
     body = msg.read_text(encoding="utf-8")
     message = git.run("stripspace", input=f"{fields.get('Subject', '')}\n\n{body}").stdout

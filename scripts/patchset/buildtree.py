@@ -64,7 +64,6 @@ def step_trees(series: Series, build: Path) -> dict[str, Path]:
 
 
 def check_tree(tree: Path, code: Exit = Exit.SETUP) -> Path:
-    """A tree given with --tree must hold python/sglang, as a checkout or a step tree does."""
     tree = tree.resolve()
     if not (tree / "python" / "sglang" / "__init__.py").is_file():
         raise BackportError(

@@ -146,7 +146,6 @@ def open_checkout(path: Path) -> Git:
 
 
 def _where_sglang_is(path: Path, here: Path, top: Path) -> BackportError:
-    """The refusal of a path without python/sglang, naming the folder to pass if one is near."""
     up = [f for f in [here, *here.parents] if f == top or top in f.parents]
     down = [f.parents[1] for d in ("*", "*/*") for f in sorted(here.glob(f"{d}/{SGLANG_PACKAGE}"))]
     found = [f for f in [*up, *down] if (f / SGLANG_PACKAGE).is_dir()]

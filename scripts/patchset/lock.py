@@ -184,7 +184,6 @@ def _is_leftover(folder: Path) -> bool:
 
 
 def remove_leftovers(parent: Path, prefix: str, suffix: str = "") -> list[Path]:
-    """Remove what killed runs left in parent (see marked_folder); returns what went."""
     names = re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
     if not parent.is_dir() or not any(names.fullmatch(name) for name in os.listdir(parent)):
         return []

@@ -140,7 +140,6 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
 
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
-    """What `git apply FLAGS` says of a patch; (output, error)."""
     # A missing final newline has a lint rule of its own; git would call it corrupt.
     data = path.read_bytes().removesuffix(b"\n") + b"\n"
     result = Git(Path("/"), owned=True).run("apply", *flags, input=data, check=False)

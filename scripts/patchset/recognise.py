@@ -11,7 +11,6 @@ from .shapeflow import Sources
 
 
 def full_check(where: str | Path) -> str:
-    """The command that runs the race checker on a tree: the next step for a fork."""
     return shlex.join(["scripts/race-check", "--tree", str(where)])
 
 
