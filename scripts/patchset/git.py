@@ -43,18 +43,14 @@ class Git:
     extra_env: dict[str, str] = field(default_factory=dict)
     prefix: str = ""  # where sglang's top folder is in the repository: "" or "vendored/"
 
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEPT_GIT_ENV}
-        env["GIT_OPTIONAL_LOCKS"] = "0"  # no git of ours writes what it may skip
-        if self.owned:
-            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", **PROJECT_IDENTITY)
-        env.update(self.extra_env)
-        return env
-
     def run(
         self, *args: str, check: bool = True, input: str | bytes | None = None
     ) -> subprocess.CompletedProcess[Any]:
         """git args; given bytes (file contents), its output is bytes too."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEPT_GIT_ENV}
+        env["GIT_OPTIONAL_LOCKS"] = "0"  # no git of ours writes what it may skip
+        if self.owned:
+            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", **PROJECT_IDENTITY)
         config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
         try:
             # A git cut off half-way can leave a lock file: an interruption waits for it.
@@ -62,7 +58,7 @@ class Git:
                 result = subprocess.run(
                     ["git", *config, *args],
                     cwd=self.cwd,
-                    env=self.env(),
+                    env=env | self.extra_env,
                     capture_output=True,
                     text=not isinstance(input, bytes),
                     input=input,

@@ -134,12 +134,10 @@ def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]
 
 
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
-    # the name the sweep matches (not mkdtemp's): folders of earlier releases are still found
-    while True:
-        folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
-        with suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
-            break
+    # the name the sweep matches (not mkdtemp's): folders of earlier releases are still found;
+    # 64 random bits, so a clash is as unlikely as any other failure of mkdir
+    folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
+    folder.mkdir(mode=0o700)
     with ExitStack() as undo:  # on any failure: nothing of it left
         undo.callback(shutil.rmtree, folder, ignore_errors=True)
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)

@@ -151,9 +151,7 @@ def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
 
 def touched_paths(path: Path) -> tuple[list[str], str]:
     """The files a patch changes as git reads it (plain ---/+++ too), or ([], why not)."""
-    out, problem = _git_reading(path, "--numstat", "-z")
-    if problem:
-        return [], problem
+    out, problem = _git_reading(path, "--numstat", "-z")  # out is "" when git cannot read it
     # Records are "added<TAB>deleted<TAB>path" or, for a rename, the same with an
     # empty path followed by the old and the new path as fields of their own.
     fields = iter(out.split("\0"))
@@ -162,7 +160,7 @@ def touched_paths(path: Path) -> tuple[list[str], str]:
         if record:
             name = record.split("\t", 2)[2]
             paths += [name] if name else [next(fields, ""), next(fields, "")]
-    return [p for p in paths if p], ""
+    return [p for p in paths if p], problem
 
 
 def file_events(path: Path) -> list[str]:
