@@ -117,20 +117,14 @@ def _temp_lock(parent: Path) -> AbstractContextManager[None]:
 @contextmanager
 def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
     """A marked, locked temporary folder in parent for the block; killed runs' go first."""
-    made: list[tuple[Path, int]] = []
     remove_leftovers(parent, prefix, suffix)
-    try:
+    with ExitStack() as stack:
         with _temp_lock(parent), deferred_signals():
-            made.append(_make_marked(parent, prefix, suffix))
-            _held.append(made[0][1])
-        # a signal held while the folder was made lands inside this try: it is removed
-        yield made[0][0]
-    finally:
-        with deferred_signals():
-            for folder, fd in made:
-                _remove_marked(folder)
-                _held.remove(fd)
-                os.close(fd)
+            folder, fd = _make_marked(parent, prefix, suffix)
+            _held.append(fd)
+            # registered before a signal held meanwhile lands: the folder is removed
+            stack.callback(_remove_marked, folder, fd)
+        yield folder
 
 
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
@@ -149,16 +143,20 @@ def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
     return folder, fd
 
 
-def _remove_marked(folder: Path) -> None:
-    """Remove a folder of ours: its marker last, so a removal cut short stays marked."""
-    with suppress(FileNotFoundError):
-        for entry in folder.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            elif entry.name != TEMP_MARKER:
-                entry.unlink(missing_ok=True)
-        (folder / TEMP_MARKER).unlink(missing_ok=True)
-        folder.rmdir()
+def _remove_marked(folder: Path, fd: int | None = None) -> None:
+    """Remove a folder of ours, its marker last (one cut short stays marked); then our fd's."""
+    with deferred_signals():
+        with suppress(FileNotFoundError):
+            for entry in folder.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                elif entry.name != TEMP_MARKER:
+                    entry.unlink(missing_ok=True)
+            (folder / TEMP_MARKER).unlink(missing_ok=True)
+            folder.rmdir()
+        if fd is not None:
+            _held.remove(fd)
+            os.close(fd)
 
 
 def _is_leftover(folder: Path) -> bool:
@@ -189,8 +187,7 @@ def remove_leftovers(parent: Path, prefix: str, suffix: str = "") -> list[Path]:
     with _temp_lock(parent):
         for folder in sorted(parent.iterdir()):
             if names.fullmatch(folder.name) and not folder.is_symlink() and _is_leftover(folder):
-                with deferred_signals():
-                    _remove_marked(folder)
+                _remove_marked(folder)
                 progress(f"removed {folder}, which a killed run left")
                 removed.append(folder)
     return removed
