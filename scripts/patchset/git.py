@@ -110,8 +110,7 @@ def open_checkout(path: Path) -> Git:
             f"{path} is not a directory",
             "pass --sglang with the top folder of a git checkout of sglang",
         )
-    git = Git(path)
-    result = git.run("rev-parse", "--show-toplevel", check=False)
+    result = Git(path).run("rev-parse", "--show-toplevel", check=False)
     if result.returncode != 0 and "dubious ownership" in result.stderr:
         raise BackportError(
             Exit.ENVIRONMENT,
@@ -130,8 +129,7 @@ def open_checkout(path: Path) -> Git:
     top, here = Path(result.stdout.strip()).resolve(), path.resolve()
     if not (here / SGLANG_PACKAGE).is_dir():
         raise _where_sglang_is(path, here, top)
-    if here != top:
-        git = Git(top, prefix=here.relative_to(top).as_posix() + "/")
+    git = Git(top, prefix="" if here == top else here.relative_to(top).as_posix() + "/")
     if git.rev("HEAD") is None:
         raise BackportError(
             Exit.NOT_A_CHECKOUT,

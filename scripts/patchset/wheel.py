@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from .catalog import REPO_PREFIX  # the wheel holds the repository's python/sglang/ as sglang/
 from .errors import BackportError, Exit
 from .lock import held_fds, marked_folder, remove_leftovers
 from .manifest import WheelPin, sha256_of
 from .textout import progress
 
-REPO_PREFIX = "python/"  # the wheel holds the repository's python/sglang/ as sglang/
 DOWNLOAD_PREFIX = ".download-"  # a download's marked folder in the cache
 
 
