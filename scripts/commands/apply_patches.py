@@ -77,15 +77,15 @@ def branch_name(name: str) -> str:
 
 
 def check(args: argparse.Namespace, series: Series | None) -> int:
-    manifest = reading(series).manifest
+    given = reading(series)  # with --sglang alone, the default: it names the files to read
     if not args.sglang:
-        apply.verify(reading(series))
-    where = args.sglang or buildtree.build_tree_path(reading(series), paths.build_dir())
+        apply.verify(given)
+    where = args.sglang or buildtree.build_tree_path(given, paths.build_dir())
     if args.sglang or where.is_dir():
-        files = buildtree.files_at(open_checkout(where), "HEAD", manifest)
+        files = buildtree.files_at(open_checkout(where), "HEAD", given.manifest)
     else:  # no build tree yet: the pinned wheel's files
-        where = wheels.fetch_wheel(manifest.base, paths.cache_dir())
-        files = dict(wheels.read_files(where, manifest.files))
+        where = wheels.fetch_wheel(given.manifest.base, paths.cache_dir())
+        files = dict(wheels.read_files(where, given.manifest.files))
     found, step = recognise(files, str(where), series, bool(args.sglang))
     if args.sglang or found is not series:  # the build tree's series is verified above
         apply.verify(found)

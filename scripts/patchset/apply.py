@@ -93,9 +93,7 @@ def verify(series: Series, hashes: bool = True) -> None:
             )
 
 
-def commit_patch(
-    git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str = ""
-) -> str:
+def commit_patch(git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str) -> str:
     """Commit tree onto parent with the patch's message (and note) and author, as `git am` would."""
     msg = scratch / "msg"
     info = git.run(
@@ -140,7 +138,7 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
                 f"the manifest pins for: {', '.join(wrong)}",
                 f"{ROLLED_BACK}; regenerate the manifest with scripts/export-patches",
             )
-        tip = commit_patch(git, patch, tree, tip, scratch)
+        tip = commit_patch(git, patch, tree, tip, scratch, "")
     return tip
 
 
