@@ -38,6 +38,9 @@ def start_build(
         env=dict(os.environ, SGLANG_BACKPORTS_CACHE=str(cache), **env),
         umask=umask,
         start_new_session=True,  # its own process group: a kill takes pip with it
+        # SIGINT interrupts it even when this test run was started with SIGINT ignored
+        # (in the background of a shell, which a started command would inherit)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
