@@ -15,7 +15,6 @@ from checkinstall import exposure, install, launchargs, report, serverargs, zipa
 
 
 def check(args: argparse.Namespace) -> report.Outcome:
-    """The install judged, and with a configuration its exposure."""
     args.env = launchargs.parse_env(args.env)  # NAME=VALUE words -> the server's environment
     args.python = args.python or Path(sys.executable)
     catalog = catalogs.load_catalog(zipapp.data_root())
@@ -34,7 +33,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
     # files no blob id names, never "not exposed": judged with the races of known content with
     # the shape's fixes, else of the release their distribution's version names, as shipped
     content, assumed = found.content, verdict
-    version = found.dist.version.split("+")[0] if found.dist else ""
+    version = found.dist.release if found.dist else ""
     if content is None and (shipped := registry.known.get(version)):
         content = next((c for c in catalog.lookup(dict(shipped.blobs)) if not c.ours), None)
         assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"

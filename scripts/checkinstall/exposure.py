@@ -57,7 +57,6 @@ def judge(
     install: str,  # the install's verdict line
     plays: Iterable[Play],
 ) -> Exposure:
-    """Whether this configuration reaches the races open in the install."""
     lines = [f"configuration parsed by {settings.parser}"]
     keeps_out: list[str] = []  # the settings that keep the deployment out
 

@@ -53,7 +53,6 @@ def text(outcome: Outcome) -> str:
 
 
 def _envelope(code: int) -> dict[str, Any]:
-    """The keys every answer starts with, a refusal's too."""
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,

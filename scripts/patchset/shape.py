@@ -46,16 +46,6 @@ class Judgement:
         return [f"{self.verdict}: {self.reason}", *(f"  {e}" for e in self.evidence)]
 
 
-def _entry(sources: sf.Sources) -> list[sf.Fn]:
-    """get_new_prebuilt_batch: in decode.py, else wherever the tree defines it."""
-    if sources.module(DECODE) is None:
-        raise sf.CannotTell(f"{DECODE} is missing", sf.Evidence(DECODE, 0, "", "not found"))
-    found = sf.defined(sources, ENTRY, DECODE)
-    if not found:
-        raise sf.CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
-    return found
-
-
 def _future_map(sources: sf.Sources) -> dict[str, sf.Fn]:
     """FutureMap's methods: in overlap_utils.py, else wherever the tree defines the class."""
     for path in [OVERLAP, *(p for p in sources.defining("FutureMap", "class") if p != OVERLAP)]:
@@ -139,15 +129,19 @@ def _war_barrier(sources: sf.Sources) -> list[sf.Evidence]:
 
 
 def judge(sources: sf.Sources) -> Judgement:
-    """The judgement of one tree's files by their shape."""
     try:
         relay, design = _design(sources)
         design += _war_barrier(sources)
         if not relay:
             reason = "the prebuilt path seeds fresh future slots, not request-pool rows"
             return Judgement(OTHER_DESIGN, reason, tuple(design))
+        if sources.module(DECODE) is None:
+            raise sf.CannotTell(f"{DECODE} is missing", sf.Evidence(DECODE, 0, "", "not found"))
+        if not (entries := sf.defined(sources, ENTRY, DECODE)):
+            where = "in no file of the tree (moved out of it, or renamed)"
+            raise sf.CannotTell(f"{ENTRY} is {where}")
         flow = sf.Flow(sources)
-        for fn in _entry(sources):
+        for fn in entries:
             flow.note(fn, fn.node.lineno, "the prebuilt path starts here")
             flow.run(fn, {sf.Trace()})
         fix_a = _fix_a(sources)
