@@ -71,7 +71,6 @@ def check(args: argparse.Namespace) -> report.Outcome:
 def _settings(
     args: argparse.Namespace, table: LaunchSettings | None, release: str
 ) -> exposure.Settings:
-    env = args.env
     if args.server_info:
         settings = exposure.from_server_info(
             args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
@@ -79,7 +78,7 @@ def _settings(
     else:
         words, prefix = launchargs.read_launch_args(args.launch_args or "")
         words = launchargs.place_config(words, args.config, args.config_root)
-        env.update(prefix)  # the command's own prefix, over the container's
+        args.env.update(prefix)  # the command's own prefix, over the container's
         if table is None:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
@@ -93,8 +92,8 @@ def _settings(
                 words, table, "--tree: no interpreter here to run sglang's ServerArgs"
             )
         else:
-            settings = serverargs.parse_with_server_args(args.python, words, env, table)
-    settings.env = env
+            settings = serverargs.parse_with_server_args(args.python, words, args.env, table)
+    settings.env = args.env
     if args.torch_build:
         settings.torch_build = args.torch_build
         settings.torch_source = f"--torch-build {args.torch_build}"

@@ -72,6 +72,8 @@ class Sources:
         return cls(None, texts)
 
     def _read(self, path: str) -> str | None:
+        if path in self._texts:
+            return self._texts[path]
         if self.package is None:
             data = self._given.get(path)
         else:
@@ -84,24 +86,17 @@ class Sources:
         found = (p.relative_to(self.package).as_posix() for p in self.package.rglob("*.py"))
         return sorted(PREFIX + name for name in found)
 
-    def text(self, path: str) -> str | None:
-        if path not in self._texts:
-            self._texts[path] = self._read(path)
-        return self._texts[path]
-
     def module(self, path: str) -> ast.Module | None:
         """The parsed file; None when it is absent; CannotTell when it does not parse."""
         if path not in self._modules:
-            text = self.text(path)
+            text = self._texts[path] = self._read(path)
             if text is None:
                 return None
             try:
                 self._modules[path] = ast.parse(text, filename=path)
             except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
-                line = getattr(err, "lineno", 0) or 0
-                raise CannotTell(
-                    f"{path} does not parse: {err}", Evidence(path, line, "", "parse error")
-                ) from err
+                where = Evidence(path, getattr(err, "lineno", 0) or 0, "", "parse error")
+                raise CannotTell(f"{path} does not parse: {err}", where) from err
         return self._modules[path]
 
     def mentioning(self, word: str) -> list[str]:
@@ -109,7 +104,7 @@ class Sources:
         if self._candidates is None:
             self._candidates = []
             for path in self._paths():  # read once; keep candidates' text
-                text = self._texts[path] if path in self._texts else self._read(path)
+                text = self._read(path)
                 if text is not None and any(word in text for word in _CANDIDATE):
                     self._texts[path] = text
                     self._candidates.append(path)
@@ -288,12 +283,11 @@ class Flow:
     def stmt(self, stmt: ast.stmt, paths: set[Trace], fn: Fn) -> Out:
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             return Out(paths)
-        if isinstance(stmt, ast.Return):
-            if stmt.value is None:
-                return Out(returns={(p, True) for p in paths})
-            results = self.expr(stmt.value, paths, fn)
-            constant_none = isinstance(stmt.value, ast.Constant) and stmt.value.value is None
-            return Out(returns={(p, bool(none) or constant_none) for p, none in results})
+        if isinstance(stmt, ast.Return):  # a bare return, or return None, returns None
+            value = stmt.value
+            none = value is None or (isinstance(value, ast.Constant) and value.value is None)
+            results = {(p, None) for p in paths} if value is None else self.expr(value, paths, fn)
+            return Out(returns={(p, bool(returned) or none) for p, returned in results})
         if isinstance(stmt, ast.Raise):
             self.expr(stmt, paths, fn)
             return Out()
@@ -417,12 +411,9 @@ class Flow:
     def process(self, call: ast.Call, path: Trace, fn: Fn) -> None:
         args = ", ".join(text(a) for a in call.args)
         evidence = self.note(fn, call.lineno, f"{text(call.func)}({args}) seeds the prebuilt rows")
-        if path.prepared and path.waited:
-            kind = "ordered"
-        elif path.prepared:
-            kind = "unsure" if path.unsure else "early" if path.early else "unordered"
-        else:
-            kind = "unprepared"
+        kind = "unsure" if path.unsure else "early" if path.early else "unordered"
+        if not path.prepared or path.waited:
+            kind = "ordered" if path.prepared else "unprepared"
         self.outcomes.setdefault((kind, evidence), None)
 
     def helper(self, call: ast.Call, fn: Fn) -> Fn | None:
