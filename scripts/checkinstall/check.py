@@ -1,7 +1,5 @@
 """check-install's flow: the install judged, and with a configuration its exposure."""
 
-from __future__ import annotations
-
 import argparse
 import sys
 from pathlib import Path

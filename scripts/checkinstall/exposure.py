@@ -1,8 +1,6 @@
 """Whether a deployment's configuration reaches the race: its launch settings, judged
 against the races open at the install's step and race-check's scenario catalogue."""
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 

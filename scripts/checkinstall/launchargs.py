@@ -2,8 +2,6 @@
 reads it, and the release's [launch] table parser for where ServerArgs cannot be imported.
 What sglang would refuse is refused (exit 28); what the table cannot settle is named."""
 
-from __future__ import annotations
-
 import itertools
 import json
 import re

@@ -1,8 +1,6 @@
 """check-install's answer as text or one JSON object (docs/check-install.md), both from one
 Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined."""
 
-from __future__ import annotations
-
 import json
 import sys
 from dataclasses import dataclass

@@ -2,8 +2,6 @@
 check (its parser, then each handler __post_init__ dispatches; those that can turn overlap
 off named when they cannot run), the [launch] profile where that interpreter cannot."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

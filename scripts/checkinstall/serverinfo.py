@@ -2,8 +2,6 @@
 answer): exit 16 with the reason, the answer capped at MAX_BYTES within one deadline,
 redirects kept within the origin so the token goes nowhere else."""
 
-from __future__ import annotations
-
 import contextlib
 import http.client
 import json

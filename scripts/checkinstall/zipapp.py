@@ -1,8 +1,6 @@
 """check-install, the patchset modules it imports and the release data as one reproducible
 zipapp for a pod, run from the archive (zipimport, zipfile.Path): nothing need be writable."""
 
-from __future__ import annotations
-
 import hashlib
 import io
 import os

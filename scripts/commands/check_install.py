@@ -1,7 +1,5 @@
 """Say whether an environment's sglang runs the fixed code: no import of sglang needed."""
 
-from __future__ import annotations
-
 import sys
 
 from checkinstall import check, exposure, report, zipapp

@@ -2,8 +2,6 @@
 only when every path with overlap on fully orders the schedule stream after the forward stream
 between prepare_for_prebuilt() and process_prebuilt() (fix B). Python 3.10-safe, stdlib only."""
 
-from __future__ import annotations
-
 import ast
 from dataclasses import dataclass
 from pathlib import Path
