@@ -7,7 +7,6 @@ from pathlib import Path
 from patchset import catalog as catalogs
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases, release_key
-from patchset.plays import PLAYS
 
 from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
 
@@ -39,7 +38,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
     if content and (known or content.release in registry.launch):
         table = registry.launch.get(content.release)
         settings = _settings(args, table, content.release)
-        result = exposure.judge(settings, dict(content.races), table, assumed, PLAYS)
+        result = exposure.judge(settings, dict(content.races), table, assumed)
         lines, why = result.lines[:-1], ""
         if not known and result.code != Exit.EXPOSED:
             why = (

@@ -1,12 +1,12 @@
 """Whether a deployment's configuration reaches the race: its launch settings, judged
 against the races open at the install's step and race-check's scenario catalogue."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from patchset.errors import Exit
 from patchset.manifest import LaunchSettings, RaceEntry
-from patchset.plays import Play
+from patchset.plays import PLAYS
 
 from checkinstall import launchargs, serverinfo
 from checkinstall.launchargs import FIELDS, Settings
@@ -53,7 +53,6 @@ def judge(
     races: Mapping[str, tuple[RaceEntry, ...]],  # scenario -> its [races] entries at the step
     table: LaunchSettings | None,
     install: str,  # the install's verdict line
-    plays: Iterable[Play],
 ) -> Exposure:
     lines = [f"configuration parsed by {settings.parser}"]
     keeps_out: list[str] = []  # the settings that keep the deployment out
@@ -79,7 +78,7 @@ def judge(
         keeps_out.append(f"overlap off ({by}; turning overlap on exposes it)")
 
     algorithm = settings.get("speculative_algorithm") or "none"
-    plays = [p for p in plays if bool(p.spec) == settings.eagle and p.name in races]
+    plays = [p for p in PLAYS if bool(p.spec) == settings.eagle and p.name in races]
     family = "EAGLE family" if settings.eagle else "not EAGLE"
     writes = "all five relay buffers" if settings.eagle else "output_tokens_buf only"
     lines.append(f"speculative algorithm: {algorithm} ({family}): the seeding writes {writes}")

@@ -1,6 +1,5 @@
-"""A deployment's launch command (a chart's args, a unit's ExecStart) read as sglang
-reads it, and the release's [launch] table parser for where ServerArgs cannot be imported.
-What sglang would refuse is refused (exit 28); what the table cannot settle is named."""
+"""A launch command read as sglang reads it, else by the release's [launch] table where
+ServerArgs cannot run: what sglang refuses is refused (exit 28), what the table cannot, named."""
 
 import itertools
 import json

@@ -1,6 +1,5 @@
-"""The launch arguments as the release's own ServerArgs reads them in the interpreter under
-check (its parser, then each handler __post_init__ dispatches; those that can turn overlap
-off named when they cannot run), the [launch] profile where that interpreter cannot."""
+"""The launch arguments as the checked interpreter's own ServerArgs reads them (its parser, then
+__post_init__'s handlers; those that can turn overlap off named if they fail), else by [launch]."""
 
 import contextlib
 import json
@@ -159,13 +158,8 @@ DEFAULT_DEVICE = "cuda"  # sglang's pick without --device when torch sees a GPU
 
 def probe_request(args: list[str], env: dict[str, str], table: LaunchSettings) -> dict[str, Any]:
     """What SERVER_ARGS_PROBE is given (its one argument, in JSON)."""
-    return {
-        "args": args,
-        "env": env,
-        "fields": list(FIELDS),
-        "device": DEFAULT_DEVICE,
-        "eagle_family": sorted(table.eagle_family),
-    }
+    family = sorted(table.eagle_family)
+    return dict(args=args, env=env, fields=list(FIELDS), device=DEFAULT_DEVICE, eagle_family=family)
 
 
 def parse_with_server_args(

@@ -1,6 +1,5 @@
-"""--server-info: a running server's /server_info, read as hostile input (anything may
-answer): exit 16 with the reason, the answer capped at MAX_BYTES within one deadline,
-redirects kept within the origin so the token goes nowhere else."""
+"""--server-info: /server_info read as hostile input (exit 16 with the reason): the answer capped
+at MAX_BYTES in one deadline, redirects kept within the origin so the token goes nowhere else."""
 
 import contextlib
 import http.client

@@ -1,6 +1,5 @@
-"""shape.py's walk of every path from get_new_prebuilt_batch through its helpers, keeping per
-path whether prepare_for_prebuilt() ran and a full stream ordering followed it. Overlap is on;
-any other condition may go either way. Standard library only, Python 3.10-safe."""
+"""shape.py's walk of every path from get_new_prebuilt_batch through its helpers: did prepare
+run, then a full stream ordering? Overlap on, any other condition either way; stdlib, 3.10-safe."""
 
 from __future__ import annotations
 
