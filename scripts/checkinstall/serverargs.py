@@ -170,13 +170,10 @@ def parse_with_server_args(
     # sglang's handlers write where they run, and temporary files: in a folder of their own
     try:
         with TemporaryDirectory(prefix="check-install-probe-", ignore_cleanup_errors=True) as tmp:
+            scratch = dict(os.environ, TMPDIR=tmp, TEMP=tmp, TMP=tmp)
+            command = [str(python), "-c", SERVER_ARGS_PROBE, request]
             result = subprocess.run(
-                [str(python), "-c", SERVER_ARGS_PROBE, request],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                cwd=tmp,
-                env=dict(os.environ, TMPDIR=tmp, TEMP=tmp, TMP=tmp),
+                command, capture_output=True, text=True, timeout=300, cwd=tmp, env=scratch
             )
     except (OSError, subprocess.TimeoutExpired) as err:
         why = f"sglang's ServerArgs could not be run there (in a scratch folder of its own): {err}"

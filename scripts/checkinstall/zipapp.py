@@ -86,12 +86,10 @@ def write_zipapp(out: Path | None) -> str:
     mode = out.lstat().st_mode if os.path.lexists(out) else stat.S_IFREG  # a new file
     if stat.S_ISDIR(mode):
         raise _refuse(out, "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz")
+    what, name = "not a regular file (a device, a pipe or a socket)", "a regular file"
+    if stat.S_ISLNK(mode):
+        what, name = f"a symbolic link (to {os.readlink(out)})", "the file itself"
     if not stat.S_ISREG(mode):
-        what, name = (
-            (f"a symbolic link (to {os.readlink(out)})", "the file itself")
-            if stat.S_ISLNK(mode)
-            else ("not a regular file (a device, a pipe or a socket)", "a regular file")
-        )
         raise _refuse(out, what, f"name {name}, or use --zipapp - to write to standard output")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")

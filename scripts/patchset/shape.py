@@ -118,9 +118,8 @@ def _war_barrier(sources: sf.Sources) -> list[sf.Evidence]:
         what = "waits with " + (", ".join(waits) or "nothing")
         found.append(sf.Evidence(SCHEDULER, fn.node.lineno, fn.name, what))
     for node in ast.walk(sources.module(SCHEDULER)):  # type: ignore[arg-type]
-        if isinstance(node, ast.Assign) and any(
-            sf.tail(t) == "_war_barrier_enabled" for t in node.targets
-        ):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(sf.tail(t) == "_war_barrier_enabled" for t in targets):
             what = f"WAR barrier on when {sf.text(node.value)}"
             found.append(sf.Evidence(SCHEDULER, node.lineno, "", what))
     return found
