@@ -15,10 +15,8 @@ def check(args: argparse.Namespace) -> report.Outcome:
     args.env = launchargs.parse_env(args.env)  # NAME=VALUE words -> the server's environment
     args.python = args.python or Path(sys.executable)
     catalog = catalogs.load_catalog(zipapp.data_root())
-    if args.tree:
-        found = install.inspect_tree(args.tree, catalog)
-    else:
-        found = install.inspect_install(args.python, catalog)
+    inspect = install.inspect_tree if args.tree else install.inspect_install
+    found = inspect(args.tree or args.python, catalog)
     code, verdict = found.verdict()
     configured = args.launch_args is not None or args.config or args.server_info
     known = bool(found.matches) or found.settled_by_shape

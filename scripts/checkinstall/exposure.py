@@ -54,15 +54,13 @@ def judge(
     table: LaunchSettings | None,
     install: str,  # the install's verdict line
 ) -> Exposure:
-    lines = [f"configuration parsed by {settings.parser}"]
     keeps_out: list[str] = []  # the settings that keep the deployment out
-
     mode = str(settings.get("disaggregation_mode") or "null")
     reach = "the prebuilt path reaches the race"
     if mode != "decode":
         reach = "only decode seeds prebuilt rows, so this server does not reach the race"
         keeps_out.append(f"--disaggregation-mode {mode} (serving as decode exposes it)")
-    lines.append(f"disaggregation mode: {mode}: {reach}")
+    lines = [f"configuration parsed by {settings.parser}", f"disaggregation mode: {mode}: {reach}"]
 
     overlap_on = not settings.get("disable_overlap_schedule")
     if overlap_on:

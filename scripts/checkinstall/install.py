@@ -367,9 +367,8 @@ def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: 
         for state in report.files:
             state.record = "editable: not in RECORD"
     elif packages:
-        report.distribution += (
-            f" whose hooks put sglang at {', '.join(map(str, packages))}" + SHADOWED
-        )
+        at = ", ".join(map(str, packages))
+        report.distribution += f" whose hooks put sglang at {at}{SHADOWED}"
     else:
         hooks = ", ".join(Path(hook).name for hook in dist.hooks) or "none"
         report.distribution += (
@@ -412,10 +411,9 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         report.distribution = (
             f"{dist.name} {dist.version} ({dist.info or 'an unnamed place'}{fork})"
         )
-        try:
+        url = None
+        with contextlib.suppress(ValueError):
             url = json.loads(dist.direct_url or "null")
-        except ValueError:
-            url = None
         info = url.get("dir_info") if isinstance(url, dict) else None
         if isinstance(info, dict) and info.get("editable") is True:  # PEP 660
             _check_editable(report, dist, str(url.get("url", "an unnamed folder")), package)

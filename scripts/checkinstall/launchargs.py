@@ -163,9 +163,8 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
             f"--config {path} holds YAML anchors or aliases (&name, *name), not expanded here",
             "write the values out in a copy of the file, and pass it with --config FILE",
         )
-    if at is None:
-        return [*args, "--config", str(path)]
-    return [*args[: at + 1], str(path), *args[at + 2 :]]
+    head, tail = (args, []) if at is None else (args[:at], args[at + 2 :])
+    return [*head, "--config", str(path), *tail]
 
 
 def config_at(args: list[str]) -> int | None:

@@ -36,17 +36,14 @@ class Outcome:
 
 
 def text(outcome: Outcome) -> str:
-    report = outcome.install
+    report, config = outcome.install, outcome.configuration
     lines = [report.where, f"distribution: {report.distribution}"]
     for state in report.files:
         found = f"blob {state.blob_id}  sha256 {state.sha256}  {state.record}"
         lines.append(f"  {state.path}  {found if state.blob_id else 'missing'}")
     if report.shape:
         lines += [f"{JUDGED}:", *(f"  {line}" for line in report.shape.lines())]
-    if outcome.configuration:
-        lines += outcome.configuration.lines
-    else:
-        lines.append(f"verdict: {outcome.verdict}")
+    lines += config.lines if config else [f"verdict: {outcome.verdict}"]
     return "\n".join(lines) + "\n"
 
 

@@ -70,7 +70,7 @@ class Sources:
     def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
         return cls(None, texts)
 
-    def _read(self, path: str) -> str | None:
+    def text(self, path: str) -> str | None:
         if path in self._texts:
             return self._texts[path]
         if self.package is None:
@@ -88,7 +88,7 @@ class Sources:
     def module(self, path: str) -> ast.Module | None:
         """The parsed file; None when it is absent; CannotTell when it does not parse."""
         if path not in self._modules:
-            text = self._texts[path] = self._read(path)
+            text = self._texts[path] = self.text(path)
             if text is None:
                 return None
             try:
@@ -103,7 +103,7 @@ class Sources:
         if self._candidates is None:
             self._candidates = []
             for path in self._paths():  # read once; keep candidates' text
-                text = self._read(path)
+                text = self.text(path)
                 if text is not None and any(word in text for word in _CANDIDATE):
                     self._texts[path] = text
                     self._candidates.append(path)
@@ -349,11 +349,8 @@ class Flow:
             frontier = (done.normal | done.continues) - seen
             seen |= frontier
         self.conditions.pop()
-        out.normal = (
-            out.breaks if endless else out.breaks | self.block(stmt.orelse, seen, fn).normal
-        )
-        out.breaks = set()
-        return out
+        after: set[Trace] = set() if endless else self.block(stmt.orelse, seen, fn).normal
+        return Out(out.breaks | after, out.returns)
 
     def try_(self, stmt: ast.stmt, paths: set[Trace], fn: Fn) -> Out:
         body = self.block(stmt.body, paths, fn)  # type: ignore[attr-defined]
@@ -362,7 +359,7 @@ class Flow:
             out.add(self.block(handler.body, paths | body.normal, fn), "normal", "returns")
         out.normal |= self.block(stmt.orelse, body.normal, fn).normal  # type: ignore[attr-defined]
         final = stmt.finalbody  # type: ignore[attr-defined]
-        out.normal = self.block(final, out.normal, fn).normal if final else out.normal
+        out.normal = self.block(final, out.normal, fn).normal  # no finally: the paths unchanged
         return out
 
     def expr(self, node: ast.AST, paths: set[Trace], fn: Fn) -> set[tuple[Trace, bool | None]]:
