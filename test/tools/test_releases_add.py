@@ -14,7 +14,7 @@ To keep this cheap:
   files (the same git calls; the full layout is covered by
   test_apply_patches), so the skeleton pins that wheel's sha256 until the end;
 - the [races] step writes the tables from the committed measurement through
-  race-check --write-expected's own writer (racecheck.cli.expected_tables);
+  race-check --write-expected's own writer (commands.race_check.expected_tables);
   the measurement itself is each step run's (test/steps/test_race_scenarios.py
   asserts every cell of its step's column);
 - the writers step runs `race-check --writers --tree` on the release's wheel
@@ -34,6 +34,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from commands import race_check as cli
 from conftest import fetch_or_skip
 from patchset import paths, wheel
 from patchset.errors import Exit
@@ -46,8 +47,8 @@ from patchset.manifest import (
     series_for_release,
     sha256_of,
 )
-from racecheck import cli, report, writers
-from racecheck.catalogue import SCENARIOS
+from patchset.plays import SCENARIOS
+from racecheck import report, writers
 from test_racecheck_tables import measured_runs
 from testrun.venv import env_name
 
