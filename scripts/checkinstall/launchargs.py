@@ -244,9 +244,8 @@ def parse_with_table(
     known = [*flags, *NEUTRAL]
     values = {**dict.fromkeys(FIELDS), **{n: f.default for n, f in table.flags.items()}}
     release, unknown, unsettled = table.release, [], []
-    at, after_unknown = 0, False
-    while at < len(args):
-        word, at = args[at], at + 1
+    words, after_unknown = iter(args), False
+    for word in words:
         if word == "--" or not word.startswith("-") or word == "-":
             if after_unknown:
                 continue  # a value of an option the table does not know
@@ -272,9 +271,9 @@ def parse_with_table(
             values[flag.field] = True
             continue
         if not eq:
-            if at == len(args) or (args[at].startswith("-") and args[at] != "-"):
+            value = next(words, None)  # an option next is no value: refused either way
+            if value is None or (value.startswith("-") and value != "-"):
                 raise refused(release, f"{option} expects one value")
-            value, at = args[at], at + 1
         if flag and flag.field == "disaggregation_mode" and value not in DISAGGREGATION_MODES:
             choices = ", ".join(DISAGGREGATION_MODES)
             raise refused(release, f"{option}: invalid choice {value!r} (choose from {choices})")
