@@ -388,12 +388,11 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         )
     if len(dists) > 1:
         named = "; ".join(f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in dists)
-        forked = any(d.fork for d in dists)
-        what = f"distributions {'that install the sglang package' if forked else 'named sglang'}"
+        what = "that install the sglang package" if any(d.fork for d in dists) else "named sglang"
         pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {dists[0].name}"
         raise BackportError(
             Exit.AMBIGUOUS,
-            f"{where} has {len(dists)} {what} on its path: {named}. "
+            f"{where} has {len(dists)} distributions {what} on its path: {named}. "
             "Which one pip and importlib.metadata take depends on the order of sys.path, "
             "and each may have written some of the files, so the files cannot be judged "
             "against a RECORD",
