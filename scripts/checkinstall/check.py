@@ -1,28 +1,22 @@
 """check-install's flow: the install judged, and with a configuration its exposure."""
 
-from __future__ import annotations
-
 import argparse
 import sys
 from pathlib import Path
 
 from patchset import catalog as catalogs
 from patchset.errors import BackportError, Exit
-from patchset.plays import PLAYS
 from patchset.releases import RELEASES_NAME, LaunchSettings, load_releases, release_key
 
 from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
 
 
 def check(args: argparse.Namespace) -> report.Outcome:
-    """The install judged, and with a configuration its exposure."""
     args.env = launchargs.parse_env(args.env)  # NAME=VALUE words -> the server's environment
     args.python = args.python or Path(sys.executable)
     catalog = catalogs.load_catalog(zipapp.data_root())
-    if args.tree:
-        found = install.inspect_tree(args.tree, catalog)
-    else:
-        found = install.inspect_install(args.python, catalog)
+    inspect = install.inspect_tree if args.tree else install.inspect_install
+    found = inspect(args.tree or args.python, catalog)
     code, verdict = found.verdict()
     configured = args.launch_args is not None or args.config or args.server_info
     known = bool(found.matches) or found.settled_by_shape
@@ -34,7 +28,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
     # files no blob id names, never "not exposed": judged with the races of known content with
     # the shape's fixes, else of the release their distribution's version names, as shipped
     content, assumed = found.content, verdict
-    version = found.dist.version.split("+")[0] if found.dist else ""
+    version = found.dist.release if found.dist else ""
     if content is None and (shipped := registry.known.get(version)):
         content = next((c for c in catalog.lookup(dict(shipped.blobs)) if not c.ours), None)
         assumed = f"{verdict}; judged as sglang {version} as shipped (its version says so)"
@@ -42,7 +36,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
     if content and (known or content.release in registry.launch):
         table = registry.launch.get(content.release)
         settings = _settings(args, table, content.release)
-        result = exposure.judge(settings, dict(content.races), table, assumed, PLAYS)
+        result = exposure.judge(settings, dict(content.races), table, assumed)
         lines, why = result.lines[:-1], ""
         if not known and result.code != Exit.EXPOSED:
             why = (
@@ -72,7 +66,6 @@ def check(args: argparse.Namespace) -> report.Outcome:
 def _settings(
     args: argparse.Namespace, table: LaunchSettings | None, release: str
 ) -> exposure.Settings:
-    env = args.env
     if args.server_info:
         settings = exposure.from_server_info(
             args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
@@ -80,7 +73,7 @@ def _settings(
     else:
         words, prefix = launchargs.read_launch_args(args.launch_args or "")
         words = launchargs.place_config(words, args.config, args.config_root)
-        env.update(prefix)  # the command's own prefix, over the container's
+        args.env.update(prefix)  # the command's own prefix, over the container's
         if table is None:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
@@ -94,8 +87,8 @@ def _settings(
                 words, table, "--tree: no interpreter here to run sglang's ServerArgs"
             )
         else:
-            settings = serverargs.parse_with_server_args(args.python, words, env, table)
-    settings.env = env
+            settings = serverargs.parse_with_server_args(args.python, words, args.env, table)
+    settings.env = args.env
     if args.torch_build:
         settings.torch_build = args.torch_build
         settings.torch_source = f"--torch-build {args.torch_build}"

@@ -1,14 +1,12 @@
 """Whether a deployment's configuration reaches the race: its launch settings, judged
 against the races open at the install's step and race-check's scenario catalogue."""
 
-from __future__ import annotations
-
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from patchset.errors import Exit
 from patchset.manifest import RaceEntry
-from patchset.plays import Play
+from patchset.plays import PLAYS
 from patchset.releases import LaunchSettings
 
 from checkinstall import launchargs, serverinfo
@@ -56,18 +54,14 @@ def judge(
     races: Mapping[str, tuple[RaceEntry, ...]],  # scenario -> its [races] entries at the step
     table: LaunchSettings | None,
     install: str,  # the install's verdict line
-    plays: Iterable[Play],
 ) -> Exposure:
-    """Whether this configuration reaches the races open in the install."""
-    lines = [f"configuration parsed by {settings.parser}"]
     keeps_out: list[str] = []  # the settings that keep the deployment out
-
     mode = str(settings.get("disaggregation_mode") or "null")
     reach = "the prebuilt path reaches the race"
     if mode != "decode":
         reach = "only decode seeds prebuilt rows, so this server does not reach the race"
         keeps_out.append(f"--disaggregation-mode {mode} (serving as decode exposes it)")
-    lines.append(f"disaggregation mode: {mode}: {reach}")
+    lines = [f"configuration parsed by {settings.parser}", f"disaggregation mode: {mode}: {reach}"]
 
     overlap_on = not settings.get("disable_overlap_schedule")
     if overlap_on:
@@ -83,7 +77,7 @@ def judge(
         keeps_out.append(f"overlap off ({by}; turning overlap on exposes it)")
 
     algorithm = settings.get("speculative_algorithm") or "none"
-    plays = [p for p in plays if bool(p.spec) == settings.eagle and p.name in races]
+    plays = [p for p in PLAYS if bool(p.spec) == settings.eagle and p.name in races]
     family = "EAGLE family" if settings.eagle else "not EAGLE"
     writes = "all five relay buffers" if settings.eagle else "output_tokens_buf only"
     lines.append(f"speculative algorithm: {algorithm} ({family}): the seeding writes {writes}")

@@ -89,8 +89,6 @@ print(json.dumps(out))
 
 @dataclass(frozen=True)
 class ProbedDist:
-    """One distribution that installs the sglang package, as the inspected interpreter sees it."""
-
     name: str  # as its metadata spells it: sglang, or a fork's own name
     version: str
     info: str | None  # its .dist-info or .egg-info folder
@@ -102,6 +100,10 @@ class ProbedDist:
     @property
     def fork(self) -> bool:
         return re.sub(r"[-_.]+", "-", self.name).lower() != "sglang"  # as PEP 503 compares
+
+    @property
+    def release(self) -> str:
+        return self.version.split("+")[0]  # without our local label
 
 
 # what the probe found: the Python version, sglang's folder (None: no sglang), its distributions
@@ -121,7 +123,6 @@ _JSON_NAMES |= {int: "a number", float: "a number", type(None): "null"}
 
 
 def _get(obj: object, key: str, kinds: tuple[type, ...], where: str) -> Any:
-    """obj[key], which must be one of kinds; _BadAnswer says what is wrong."""
     if not isinstance(obj, dict):
         raise _BadAnswer(f"{where} is {_JSON_NAMES[type(obj)]}, not an object")
     if key not in obj:
@@ -218,7 +219,6 @@ class InstallReport:
 
     @property
     def content(self) -> KnownContent | None:
-        """What the files are taken as: named by blob id, else judged by shape."""
         return self.matches[0] if self.matches else self.judged_as
 
     @property
@@ -280,14 +280,13 @@ def _judge(report: InstallReport, catalog: Catalog, package: Path) -> InstallRep
     if report.shape.verdict in SHAPE_FIXES:
         # the races open are those of known content with the same fixes: the release
         # the distribution names, else the one that shares most of the files
-        version = report.dist.version.split("+")[0] if report.dist else ""
+        version = report.dist.release if report.dist else ""
         hint = version if version in catalog.releases else catalog.nearest_release(blobs)
         report.judged_as = catalog.like(SHAPE_FIXES[report.shape.verdict], hint)
     return report
 
 
 def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
-    """The three files of the sglang package in tree (tree/sglang or tree/python/sglang)."""
     for package in (tree / "sglang", tree / "python" / "sglang", tree):
         if (package / "srt").is_dir():
             break
@@ -334,33 +333,29 @@ def _hook_packages(hooks: list[str]) -> list[Path]:
 
 
 def _check_record(report: InstallReport, dist: ProbedDist) -> None:
-    """Each file against the RECORD of the distribution that installed it."""
     if dist.listing is None:
         report.distribution += (
             "; it has no RECORD (as distribution and conda packages ship it), so the files "
             "are judged by their content alone"
         )
-        for state in report.files:
-            state.record = NO_RECORD
-        return
     for state in report.files:
-        entry = dist.files.get(state.path.removeprefix(REPO_PREFIX))
-        if entry is None:
-            state.record = f"not in {dist.listing}"
-            continue
-        located, mode, value = entry
-        if Path(str(located)).resolve() != state.location.resolve():
-            state.record = "-"
-            continue
-        if dist.listing != "RECORD":
-            state.record = NO_HASH
-        elif state.sha256 is None or mode != "sha256":
-            state.record = "differs from RECORD"
-        else:
-            digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256)).rstrip(b"=").decode()
-            state.record = MATCHES if digest == value else "differs from RECORD"
+        state.record = _record(state, dist)
     if all(s.record == "-" for s in report.files):  # it owns none of them
         report.distribution += SHADOWED
+
+
+def _record(state: FileState, dist: ProbedDist) -> str:
+    entry = dist.files.get(state.path.removeprefix(REPO_PREFIX))
+    if dist.listing is None:
+        return NO_RECORD
+    if entry is None:
+        return f"not in {dist.listing}"
+    if Path(str(entry[0])).resolve() != state.location.resolve():
+        return "-"
+    if dist.listing != "RECORD":
+        return NO_HASH
+    digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256 or "")).rstrip(b"=").decode()
+    return MATCHES if state.sha256 and entry[1:] == ["sha256", digest] else "differs from RECORD"
 
 
 def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: Path) -> None:
@@ -372,9 +367,8 @@ def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: 
         for state in report.files:
             state.record = "editable: not in RECORD"
     elif packages:
-        report.distribution += (
-            f" whose hooks put sglang at {', '.join(map(str, packages))}" + SHADOWED
-        )
+        at = ", ".join(map(str, packages))
+        report.distribution += f" whose hooks put sglang at {at}{SHADOWED}"
     else:
         hooks = ", ".join(Path(hook).name for hook in dist.hooks) or "none"
         report.distribution += (
@@ -384,7 +378,6 @@ def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: 
 
 
 def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
-    """The sglang that python would import: its three files, judged, and its RECORD."""
     version, found, dists = ask(python)
     where = f"{python} (Python {version})"
     if not found:
@@ -395,12 +388,11 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         )
     if len(dists) > 1:
         named = "; ".join(f"{d.name} {d.version} at {d.info or 'an unnamed place'}" for d in dists)
-        forked = any(d.fork for d in dists)
-        what = f"distributions {'that install the sglang package' if forked else 'named sglang'}"
+        what = "that install the sglang package" if any(d.fork for d in dists) else "named sglang"
         pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {dists[0].name}"
         raise BackportError(
             Exit.AMBIGUOUS,
-            f"{where} has {len(dists)} {what} on its path: {named}. "
+            f"{where} has {len(dists)} distributions {what} on its path: {named}. "
             "Which one pip and importlib.metadata take depends on the order of sys.path, "
             "and each may have written some of the files, so the files cannot be judged "
             "against a RECORD",
@@ -418,10 +410,9 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         report.distribution = (
             f"{dist.name} {dist.version} ({dist.info or 'an unnamed place'}{fork})"
         )
-        try:
+        url = None
+        with contextlib.suppress(ValueError):
             url = json.loads(dist.direct_url or "null")
-        except ValueError:
-            url = None
         info = url.get("dir_info") if isinstance(url, dict) else None
         if isinstance(info, dict) and info.get("editable") is True:  # PEP 660
             _check_editable(report, dist, str(url.get("url", "an unnamed folder")), package)

@@ -1,8 +1,5 @@
-"""A deployment's launch command (a chart's args, a unit's ExecStart) read as sglang
-reads it, and the release's [launch] table parser for where ServerArgs cannot be imported.
-What sglang would refuse is refused (exit 28); what the table cannot settle is named."""
-
-from __future__ import annotations
+"""A launch command read as sglang reads it, else by the release's [launch] table where
+ServerArgs cannot run: what sglang refuses is refused (exit 28), what the table cannot, named."""
 
 import itertools
 import json
@@ -166,9 +163,8 @@ def place_config(args: list[str], config: Path | None, root: Path | None) -> lis
             f"--config {path} holds YAML anchors or aliases (&name, *name), not expanded here",
             "write the values out in a copy of the file, and pass it with --config FILE",
         )
-    if at is None:
-        return [*args, "--config", str(path)]
-    return [*args[: at + 1], str(path), *args[at + 2 :]]
+    head, tail = (args, []) if at is None else (args[:at], args[at + 2 :])
+    return [*head, "--config", str(path), *tail]
 
 
 def config_at(args: list[str]) -> int | None:
@@ -248,9 +244,8 @@ def parse_with_table(
     known = [*flags, *NEUTRAL]
     values = {**dict.fromkeys(FIELDS), **{n: f.default for n, f in table.flags.items()}}
     release, unknown, unsettled = table.release, [], []
-    at, after_unknown = 0, False
-    while at < len(args):
-        word, at = args[at], at + 1
+    words, after_unknown = iter(args), False
+    for word in words:
         if word == "--" or not word.startswith("-") or word == "-":
             if after_unknown:
                 continue  # a value of an option the table does not know
@@ -276,9 +271,9 @@ def parse_with_table(
             values[flag.field] = True
             continue
         if not eq:
-            if at == len(args) or (args[at].startswith("-") and args[at] != "-"):
+            value = next(words, None)  # an option next is no value: refused either way
+            if value is None or (value.startswith("-") and value != "-"):
                 raise refused(release, f"{option} expects one value")
-            value, at = args[at], at + 1
         if flag and flag.field == "disaggregation_mode" and value not in DISAGGREGATION_MODES:
             choices = ", ".join(DISAGGREGATION_MODES)
             raise refused(release, f"{option}: invalid choice {value!r} (choose from {choices})")

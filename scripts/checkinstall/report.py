@@ -1,8 +1,6 @@
 """check-install's answer as text or one JSON object (docs/check-install.md), both from one
 Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined."""
 
-from __future__ import annotations
-
 import json
 import sys
 from dataclasses import dataclass
@@ -38,22 +36,18 @@ class Outcome:
 
 
 def text(outcome: Outcome) -> str:
-    report = outcome.install
+    report, config = outcome.install, outcome.configuration
     lines = [report.where, f"distribution: {report.distribution}"]
     for state in report.files:
         found = f"blob {state.blob_id}  sha256 {state.sha256}  {state.record}"
         lines.append(f"  {state.path}  {found if state.blob_id else 'missing'}")
     if report.shape:
         lines += [f"{JUDGED}:", *(f"  {line}" for line in report.shape.lines())]
-    if outcome.configuration:
-        lines += outcome.configuration.lines
-    else:
-        lines.append(f"verdict: {outcome.verdict}")
+    lines += config.lines if config else [f"verdict: {outcome.verdict}"]
     return "\n".join(lines) + "\n"
 
 
 def _envelope(code: int) -> dict[str, Any]:
-    """The keys every answer starts with, a refusal's too."""
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,

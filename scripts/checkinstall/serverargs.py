@@ -1,8 +1,5 @@
-"""The launch arguments as the release's own ServerArgs reads them in the interpreter under
-check (its parser, then each handler __post_init__ dispatches; those that can turn overlap
-off named when they cannot run), the [launch] profile where that interpreter cannot."""
-
-from __future__ import annotations
+"""The launch arguments as the checked interpreter's own ServerArgs reads them (its parser, then
+__post_init__'s handlers; those that can turn overlap off named if they fail), else by [launch]."""
 
 import contextlib
 import json
@@ -161,13 +158,8 @@ DEFAULT_DEVICE = "cuda"  # sglang's pick without --device when torch sees a GPU
 
 def probe_request(args: list[str], env: dict[str, str], table: LaunchSettings) -> dict[str, Any]:
     """What SERVER_ARGS_PROBE is given (its one argument, in JSON)."""
-    return {
-        "args": args,
-        "env": env,
-        "fields": list(FIELDS),
-        "device": DEFAULT_DEVICE,
-        "eagle_family": sorted(table.eagle_family),
-    }
+    family = sorted(table.eagle_family)
+    return dict(args=args, env=env, fields=list(FIELDS), device=DEFAULT_DEVICE, eagle_family=family)
 
 
 def parse_with_server_args(
@@ -178,13 +170,10 @@ def parse_with_server_args(
     # sglang's handlers write where they run, and temporary files: in a folder of their own
     try:
         with TemporaryDirectory(prefix="check-install-probe-", ignore_cleanup_errors=True) as tmp:
+            scratch = dict(os.environ, TMPDIR=tmp, TEMP=tmp, TMP=tmp)
+            command = [str(python), "-c", SERVER_ARGS_PROBE, request]
             result = subprocess.run(
-                [str(python), "-c", SERVER_ARGS_PROBE, request],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                cwd=tmp,
-                env=dict(os.environ, TMPDIR=tmp, TEMP=tmp, TMP=tmp),
+                command, capture_output=True, text=True, timeout=300, cwd=tmp, env=scratch
             )
     except (OSError, subprocess.TimeoutExpired) as err:
         why = f"sglang's ServerArgs could not be run there (in a scratch folder of its own): {err}"

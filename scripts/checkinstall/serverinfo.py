@@ -1,16 +1,13 @@
-"""--server-info: a running server's /server_info, read as hostile input (anything may
-answer): exit 16 with the reason, the answer capped at MAX_BYTES within one deadline,
-redirects kept within the origin so the token goes nowhere else."""
-
-from __future__ import annotations
+"""--server-info: /server_info read as hostile input (exit 16 with the reason): the answer capped
+at MAX_BYTES in one deadline, redirects kept within the origin so the token goes nowhere else."""
 
 import contextlib
 import http.client
 import json
 import re
 import threading
-import urllib.parse
 from typing import Any
+from urllib.parse import SplitResult, urljoin, urlsplit, urlunsplit
 
 from patchset.errors import BackportError, Exit
 
@@ -28,12 +25,12 @@ def _refuse(url: str, why: str, next_step: str = _UP) -> BackportError:
     return BackportError(Exit.ENVIRONMENT, f"--server-info {url}: {why}", next_step)
 
 
-def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
+def _target(url: str) -> tuple[SplitResult, str, str]:
     """The URL's parts, the request target (path ending in /server_info) and the URL."""
     example = "pass e.g. http://HOST:30000"
     shown = repr(re.sub(r"^([^/]*//)[^/?#]*@", r"\1", url))  # without what stands before an @
     try:
-        parts = urllib.parse.urlsplit(url)
+        parts = urlsplit(url)
         parts.port  # noqa: B018 (a port that is not a number raises here)
     except ValueError as err:
         raise _refuse(shown, f"not a URL ({err})", example) from None
@@ -50,62 +47,42 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, str]:
     path = parts.path.rstrip("/")
     path += "" if path.endswith("server_info") else "/server_info"
     target = path + (f"?{parts.query}" if parts.query else "")
-    return parts, target, urllib.parse.urlunsplit((parts.scheme, parts.netloc, target, "", ""))
-
-
-def _get(parts: urllib.parse.SplitResult, target: str, headers: dict[str, str],
-         timeout: float) -> tuple[int, str, http.client.HTTPMessage, bytes]:  # fmt: skip
-    https = parts.scheme == "https"
-    kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
-    # the port always given: http.client would read one out of an IPv6 address's colons
-    conn = kind(parts.hostname, parts.port or (443 if https else 80), timeout=timeout)
-    try:
-        conn.request("GET", target, headers=headers)
-        answer = conn.getresponse()
-        if answer.status != 200:
-            return answer.status, answer.reason, answer.headers, b""
-        length = answer.getheader("Content-Length")
-        if length and length.strip().isdigit() and int(length) > MAX_BYTES:
-            raise _TooLarge(f"{MAX_BYTES} bytes (it announces {int(length)} bytes)")
-        body = bytearray()
-        while chunk := answer.read(1 << 16):
-            body += chunk
-            if len(body) > MAX_BYTES:
-                raise _TooLarge(f"{MAX_BYTES} bytes (its body goes on past that)")
-        if answer.length:
-            raise http.client.IncompleteRead(bytes(body), answer.length)
-        return answer.status, answer.reason, answer.headers, bytes(body)
-    finally:
-        conn.close()
-
-
-class _TooLarge(Exception):
-    pass
+    return parts, target, urlunsplit((parts.scheme, parts.netloc, target, "", ""))
 
 
 def _exchange(
-    parts: urllib.parse.SplitResult,
-    target: str,
-    headers: dict[str, str],
-    shown: str,
-    timeout: float,
+    parts: SplitResult, target: str, headers: dict[str, str], shown: str, timeout: float
 ) -> tuple[int, str, bytes]:
-    """The answer at the end of the redirects that stay within the URL's origin."""
-    origin = (parts.scheme, parts.hostname, parts.port)
+    origin, https = (parts.scheme, parts.hostname, parts.port), parts.scheme == "https"
+    kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
     for _hop in range(MAX_REDIRECTS + 1):
+        # the port always given: http.client would read one out of an IPv6 address's colons
+        conn = kind(parts.hostname, parts.port or (443 if https else 80), timeout=timeout)
         try:
-            status, reason, headers_in, body = _get(parts, target, headers, timeout)
-        except _TooLarge as err:
-            raise _refuse(shown, f"its answer is larger than {err}", _POINT) from None
+            conn.request("GET", target, headers=headers)
+            answer, body = conn.getresponse(), bytearray()
+            length = answer.getheader("Content-Length") if answer.status == 200 else None
+            announced = int(length) if length and length.strip().isdigit() else 0
+            big = f"its answer is larger than {MAX_BYTES} bytes"
+            if announced > MAX_BYTES:
+                raise _refuse(shown, f"{big} (it announces {announced} bytes)", _POINT)
+            while answer.status == 200 and (chunk := answer.read(1 << 16)):
+                body += chunk
+                if len(body) > MAX_BYTES:
+                    raise _refuse(shown, f"{big} (its body goes on past that)", _POINT)
+            if answer.status == 200 and answer.length:
+                raise http.client.IncompleteRead(bytes(body), answer.length)
         except (OSError, http.client.HTTPException, ValueError) as err:
             why = f"no usable answer: {type(err).__name__}: {err}".rstrip(": ")
             if isinstance(err, TimeoutError):
                 why = f"no whole answer within {timeout:g} s (timed out)"
             raise _refuse(shown, why[:300]) from None
-        if status not in (301, 302, 303, 307, 308):
-            return status, reason, body
-        location = headers_in.get("Location", "")
-        moved = urllib.parse.urlsplit(urllib.parse.urljoin(shown, location))
+        finally:
+            conn.close()
+        if answer.status not in (301, 302, 303, 307, 308):
+            return answer.status, answer.reason, bytes(body)
+        location = answer.headers.get("Location", "")
+        moved = urlsplit(urljoin(shown, location))
         there = None
         with contextlib.suppress(ValueError):  # a port that is not a number
             there = (moved.scheme, moved.hostname, moved.port)
@@ -113,7 +90,7 @@ def _exchange(
             where = f"{moved.scheme}://{moved.netloc.rpartition('@')[2]}"
             raise _refuse(
                 shown,
-                f"it redirects (HTTP {status}) to another origin, {where!r}: not followed, "
+                f"it redirects (HTTP {answer.status}) to another origin, {where!r}: not followed, "
                 "and the token was not sent there",
                 "pass the URL of the server itself (its host and port)",
             )

@@ -1,8 +1,6 @@
 """check-install, the patchset modules it imports and the release data as one reproducible
 zipapp for a pod, run from the archive (zipimport, zipfile.Path): nothing need be writable."""
 
-from __future__ import annotations
-
 import hashlib
 import io
 import os
@@ -32,7 +30,7 @@ except KeyboardInterrupt:
     sys.exit(130)
 start("check_install")
 '''
-# check-install's own code (members adds the patchset modules it imports) and data
+# check-install's own code (build_zipapp adds the patchset modules it imports) and data
 CODE = ("scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py")
 CODE += ("scripts/checkinstall/*.py",)
 DATA = (f"patches/{RELEASES_NAME}", f"patches/sglang-*/{MANIFEST_NAME}")
@@ -40,25 +38,21 @@ DATA += (f"patches/sglang-*/{SERIES_NAME}",)
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
-def members(project: Path) -> list[Path]:
-    """CODE, the patchset modules it imports (anywhere, in turn), and DATA."""
+def build_zipapp() -> bytes:
+    """CODE, the patchset modules it imports (in turn) and DATA: same files, same bytes."""
+    project, buffer = paths.PROJECT_ROOT, io.BytesIO()
     code = {path for pattern in CODE for path in project.glob(pattern)}
     finder = ModuleFinder(path=[str(project / "scripts")])  # ours only: the stdlib is not read
     for source in sorted(code):
         finder.run_script(str(source))
     found = [m.__file__ for name, m in finder.modules.items() if name.split(".")[0] == "patchset"]
-    data = {path for pattern in DATA for path in project.glob(pattern)}
-    return sorted({*code, *(Path(f) for f in found if f), *data})
-
-
-def build_zipapp(project: Path) -> bytes:
-    """check-install as one zipapp's bytes. Same files, same bytes."""
-    buffer = io.BytesIO()
+    kept = {path for pattern in DATA for path in project.glob(pattern)}
+    files = sorted({*code, *(Path(f) for f in found if f), *kept})
     buffer.write(b"#!/usr/bin/env python3\n")
     with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
         for name, data in [
             ("__main__.py", ZIPAPP_MAIN.encode()),
-            *((p.relative_to(project).as_posix(), p.read_bytes()) for p in members(project)),
+            *((p.relative_to(project).as_posix(), p.read_bytes()) for p in files),
         ]:
             info = zipfile.ZipInfo(name, ZIP_DATE)
             info.external_attr = 0o644 << 16
@@ -72,9 +66,11 @@ def _refuse(out: Path, what: str, next_step: str) -> BackportError:
     )
 
 
-def write_zipapp(data: bytes, out: Path | None) -> str:
-    """data to out (None: stdout), its sha256 returned; a symlink, device or folder refused."""
+def write_zipapp(out: Path | None) -> str:
+    """The zipapp to out (None: stdout), and what was done; a symlink, device or folder refused."""
+    data = build_zipapp()
     digest = hashlib.sha256(data).hexdigest()
+    done = f"(sha256 {digest}); run it as python3 {out.name if out else 'check-install.pyz'}"
     if out is None:
         if sys.stdout.isatty():
             raise BackportError(
@@ -86,16 +82,14 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
         sys.stdout.flush()
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
-        return digest
+        return f"wrote the zipapp to standard output {done}"
     mode = out.lstat().st_mode if os.path.lexists(out) else stat.S_IFREG  # a new file
     if stat.S_ISDIR(mode):
         raise _refuse(out, "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz")
+    what, name = "not a regular file (a device, a pipe or a socket)", "a regular file"
+    if stat.S_ISLNK(mode):
+        what, name = f"a symbolic link (to {os.readlink(out)})", "the file itself"
     if not stat.S_ISREG(mode):
-        what, name = (
-            (f"a symbolic link (to {os.readlink(out)})", "the file itself")
-            if stat.S_ISLNK(mode)
-            else ("not a regular file (a device, a pipe or a socket)", "a regular file")
-        )
         raise _refuse(out, what, f"name {name}, or use --zipapp - to write to standard output")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -105,7 +99,7 @@ def write_zipapp(data: bytes, out: Path | None) -> str:
         os.replace(partial, out)
     finally:
         partial.unlink(missing_ok=True)
-    return digest
+    return f"wrote {out} {done}"
 
 
 def data_root() -> Path | zipfile.Path:

@@ -1,11 +1,9 @@
 """Say whether an environment's sglang runs the fixed code: no import of sglang needed."""
 
-from __future__ import annotations
-
 import sys
 
 from checkinstall import check, exposure, report, zipapp
-from patchset import cli, paths
+from patchset import cli
 from patchset.errors import BackportError, Exit
 
 DESCRIPTION = """\
@@ -88,11 +86,7 @@ def main() -> int:
         group.add_argument(flag, help=HELP[flag], **how)
     args = p.parse_args()
     if args.zipapp:
-        out = None if args.zipapp == "-" else args.zipapp
-        digest = zipapp.write_zipapp(zipapp.build_zipapp(paths.PROJECT_ROOT), out)
-        where = f"wrote {out}" if out else "wrote the zipapp to standard output"
-        name = out.name if out else "check-install.pyz"
-        print(f"{where} (sha256 {digest}); run it as python3 {name}", file=sys.stderr)
+        print(zipapp.write_zipapp(None if args.zipapp == "-" else args.zipapp), file=sys.stderr)
         return Exit.OK
     for flag, given in (("--api-key", args.api_key), ("--timeout", args.timeout is not None)):
         if given and not args.server_info:

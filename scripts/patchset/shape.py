@@ -2,8 +2,6 @@
 only when every path with overlap on fully orders the schedule stream after the forward stream
 between prepare_for_prebuilt() and process_prebuilt() (fix B). Python 3.10-safe, stdlib only."""
 
-from __future__ import annotations
-
 import ast
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,16 +42,6 @@ class Judgement:
 
     def lines(self) -> list[str]:
         return [f"{self.verdict}: {self.reason}", *(f"  {e}" for e in self.evidence)]
-
-
-def _entry(sources: sf.Sources) -> list[sf.Fn]:
-    """get_new_prebuilt_batch: in decode.py, else wherever the tree defines it."""
-    if sources.module(DECODE) is None:
-        raise sf.CannotTell(f"{DECODE} is missing", sf.Evidence(DECODE, 0, "", "not found"))
-    found = sf.defined(sources, ENTRY, DECODE)
-    if not found:
-        raise sf.CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
-    return found
 
 
 def _future_map(sources: sf.Sources) -> dict[str, sf.Fn]:
@@ -130,24 +118,27 @@ def _war_barrier(sources: sf.Sources) -> list[sf.Evidence]:
         what = "waits with " + (", ".join(waits) or "nothing")
         found.append(sf.Evidence(SCHEDULER, fn.node.lineno, fn.name, what))
     for node in ast.walk(sources.module(SCHEDULER)):  # type: ignore[arg-type]
-        if isinstance(node, ast.Assign) and any(
-            sf.tail(t) == "_war_barrier_enabled" for t in node.targets
-        ):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(sf.tail(t) == "_war_barrier_enabled" for t in targets):
             what = f"WAR barrier on when {sf.text(node.value)}"
             found.append(sf.Evidence(SCHEDULER, node.lineno, "", what))
     return found
 
 
 def judge(sources: sf.Sources) -> Judgement:
-    """The judgement of one tree's files by their shape."""
     try:
         relay, design = _design(sources)
         design += _war_barrier(sources)
         if not relay:
             reason = "the prebuilt path seeds fresh future slots, not request-pool rows"
             return Judgement(OTHER_DESIGN, reason, tuple(design))
+        if sources.module(DECODE) is None:
+            raise sf.CannotTell(f"{DECODE} is missing", sf.Evidence(DECODE, 0, "", "not found"))
+        if not (entries := sf.defined(sources, ENTRY, DECODE)):
+            where = "in no file of the tree (moved out of it, or renamed)"
+            raise sf.CannotTell(f"{ENTRY} is {where}")
         flow = sf.Flow(sources)
-        for fn in _entry(sources):
+        for fn in entries:
             flow.note(fn, fn.node.lineno, "the prebuilt path starts here")
             flow.run(fn, {sf.Trace()})
         fix_a = _fix_a(sources)

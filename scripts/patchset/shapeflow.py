@@ -1,6 +1,5 @@
-"""shape.py's walk of every path from get_new_prebuilt_batch through its helpers, keeping per
-path whether prepare_for_prebuilt() ran and a full stream ordering followed it. Overlap is on;
-any other condition may go either way. Standard library only, Python 3.10-safe."""
+"""shape.py's walk of every path from get_new_prebuilt_batch through its helpers: did prepare
+run, then a full stream ordering? Overlap on, any other condition either way; stdlib, 3.10-safe."""
 
 from __future__ import annotations
 
@@ -71,7 +70,9 @@ class Sources:
     def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
         return cls(None, texts)
 
-    def _read(self, path: str) -> str | None:
+    def text(self, path: str) -> str | None:
+        if path in self._texts:
+            return self._texts[path]
         if self.package is None:
             data = self._given.get(path)
         else:
@@ -84,24 +85,17 @@ class Sources:
         found = (p.relative_to(self.package).as_posix() for p in self.package.rglob("*.py"))
         return sorted(PREFIX + name for name in found)
 
-    def text(self, path: str) -> str | None:
-        if path not in self._texts:
-            self._texts[path] = self._read(path)
-        return self._texts[path]
-
     def module(self, path: str) -> ast.Module | None:
         """The parsed file; None when it is absent; CannotTell when it does not parse."""
         if path not in self._modules:
-            text = self.text(path)
+            text = self._texts[path] = self.text(path)
             if text is None:
                 return None
             try:
                 self._modules[path] = ast.parse(text, filename=path)
             except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
-                line = getattr(err, "lineno", 0) or 0
-                raise CannotTell(
-                    f"{path} does not parse: {err}", Evidence(path, line, "", "parse error")
-                ) from err
+                where = Evidence(path, getattr(err, "lineno", 0) or 0, "", "parse error")
+                raise CannotTell(f"{path} does not parse: {err}", where) from err
         return self._modules[path]
 
     def mentioning(self, word: str) -> list[str]:
@@ -109,7 +103,7 @@ class Sources:
         if self._candidates is None:
             self._candidates = []
             for path in self._paths():  # read once; keep candidates' text
-                text = self._texts[path] if path in self._texts else self._read(path)
+                text = self.text(path)
                 if text is not None and any(word in text for word in _CANDIDATE):
                     self._texts[path] = text
                     self._candidates.append(path)
@@ -288,12 +282,11 @@ class Flow:
     def stmt(self, stmt: ast.stmt, paths: set[Trace], fn: Fn) -> Out:
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             return Out(paths)
-        if isinstance(stmt, ast.Return):
-            if stmt.value is None:
-                return Out(returns={(p, True) for p in paths})
-            results = self.expr(stmt.value, paths, fn)
-            constant_none = isinstance(stmt.value, ast.Constant) and stmt.value.value is None
-            return Out(returns={(p, bool(none) or constant_none) for p, none in results})
+        if isinstance(stmt, ast.Return):  # a bare return, or return None, returns None
+            value = stmt.value
+            none = value is None or (isinstance(value, ast.Constant) and value.value is None)
+            results = {(p, None) for p in paths} if value is None else self.expr(value, paths, fn)
+            return Out(returns={(p, bool(returned) or none) for p, returned in results})
         if isinstance(stmt, ast.Raise):
             self.expr(stmt, paths, fn)
             return Out()
@@ -356,11 +349,8 @@ class Flow:
             frontier = (done.normal | done.continues) - seen
             seen |= frontier
         self.conditions.pop()
-        out.normal = (
-            out.breaks if endless else out.breaks | self.block(stmt.orelse, seen, fn).normal
-        )
-        out.breaks = set()
-        return out
+        after: set[Trace] = set() if endless else self.block(stmt.orelse, seen, fn).normal
+        return Out(out.breaks | after, out.returns)
 
     def try_(self, stmt: ast.stmt, paths: set[Trace], fn: Fn) -> Out:
         body = self.block(stmt.body, paths, fn)  # type: ignore[attr-defined]
@@ -369,7 +359,7 @@ class Flow:
             out.add(self.block(handler.body, paths | body.normal, fn), "normal", "returns")
         out.normal |= self.block(stmt.orelse, body.normal, fn).normal  # type: ignore[attr-defined]
         final = stmt.finalbody  # type: ignore[attr-defined]
-        out.normal = self.block(final, out.normal, fn).normal if final else out.normal
+        out.normal = self.block(final, out.normal, fn).normal  # no finally: the paths unchanged
         return out
 
     def expr(self, node: ast.AST, paths: set[Trace], fn: Fn) -> set[tuple[Trace, bool | None]]:
@@ -417,12 +407,9 @@ class Flow:
     def process(self, call: ast.Call, path: Trace, fn: Fn) -> None:
         args = ", ".join(text(a) for a in call.args)
         evidence = self.note(fn, call.lineno, f"{text(call.func)}({args}) seeds the prebuilt rows")
-        if path.prepared and path.waited:
-            kind = "ordered"
-        elif path.prepared:
-            kind = "unsure" if path.unsure else "early" if path.early else "unordered"
-        else:
-            kind = "unprepared"
+        kind = "unsure" if path.unsure else "early" if path.early else "unordered"
+        if not path.prepared or path.waited:
+            kind = "ordered" if path.prepared else "unprepared"
         self.outcomes.setdefault((kind, evidence), None)
 
     def helper(self, call: ast.Call, fn: Fn) -> Fn | None:

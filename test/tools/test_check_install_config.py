@@ -31,8 +31,8 @@ from conftest import SCRIPTS
 from patchset import catalog as catalogs
 from patchset import paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import load_releases, series_for_release
-from patchset.plays import PLAYS
+from patchset.manifest import series_for_release
+from patchset.releases import load_releases
 from testrun.venv import env_for
 
 RELEASES = sorted(load_releases().launch)
@@ -212,7 +212,7 @@ def verdict(got: Probed, release: str, config: str) -> Exposure:
         settings = read_probe(got.python, args, table, got.returncode, got.stdout, got.stderr)
     except BackportError as refused:  # the lines say why, so a test can compare them
         return Exposure(refused.code, [f"verdict: refused: {refused}"])
-    return judge(settings, dict(content.races), table, install, PLAYS)
+    return judge(settings, dict(content.races), table, install)
 
 
 def said(result: Exposure, start: str) -> str:
@@ -518,7 +518,7 @@ def test_hisparse_reads_its_race_table(h1: str):
     table = load_releases().launch[DEFAULT]
     # a plain server (no PD) with hisparse: only the hisparse seam can reach the race
     settings = parse_with_table(["--enable-hisparse"], table, "test")
-    result = judge(settings, races, table, "affected", PLAYS)
+    result = judge(settings, races, table, "affected")
     hisparse = next(text for text in result.lines if text.startswith("hisparse:"))
     if h1 == "open":
         assert result.code == Exit.EXPOSED and "scenarios H1" in result.lines[-1]
