@@ -12,7 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, SESSION_TREES, make_venv, pip
+from command_server import check_install
+from conftest import SESSION_TREES, make_venv, pip
 from patchset import catalog as catalogs
 from patchset import paths, wheel
 from patchset.apply import git_apply, scratch_copy
@@ -31,12 +32,7 @@ DECODE = "srt/disaggregation/decode.py"
 
 
 def check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "check-install"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    result = check_install(*args, env=env)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
