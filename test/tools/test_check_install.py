@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -319,12 +320,29 @@ def pip_build(python: Path, *args: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.fixture(scope="module")
+def editable(
+    tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path
+) -> tuple[Path, Path]:
+    """(the final step's project, a venv holding it installed editable), made once: each
+    test takes a copy of the venv (setuptools' build of it takes seconds)."""
+    root = tmp_path_factory.mktemp("editable")
+    tree = project(root / "proj", series, wheel_cache, series.manifest.final_step)
+    pip_build(make_venv(root / "venv"), "-e", str(tree))
+    return tree, root / "venv"
+
+
+def venv_copy(venv: Path, folder: Path) -> Path:
+    """A copy of venv at folder (its python a link to the same interpreter); its python."""
+    shutil.copytree(venv, folder, symlinks=True)
+    return folder / "bin" / "python"
+
+
 def test_an_editable_install_of_the_patched_tree_is_patched(
-    tmp_path: Path, series: Series, wheel_cache: Path
+    tmp_path: Path, series: Series, wheel_cache: Path, editable: tuple[Path, Path]
 ):
-    tree = project(tmp_path / "proj", series, wheel_cache, series.manifest.final_step)
-    python = make_venv(tmp_path / "venv")
-    pip_build(python, "-e", str(tree))
+    tree = editable[0]
+    python = venv_copy(editable[1], tmp_path / "venv")
     site = site_packages(python)
     info = site / f"sglang-{BASE}.dist-info"
     assert json.loads((info / "direct_url.json").read_text())["dir_info"] == {"editable": True}
@@ -383,12 +401,10 @@ def test_an_editable_install_through_a_pth_path_of_the_base_is_affected(
 
 
 def test_two_distributions_on_the_path_are_refused_in_either_order(
-    tmp_path: Path, series: Series, wheel_cache: Path
+    tmp_path: Path, series: Series, wheel_cache: Path, editable: tuple[Path, Path]
 ):
-    python = make_venv(tmp_path / "venv")
+    python = venv_copy(editable[1], tmp_path / "venv")
     site = site_packages(python)
-    editable = project(tmp_path / "proj", series, wheel_cache, series.manifest.final_step)
-    pip_build(python, "-e", str(editable))
     plain = project(tmp_path / "plain", series, wheel_cache, series.manifest.steps[0])
     other = tmp_path / "other"
     pip_build(python, "--target", str(other), str(plain))
