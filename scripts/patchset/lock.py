@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
-from .errors import BackportError, Exit
-
 # re-exported: apply, run-tests and the tests take them from here
-from .interrupts import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
+from .cli import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
+from .errors import BackportError, Exit
 from .textout import progress
 
 DEFAULT_WAIT_S = 30.0  # how long a second run waits for the first (--wait)

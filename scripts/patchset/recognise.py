@@ -68,7 +68,7 @@ def _refusal(
             lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
 
     looks_like = [v for v, known in catalog.releases.items() if known == blobs]
-    fixed = manifest.upstream_fixed.version
+    fixed = manifest.registry.upstream_fixed.version
     prs = " and ".join(f"#{fix.pr}" for fix in manifest.registry.fixes.values())
     if any(release_key(r) >= release_key(fixed) for r in looks_like):
         lines.append(
@@ -97,7 +97,7 @@ def _refusal(
         "check out the tag of one of those releases; for another release a patch set "
         "of its own is needed under patches/"
         if series is None
-        else f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
+        else f"check out tag {manifest.release.tag} (or use the default, the pinned wheel); "
         "for other releases a patch set of their own is needed under patches/"
     )
     fork_of = None if looks_like else catalog.nearest_release(blobs, catalog.served)
