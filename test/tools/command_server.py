@@ -1,15 +1,17 @@
-"""Run a command of scripts/ as `python scripts/NAME ARGS` runs it, in a child forked from one
-interpreter that has imported the command's modules already.
+"""Run a command of scripts/ as `python scripts/NAME ARGS` runs it (or pip as `python -m pip
+ARGS`), in a child forked from one interpreter that has imported the command's modules already.
 
-    python command_server.py SCRIPT...   (one JSON request a line on stdin, answers on stdout)
+    python command_server.py NAME...   (one JSON request a line on stdin, answers on stdout)
 
-A request {"script", "args", "env", "cwd", "timeout"} gets {"returncode", "stdout",
-"stderr"}: the child takes the request's environment, folder, argv and sys.path (the
-script's folder, then PYTHONPATH's), stdin from /dev/null, its output into files, and runs
-the script as __main__; it ends as an interpreter ends (threads joined, atexit run). What it
-saves is the interpreter's start and the imports, a third of a second of each run here
-(files open slowly on this host). The tests that start an interpreter itself (the
-launcher, the zipapp on four Pythons, the probe's own import) still run real processes.
+A request {"script" or "module", "args", "env", "cwd", "timeout"} gets {"returncode",
+"stdout", "stderr"}: the child takes the request's environment, folder, argv and sys.path
+(the script's folder or the current one, then PYTHONPATH's), stdin from /dev/null, its
+output into files, and runs the script or module as __main__; it ends as an interpreter
+ends (threads joined, atexit run). What it saves is the interpreter's start and the
+imports, a third of a second of each run here (files open slowly on this host); pip
+--python still runs pip again, in a new process of that interpreter. The tests that
+start an interpreter itself (the launcher, the zipapp on four Pythons, the probe's own
+import) still run real processes.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from typing import Any
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 # what each command imports, imported here once (launch holds SIGINT as it is imported,
 # as in the command's own process; its start() releases it in each child)
-PRELOAD = {"check-install": ["launch", "commands.check_install"]}
+PRELOAD = {
+    "check-install": ["launch", "commands.check_install"],
+    "pip": ["pip._internal.cli.main", "pip._internal.cli.main_parser"],
+}
 
 
 def _child(request: dict[str, Any], out: int, err: int, base_path: list[str]) -> None:
@@ -46,16 +51,20 @@ def _child(request: dict[str, Any], out: int, err: int, base_path: list[str]) ->
         os.dup2(err, 2)
         tempfile.tempdir = None  # read from TMPDIR again, as a new process would
         atexit._clear()  # the server's (its folder's removal) are not the command's
-        script = request["script"]
+        script, module = request.get("script"), request.get("module")
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [os.path.dirname(script), *extra, *base_path]
-        sys.argv = [script, *request["args"]]
+        first = os.path.dirname(script) if script else os.getcwd()
+        sys.path[:] = [first, *extra, *base_path]
+        sys.argv = [script or "-m", *request["args"]]
         if request["timeout"]:
             signal.alarm(
                 max(1, round(request["timeout"]))
             )  # as subprocess.run(timeout=...): killed
         try:
-            runpy.run_path(script, run_name="__main__")
+            if script:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
@@ -120,14 +129,14 @@ class CommandServer:
 
     def run(
         self,
-        script: Path,
+        script: Path | str,
         args: list[str],
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """As subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
-        env=env, cwd=cwd, timeout=timeout)."""
+        env=env, cwd=cwd, timeout=timeout); a script "-m NAME" runs the module NAME."""
         if self.proc is None or self.proc.poll() is not None:
             server_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             self.proc = subprocess.Popen(
@@ -139,8 +148,10 @@ class CommandServer:
             )
             atexit.register(self.stop)
         assert self.proc.stdin is not None and self.proc.stdout is not None
+        name = str(script)
         request = {
-            "script": str(script),
+            "script": None if name.startswith("-m ") else name,
+            "module": name.removeprefix("-m ") if name.startswith("-m ") else None,
             "args": [str(a) for a in args],
             "env": dict(os.environ if env is None else env),
             "cwd": str(cwd or os.getcwd()),
@@ -149,7 +160,11 @@ class CommandServer:
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer = json.loads(self.proc.stdout.readline())
-        command = [sys.executable, str(script), *request["args"]]
+        command = [
+            sys.executable,
+            *(name.split(" ", 1) if request["module"] else [name]),
+            *request["args"],
+        ]
         if answer["returncode"] == -signal.SIGALRM and timeout:
             raise subprocess.TimeoutExpired(command, timeout, answer["stdout"], answer["stderr"])
         text = {k: _universal(answer[k]) for k in ("stdout", "stderr")}
@@ -172,6 +187,14 @@ def check_install(
 ) -> subprocess.CompletedProcess[str]:
     """scripts/check-install ARGS, run as by subprocess.run (see CommandServer.run)."""
     return SERVER.run(SCRIPTS / "check-install", list(args), env=env, cwd=cwd, timeout=timeout)
+
+
+def pip(python: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    """pip acting on python's environment (pip --python, as conftest.pip runs it); fails the
+    test with pip's output when pip fails."""
+    more = ["--python", str(python), "--disable-pip-version-check", *args]
+    result = SERVER.run("-m pip", more, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 if __name__ == "__main__":

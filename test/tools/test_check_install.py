@@ -13,8 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from command_server import check_install
-from conftest import SESSION_TREES, make_venv, pip
+from command_server import check_install, pip
+from conftest import SESSION_TREES, make_venv
 from patchset import catalog as catalogs
 from patchset import paths, wheel
 from patchset.apply import git_apply, scratch_copy
@@ -312,12 +312,8 @@ def pip_build(python: Path, *args: str) -> None:
     """pip install with a build from source, offline: this environment's setuptools
     builds it (--no-build-isolation), the environment of python gets only the result."""
     env = dict(os.environ, PYTHONPATH=sysconfig.get_paths()["purelib"])
-    command = [
-        sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check",
-        "install", "--no-deps", "--no-index", "--no-build-isolation", "--quiet", *args,
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    more = ["install", "--no-deps", "--no-index", "--no-build-isolation", "--quiet", *args]
+    pip(python, *more, env=env)
 
 
 @pytest.fixture(scope="module")
