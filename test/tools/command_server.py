@@ -159,7 +159,9 @@ class CommandServer:
         }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        answer = json.loads(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        assert line, "the command server ended (what it said is in this test's output)"
+        answer = json.loads(line)
         command = [
             sys.executable,
             *(name.split(" ", 1) if request["module"] else [name]),
