@@ -1,26 +1,16 @@
 """Which served release and step files are (catalog, shape), or the refusal that says why not."""
 
-from __future__ import annotations
-
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths, shape
-from .catalog import Catalog, Files, blobs_of, step_in
+from .catalog import Files, blobs_of, load_catalog, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
 
 
-@dataclass(frozen=True)
-class Recognised:
-    series: Series
-    step: str  # the step of the series the files are at
-
-
 def full_check(where: str | Path) -> str:
-    """The command that runs the race checker on a tree: the next step for a fork."""
     return shlex.join(["scripts/race-check", "--tree", str(where)])
 
 
@@ -30,25 +20,24 @@ def reading(series: Series | None) -> Series:
 
 
 def recognise(
-    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
-) -> Recognised:
-    """The series (the given one, else the one whose steps hold these files) and its step."""
+    files: Files, where: str, series: Series | None, checkout: bool
+) -> tuple[Series, str]:
+    """The series (the given one, else the one whose steps hold these files), the files' step."""
     blobs = blobs_of(files)
     if series is not None:
         if step := step_in(series.manifest, blobs):
-            return Recognised(series, step)
+            return series, step
     else:
-        for content in catalog.lookup(blobs):
+        for content in load_catalog(paths.PATCHES_ROOT).lookup(blobs):
             if content.series:
                 found = Series.load(paths.PATCHES_ROOT / content.series)
-                return Recognised(found, step_in(found.manifest, blobs) or "")
-    raise _refusal(catalog, files, where, series, checkout)
+                return found, step_in(found.manifest, blobs) or ""
+    raise _refusal(files, where, series, checkout)
 
 
-def _refusal(
-    catalog: Catalog, files: Files, where: str, series: Series | None, checkout: bool
-) -> BackportError:
+def _refusal(files: Files, where: str, series: Series | None, checkout: bool) -> BackportError:
     """ALREADY_UPSTREAM when fixed (by release or shape), else BASE_MISMATCH naming the nearest."""
+    catalog = load_catalog(paths.PATCHES_ROOT)
     blobs, manifest = blobs_of(files), reading(series).manifest
     version, expected = manifest.base.version, manifest.blobs_at(BASE_STEP)
     if series is None:
