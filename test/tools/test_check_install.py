@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -12,7 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, SESSION_TREES, make_venv, pip
+from command_server import check_install, pip
+from conftest import SESSION_TREES, make_venv
 from patchset import catalog as catalogs
 from patchset import paths, wheel
 from patchset.apply import git_apply, scratch_copy
@@ -31,12 +33,7 @@ DECODE = "srt/disaggregation/decode.py"
 
 
 def check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "check-install"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    result = check_install(*args, env=env)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -315,20 +312,33 @@ def pip_build(python: Path, *args: str) -> None:
     """pip install with a build from source, offline: this environment's setuptools
     builds it (--no-build-isolation), the environment of python gets only the result."""
     env = dict(os.environ, PYTHONPATH=sysconfig.get_paths()["purelib"])
-    command = [
-        sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check",
-        "install", "--no-deps", "--no-index", "--no-build-isolation", "--quiet", *args,
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    more = ["install", "--no-deps", "--no-index", "--no-build-isolation", "--quiet", *args]
+    pip(python, *more, env=env)
+
+
+@pytest.fixture(scope="module")
+def editable(
+    tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path
+) -> tuple[Path, Path]:
+    """(the final step's project, a venv holding it installed editable), made once: each
+    test takes a copy of the venv (setuptools' build of it takes seconds)."""
+    root = tmp_path_factory.mktemp("editable")
+    tree = project(root / "proj", series, wheel_cache, series.manifest.final_step)
+    pip_build(make_venv(root / "venv"), "-e", str(tree))
+    return tree, root / "venv"
+
+
+def venv_copy(venv: Path, folder: Path) -> Path:
+    """A copy of venv at folder (its python a link to the same interpreter); its python."""
+    shutil.copytree(venv, folder, symlinks=True)
+    return folder / "bin" / "python"
 
 
 def test_an_editable_install_of_the_patched_tree_is_patched(
-    tmp_path: Path, series: Series, wheel_cache: Path
+    tmp_path: Path, series: Series, wheel_cache: Path, editable: tuple[Path, Path]
 ):
-    tree = project(tmp_path / "proj", series, wheel_cache, series.manifest.final_step)
-    python = make_venv(tmp_path / "venv")
-    pip_build(python, "-e", str(tree))
+    tree = editable[0]
+    python = venv_copy(editable[1], tmp_path / "venv")
     site = site_packages(python)
     info = site / f"sglang-{BASE}.dist-info"
     assert json.loads((info / "direct_url.json").read_text())["dir_info"] == {"editable": True}
@@ -387,12 +397,10 @@ def test_an_editable_install_through_a_pth_path_of_the_base_is_affected(
 
 
 def test_two_distributions_on_the_path_are_refused_in_either_order(
-    tmp_path: Path, series: Series, wheel_cache: Path
+    tmp_path: Path, series: Series, wheel_cache: Path, editable: tuple[Path, Path]
 ):
-    python = make_venv(tmp_path / "venv")
+    python = venv_copy(editable[1], tmp_path / "venv")
     site = site_packages(python)
-    editable = project(tmp_path / "proj", series, wheel_cache, series.manifest.final_step)
-    pip_build(python, "-e", str(editable))
     plain = project(tmp_path / "plain", series, wheel_cache, series.manifest.steps[0])
     other = tmp_path / "other"
     pip_build(python, "--target", str(other), str(plain))

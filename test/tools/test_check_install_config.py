@@ -27,6 +27,7 @@ from checkinstall.serverargs import (
     probe_request,
     read_probe,
 )
+from command_server import check_install
 from conftest import SCRIPTS
 from patchset import catalog as catalogs
 from patchset import paths
@@ -42,19 +43,22 @@ DECODE_EAGLE = "--model-path m --disaggregation-mode decode --speculative-algori
 
 
 def check(
-    *args: str, tree_on_path: Path | None = None, cwd: Path | None = None, **env: str
+    *args: str,
+    tree_on_path: Path | None = None,
+    cwd: Path | None = None,
+    fresh: bool = False,
+    **env: str,
 ) -> subprocess.CompletedProcess[str]:
+    """check-install ARGS in a child of the command server; fresh: in an interpreter of
+    its own (the one end-to-end run of --python's probe)."""
     env = dict(os.environ, **env)
     if tree_on_path is not None:
         env["PYTHONPATH"] = str(tree_on_path)
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "check-install"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=600,
-    )
+    if fresh:
+        command = [sys.executable, str(SCRIPTS / "check-install"), *args]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
+    else:
+        result = check_install(*args, env=env, cwd=cwd, timeout=600)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -298,7 +302,7 @@ def test_the_command_runs_the_probe_in_the_interpreter_under_check(tmp_path: Pat
     )
     result = check(
         "--python", str(python), "--launch-args", launch, "--config-root", str(tmp_path),
-        tree_on_path=tree, cwd=caller, TMPDIR=str(tmp),
+        tree_on_path=tree, cwd=caller, fresh=True, TMPDIR=str(tmp),
     )  # fmt: skip
     assert result.returncode == Exit.EXPOSED, result.stdout + result.stderr
     assert f"sglang {DEFAULT}'s own ServerArgs" in line(result, "configuration parsed by")
@@ -445,7 +449,10 @@ class Server:
         self.httpd.daemon_threads = True
         self.httpd.block_on_close = False
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: 0.5 s by default, per server
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def __enter__(self) -> Server:
         self.thread.start()

@@ -15,12 +15,12 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from check_install_json import validate
-from conftest import SCRIPTS, SESSION_TREES, make_venv
+from command_server import check_install
+from conftest import SESSION_TREES, make_venv
 from patchset.errors import Exit
 from patchset.manifest import Series
 
@@ -32,9 +32,7 @@ PREFILL = "--model-path m --disaggregation-mode prefill"
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "check-install"), *args], capture_output=True, text=True
-    )
+    result = check_install(*args)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from check_install_json import validate
-from conftest import SCRIPTS, SESSION_TREES
+from command_server import check_install
+from conftest import SESSION_TREES
 from patchset.errors import Exit
 from patchset.manifest import Series
 
@@ -23,9 +23,8 @@ PREFILL = "--model-path m --disaggregation-mode prefill"
 
 
 def both(*args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    command = [sys.executable, str(SCRIPTS / "check-install"), *args]
-    text = subprocess.run(command, capture_output=True, text=True)
-    result = subprocess.run([*command, "--format", "json"], capture_output=True, text=True)
+    text = check_install(*args)
+    result = check_install(*args, "--format", "json")
     assert "Traceback" not in text.stderr + result.stderr
     assert result.stdout.startswith("{") and result.stdout.count("\n}\n") == 1, result.stdout
     obj = json.loads(result.stdout)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from check_install_json import validate
+from command_server import check_install
 from conftest import SCRIPTS, SESSION_TREES, linked_copy, replace_text
 from patchset import shape
 from patchset.errors import Exit
@@ -40,11 +41,7 @@ def fork(tree: Path, folder: Path, old: str = "", new: str = "") -> Path:
 
 
 def check(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "check-install"), "--tree", str(tree), *args],
-        capture_output=True,
-        text=True,
-    )
+    result = check_install("--tree", str(tree), *args)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 

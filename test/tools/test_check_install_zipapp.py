@@ -3,6 +3,7 @@ on every Python sglang supports (3.10 to 3.13), where nothing is writable."""
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import subprocess
@@ -11,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from command_server import check_install
 from conftest import SCRIPTS, SESSION_TREES
 from patchset.errors import Exit
 
@@ -58,11 +60,15 @@ def run(command: list[str], cwd: Path, tmp: Path) -> subprocess.CompletedProcess
     return result
 
 
-def build(out: str, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / "check-install"), "--zipapp", out],
-        capture_output=True,
-        **kwargs,  # type: ignore[call-overload]
+def build(out: str, text: bool = False) -> subprocess.CompletedProcess[bytes]:
+    if out == "-":  # the zipapp's bytes on standard output: no text to read them as
+        command = [sys.executable, str(SCRIPTS / "check-install"), "--zipapp", out]
+        return subprocess.run(command, capture_output=True)
+    result = check_install("--zipapp", out)
+    if text:
+        return result  # type: ignore[return-value]
+    return subprocess.CompletedProcess(
+        result.args, result.returncode, result.stdout.encode(), result.stderr.encode()
     )
 
 
@@ -137,9 +143,9 @@ def test_every_python_gives_the_same_verdict(
     outside, tmp = tmp_path / "elsewhere", tmp_path / "tmp"
     outside.mkdir()
     tmp.mkdir()
-    command = run(
-        [sys.executable, str(SCRIPTS / "check-install"), "--tree", str(tree), *args], outside, tmp
-    )
+    env = {"PATH": os.environ.get("PATH", ""), "TMPDIR": str(tmp)}
+    command = check_install("--tree", str(tree), *args, env=env, cwd=outside)
+    assert "Traceback" not in command.stderr, command.stderr
     assert command.returncode == code, command.stdout + command.stderr
     for version in VERSIONS:
         python = str(python_of(version))
@@ -154,6 +160,7 @@ def test_every_python_gives_the_same_verdict(
     assert list(tmp.iterdir()) == [], "something was written to TMPDIR"
 
 
+@functools.cache
 def python_version(python: str) -> str:
     return subprocess.run(
         [python, "-c", "import sys; print(sys.version.split()[0])"], capture_output=True, text=True

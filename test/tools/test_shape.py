@@ -4,7 +4,12 @@ judged as their blob ids say; forks made here judged as a person reading them wo
 Every tree is real sglang: a step tree of scripts/run-tests, a wheel laid out, or a
 copy of one with a few lines changed. Our wrong fixes (a wait that depends on the
 batch) and the other forks below are copies of the session's patched 0.5.15.post1
-tree or of 0.5.23's.
+tree or of 0.5.23's. Most are judged from their files' texts held here (Texts: every
+.py file of the package, read once per tree), as judge_tree judges the folder after
+reading the same files: a copy of 2,500 files per fork, and reading them again,
+cost a second each on this host. judge_tree itself reads each served release's
+base tree, the session's patched tree, the fifo and link-loop tree of
+test_check_install_shape, and a checkout made by git am.
 """
 
 from __future__ import annotations
@@ -13,20 +18,21 @@ import ast
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import (
-    SESSION_TREES,
-    commit_all,
-    fetch_or_skip,
-    git,
-    linked_copy,
-    replace_text,
-    slim_checkout_of,
-)
+from conftest import SESSION_TREES, commit_all, fetch_or_skip, git, slim_checkout_of
 from patchset import catalog, paths, shape, wheel
-from patchset.manifest import Series, WheelPin, git_blob_id, load_releases, patch_set_folders
+from patchset import shapeflow as sf
+from patchset.manifest import (
+    Series,
+    WheelPin,
+    git_blob_id,
+    load_releases,
+    patch_set_folders,
+    series_for_release,
+)
 
 pytestmark = SESSION_TREES
 
@@ -55,15 +61,55 @@ PREPARE = "        new_batch.prepare_for_prebuilt()\n"
 WAIT_GONE = "            pass\n"
 
 
-def blob_verdict(tree: Path) -> str:
+# A tree's .py files by repository path (python/sglang/...), as shapeflow.Sources reads
+# a folder: bytes, or None for what it does not read (too large).
+Texts = dict[str, bytes | str | None]
+
+
+def texts_of(tree: Path) -> Texts:
+    """Every .py file of tree/python/sglang."""
+    package = tree / "python" / "sglang"
+    texts: Texts = {}
+    for path in package.rglob("*.py"):
+        data = path.read_bytes()
+        texts[sf.PREFIX + path.relative_to(package).as_posix()] = (
+            data if len(data) <= sf.MAX_SOURCE_BYTES else None
+        )
+    return texts
+
+
+def wheel_texts(pin: WheelPin) -> Texts:
+    """Every .py file of the pinned wheel's sglang/ (hash-checked, from the cache), as
+    texts_of reads them from the wheel laid out (wheel.extract_package)."""
+    with zipfile.ZipFile(fetch_or_skip(pin, paths.cache_dir())) as archive:
+        return {
+            wheel.REPO_PREFIX + m.filename: archive.read(m)
+            if m.file_size <= sf.MAX_SOURCE_BYTES
+            else None
+            for m in archive.infolist()
+            if m.filename.startswith("sglang/") and m.filename.endswith(".py") and not m.is_dir()
+        }
+
+
+def judge(texts: Texts) -> shape.Judgement:
+    """shape.judge_tree's judgement of a tree holding these files."""
+    return shape.judge(sf.Sources.from_texts(texts))
+
+
+def blob_verdict(texts: Texts) -> str:
     """The verdict the one catalog gives the tree's three files by their blob ids."""
     known = catalog.load_catalog(paths.PATCHES_ROOT)
-    blobs = {f: git_blob_id((tree / f).read_bytes()) for f in known.files}
+    blobs = {f: git_blob_id(as_bytes(texts[f])) for f in known.files}
     found = known.lookup(blobs)  # type: ignore[arg-type]
-    assert found, f"the files of {tree} are no release or step the catalog knows"
+    assert found, "the files are no release or step the catalog knows"
     prs = found[0].fixes
     fix_a, fix_b = (f"sgl-project/sglang#{REGISTRY.fixes[f].pr}" for f in ("fix-a", "fix-b"))
     return shape.FIXED if fix_b in prs else shape.FIX_A_ONLY if fix_a in prs else shape.AFFECTED
+
+
+def as_bytes(data: bytes | str | None) -> bytes:
+    assert data is not None
+    return data.encode() if isinstance(data, str) else data
 
 
 def text_of(judgement: shape.Judgement) -> str:
@@ -71,32 +117,35 @@ def text_of(judgement: shape.Judgement) -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream_trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """0.5.19 to 0.5.23, each wheel (hash-checked, from the cache) laid out as a tree."""
+def upstream_trees() -> dict[str, Texts]:
+    """0.5.19 to 0.5.23: each wheel's files."""
     trees = {}
     for version in UPSTREAM:
         pin = REGISTRY.known[version].wheel
         assert pin is not None
-        tree = tmp_path_factory.mktemp(f"sglang-{version}")
-        wheel.extract_package(fetch_or_skip(pin, paths.cache_dir()), tree)
-        trees[version] = tree
+        trees[version] = wheel_texts(pin)
     return trees
 
 
-def edited(tree: Path, folder: Path, *edits: tuple[Path, str, str]) -> Path:
-    """A copy of tree (hard links) with each (file, old, new): old, found once, made new."""
-    linked_copy(tree, folder)
+@pytest.fixture(scope="module")
+def patched_texts(patched_tree: Path) -> Texts:
+    return texts_of(patched_tree)
+
+
+def edited(texts: Texts, *edits: tuple[Path, str, str]) -> Texts:
+    """A copy of texts with each (file, old, new): old, found once, made new."""
+    texts = dict(texts)
     for path, old, new in edits:
-        source = (folder / path).read_text()
+        source = as_bytes(texts[str(path)]).decode()
         assert source.count(old) == 1, f"{old!r} is not once in {path}: the code moved"
-        replace_text(folder / path, source.replace(old, new))
-    return folder
+        texts[str(path)] = source.replace(old, new)
+    return texts
 
 
-def moved(tree: Path, folder: Path, name: str) -> Path:
-    """A copy of tree whose decode.py method `name` now lives in a mixin module of its own."""
-    linked_copy(tree, folder)
-    source = (folder / DECODE).read_text()
+def moved(texts: Texts, name: str) -> Texts:
+    """A copy of texts whose decode.py method `name` now lives in a mixin module of its own."""
+    texts = dict(texts)
+    source = as_bytes(texts[str(DECODE)]).decode()
     module = ast.parse(source)
     method = next(
         node
@@ -108,10 +157,14 @@ def moved(tree: Path, folder: Path, name: str) -> Path:
     lines = source.splitlines(keepends=True)
     start = (method.decorator_list[0] if method.decorator_list else method).lineno - 1
     body = "".join(lines[start : method.end_lineno])
-    replace_text(folder / DECODE, "".join(lines[:start] + lines[method.end_lineno :]))
-    mixin = folder / DECODE.with_name("prebuilt_fork.py")
-    mixin.write_text(f"class PrebuiltForkMixin:\n{body}")
-    return folder
+    texts[str(DECODE)] = "".join(lines[:start] + lines[method.end_lineno :])
+    texts[str(DECODE.with_name("prebuilt_fork.py"))] = f"class PrebuiltForkMixin:\n{body}"
+    return texts
+
+
+# release -> its base tree's texts; a step's tree differs from it only in the files its
+# series touches (apply refuses a patch that touches any other)
+BASE_TEXTS: dict[str, Texts] = {}
 
 
 @pytest.mark.parametrize(("release", "step"), SERVED)
@@ -119,25 +172,35 @@ def test_every_served_step_is_judged_as_its_blob_ids_say(release: str, step: str
     tree = STEPS / release / step
     if not (tree / "python" / "sglang").is_dir():
         pytest.skip(f"needs {tree}: run scripts/run-tests once")
-    judged = shape.judge_tree(tree)
-    assert judged.verdict == blob_verdict(tree), text_of(judged)
-
-
-def test_the_releases_after_the_fix_are_judged_fixed(upstream_trees: dict[str, Path]) -> None:
-    assert UPSTREAM == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
-    for version, tree in upstream_trees.items():
+    if step == "base":  # the folder itself, and its texts for the release's steps
         judged = shape.judge_tree(tree)
-        assert blob_verdict(tree) == shape.FIXED
+        BASE_TEXTS[release] = texts = texts_of(tree)
+    else:
+        texts = dict(BASE_TEXTS.get(release) or texts_of(STEPS / release / "base"))
+        texts.update((f, (tree / f).read_bytes()) for f in shape_files(release))
+        judged = judge(texts)
+    assert judged.verdict == blob_verdict(texts), text_of(judged)
+
+
+def shape_files(release: str) -> list[str]:
+    """The files the release's series touches."""
+    return series_for_release(paths.PATCHES_ROOT, release).manifest.files
+
+
+def test_the_releases_after_the_fix_are_judged_fixed(upstream_trees: dict[str, Texts]) -> None:
+    assert UPSTREAM == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
+    for version, texts in upstream_trees.items():
+        judged = judge(texts)
+        assert blob_verdict(texts) == shape.FIXED
         assert judged.verdict == shape.FIXED, f"{version}: {text_of(judged)}"
     # from 0.5.21 the wait is in the helper the entry calls; it is followed there
-    text = text_of(shape.judge_tree(upstream_trees["0.5.21"]))
+    text = text_of(judge(upstream_trees["0.5.21"]))
     assert "_get_new_prebuilt_batch: followed from" in text
     assert "_get_new_prebuilt_batch: a full ordering: self.schedule_stream.wait_stream" in text
 
 
-def test_the_release_before_the_race_is_another_design(tmp_path: Path) -> None:
-    wheel.extract_package(fetch_or_skip(BEFORE_THE_RACE, paths.cache_dir()), tmp_path)
-    judged = shape.judge_tree(tmp_path)
+def test_the_release_before_the_race_is_another_design() -> None:
+    judged = judge(wheel_texts(BEFORE_THE_RACE))
     assert judged.verdict == shape.OTHER_DESIGN, text_of(judged)
     assert "FutureMap.alloc_future_indices: fresh future slots" in text_of(judged)
 
@@ -167,11 +230,9 @@ CONDITIONS = {
 
 
 @pytest.mark.parametrize("condition", CONDITIONS.values(), ids=CONDITIONS.keys())
-def test_a_wait_under_a_condition_is_not_fix_b(
-    patched_tree: Path, tmp_path: Path, condition: str
-) -> None:
+def test_a_wait_under_a_condition_is_not_fix_b(patched_texts: Texts, condition: str) -> None:
     new = IF_OVERLAP.replace("self.enable_overlap:", f"self.enable_overlap and {condition}:")
-    judged = shape.judge_tree(edited(patched_tree, tmp_path, (DECODE, IF_OVERLAP, new)))
+    judged = judge(edited(patched_texts, (DECODE, IF_OVERLAP, new)))
     assert judged.verdict == shape.AFFECTED, text_of(judged)
     said = ast.unparse(ast.parse(f"self.enable_overlap and {condition}", mode="eval"))
     assert f"(runs only when {said})" in text_of(judged)
@@ -233,30 +294,26 @@ FORKS = {
 
 @pytest.mark.parametrize("old, new, verdict", FORKS.values(), ids=FORKS.keys())
 def test_a_fork_is_judged_as_a_person_would(
-    patched_tree: Path, tmp_path: Path, old: str, new: str, verdict: str
+    patched_texts: Texts, old: str, new: str, verdict: str
 ) -> None:
-    judged = shape.judge_tree(edited(patched_tree, tmp_path, (DECODE, old, new)))
+    judged = judge(edited(patched_texts, (DECODE, old, new)))
     assert judged.verdict == verdict, text_of(judged)
 
 
-def test_a_wait_on_every_branch_of_an_unknown_condition_is_fix_b(
-    patched_tree: Path, tmp_path: Path
-) -> None:
+def test_a_wait_on_every_branch_of_an_unknown_condition_is_fix_b(patched_texts: Texts) -> None:
     branches = IF_OVERLAP.replace("self.enable_overlap", "len(can_run_list) > 1")
     tree = edited(
-        patched_tree,
-        tmp_path,
+        patched_texts,
         (DECODE, IF_OVERLAP, branches),
         (DECODE, WAIT, WAIT + "        else:\n" + WAIT),
     )
-    judged = shape.judge_tree(tree)
+    judged = judge(tree)
     assert judged.verdict == shape.FIXED, text_of(judged)
 
 
-def test_a_wait_only_before_prepare_cannot_be_told(patched_tree: Path, tmp_path: Path) -> None:
+def test_a_wait_only_before_prepare_cannot_be_told(patched_texts: Texts) -> None:
     tree = edited(
-        patched_tree,
-        tmp_path,
+        patched_texts,
         (DECODE, WAIT, WAIT_GONE),
         (
             DECODE,
@@ -264,68 +321,62 @@ def test_a_wait_only_before_prepare_cannot_be_told(patched_tree: Path, tmp_path:
             "        self.schedule_stream.wait_stream(self.forward_stream)\n" + PREPARE,
         ),
     )
-    judged = shape.judge_tree(tree)
+    judged = judge(tree)
     assert judged.verdict == shape.CANNOT_TELL, text_of(judged)
     assert "with the ordering before prepare_for_prebuilt(), not after it" in judged.reason
 
 
 def test_a_function_moved_to_another_module_is_followed(
-    patched_tree: Path, session_step_trees: dict[str, Path], tmp_path: Path
+    patched_texts: Texts, session_step_trees: dict[str, Path]
 ) -> None:
-    fixed = shape.judge_tree(moved(patched_tree, tmp_path / "fixed", shape.ENTRY))
+    fixed = judge(moved(patched_texts, shape.ENTRY))
     assert fixed.verdict == shape.FIXED, text_of(fixed)
     assert "srt/disaggregation/prebuilt_fork.py:" in text_of(fixed)
-    unpatched = moved(session_step_trees["base"], tmp_path / "unpatched", shape.ENTRY)
-    assert shape.judge_tree(unpatched).verdict == shape.AFFECTED
+    unpatched = moved(texts_of(session_step_trees["base"]), shape.ENTRY)
+    assert judge(unpatched).verdict == shape.AFFECTED
 
 
 def test_0_5_23s_helper_moved_away_is_followed_and_its_wait_removed_is_not(
-    upstream_trees: dict[str, Path], tmp_path: Path
+    upstream_trees: dict[str, Texts],
 ) -> None:
-    tree = moved(upstream_trees["0.5.23"], tmp_path / "moved", "_get_new_prebuilt_batch")
-    judged = shape.judge_tree(tree)
+    tree = moved(upstream_trees["0.5.23"], "_get_new_prebuilt_batch")
+    judged = judge(tree)
     assert judged.verdict == shape.FIXED, text_of(judged)
     assert "prebuilt_fork.py:" in text_of(judged)
     assert "(another module)" in text_of(judged)
-    no_wait = edited(upstream_trees["0.5.23"], tmp_path / "no-wait", (DECODE, WAIT, WAIT_GONE))
-    judged = shape.judge_tree(no_wait)
+    no_wait = edited(upstream_trees["0.5.23"], (DECODE, WAIT, WAIT_GONE))
+    judged = judge(no_wait)
     assert judged.verdict == shape.AFFECTED, text_of(judged)
     assert judged.reason.startswith("SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch")
 
 
-def test_what_cannot_be_read_is_said(patched_tree: Path, tmp_path: Path) -> None:
+def test_what_cannot_be_read_is_said(patched_texts: Texts) -> None:
     renamed = edited(
-        patched_tree,
-        tmp_path / "renamed",
+        patched_texts,
         (DECODE, "    def get_new_prebuilt_batch(", "    def get_next_prebuilt_batch("),
     )
-    judged = shape.judge_tree(renamed)
+    judged = judge(renamed)
     assert (judged.verdict, judged.reason) == (
         shape.CANNOT_TELL,
         "get_new_prebuilt_batch is in no file of the tree (moved out of it, or renamed)",
     )
-    missing = linked_copy(patched_tree, tmp_path / "missing")
-    (missing / DECODE).unlink()
-    judged = shape.judge_tree(missing)
+    missing = {path: text for path, text in patched_texts.items() if path != shape.DECODE}
+    judged = judge(missing)
     assert (judged.verdict, judged.reason) == (shape.CANNOT_TELL, f"{shape.DECODE} is missing")
-    broken = edited(
-        patched_tree, tmp_path / "broken", (DECODE, PREPARE, PREPARE + "        if (:\n")
-    )
-    judged = shape.judge_tree(broken)
+    broken = edited(patched_texts, (DECODE, PREPARE, PREPARE + "        if (:\n"))
+    judged = judge(broken)
     assert judged.reason.startswith(f"{shape.DECODE} does not parse:"), text_of(judged)
 
 
-def test_futuremap_moved_is_followed_and_missing_is_said(
-    patched_tree: Path, tmp_path: Path
-) -> None:
-    tree = linked_copy(patched_tree, tmp_path / "moved")
-    overlap = tree / shape.OVERLAP
-    overlap.rename(overlap.with_name("future_map.py"))
-    judged = shape.judge_tree(tree)
+def test_futuremap_moved_is_followed_and_missing_is_said(patched_texts: Texts) -> None:
+    tree = dict(patched_texts)
+    future_map = str(Path(shape.OVERLAP).with_name("future_map.py"))
+    tree[future_map] = tree.pop(shape.OVERLAP)
+    judged = judge(tree)
     assert judged.verdict == shape.FIXED, text_of(judged)
     assert "srt/managers/future_map.py:" in text_of(judged)
-    (tree / shape.OVERLAP).with_name("future_map.py").unlink()
-    judged = shape.judge_tree(tree)
+    del tree[future_map]
+    judged = judge(tree)
     assert judged.verdict == shape.CANNOT_TELL, text_of(judged)
     assert judged.reason.startswith("the tree (overlap_utils.py missing) has no FutureMap")
 
