@@ -138,10 +138,14 @@ def test_tools_run_under_xdist_with_the_groups_and_every_outcome(tmp_path: Path)
         os.environ, PYTHONPATH=os.pathsep.join([str(runner.TOOL_TESTS), str(runner.SCRIPTS)])
     )
 
+    # --basetemp: an xdist controller makes a numbered folder in the shared
+    # /tmp/pytest-of-USER otherwise, and at its exit removes the older ones beyond
+    # three, whoever left them (seen to take this test from 2 s to 120 s).
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(runner.TOOL_TESTS.parent / "pytest.ini"),
          "--rootdir", str(suite), "-p", "conftest", "-p", "testrun.outcomes",
-         "-n", "2", "--dist", "loadgroup", f"--outcomes-json={out}", str(suite)],
+         "-n", "2", "--dist", "loadgroup", f"--outcomes-json={out}",
+         f"--basetemp={tmp_path / 'basetemp'}", str(suite)],
         capture_output=True, text=True, env=env, cwd=suite,
     )  # fmt: skip
 
