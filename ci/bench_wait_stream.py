@@ -1,11 +1,9 @@
 #!/usr/bin/env python3
-"""What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop.
-
-Two CUDA streams in the overlap scheduler's rhythm through the real FutureMap, "patched"
-(0002's wait before seeding) and "unpatched" runs alternating; the wait itself and the idle
-gap it adds, as shares of decode steps (docs/gpu.md). A measurement, not a test. Run it
-with an sglang tree on PYTHONPATH (ci/run-gpu uses the final step's tree).
-"""
+"""What 0002's wait_stream costs per prebuilt batch in a steady decode-like loop: two CUDA
+streams in the overlap scheduler's rhythm through the real FutureMap, "patched" (0002's wait
+before seeding) and "unpatched" runs alternating; the wait itself and the idle gap it adds, as
+shares of decode steps (docs/gpu.md). A measurement, not a test. Run it with an sglang tree on
+PYTHONPATH (ci/run-gpu uses the final step's tree)."""
 
 from __future__ import annotations
 
@@ -15,11 +13,10 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,7 +30,7 @@ from patchset.errors import BackportError, Exit
 from patchset.textout import table as text_table
 
 POOL_ROWS = 512
-MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch and the prebuilt row batch + 1
+MAX_BATCH = POOL_ROWS - 1  # running rows 1..batch, the prebuilt row batch + 1; row 0 pads
 TOPK = 4
 CODES = {Exit.OK: "measured (and written to --json)"}
 INTS = {  # flag: default, help, the least value, said when below it
@@ -46,11 +43,10 @@ INTS = {  # flag: default, help, the least value, said when below it
 }
 
 
-@dataclass
-class RunTimes:
+class RunTimes(NamedTuple):
     seconds_per_iteration: float
-    wait_us: list[float] = field(default_factory=list)  # host time of each wait_stream call
-    gap_us: list[float] = field(default_factory=list)  # forward stream idle between forwards
+    wait_us: Sequence[float] = ()  # host time of each wait_stream call
+    gap_us: Sequence[float] = ()  # forward stream idle between forwards
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (_, _, least, said) in INTS.items():
         if getattr(args, name) < least:
             p.error(f"--{name} must be {said}")
-    # rows 1..batch run, row batch + 1 is the prebuilt one; row 0 is the pool's padding
     if args.batch > MAX_BATCH:
         p.error(f"--batch must be at most {MAX_BATCH} (the pool has {POOL_ROWS} rows)")
     return args
@@ -74,11 +69,7 @@ class Loop:
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
         # imported as the GPU test does: no sgl_kernel needed
         mods = sglang_import.import_modules()
-        FutureMap = mods["sglang.srt.managers.overlap_utils"].FutureMap
-        RelayPayload = mods["sglang.srt.managers.overlap_utils"].RelayPayload
-        ReqToTokenPool = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool
-        get_context = mods["sglang.srt.runtime_context"].get_context
-        SpeculativeAlgorithm = mods["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+        overlap = mods["sglang.srt.managers.overlap_utils"]
         eagle = mods["sglang.srt.speculative.eagle_disaggregation"]
         self.build_draft_input = eagle.build_eagle_disagg_draft_input
         self.args = args
@@ -89,11 +80,12 @@ class Loop:
             speculative_eagle_topk=TOPK,
             speculative_num_steps=1,
         )
-        get_context().set_server_args(self.server_args)
-        pool = ReqToTokenPool(
+        mods["sglang.srt.runtime_context"].get_context().set_server_args(self.server_args)
+        pool = mods["sglang.srt.mem_cache.memory_pool"].ReqToTokenPool(
             size=POOL_ROWS, max_context_len=8, device=str(dev), enable_memory_saver=False
         )
-        self.future_map = FutureMap(dev, SpeculativeAlgorithm.from_string("EAGLE"), pool)
+        spec = mods["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
+        self.future_map = overlap.FutureMap(dev, spec.from_string("EAGLE"), pool)
         self.forward_stream = torch.cuda.Stream()
         self.schedule_stream = torch.cuda.Stream()
 
@@ -103,7 +95,7 @@ class Loop:
         self.running_rows = torch.arange(1, b + 1, dtype=torch.int64, device=dev)
         self.prebuilt_row = b + 1
         self.seq_lens = torch.full((b,), 100, dtype=torch.int64, device=dev)
-        self.payload = RelayPayload(
+        self.payload = overlap.RelayPayload(
             bonus_tokens=torch.zeros(b, dtype=torch.int64, device=dev),
             topk_p=torch.rand(b, TOPK, device=dev),
             topk_index=torch.zeros(b, TOPK, dtype=torch.int64, device=dev),
@@ -141,7 +133,6 @@ class Loop:
 
     def run(self, iterations: int, patched: bool) -> RunTimes:
         """Time `iterations` steady iterations: per iteration, the wait call, the idle gaps."""
-        in_flight: torch.cuda.Event | None = None
         waits: list[float] = []
         marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # forward start, end
         start = time.perf_counter()
@@ -160,10 +151,8 @@ class Loop:
                 self.future_map.stash(self.running_rows, self.payload)
                 done.record()
             marks.append((began, done))
-            # One iteration in flight: wait for the previous forward, not this one.
-            if in_flight is not None:
-                in_flight.synchronize()
-            in_flight = done
+            if len(marks) > 1:  # one iteration in flight: wait for the previous forward
+                marks[-2][1].synchronize()
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / iterations
         gaps = [marks[k - 1][1].elapsed_time(marks[k][0]) * 1e3 for k in range(1, len(marks))]

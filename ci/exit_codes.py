@@ -1,8 +1,6 @@
-"""The README's exit-code table, made from the one enum and the codes each command declares.
-
+"""The README's exit-code table, made from the one enum and the codes each command declares:
 --write rewrites it between its two markers; without, exit 13 (stale) when it differs from a
-fresh one. It lives here, above every library, because it imports every command.
-"""
+fresh one. It lives here, above every library, because it imports every command."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Start a command of scripts/: hold SIGINT, check the Python, then import and run its module.
-
 It and the launchers (scripts/ files without a suffix) parse on every Python, 2.7 and 3.6
-included (no f-strings, annotations, `from __future__`): an old one is told what it needs.
-"""
+included (no f-strings, annotations, `from __future__`): an old one is told what it needs."""
 
 import signal
 import sys

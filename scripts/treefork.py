@@ -62,8 +62,7 @@ def fork_each(
     started: Callable[[Job], None],
     ended: Callable[[Job, int, float], None] | None = None,
 ) -> None:
-    """child(job) forked per job, slots at a time, between started and ended (exit code,
-    seconds); interrupted, the children are ended."""
+    """child(job) forked per job, slots at a time; interrupted, the children are ended."""
     pending = list(jobs)
     running: dict[int, tuple[Job, float]] = {}
     try:

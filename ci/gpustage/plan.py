@@ -50,7 +50,7 @@ class Options:
 
     @property
     def requirements(self) -> Path:
-        """The hash-pinned requirements the offline install reads (written by main)."""
+        """The hash-pinned requirements the offline install reads (ci/run-gpu writes them)."""
         assert self.site is not None
         return self.site.parent / "gpu-site-requirements.txt"
 

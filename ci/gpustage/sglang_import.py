@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dis
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -122,12 +123,11 @@ def _codes(code: CodeType) -> Iterator[CodeType]:
 
 def cuda_flags_read() -> dict[str, set[str]]:
     """function -> the import-time CUDA flags of its module that it reads."""
-    found: dict[str, set[str]] = {}
-    for (module_name, qualname), func in path_under_test().items():
-        names = {name for code in _codes(func.__code__) for name in code.co_names}
-        flags = cuda_flags_of(importlib.import_module(module_name))
-        found[f"{module_name}.{qualname}"] = names & flags
-    return found
+    return {
+        f"{module}.{qualname}": cuda_flags_of(importlib.import_module(module))
+        & {name for code in _codes(func.__code__) for name in code.co_names}
+        for (module, qualname), func in path_under_test().items()
+    }
 
 
 def _is_package(name: str) -> bool:
@@ -202,10 +202,9 @@ def path_under_test() -> dict[tuple[str, str], FunctionType]:
     present = {}
     for entry in PATH_UNDER_TEST:
         module_name, _, qualname = entry.removesuffix("?").partition(":")
-        obj: object = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
         try:
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
+            obj = functools.reduce(getattr, qualname.split("."), module)
         except AttributeError:
             if entry.endswith("?"):
                 continue

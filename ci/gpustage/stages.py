@@ -106,15 +106,13 @@ def _kill(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def run_command(stage: Stage, log: Path, timeout: float | None = None) -> int | None:
-    """The first failing `&&` part's status, else 0; None when stopped timeout seconds from now."""
+def run_command(stage: Stage, log: Path, end: float | None = None) -> int | None:
+    """The first failing `&&` part's status, else 0; None when stopped at end (time.monotonic())."""
     env = stage_environment(stage, os.environ) | {"PYTHONUNBUFFERED": "1"}  # logs as printed
-    end = None if timeout is None else time.monotonic() + timeout
     parts = [list(w) for sep, w in itertools.groupby(stage.command, "&&".__eq__) if not sep]
     with log.open("w", encoding="utf-8") as out:
         for part in parts:
-            out.write(f"$ {shlex.join(part)}\n")
-            out.flush()
+            print(f"$ {shlex.join(part)}", file=out, flush=True)
             proc = subprocess.Popen(part, cwd=PROJECT_ROOT, env=env, **_PIPED)
             timer = threading.Timer(max(0.0, (end or 0) - time.monotonic()), _kill, (proc,))
             if end is not None:
@@ -152,17 +150,16 @@ class _Tee(io.TextIOBase):
 def tee_output(path: Path) -> Iterator[None]:
     """What is printed inside also goes to path as it is printed, and so does an internal error."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as log:
-        real = sys.stdout, sys.stderr
-        sys.stdout = _Tee(real[0], log)  # type: ignore[assignment]
-        sys.stderr = _Tee(real[1], log)  # type: ignore[assignment]
+    with (
+        path.open("w", encoding="utf-8") as log,
+        contextlib.redirect_stdout(_Tee(sys.stdout, log)),
+        contextlib.redirect_stderr(_Tee(sys.stderr, log)),
+    ):
         try:
             yield
         except BaseException as err:
             log.write("".join(traceback.format_exception(err)))
             raise
-        finally:
-            sys.stdout, sys.stderr = real
 
 
 def run_stage(
@@ -191,7 +188,7 @@ def run_stage(
         return outcome(ok, text)
     log = reports / f"{stage.name}.log"
     try:
-        rc = run_command(stage, log, left)
+        rc = run_command(stage, log, end)
     except OSError as err:
         return outcome(False, f"FAIL: {err}")
     if rc is None:
@@ -243,9 +240,7 @@ def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
         line.strip() for line in log.read_text(encoding="utf-8").splitlines()
         if line.startswith(("WARNING: ", "FAIL: "))
     ]  # fmt: skip
-    if rc != 0:
-        return False, f"FAIL: exit {rc}" + "".join(f"; {w}" for w in warnings)
-    return True, "; ".join(["ok", *warnings])
+    return rc == 0, "; ".join(["ok" if rc == 0 else f"FAIL: exit {rc}", *warnings])
 
 
 def judge_bench(json_path: Path, rc: int, _log: Path) -> tuple[bool, str]:

@@ -97,25 +97,22 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
             print(f"{out} already holds every wheel, each with its sha256: nothing to download")
             return house
     out.mkdir(parents=True, exist_ok=True)
-    pins = wanted_pins(manifest)
     with marked_folder(out, ".download-") as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), "utf-8")
         command = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
             "--disable-pip-version-check", "--python-version", python_version,
-            *(f"--platform={p}" for p in PLATFORMS), "--dest", str(tmp), "-r", str(requirements),
+            *(f"--platform={p}" for p in PLATFORMS), "--dest", str(tmp),
+            *(f"{name}=={version}" for name, version in wanted_pins(manifest).items()),
         ]  # fmt: skip
         print(f"$ {' '.join(command)}", flush=True)
-        result = subprocess.run(command)
-        if result.returncode != 0:
+        if rc := subprocess.run(command).returncode:
             raise BackportError(
                 Exit.SETUP,
-                f"pip download failed with exit code {result.returncode} (its output is above)",
+                f"pip download failed with exit code {rc} (its output is above)",
                 "run it where the package index is reachable; a pin with no wheel for "
                 f"Python {python_version} on x86_64 Linux needs another base or Python",
             )
-        for path in Path(tmp).glob("*.whl"):
+        for path in tmp.glob("*.whl"):
             path.replace(out / path.name)
     sglang = wheels.fetch_wheel(manifest.base, cache)
     shutil.copyfile(sglang, out / sglang.name)
@@ -133,7 +130,10 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Non
             f"pip did not bring {', '.join(lost)} into {out}",
             "run it again; report it if it stays",
         )
-    entries = [_entry(out / manifest.base.wheel), *(_entry(by_dist[w]) for w in wanted)]
+    entries = [
+        Entry(*_dist_of(p.name), p.name, sha256_of(p), p.stat().st_size)
+        for p in (out / manifest.base.wheel, *(by_dist[w] for w in wanted))
+    ]
     data = {
         "base": manifest.base.version,
         "python_version": python_version,
@@ -143,11 +143,6 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Non
         "packages": [e.__dict__ for e in entries],
     }
     (out / MANIFEST).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-def _entry(path: Path) -> Entry:
-    name, version = _dist_of(path.name)
-    return Entry(name, version, path.name, sha256_of(path), path.stat().st_size)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from patchset import catalog as catalogs
 from patchset.errors import BackportError, Exit
-from patchset.manifest import RELEASES_NAME, LaunchSettings, load_releases, release_key
 from patchset.plays import PLAYS
+from patchset.releases import RELEASES_NAME, LaunchSettings, load_releases, release_key
 
 from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
 

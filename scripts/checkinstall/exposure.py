@@ -7,8 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from patchset.errors import Exit
-from patchset.manifest import LaunchSettings, RaceEntry
+from patchset.manifest import RaceEntry
 from patchset.plays import Play
+from patchset.releases import LaunchSettings
 
 from checkinstall import launchargs, serverinfo
 from checkinstall.launchargs import FIELDS, Settings

@@ -12,7 +12,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from patchset.manifest import LaunchSettings
+from patchset.releases import LaunchSettings
 
 from checkinstall.launchargs import FIELDS, Settings, not_understood, parse_with_table, refused
 

@@ -1,7 +1,5 @@
 """Apply the PD-decode prebuilt race backports to sglang."""
 
-from __future__ import annotations
-
 import argparse
 import shlex
 from functools import partial
@@ -9,7 +7,6 @@ from pathlib import Path
 
 from patchset import apply, buildtree, cli, paths
 from patchset import wheel as wheels
-from patchset.catalog import load_catalog
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
@@ -69,7 +66,6 @@ HELP = {
 
 
 def branch_name(name: str) -> str:
-    """argparse type: a name git can make a branch of."""
     if name.startswith("refs/"):
         problem = "give the branch name without refs/ (e.g. refs/heads/x is x)"
     else:
@@ -81,23 +77,19 @@ def branch_name(name: str) -> str:
 
 
 def check(args: argparse.Namespace, series: Series | None) -> int:
-    catalog = load_catalog(paths.PATCHES_ROOT)
-    if args.sglang:
-        git, where = open_checkout(args.sglang), args.sglang
-        files = buildtree.files_at(git, "HEAD", reading(series).manifest)
-    else:
-        assert series is not None
-        apply.verify(series)
-        where = buildtree.build_tree_path(series, paths.build_dir())
-        if where.is_dir():
-            files = buildtree.files_at(open_checkout(where), "HEAD", series.manifest)
-        else:  # no build tree yet: the pinned wheel's files
-            where = wheels.fetch_wheel(series.manifest.base, paths.cache_dir())
-            files = dict(wheels.read_files(where, series.manifest.files))
-    found = recognise(catalog, files, str(where), series, checkout=bool(args.sglang))
-    if args.sglang or found.series is not series:  # the build tree's series is verified above
-        apply.verify(found.series)
-    results = apply.check_series(found.series, found.step, files)
+    given = reading(series)  # with --sglang alone, the default: it names the files to read
+    if not args.sglang:
+        apply.verify(given)
+    where = args.sglang or buildtree.build_tree_path(given, paths.build_dir())
+    if args.sglang or where.is_dir():
+        files = buildtree.files_at(open_checkout(where), "HEAD", given.manifest)
+    else:  # no build tree yet: the pinned wheel's files
+        where = wheels.fetch_wheel(given.manifest.base, paths.cache_dir())
+        files = dict(wheels.read_files(where, given.manifest.files))
+    found, step = recognise(files, str(where), series, bool(args.sglang))
+    if args.sglang or found is not series:  # the build tree's series is verified above
+        apply.verify(found)
+    results = apply.check_series(found, step, files)
     print(f"checking {len(results)} patches against {where}")
     for name, status in results.items():
         print(f"  {name}: " + status.replace("\n", "\n    "))
@@ -141,11 +133,9 @@ def main() -> int:
         return check(args, series)
 
     if args.sglang:
-        git, fork = open_checkout(args.sglang), None
-        if args.three_way:
-            fork = partial(onto_fork, args.sglang, args.branch, series, args.base)
+        fork = partial(onto_fork, args.sglang, args.branch, series, args.base)
         report = apply.apply_to_user_checkout(
-            git, args.sglang, args.branch, args.wait, series, fork
+            args.sglang, args.branch, args.wait, series, fork if args.three_way else None
         )
     else:
         assert series is not None

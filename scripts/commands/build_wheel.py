@@ -1,7 +1,5 @@
 """Build a patched sglang wheel that pip installs over the official one."""
 
-from __future__ import annotations
-
 import argparse
 import re
 import subprocess
@@ -42,7 +40,6 @@ HELP = {
 
 
 def python_of(interpreter: Path) -> str:
-    """The wheel tag of an interpreter (cp312), asked of it."""
     ask = "import sys; print(sys.implementation.name, *sys.version_info[:2])"
     command = [str(interpreter), "-I", "-c", ask]
     try:
@@ -68,7 +65,6 @@ def python_of(interpreter: Path) -> str:
 
 
 def python_tag(text: str) -> str:
-    """--python-version X.Y as a wheel tag (3.12 -> cp312)."""
     found = re.fullmatch(r"3\.(\d+)", text)
     if not found:
         raise argparse.ArgumentTypeError(f"{text!r} is not a Python version X.Y (e.g. 3.12)")

@@ -1,7 +1,5 @@
 """Regenerate the patch series from the patched branch of the build tree."""
 
-from __future__ import annotations
-
 import sys
 
 from patchset import cli, export, paths

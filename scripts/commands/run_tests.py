@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,9 +33,6 @@ Set up and run every test of the project (docs/testing.md says how).
 4. Print, per release, a table of each step test's outcome per step and the
    race table measured at each step, then each run's verdict.
 
-With --tree DIR the step suite runs once, against the sglang tree in DIR,
-judged as the final step of the default series (or of --base/--patch-set);
---tree may be given more than once, and every tree shares one worker.
 Outcomes (JSON), logs and JUnit XML of every run go to build/test-results/.
 """
 
@@ -49,6 +47,17 @@ outcomes in the table:
   ERROR            an error outside the test body (fixture, collection)
 """
 
+HELP = {
+    "--base": "test this sglang release (repeatable; default: every release served)",
+    "--tree": "run only the step suite, against DIR/python/sglang, judged as the final step "
+    "of the default series (or of --base/--patch-set) (repeatable: one column per tree, "
+    "every tree in one worker)",
+    "--python": "use this interpreter, whose environment already holds the requirements, "
+    "for every run instead of the per-release environments",
+    "--patch-set": "test only this patch set folder (its primary release)",
+    "--parallel": "step runs at once, and pytest-xdist workers for test/tools "
+    "(default: 2, or 1 on one core)",
+}
 APPLY_CODES = (
     Exit.DIRTY_TREE, Exit.ALREADY_UPSTREAM, Exit.PATCHSET_INVALID, Exit.NOT_A_CHECKOUT,
     Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED, Exit.BRANCH_EXISTS,
@@ -65,45 +74,18 @@ CODES = {
 
 def parse_args() -> argparse.Namespace:
     p = cli.parser("run-tests", DESCRIPTION, CODES, CODES, epilog=OUTCOMES)
+    p.add_argument("--base", action="append", metavar="VERSION", help=HELP["--base"])
     p.add_argument(
-        "--base",
-        action="append",
-        metavar="VERSION",
-        help="test this sglang release (repeatable; default: every release served)",
-    )
-    p.add_argument(
-        "--tree",
-        action="append",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="run only the step suite, against DIR/python/sglang, judged as the final "
-        "step (repeatable: one column per tree)",
+        "--tree", action="append", type=cli.absolute_path, metavar="DIR", help=HELP["--tree"]
     )
     p.add_argument("-k", metavar="EXPR", help="passed to every pytest run (pytest -k)")
     only = p.add_mutually_exclusive_group()
     only.add_argument("--steps-only", action="store_true", help="skip test/tools")
     only.add_argument("--tools-only", action="store_true", help="skip test/steps")
-    p.add_argument(
-        "--python",
-        type=cli.absolute_path,
-        metavar="PATH",
-        help="use this interpreter, whose environment already holds the requirements, "
-        "for every run instead of the per-release environments",
-    )
-    p.add_argument(
-        "--patch-set",
-        type=cli.absolute_path,
-        metavar="DIR",
-        help="test only this patch set folder (its primary release)",
-    )
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        metavar="N",
-        help="step runs at once, and pytest-xdist workers for test/tools "
-        "(default: 2, or 1 on one core)",
-    )
+    p.add_argument("--python", type=cli.absolute_path, metavar="PATH", help=HELP["--python"])
+    p.add_argument("--patch-set", type=cli.absolute_path, metavar="DIR", help=HELP["--patch-set"])
+    cores = min(2, os.cpu_count() or 1)
+    p.add_argument("--parallel", type=int, default=cores, metavar="N", help=HELP["--parallel"])
     args = p.parse_args()
     if args.tree and args.tools_only:
         p.error("--tree runs the step suite; it cannot be combined with --tools-only")
@@ -126,114 +108,81 @@ def selected_series(args: argparse.Namespace) -> list[Series]:
     ]
 
 
-class Environments:
-    """The releases' test environments, made one after another in a thread while the
-    series are applied (two made at once with the same torch both download it)."""
-
-    def __init__(self, given: Path | None, series: list[Series]) -> None:
-        self.given = given
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uv")
-        self._made: dict[str, Future[Path]] = {}
-        if given is None:
-            venv.uv_binary()  # bootstrapped once, here, before the threads share it
-            for one in series:
-                self._start(one)
-
-    def _start(self, series: Series) -> Future[Path]:
-        env = venv.env_for(series.manifest)
-        if env.name not in self._made:
-            self._made[env.name] = self._pool.submit(self._make, env)
-        return self._made[env.name]
-
-    @staticmethod
-    def _make(env: venv.TestEnv) -> Path:
-        started = time.monotonic()
-        state = "made" if venv.ensure_venv(env.venv, env.requirements, env.name) else "synced"
-        took = time.monotonic() - started
-        print(f"environment {env.name}: {env.venv} ({state} in {took:.0f}s)", flush=True)
-        return env.python
-
-    def python(self, series: Series) -> Path:
-        """The interpreter of a release's test environment, once it is made (--python's)."""
-        if self.given is None:
-            return self._start(series).result()
-        if not self.given.is_file():
+def environments(
+    given: Path | None, series: list[Series], pool: ThreadPoolExecutor
+) -> Callable[[Series], Path]:
+    """A release -> its environment's python, made in pool while the series are applied, one
+    at a time (two made at once with the same torch both download it); or --python."""
+    if given is not None:
+        if not given.is_file():
             raise BackportError(
-                Exit.SETUP, f"--python {self.given} does not exist", "pass a python binary"
+                Exit.SETUP, f"--python {given} does not exist", "pass a python binary"
             )
-        return self.given
+        return lambda _series: given
+    venv.uv_binary()  # bootstrapped once, here, before the threads share it
+    made: dict[str, Future[Path]] = {}
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def start(one: Series) -> Future[Path]:
+        env = venv.env_for(one.manifest)
+        if env.name not in made:
+            made[env.name] = pool.submit(make_env, env)
+        return made[env.name]
+
+    for one in series:
+        start(one)
+    return lambda one: start(one).result()
+
+
+def make_env(env: venv.TestEnv) -> Path:
+    started = time.monotonic()
+    state = "made" if venv.ensure_venv(env.venv, env.requirements, env.name) else "synced"
+    took = time.monotonic() - started
+    print(f"environment {env.name}: {env.venv} ({state} in {took:.0f}s)", flush=True)
+    return env.python
 
 
 def link_default_venv(python: Path, build: Path) -> None:
     """build/venv points at the default release's environment (ruff, race-check use it)."""
-    link = build / "venv"
-    target = python.parent.parent
+    link, target = build / "venv", python.parent.parent
     if link.is_symlink() and link.readlink() == target:
         return
-    if link.is_symlink() or not link.exists():
-        # Made aside and renamed over the old one: two runs at once both end
-        # with the link, neither finds the other's half-made.
-        build.mkdir(parents=True, exist_ok=True)
-        aside = build / f".venv.{os.getpid()}"
-        aside.unlink(missing_ok=True)
-        aside.symlink_to(target, target_is_directory=True)
-        aside.replace(link)
-
-
-def tree_labels(trees: list[Path]) -> dict[str, Path]:
-    """label -> tree per --tree: "tree" alone, else "tree-1", "tree-2", ... in order."""
-    checked = [buildtree.check_tree(tree) for tree in trees]
-    if len(checked) == 1:
-        return {"tree": checked[0]}
-    return {f"tree-{n}": tree for n, tree in enumerate(checked, 1)}
+    if link.is_symlink() or not link.exists():  # a real folder there is the user's
+        venv.make_aside(link, link, lambda made: made.symlink_to(target, target_is_directory=True))
 
 
 def main() -> int:
     args = parse_args()
     venv.check_interpreter()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uv")
+    try:
+        return run(args, pool)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     chosen = selected_series(args)
     started = time.monotonic()
     default = Series.load(paths.DEFAULT_PATCH_DIR)
-    envs = Environments(args.python, [default, *([] if args.tools_only else chosen)])
-    try:
-        return _run(args, chosen, default, envs, started)
-    finally:
-        envs.close()
-
-
-def _run(
-    args: argparse.Namespace,
-    chosen: list[Series],
-    default: Series,
-    envs: Environments,
-    started: float,
-) -> int:
+    python_of = environments(args.python, [default, *([] if args.tools_only else chosen)], pool)
     build = paths.build_dir()
-    results = build / "test-results"
     extra = ["-k", args.k] if args.k else []
     phases: dict[str, float] = {}
 
-    # One entry per table printed at the end: its title, column headers and runs, and
-    # the release whose environment runs them (made meanwhile, waited for after the applies).
+    # per table printed at the end: title, headers, runs, the release whose environment runs them
     tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
     if args.tree:
         series, final = chosen[0], chosen[0].manifest.final_step
-        trees = tree_labels(args.tree)
-        runs = [
-            SuiteRun(label, runner.STEP_TESTS, results, runner.step_env(series, final, tree), tree)
-            for label, tree in trees.items()
-        ]
+        labels = [f"tree-{n}" for n in range(1, 1 + len(args.tree))] if args.tree[1:] else ["tree"]
+        trees = {label: buildtree.check_tree(t) for label, t in zip(labels, args.tree, strict=True)}
+        runs = [runner.step_run(label, series, final, tree) for label, tree in trees.items()]
         tables.append(
             (f"--tree (as {series.manifest.base.version} +{final})", list(trees), runs, series)
         )
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())
-            # An apply that succeeded holds the signals for the rest of the process
-            # (lock.hold_interrupts); this run goes on, and Ctrl-C must still stop it.
+            # a successful apply holds the signals for the process; Ctrl-C must still stop us
             lock.release_interrupts()
             version = series.manifest.base.version
             if not report.applied:
@@ -241,33 +190,27 @@ def _run(
             for name in report.applied:
                 print(f"series {version}: applied {name}")
             trees = buildtree.step_trees(series, build)
-            runs = [
-                SuiteRun(f"{version}-{step}", runner.STEP_TESTS, results,
-                         runner.step_env(series, step, tree), tree)
-                for step, tree in trees.items()
-            ]  # fmt: skip
-            first = series.manifest.steps[0]
-            headers = [step if step == first else f"+{step}" for step in trees]
+            runs = [runner.step_run(f"{version}-{s}", series, s, t) for s, t in trees.items()]
+            headers = [s if s == series.manifest.steps[0] else f"+{s}" for s in trees]
             tables.append((version, headers, runs, series))
     phases["apply and step trees"] = time.monotonic() - started
 
     waited = time.monotonic()
-    tools_python = envs.python(default)
+    tools_python = python_of(default)
     if not args.python:
         link_default_venv(tools_python, build)
     by_python: dict[Path, list[SuiteRun]] = {}
     for _title, _headers, runs, series in tables:
-        by_python.setdefault(envs.python(series), []).extend(runs)
+        by_python.setdefault(python_of(series), []).extend(runs)
     phases["waiting for the environments"] = time.monotonic() - waited
     started = time.monotonic()
-    runner.run_forked(list(by_python.items()), extra, args.parallel)
+    runner.run_forked(by_python, extra, args.parallel)
     phases["step suites"] = time.monotonic() - started
 
-    # test/tools after the step runs: on two cores, running both at once took
-    # longer in all than one after the other (measured; see docs/performance.md).
+    # test/tools after the step runs: on two cores, both at once took longer (docs/performance.md)
     all_runs: list[SuiteRun] = []
     if not args.steps_only and not args.tree:
-        all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, results, {}))
+        all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, {}))
         progress(f"test/tools started with {tools_python}, {args.parallel} xdist worker(s)")
         started = time.monotonic()
         runner.run_tools(tools_python, all_runs[0], extra, args.parallel)
@@ -277,8 +220,7 @@ def _run(
         all_runs += runs
         print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
         print(runner.step_table(runs, headers))
-        races = runner.step_table(runs, headers, prefix="race:")
-        if races:
+        if races := runner.step_table(runs, headers, prefix="race:"):
             print(f"\nraces measured by scripts/racecheck on each step of {title}:")
             print(races)
     print()

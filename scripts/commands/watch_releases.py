@@ -34,17 +34,12 @@ WORDING = {
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser("watch-releases", DESCRIPTION, CODES, WORDING)
-    for flag, metavar, kind, what in (
+    for flag, meta, kind, what in (
         ("--release", "VERSION", str, "judge this sglang release instead of listing newer ones"),
         ("--wheel", "FILE", cli.absolute_path, "judge this sglang wheel file"),
     ):
         p.add_argument(
-            flag,
-            action="append",
-            default=[],
-            type=kind,
-            metavar=metavar,
-            help=f"{what} (repeatable)",
+            flag, action="append", default=[], type=kind, metavar=meta, help=f"{what} (repeatable)"
         )
     args = p.parse_args(argv)
     for wheel_file in args.wheel:

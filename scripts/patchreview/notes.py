@@ -1,12 +1,8 @@
-"""Why our patched functions differ from upstream's fixed release, as data.
-
-A note is about every base older than `before` (where upstream made the change) and, with
-`since`, not older than `since` (both releases of patches/releases.toml); on other bases it
-explains nothing and cannot be stale, so a new release needs no change here. It covers:
-params: parameter names whose presence or type differs in the signature; lines: each changed
-line a regex matches; blocks: a matching changed line and the deeper-indented changed lines
-after it; comments: a matching changed comment line and the whole comment around it.
-"""
+"""Why our patched functions differ from upstream's fixed release, as data. A note is about
+the bases from `since` to before `before` (upstream's change); elsewhere it explains nothing and
+cannot be stale, so a new release needs no change here. It covers params (signature parameters),
+lines (changed lines a regex matches), blocks (such a line and the deeper-indented changed lines
+after it), comments (a matching changed comment line and its whole comment)."""
 
 from __future__ import annotations
 
@@ -186,8 +182,7 @@ def check_bounds(notes: dict[str, FunctionNotes], registry: Releases) -> None:
     """Refuse a note whose bound is not a release of patches/releases.toml."""
     for qualname, function_notes in notes.items():
         for note in function_notes.notes:
-            unknown = [b for b in (note.since, note.before) if b and b not in registry.known]
-            if unknown:
+            if unknown := [b for b in (note.since, note.before) if b and b not in registry.known]:
                 raise BackportError(
                     Exit.PATCHSET_INVALID,
                     f"scripts/patchreview/notes.py: the note {note.title!r} of {qualname} "

@@ -71,10 +71,6 @@ def _uncovered(missing: Uncovered) -> str:
     return f"no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
 
 
-def _indent(lines: list[str]) -> list[str]:
-    return [f"    {line}" if line else "" for line in lines]
-
-
 def _function_text(function: FunctionComparison, base_version: str) -> list[str]:
     numbers = _numbered(function)
     up = function.upstream_version
@@ -131,11 +127,11 @@ def render_text(review: Review) -> str:
             f"subject:  {patch.subject}",
             f"upstream: {patch.status}; PR {patch.pr}; released in {patch.release}",
             "why:",
-            *_indent(patch.why.splitlines()),
+            *(f"    {line}" if line else "" for line in patch.why.splitlines()),
             "touches:",
             *(f"    {change.path}: {', '.join(change.functions)}" for change in patch.files),
             "diffstat:",
-            *_indent(diffstat(patch.files)),
+            *(f"    {line}" for line in diffstat(patch.files)),
             "",
         ]
     out.append(f"== cumulative diff against the pinned base sglang {review.base_version}")
@@ -195,8 +191,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 def _patch_html(patch: PatchReview) -> str:
     status_class = "ok" if patch.status.split(" ")[0] in {"Backport", "Submitted"} else "neutral"
     touched = "".join(
-        f"<li>{_code(c.path)}: " + ", ".join(_code(f) for f in c.functions) + "</li>"
-        for c in patch.files
+        f"<li>{_code(c.path)}: {', '.join(map(_code, c.functions))}</li>" for c in patch.files
     )
     blocks = (" ".join(block.split()) for block in patch.why.split("\n\n") if block.strip())
     why = "".join(f"<p>{_e(block)}</p>" for block in blocks)
@@ -309,8 +304,7 @@ def _function_html(function: FunctionComparison, base_version: str, anchor: str)
     return (
         f'<h3 id="{_e(anchor)}" class="fn">{_code(function.qualname)}</h3>'
         f'<div class="meta">{_code(function.path)} · ours is '
-        f"{_e(_net_change(function, base_version))} · {badge}</div>"
-        f"{sig}"
+        f"{_e(_net_change(function, base_version))} · {badge}</div>{sig}"
         + (f'<ol class="notes">{notes}</ol>' if notes else "")
         + stale
         + _side_by_side(function, base_version, numbers)

@@ -9,6 +9,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from patchset import buildtree
 from patchset import wheel as wheels
@@ -48,8 +49,7 @@ def _decoded(files: dict[str, bytes | None]) -> dict[str, str]:
     return {path: data.decode("utf-8") for path, data in files.items() if data is not None}
 
 
-@dataclass(frozen=True)
-class Scope:
+class Scope(NamedTuple):
     qualname: str
     start: int  # first line, decorators included
     end: int
@@ -78,8 +78,7 @@ def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
     return max(inner, key=lambda s: s.start).qualname if inner else "(module level)"
 
 
-@dataclass
-class FunctionSource:
+class FunctionSource(NamedTuple):
     qualname: str
     path: str
     first_line: int
@@ -116,16 +115,14 @@ def function_source(source: str, path: str, qualname: str) -> FunctionSource | N
     return FunctionSource(qualname, path, scope.start, lines, header_lines, _params(node))
 
 
-@dataclass
-class FileChange:
+class FileChange(NamedTuple):
     path: str
     added: int
     removed: int
     functions: list[str]
 
 
-@dataclass
-class PatchReview:
+class PatchReview(NamedTuple):
     name: str
     subject: str
     why: str
@@ -175,17 +172,14 @@ def cumulative_diff(base: dict[str, str], final: dict[str, str]) -> dict[str, li
     return out
 
 
-@dataclass
-class Uncovered:
+class Uncovered(NamedTuple):
     side: str  # "ours" or "upstream"
     line: int  # line number in that side's file
     text: str
 
 
 @dataclass
-class Difference:
-    """One difflib opcode that is not 'equal', with what explains it."""
-
+class Difference:  # one difflib opcode that is not 'equal', with what explains it
     ours: tuple[int, int]  # [start, end) into FunctionSource.lines
     upstream: tuple[int, int]
     notes: dict[Note, None] = field(default_factory=dict)  # cited, in order of first use
@@ -196,8 +190,7 @@ class Difference:
         return not self.uncovered
 
 
-@dataclass
-class SignatureChange:
+class SignatureChange(NamedTuple):
     param: str
     ours: str | None  # None: not a parameter on that side
     upstream: str | None
@@ -326,13 +319,11 @@ class Review:
         return sum(len(f.stale_notes) for f in self.functions)
 
     @property
-    def differences(self) -> int:
-        """Changed stretches of code (difflib opcodes), over every function."""
+    def differences(self) -> int:  # changed stretches of code (difflib opcodes)
         return sum(len(f.differences) for f in self.functions)
 
     @property
-    def notes(self) -> int:
-        """How many notes are about this base."""
+    def notes(self) -> int:  # how many are about this base
         return sum(len(f.notes) for f in self.functions)
 
     @property
@@ -350,7 +341,7 @@ def build_review(series: Series, build: Path, cache: Path, notes: Notes | None =
     series.verify()
     notes = FUNCTION_NOTES if notes is None else notes
     manifest = series.manifest
-    upstream, release = manifest.upstream_fixed.version, manifest.base.version
+    upstream, release = manifest.registry.upstream_fixed.version, manifest.base.version
     check_bounds(notes, manifest.registry)
     by_step, source = step_files(series, build, cache)
     steps = list(by_step.values())
@@ -360,7 +351,7 @@ def build_review(series: Series, build: Path, cache: Path, notes: Notes | None =
         for i, path in enumerate(series.patch_paths)
     ]
     paths = tuple(sorted({n.path for n in notes.values()}))
-    upstream_files = _upstream_sources(manifest.upstream_fixed, cache, paths)
+    upstream_files = _upstream_sources(manifest.registry.upstream_fixed, cache, paths)
     functions: list[FunctionComparison] = []
     for qualname, about in notes.items():
         path = about.path

@@ -1,7 +1,5 @@
 """Apply the series with plumbing only: a temporary index, then one ref update makes the branch."""
 
-from __future__ import annotations
-
 import os
 import shlex
 import subprocess
@@ -13,18 +11,24 @@ from pathlib import Path
 from . import lock
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, files_at, pristine_tag
-from .catalog import blobs_of, load_catalog
+from .catalog import blobs_of
 from .errors import BackportError, Exit
-from .git import PROJECT_IDENTITY, Git, GitError
+from .git import PROJECT_IDENTITY, Git, GitError, open_checkout
 from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
-from .paths import PATCHES_ROOT
 from .recognise import Files, reading, recognise
 
 LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
 TEMP_PREFIX = "sglang-backports-apply-"
 RESTORE = "restore the patch set with `git checkout -- patches/`"
 ROLLED_BACK = "this run changed nothing of yours (its work was rolled back)"
+OntoFork = Callable[[Git, str, Files], "ApplyReport"]  # --3way's, given (git, HEAD, its files)
+OPERATIONS = (
+    ("rebase-apply", "git am or rebase"),
+    ("rebase-merge", "rebase"),
+    ("MERGE_HEAD", "merge"),
+    ("CHERRY_PICK_HEAD", "cherry-pick"),
+)
 
 
 @dataclass
@@ -37,13 +41,19 @@ class ApplyReport:
 
 
 def _refuse_unclean(git: Git, where: Path) -> None:
-    if operation := git.operation_in_progress():
+    git_dir = Path(git.out("rev-parse", "--absolute-git-dir"))
+    if operation := next((name for mark, name in OPERATIONS if (git_dir / mark).exists()), None):
         raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} is in the middle of a {operation}",
             "finish or abort it there first; nothing was changed",
         )
-    if dirty := git.dirty_files():
+    # Changed tracked files under the prefix, read with every filter driver off (none runs).
+    off = dict.fromkeys(("clean", "smudge", "process"), "") | {"required": "false"}
+    pathspec = ["--", f":(literal){git.prefix}"] if git.prefix else []
+    status = ["status", "--porcelain=v1", "-z", "--untracked-files=no", "--no-renames"]
+    listing = git.overriding("filter", "[^.]*", off)[0].run(*status, *pathspec).stdout
+    if dirty := [entry[3:] for entry in listing.split("\0") if entry]:  # "XY path"
         raise BackportError(
             Exit.DIRTY_TREE,
             f"{where} has uncommitted changes to tracked files: {', '.join(dirty)}",
@@ -83,15 +93,12 @@ def verify(series: Series, hashes: bool = True) -> None:
             )
 
 
-def commit_patch(
-    git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str = ""
-) -> str:
+def commit_patch(git: Git, patch: Path, tree: str, parent: str, scratch: Path, note: str) -> str:
     """Commit tree onto parent with the patch's message (and note) and author, as `git am` would."""
-    msg, rest = scratch / "msg", scratch / "patch"
+    msg = scratch / "msg"
     info = git.run(
-        "mailinfo", "--no-scissors", str(msg), str(rest),
-        input=patch.read_text(encoding="utf-8"),
-    ).stdout  # fmt: skip
+        "mailinfo", "--no-scissors", str(msg), os.devnull, input=patch.read_text(encoding="utf-8")
+    ).stdout
     fields = dict(line.split(": ", 1) for line in info.splitlines() if ": " in line)
     body = msg.read_text(encoding="utf-8")
     message = git.run("stripspace", input=f"{fields.get('Subject', '')}\n\n{body}").stdout
@@ -131,7 +138,7 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
                 f"the manifest pins for: {', '.join(wrong)}",
                 f"{ROLLED_BACK}; regenerate the manifest with scripts/export-patches",
             )
-        tip = commit_patch(git, patch, tree, tip, scratch)
+        tip = commit_patch(git, patch, tree, tip, scratch, "")
     return tip
 
 
@@ -155,11 +162,13 @@ def create_branch(git: Git, branch: str, commit: str, where: Path) -> None:
 
 def refuse_clash(git: Git, branch: str, where: Path) -> None:
     """Refuse a branch name that an existing ref keeps git from making (a/b beside a)."""
-    if clash := git.ref_clash(branch):
+    ref, top = f"refs/heads/{branch}", "refs/heads/" + branch.split("/", 1)[0]
+    listed = git.run("for-each-ref", "--format=%(refname)", top).stdout.split()
+    if clashes := [r for r in listed if ref.startswith(r + "/") or r.startswith(ref + "/")]:
         raise BackportError(
             Exit.BRANCH_EXISTS,
             f"branch {branch} cannot be made in {where}: git keeps refs as files and "
-            f"folders, and {clash} is in its way",
+            f"folders, and {clashes[0]} is in its way",
             f"pass --branch with another name (e.g. --branch "
             f"{shlex.quote(branch.replace('/', '-'))}); nothing of yours was changed",
         )
@@ -170,12 +179,10 @@ def _apply_to_checkout(
 ) -> ApplyReport:
     """Apply what HEAD misses of the series on a new branch; at: (HEAD, its step) if known."""
     manifest = series.manifest
-    report = ApplyReport(where=where, branch=branch)
     if git.branch_exists(branch):
         held = blobs_of(files_at(git, f"refs/heads/{branch}", manifest))
         if held == manifest.blobs_at(manifest.final_step):
-            report.already = list(series.patch_names)
-            return report
+            return ApplyReport(where, branch, already=list(series.patch_names))
         next_step = (
             "the build tree holds another version of the series; if you have no "
             f"unexported work there, delete {where} (it is generated) and run again"
@@ -190,21 +197,18 @@ def _apply_to_checkout(
     refuse_clash(git, branch, where)
     if at is None:
         head = _head(git)
-        files = files_at(git, head, manifest)
-        at = head, recognise(load_catalog(PATCHES_ROOT), files, str(where), series).step
+        at = head, recognise(files_at(git, head, manifest), str(where), series, False)[1]
     patches = _patches_after(series, at[1])
-    report.already = series.patch_names[: len(series.patch_names) - len(patches)]
+    already = series.patch_names[: len(series.patch_names) - len(patches)]
     if not patches:
-        report.branch = None
-        return report
+        return ApplyReport(where, None, already=already)
     commit_identity(git)
     # The build tree's folder is beside it, so the next run there removes what a kill left.
     temp = where.parent if git.owned else lock.tmpdir()
     with lock.marked_folder(temp, TEMP_PREFIX) as scratch:
         tip = _commit_series(git, series, at[0], patches, scratch)
-        report.applied = [p.name for p in patches]
         create_branch(git, branch, tip, where)
-    return report
+    return ApplyReport(where, branch, [p.name for p in patches], already)
 
 
 def delete_or_rename(branch: str, where: Path) -> str:
@@ -224,37 +228,30 @@ def _head(git: Git) -> str:
     return git.out("rev-parse", "--verify", "HEAD^{commit}")
 
 
-# --3way: applies a series onto a fork, given (git, HEAD, its files).
-OntoFork = Callable[[Git, str, Files], ApplyReport]
-
-
 def apply_to_user_checkout(
-    git: Git,
-    path: Path,
-    branch: str | None,
-    wait_s: float = lock.DEFAULT_WAIT_S,
-    series: Series | None = None,
-    onto_fork: OntoFork | None = None,
+    path: Path, branch: str | None, wait_s: float, series: Series | None, onto_fork: OntoFork | None
 ) -> ApplyReport:
     """Recognise HEAD once under the lock and apply; a fork goes to onto_fork (--3way) if given."""
+    git = open_checkout(path)
     if series is not None:
         verify(series)
-    catalog = load_catalog(PATCHES_ROOT)
-    with lock.held(git.common_dir / LOCK_NAME, f"the repository {path}", wait_s):
+    # in the repository's own git folder, shared by all its worktrees
+    common = Path(git.out("rev-parse", "--path-format=absolute", "--git-common-dir"))
+    with lock.held(common / LOCK_NAME, f"the repository {path}", wait_s):
         lock.remove_leftovers(lock.tmpdir(), TEMP_PREFIX)
         _refuse_unclean(git, path)
         head = _head(git)
         files = files_at(git, head, reading(series).manifest)
         try:
-            found = recognise(catalog, files, str(path), series, checkout=True)
+            found, step = recognise(files, str(path), series, True)
         except BackportError as refused:
             if onto_fork is None or refused.code != Exit.BASE_MISMATCH:
                 raise
             return onto_fork(git, head, files)
-        if found.series is not series:  # a given series was verified before the lock
-            verify(found.series)
-        branch = branch or default_branch(found.series.manifest)
-        return _apply_to_checkout(git, found.series, branch, path, (head, found.step))
+        if found is not series:  # a given series was verified before the lock
+            verify(found)
+        branch = branch or default_branch(found.manifest)
+        return _apply_to_checkout(git, found, branch, path, (head, step))
 
 
 def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
@@ -275,7 +272,6 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         )  # fmt: skip
         git.run("tag", pristine_tag(manifest))
         branch = default_branch(manifest)
-        report = ApplyReport(where=repo, branch=branch, applied=list(series.patch_names))
         tip = _commit_series(git, series, _head(git), series.patch_paths, tmp)
         git.run("checkout", "--quiet", "-b", branch, tip)
         # One rename on one file system: a reader sees no tree or the whole one,
@@ -286,13 +282,12 @@ def _build_aside(series: Series, repo: Path, cache: Path) -> ApplyReport:
         except BaseException:
             lock.release_interrupts()
             raise
-        return report
+        return ApplyReport(where=repo, branch=branch, applied=list(series.patch_names))
 
 
 def apply_to_build_tree(
     series: Series, build: Path, cache: Path, wait_s: float = lock.DEFAULT_WAIT_S
 ) -> ApplyReport:
-    """The default: a git tree from the pinned wheel in the build folder, patched."""
     verify(series)
     repo = build_tree_path(series, build)
     if not repo.exists():
@@ -311,11 +306,9 @@ def apply_to_build_tree(
                 "move it aside or delete it (it is generated) and run again",
             )
         _refuse_unclean(git, repo)
-        branch = default_branch(series.manifest)
-        report = _apply_to_checkout(git, series, branch, repo, None)
-        current = git.run("symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout
-        if report.branch and current.strip() != branch:
-            git.run("checkout", "--quiet", branch)
+        report = _apply_to_checkout(git, series, default_branch(series.manifest), repo, None)
+        if report.branch:  # on it already: a checkout that changes nothing
+            git.run("checkout", "--quiet", report.branch)
         return report
 
 
@@ -352,15 +345,13 @@ def check_series(series: Series, state: str, files: Files) -> dict[str, str]:
 
 
 def files_per_step(series: Series, base_files: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    """The series' files at every step, each step checked against the manifest's blob ids."""
     verify(series, hashes=False)
     manifest = series.manifest
     where = manifest.base.wheel
     per_step = {manifest.steps[0]: dict(base_files)}
     with scratch_copy(dict(base_files)) as scratch:
         for patch in series.patch_paths:
-            result = git_apply(scratch, patch)
-            if result.returncode != 0:
+            if (result := git_apply(scratch, patch)).returncode != 0:
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} does not apply to the files of {where}:\n"

@@ -1,7 +1,5 @@
 """The build tree's conventions (place, tag, branch, step trees) and files_at, the one reader."""
 
-from __future__ import annotations
-
 import shutil
 from pathlib import Path
 
@@ -24,7 +22,6 @@ def default_branch(manifest: PinManifest) -> str:
 
 
 def series_commits(git: Git, manifest: PinManifest) -> list[str]:
-    """The commits pristine..patched-branch of a build tree, oldest first."""
     range_ = f"{pristine_tag(manifest)}..{default_branch(manifest)}"
     return git.out("rev-list", "--reverse", range_).split()
 
@@ -34,18 +31,16 @@ def files_at(git: Git, rev: str, manifest: PinManifest) -> Files:
     paths = list(manifest.files)
     asked = "".join(f"{rev}:{git.prefix}{path}\n" for path in paths).encode()
     result = git.run("cat-file", "--batch", input=asked, check=False)
+    found: Files = dict.fromkeys(paths)
     if result.returncode != 0:  # rev itself unreadable: no file
-        return dict.fromkeys(paths)
-    out, at, found = result.stdout, 0, {}
+        return found
+    out = result.stdout
     for path in paths:
-        end = out.index(b"\n", at)
-        header, at = out[at:end].split(), end + 1
-        if len(header) == 3 and header[2].isdigit():  # "<oid> <type> <size>", then the bytes
-            size = int(header[2])
-            found[path] = out[at : at + size] if header[1] == b"blob" else None
-            at += size + 1
-        else:  # "<rev:path> missing" (or ambiguous): no such file
-            found[path] = None
+        header, _, out = out.partition(b"\n")
+        fields = header.split()  # "<oid> <type> <size>" and the bytes, or "<rev:path> missing"
+        if len(fields) == 3 and fields[2].isdigit():
+            size = int(fields[2])
+            found[path], out = (out[:size] if fields[1] == b"blob" else None), out[size + 1 :]
     return found
 
 
@@ -69,7 +64,6 @@ def step_trees(series: Series, build: Path) -> dict[str, Path]:
 
 
 def check_tree(tree: Path, code: Exit = Exit.SETUP) -> Path:
-    """A tree given with --tree must hold python/sglang, as a checkout or a step tree does."""
     tree = tree.resolve()
     if not (tree / "python" / "sglang" / "__init__.py").is_file():
         raise BackportError(

@@ -5,21 +5,13 @@ Standard library only and Python 3.10-safe: check-install's zipapp carries it.""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import BackportError, Exit
-from .manifest import (
-    RELEASES_NAME,
-    PinManifest,
-    RaceEntry,
-    Series,
-    git_blob_id,
-    load_releases,
-    patch_set_folders,
-    release_key,
-)
+from .manifest import PinManifest, RaceEntry, Series, git_blob_id, patch_set_folders
+from .releases import RELEASES_NAME, load_releases, release_key
 
 # the manifests' paths; in a wheel or an install the files sit under sglang/, one folder up
 REPO_PREFIX = "python/"
@@ -84,13 +76,12 @@ class Catalog:
 
         return max(found, key=rank, default=None)
 
-    def nearest_release(self, blobs: Blobs, among: Iterable[str] | None = None) -> str | None:
+    def nearest_release(self, blobs: Blobs, among: Container[str] | None = None) -> str | None:
         """The known release (of among) sharing most of these files (newest on a tie), or None."""
-        allowed = set(self.releases if among is None else among)
         scored = [
             (sum(files.get(path) == blob for path, blob in blobs.items()), release_key(v), v)
             for v, files in self.releases.items()
-            if v in allowed
+            if among is None or v in among
         ]
         best = max(scored, default=None)
         return best[2] if best and best[0] else None

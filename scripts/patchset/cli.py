@@ -18,19 +18,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .errors import COMMON, EXIT_TEXT, BackportError, Exit, GitError
-from .interrupts import hold_interrupts
 from .paths import DEFAULT_BASE, DEFAULT_PATCH_DIR
+
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # the signals that end a run
 
 
 def parser(
-    prog: str,
-    description: str,
-    codes: Iterable[Exit],
-    wording: dict[Exit, str] | None = None,
-    epilog: str = "",
+    prog: str, description: str, codes: Iterable[Exit], wording: dict[Exit, str], epilog: str = ""
 ) -> argparse.ArgumentParser:
     """A parser whose --help ends with the exit codes this command can return, and only those."""
-    wording = {**EXIT_TEXT, **(wording or {})}
+    wording = {**EXIT_TEXT, **wording}
     lines = [*([epilog] if epilog else []), "exit codes:"]
     for code in sorted(set(codes) | set(COMMON)):
         at = f"  {int(code):>3}  "
@@ -94,6 +91,15 @@ def describe_os_error(err: OSError) -> BackportError:
     return BackportError(Exit.ENVIRONMENT, problem, next_step)
 
 
+def hold_interrupts() -> None:
+    """A run at its end: a later signal stays pending, so it exits as what it did says."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+
+
+def release_interrupts() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
+
+
 def _terminate(signum: int, _frame: object) -> None:
     """SIGTERM and SIGHUP unwind like Ctrl-C, so every cleanup on the way runs."""
     raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -125,9 +131,7 @@ def run(main: Callable[[], int]) -> None:
         code = Exit.INTERRUPTED
     except Exception:
         traceback.print_exc()
-        print(
-            "error: internal error (the trace above); nothing of yours was reset", file=sys.stderr
-        )
+        sys.stderr.write("error: internal error (the trace above); nothing of yours was reset\n")
         code = Exit.INTERNAL
     # The outcome is settled: a signal from now on would only kill the interpreter
     # while it shuts down, turning a finished run into a silent death by SIGINT.

@@ -1,7 +1,5 @@
 """The pinned wheel with only the patched files, dist-info name, Version and RECORD changed."""
 
-from __future__ import annotations
-
 import base64
 import csv
 import hashlib
@@ -46,11 +44,11 @@ def _rewrite_record(
     data: bytes, rename: dict[str, str], changed: dict[str, bytes], record: str
 ) -> bytes:
     """RECORD with renamed paths, each changed member's new hash and size; other lines kept."""
-    out = []
+    out = io.StringIO()
     for line in data.decode("utf-8").splitlines(keepends=True):
         path, *rest = next(csv.reader([line]))
         if path not in rename and path not in changed:
-            out.append(line)
+            out.write(line)
             continue
         new_path = rename.get(path, path)
         if new_path == record:
@@ -58,16 +56,12 @@ def _rewrite_record(
         elif path in changed:
             digest = base64.urlsafe_b64encode(hashlib.sha256(changed[path]).digest())
             rest = [f"sha256={digest.rstrip(b'=').decode()}", str(len(changed[path]))]
-        buffer = io.StringIO()
         ending = line[len(line.rstrip("\r\n")) :]
-        csv.writer(buffer, lineterminator=ending).writerow([new_path, *rest])
-        out.append(buffer.getvalue())
-    return "".join(out).encode("utf-8")
+        csv.writer(out, lineterminator=ending).writerow([new_path, *rest])
+    return out.getvalue().encode("utf-8")
 
 
-def build_wheel(
-    series: Series, cache: Path, out_dir: Path, python: str | None = None
-) -> BuiltWheel:
+def build_wheel(series: Series, cache: Path, out_dir: Path, python: str | None) -> BuiltWheel:
     """The patched wheel for python (cp312; default the manifest's) in out_dir, reproducibly."""
     series.verify()
     manifest = series.manifest
@@ -113,10 +107,9 @@ def build_wheel(
         with marked_folder(out_dir, *BUILD_TEMP) as tmp:
             with zipfile.ZipFile(tmp / target.name, "w") as rebuilt:
                 for member in members:
-                    data = changed.get(member.filename)
-                    if data is None and not member.is_dir():
-                        data = original.read(member)
-                    rebuilt.writestr(_copy_info(member, rename), data or b"")
+                    if (data := changed.get(member.filename)) is None:
+                        data = b"" if member.is_dir() else original.read(member)
+                    rebuilt.writestr(_copy_info(member, rename), data)
             os.replace(tmp / target.name, target)
     return BuiltWheel(target, sha256_of(target), version, [rename.get(m, m) for m in changed])
 

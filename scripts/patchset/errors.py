@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
 from enum import IntEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import subprocess
 
 
 class Exit(IntEnum):

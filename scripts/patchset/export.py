@@ -1,7 +1,5 @@
 """Write the series back out of the patched branch, deterministically."""
 
-from __future__ import annotations
-
 import difflib
 from pathlib import Path
 
@@ -25,7 +23,6 @@ SERIES_HEADER = (
 
 
 def export_to(series: Series, repo: Path, out: Path) -> list[str]:
-    """Write series, patches and manifest for pristine..branch into out."""
     manifest = series.manifest
     branch = default_branch(manifest)
     git = Git(repo, owned=True)
@@ -74,7 +71,6 @@ def _fresh_export(series: Series, build: Path) -> tuple[list[str], dict[str, byt
 
 
 def stale_diff(series: Series, build: Path) -> str:
-    """The unified diff between the committed patch set and a fresh export."""
     fresh, committed = _fresh_export(series, build)[1], _exported_files(series.folder)
     chunks: list[bytes] = []
     for name in sorted(set(fresh) | set(committed)):
@@ -85,7 +81,6 @@ def stale_diff(series: Series, build: Path) -> str:
 
 
 def export_in_place(series: Series, build: Path) -> list[str]:
-    """Replace the patch set folder's series, patches and manifest with a fresh export."""
     names, files = _fresh_export(series, build)
     for old in series.folder.glob("*.patch"):
         old.unlink()

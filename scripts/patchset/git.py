@@ -1,14 +1,11 @@
 """A thin wrapper over the git command line."""
 
-from __future__ import annotations
-
 import os
 import shlex
 import subprocess
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from .errors import BackportError, Exit, GitError
 from .lock import deferred_signals, held_fds
@@ -34,15 +31,7 @@ SAFE_CONFIG = [
 SGLANG_PACKAGE = "python/sglang"  # what the top folder of sglang's source holds
 # The only GIT_* variables of the caller's that reach git (who commits, and when): any
 # other may point git at other objects, alternates, index or config.
-KEPT_GIT_ENV = frozenset(
-    f"GIT_{who}_{what}" for who in ("AUTHOR", "COMMITTER") for what in ("NAME", "EMAIL", "DATE")
-)
-OPERATIONS = (
-    ("rebase-apply", "git am or rebase"),
-    ("rebase-merge", "rebase"),
-    ("MERGE_HEAD", "merge"),
-    ("CHERRY_PICK_HEAD", "cherry-pick"),
-)
+KEPT_GIT_ENV = {*PROJECT_IDENTITY, "GIT_AUTHOR_DATE", "GIT_COMMITTER_DATE"}
 
 
 @dataclass
@@ -54,18 +43,14 @@ class Git:
     extra_env: dict[str, str] = field(default_factory=dict)
     prefix: str = ""  # where sglang's top folder is in the repository: "" or "vendored/"
 
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEPT_GIT_ENV}
-        env["GIT_OPTIONAL_LOCKS"] = "0"  # no git of ours writes what it may skip
-        if self.owned:
-            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", **PROJECT_IDENTITY)
-        env.update(self.extra_env)
-        return env
-
     def run(
         self, *args: str, check: bool = True, input: str | bytes | None = None
     ) -> subprocess.CompletedProcess[Any]:
         """git args; given bytes (file contents), its output is bytes too."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in KEPT_GIT_ENV}
+        env["GIT_OPTIONAL_LOCKS"] = "0"  # no git of ours writes what it may skip
+        if self.owned:
+            env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", **PROJECT_IDENTITY)
         config = [arg for item in SAFE_CONFIG for arg in ("-c", item)]
         try:
             # A git cut off half-way can leave a lock file: an interruption waits for it.
@@ -73,7 +58,7 @@ class Git:
                 result = subprocess.run(
                     ["git", *config, *args],
                     cwd=self.cwd,
-                    env=self.env(),
+                    env=env | self.extra_env,
                     capture_output=True,
                     text=not isinstance(input, bytes),
                     input=input,
@@ -93,57 +78,28 @@ class Git:
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()
 
-    def with_env(self, env: dict[str, str]) -> Git:
+    def with_env(self, env: dict[str, str]) -> Self:
         return replace(self, extra_env=self.extra_env | env)
 
     def rev(self, spec: str) -> str | None:
         result = self.run("rev-parse", "--verify", "--quiet", spec, check=False)
         return result.stdout.strip() if result.returncode == 0 else None
 
-    @cached_property
-    def common_dir(self) -> Path:
-        """The repository's own git folder, shared by all its worktrees."""
-        return Path(self.out("rev-parse", "--path-format=absolute", "--git-common-dir"))
-
     def branch_exists(self, branch: str) -> bool:
         return self.rev(f"refs/heads/{branch}") is not None
 
-    def config_names(self, section: str, var: str) -> list[str]:
-        """NAME of each configured key section.NAME.var (var: a regular expression)."""
+    def overriding(self, section: str, var: str, values: dict[str, str]) -> tuple[Self, list[str]]:
+        """This git with section.NAME.KEY=value for each configured NAME (that sets var), and
+        the NAMEs: set through the environment, as a NAME may hold "=", unlike with -c."""
         keys = self.run(
             "config", "-z", "--name-only", "--get-regexp", rf"^{section}\..*\.{var}$", check=False
         ).stdout.split("\0")
-        return sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in keys if key})
-
-    def dirty_files(self) -> list[str]:
-        """Changed tracked files under prefix, read with every filter driver off (none runs)."""
-        names = self.config_names("filter", "[^.]*")
-        off = [(f"filter.{n}.{k}", "") for n in names for k in ("clean", "smudge", "process")]
-        reader = self.with_env(config_env(off + [(f"filter.{n}.required", "false") for n in names]))
-        pathspec = ["--", f":(literal){self.prefix}"] if self.prefix else []
-        listing = reader.run(
-            "status", "--porcelain=v1", "-z", "--untracked-files=no", "--no-renames", *pathspec
-        )
-        return [entry[3:] for entry in listing.stdout.split("\0") if entry]  # "XY path"
-
-    def ref_clash(self, branch: str) -> str | None:
-        """An existing ref that keeps refs/heads/<branch> from being made (a/b beside a)."""
-        ref = f"refs/heads/{branch}"
-        top = "refs/heads/" + branch.split("/", 1)[0]
-        listed = self.run("for-each-ref", "--format=%(refname)", top).stdout.split()
-        return next((r for r in listed if ref.startswith(r + "/") or r.startswith(ref + "/")), None)
-
-    def operation_in_progress(self) -> str | None:
-        git_dir = Path(self.out("rev-parse", "--absolute-git-dir"))
-        return next((name for marker, name in OPERATIONS if (git_dir / marker).exists()), None)
-
-
-def config_env(pairs: list[tuple[str, str]]) -> dict[str, str]:
-    """Config for one git call through the environment (a key may hold "=", unlike -c)."""
-    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
-    for n, (key, value) in enumerate(pairs):
-        env |= {f"GIT_CONFIG_KEY_{n}": key, f"GIT_CONFIG_VALUE_{n}": value}
-    return env
+        names = sorted({key.split(".", 1)[1].rsplit(".", 1)[0] for key in keys if key})
+        pairs = [(f"{section}.{n}.{k}", v) for n in names for k, v in values.items()]
+        env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+        for n, (key, value) in enumerate(pairs):
+            env |= {f"GIT_CONFIG_KEY_{n}": key, f"GIT_CONFIG_VALUE_{n}": value}
+        return self.with_env(env), names
 
 
 def open_checkout(path: Path) -> Git:
@@ -154,8 +110,7 @@ def open_checkout(path: Path) -> Git:
             f"{path} is not a directory",
             "pass --sglang with the top folder of a git checkout of sglang",
         )
-    git = Git(path)
-    result = git.run("rev-parse", "--show-toplevel", check=False)
+    result = Git(path).run("rev-parse", "--show-toplevel", check=False)
     if result.returncode != 0 and "dubious ownership" in result.stderr:
         raise BackportError(
             Exit.ENVIRONMENT,
@@ -174,8 +129,7 @@ def open_checkout(path: Path) -> Git:
     top, here = Path(result.stdout.strip()).resolve(), path.resolve()
     if not (here / SGLANG_PACKAGE).is_dir():
         raise _where_sglang_is(path, here, top)
-    if here != top:
-        git = Git(top, prefix=here.relative_to(top).as_posix() + "/")
+    git = Git(top, prefix="" if here == top else here.relative_to(top).as_posix() + "/")
     if git.rev("HEAD") is None:
         raise BackportError(
             Exit.NOT_A_CHECKOUT,
@@ -186,21 +140,17 @@ def open_checkout(path: Path) -> Git:
 
 
 def _where_sglang_is(path: Path, here: Path, top: Path) -> BackportError:
-    """The refusal of a path without python/sglang, naming the folder to pass if one is near."""
     up = [f for f in [here, *here.parents] if f == top or top in f.parents]
     down = [f.parents[1] for d in ("*", "*/*") for f in sorted(here.glob(f"{d}/{SGLANG_PACKAGE}"))]
     found = [f for f in [*up, *down] if (f / SGLANG_PACKAGE).is_dir()]
-    if len(found) == 1:
-        return BackportError(
-            Exit.NOT_A_CHECKOUT,
-            f"{path} holds no {SGLANG_PACKAGE}; sglang's top folder in this repository is "
-            f"{found[0]}",
-            f"pass --sglang {shlex.quote(str(found[0]))}",
-        )
-    listed = f"; these folders of the repository {top} do: {', '.join(map(str, found))}"
-    return BackportError(
-        Exit.NOT_A_CHECKOUT,
-        f"{path} holds no {SGLANG_PACKAGE}" + (listed if found else ""),
+    problem = f"{path} holds no {SGLANG_PACKAGE}"
+    next_step = (
         "pass --sglang with the folder of your git checkout that holds python/sglang "
-        "(sglang's own top folder, or where your repository vendors it)",
+        "(sglang's own top folder, or where your repository vendors it)"
     )
+    if len(found) == 1:
+        problem += f"; sglang's top folder in this repository is {found[0]}"
+        next_step = f"pass --sglang {shlex.quote(str(found[0]))}"
+    elif found:
+        problem += f"; these folders of the repository {top} do: {', '.join(map(str, found))}"
+    return BackportError(Exit.NOT_A_CHECKOUT, problem, next_step)

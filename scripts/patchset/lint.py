@@ -62,10 +62,8 @@ class Violation:
     message: str
 
     def render(self) -> str:
-        try:
-            shown = str(self.path.resolve().relative_to(Path.cwd().resolve()))
-        except ValueError:
-            shown = str(self.path)
+        path, here = self.path.resolve(), Path.cwd().resolve()
+        shown = str(path.relative_to(here) if path.is_relative_to(here) else self.path)
         where = f"{shown}:{self.line}" if self.line else shown
         return f"{where}: [{self.rule}] {self.message}"
 
@@ -112,7 +110,7 @@ def _read_series(report: LintReport, folder: Path) -> tuple[list[tuple[str, int]
 
 
 def _check_manifest(
-    report: LintReport, manifest: PinManifest, entries: list[tuple[str, int]], patches: list[Patch]
+    report: LintReport, manifest: PinManifest, entries: list[tuple[str, int]]
 ) -> None:
     pin = report.folder / MANIFEST_NAME
     listed = [name for name, _ in entries]
@@ -127,16 +125,6 @@ def _check_manifest(
     if [n for n in listed if n in pinned] != [n for n in pinned if n in listed]:
         problem = f"[patches] orders the patches {pinned}, series orders them {listed}"
         report.add(pin, None, "manifest", problem)
-    for patch in patches:
-        pinned_hash = manifest.patch_hashes.get(patch.path.name)
-        if pinned_hash is not None:
-            report.checked["manifest"] += 1
-            actual = sha256_of(patch.path)
-            if actual != pinned_hash:
-                problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned_hash}; if the "
-                problem += f"change is wanted, {ON_BRANCH}"
-                report.add(patch.path, None, "manifest", problem)
-        _check_blob_ids(report, manifest, patch)
     for version in manifest.releases:  # the manifest has checked each pin's form already
         report.checked["wheels"] += 1
         pinned = manifest.for_release(version).release.wheels
@@ -149,19 +137,18 @@ def _check_manifest(
             report.add(pin, None, "wheels", problem)
 
 
-def _step_before(manifest: PinManifest, patch: Patch) -> tuple[str, str] | None:
-    """(the step a patch brings the tree to, the step before it); None off the manifest."""
-    step = step_of(patch.path.name)
-    if step not in manifest.steps[1:]:
-        return None
-    return step, manifest.steps[manifest.steps.index(step) - 1]
-
-
-def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    """A patch's index lines name its step's blobs; a file it does not touch keeps its blob."""
-    if not (steps := _step_before(manifest, patch)):
+def _check_pins(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
+    """What the manifest pins of a patch: its sha256; and of the step it brings the tree to: its
+    index lines name the step's blobs, a file it does not touch keeps its blob, and a Backport's
+    PR and release are those releases.toml gives the fix the step adds."""
+    if (pinned := manifest.patch_hashes.get(patch.path.name)) is not None:
+        report.checked["manifest"] += 1
+        if (actual := sha256_of(patch.path)) != pinned:
+            problem = f"sha256 is {actual}, but {MANIFEST_NAME} pins {pinned}; if the change is "
+            report.add(patch.path, None, "manifest", f"{problem}wanted, {ON_BRANCH}")
+    if (step := step_of(patch.path.name)) not in manifest.steps[1:]:
         return
-    step, before = steps
+    before = manifest.steps[manifest.steps.index(step) - 1]
     pins = {s: "[blobs] pins" for s in manifest.steps}
     pins[BASE_STEP] = f'{manifest.registry.path.name} [releases."{manifest.base.version}"] has'
     touched = {diff.path: diff for diff in patch.files}
@@ -180,26 +167,38 @@ def _check_blob_ids(report: LintReport, manifest: PinManifest, patch: Patch) -> 
                     f"{path}: {side}-image blob {blob}, but {pins[at]} {by_step[at]} at step {at}"
                 )
                 report.add(patch.path, diff.index_line, "manifest", problem)
+    status = patch.trailer("Upstream-Status")
+    if not status or not status[0].value.startswith("Backport"):
+        return
+    registry = manifest.registry
+    for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
+        report.checked["trailers"] += 1
+        first = next((r for r, k in registry.known.items() if name in k.fixes), None)
+        pr = registry.fixes[name].ref
+        for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
+            found = patch.trailer(key)
+            if found and value is not None and found[0].value != value:
+                problem = f"{key}: {found[0].value}, but {registry.path.name} says {name} "
+                problem += f"(what step {step} adds, [step-fixes]) is {value}"
+                report.add(patch.path, found[0].line, "trailers", problem)
 
 
 def _check_allow_list(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    allowed = set(manifest.files)
     touched, problem = touched_paths(patch.path)
     report.checked["allow-list"] += 1
     if problem:
         report.add(patch.path, None, "allow-list", f"git cannot read this patch: {problem}")
     for path in dict.fromkeys(touched):
-        if path not in allowed:
+        if path not in manifest.blobs:
             problem = (
                 f"touches {path}, which is not one of the files this series may change "
-                f"({', '.join(sorted(allowed))}); add it to the manifest's [blobs] only if "
+                f"({', '.join(sorted(manifest.blobs))}); add it to the manifest's [blobs] only if "
                 "the fix really needs it"
             )
             report.add(patch.path, line_naming(patch, path), "allow-list", problem)
 
 
 def _check_message(report: LintReport, patch: Patch, base_version: str | None) -> None:
-    """Its subject, description and trailers."""
     report.checked.update(("description", "trailers"))
     if not patch.subject:
         report.add(patch.path, 1, "description", "no Subject: header")
@@ -244,26 +243,6 @@ def _check_message(report: LintReport, patch: Patch, base_version: str | None) -
         bad("Upstream-Release", f"{problem}, so the base already has this fix")
 
 
-def _check_upstream_facts(report: LintReport, manifest: PinManifest, patch: Patch) -> None:
-    """A Backport's PR and release are those releases.toml gives the fix its step adds."""
-    status = patch.trailer("Upstream-Status")
-    steps = _step_before(manifest, patch)
-    if not steps or not status or not status[0].value.startswith("Backport"):
-        return
-    step, before = steps
-    registry = manifest.registry
-    for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
-        report.checked["trailers"] += 1
-        first = next((r for r, k in registry.known.items() if name in k.fixes), None)
-        pr = registry.fixes[name].ref
-        for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
-            found = patch.trailer(key)
-            if found and value is not None and found[0].value != value:
-                problem = f"{key}: {found[0].value}, but {registry.path.name} says {name} "
-                problem += f"(what step {step} adds, [step-fixes]) is {value}"
-                report.add(patch.path, found[0].line, "trailers", problem)
-
-
 def _check_lines(report: LintReport, patch: Patch) -> None:
     """No added line ends in whitespace; no patched file ends without a newline."""
     for diff in patch.files:
@@ -292,7 +271,6 @@ def _check_file_bytes(report: LintReport, path: Path) -> None:
 
 
 def lint_patch_set(folder: Path) -> LintReport:
-    """Run every rule on one patch set folder."""
     require_folder(folder)
     report = LintReport(folder)
     entries, paths = _read_series(report, folder)
@@ -311,11 +289,11 @@ def lint_patch_set(folder: Path) -> LintReport:
         _check_lines(report, patch)
         if manifest is not None:
             _check_allow_list(report, manifest, patch)
-            _check_upstream_facts(report, manifest, patch)
+            _check_pins(report, manifest, patch)
         if not any(diff.hunks for diff in patch.files):
             report.add(patch.path, None, "nothing-checked", "this patch changes no file")
     if manifest is not None:
-        _check_manifest(report, manifest, entries, patches)
+        _check_manifest(report, manifest, entries)
         report.checked["build-wheel"] += 1
         for problem in label_problems(manifest):
             report.add(folder / MANIFEST_NAME, None, "build-wheel", problem)

@@ -1,7 +1,5 @@
 """One run at a time per target (a named flock), no half-made state on a kill, marked_folder."""
 
-from __future__ import annotations
-
 import errno
 import fcntl
 import os
@@ -14,13 +12,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 
-from .errors import BackportError, Exit
-
 # re-exported: apply, run-tests and the tests take them from here
-from .interrupts import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
+from .cli import INTERRUPTS, hold_interrupts, release_interrupts  # noqa: F401
+from .errors import BackportError, Exit
 from .textout import progress
 
 DEFAULT_WAIT_S = 30.0  # how long a second run waits for the first (--wait)
@@ -75,7 +72,6 @@ def _try_lock(path: Path) -> int | None:
 
 @contextmanager
 def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
-    """Hold the lock at path for target, waiting up to wait_s for another holder."""
     started = time.monotonic()
     told = False
     while (fd := _try_lock(path)) is None:
@@ -98,8 +94,7 @@ def held(path: Path, target: str, wait_s: float) -> Iterator[None]:
     finally:
         with deferred_signals():
             _held.remove(fd)
-            with suppress(FileNotFoundError):
-                path.unlink()
+            path.unlink(missing_ok=True)
             os.close(fd)
 
 
@@ -113,10 +108,6 @@ TEMP_MARKER_TEXT = (
 )
 
 
-def _temp_names(prefix: str, suffix: str) -> re.Pattern[str]:
-    return re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
-
-
 def _temp_lock(parent: Path) -> AbstractContextManager[None]:
     path = parent / f".sglang-backports-temp-{os.getuid()}.lock"
     return held(path, f"the temporary folders in {parent}", DEFAULT_WAIT_S)
@@ -125,99 +116,77 @@ def _temp_lock(parent: Path) -> AbstractContextManager[None]:
 @contextmanager
 def marked_folder(parent: Path, prefix: str, suffix: str = "") -> Iterator[Path]:
     """A marked, locked temporary folder in parent for the block; killed runs' go first."""
-    made: list[tuple[Path, int]] = []
-    try:
-        with _temp_lock(parent):
-            _sweep(parent, prefix, suffix)
-            with deferred_signals():
-                made.append(_make_marked(parent, prefix, suffix))
-                _held.append(made[0][1])
-        # a signal held while the folder was made lands inside this try: it is removed
-        yield made[0][0]
-    finally:
-        with deferred_signals():
-            for folder, fd in made:
-                _remove_marked(folder)
-                _held.remove(fd)
-                os.close(fd)
+    remove_leftovers(parent, prefix, suffix)
+    with ExitStack() as stack:
+        with _temp_lock(parent), deferred_signals():
+            folder, fd = _make_marked(parent, prefix, suffix)
+            _held.append(fd)
+            # registered before a signal held meanwhile lands: the folder is removed
+            stack.callback(_remove_marked, folder, fd)
+        yield folder
 
 
 def _make_marked(parent: Path, prefix: str, suffix: str) -> tuple[Path, int]:
-    # the name the sweep matches (not mkdtemp's): folders of earlier releases are still found
-    while True:
-        folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
-        with suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
-            break
-    fd = -1
-    try:
+    # the name the sweep matches (not mkdtemp's): folders of earlier releases are still found;
+    # 64 random bits, so a clash is as unlikely as any other failure of mkdir
+    folder = parent / f"{prefix}{secrets.token_hex(8)}{suffix}"
+    folder.mkdir(mode=0o700)
+    with ExitStack() as undo:  # on any failure: nothing of it left
+        undo.callback(shutil.rmtree, folder, ignore_errors=True)
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        undo.callback(os.close, fd)
         with suppress(OSError):  # no flock on this file system: no sweep can take it either
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, TEMP_MARKER_TEXT)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+        undo.pop_all()
     return folder, fd
 
 
-def _remove_marked(folder: Path) -> None:
-    """Remove a folder of ours: its marker last, so a removal cut short stays marked."""
-    with suppress(FileNotFoundError):
-        for entry in folder.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            elif entry.name != TEMP_MARKER:
-                entry.unlink(missing_ok=True)
-        (folder / TEMP_MARKER).unlink(missing_ok=True)
-        folder.rmdir()
+def _remove_marked(folder: Path, fd: int | None = None) -> None:
+    """Remove a folder of ours, its marker last (one cut short stays marked); then our fd's."""
+    with deferred_signals():
+        with suppress(FileNotFoundError):
+            for entry in folder.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                elif entry.name != TEMP_MARKER:
+                    entry.unlink(missing_ok=True)
+            (folder / TEMP_MARKER).unlink(missing_ok=True)
+            folder.rmdir()
+        if fd is not None:
+            _held.remove(fd)
+            os.close(fd)
 
 
 def _is_leftover(folder: Path) -> bool:
     """Whether folder (named as ours) is a killed run's; call with the parent's lock held."""
-    try:
+    with suppress(OSError), ExitStack() as stack:
         if os.lstat(folder).st_uid != os.getuid():
             return False
-        names = os.listdir(folder)
-        if not names:
+        if not (names := os.listdir(folder)):
             return True  # killed before its marker was made
         fd = os.open(folder / TEMP_MARKER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
+        stack.callback(os.close, fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo's read would never return
             return False
         text = os.read(fd, len(TEMP_MARKER_TEXT) + 1)
         # alone, the marker may be half-written: its maker was killed while writing it
         half = names == [TEMP_MARKER] and TEMP_MARKER_TEXT.startswith(text)
-        if not (half or text == TEMP_MARKER_TEXT):
-            return False
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its maker lives
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _sweep(parent: Path, prefix: str, suffix: str) -> list[Path]:
-    """Remove the leftovers of killed runs in parent; call with its lock held."""
-    names, removed = _temp_names(prefix, suffix), []
-    for folder in sorted(parent.iterdir()):
-        if names.fullmatch(folder.name) and not folder.is_symlink() and _is_leftover(folder):
-            with deferred_signals():
-                _remove_marked(folder)
-            progress(f"removed {folder}, which a killed run left")
-            removed.append(folder)
-    return removed
+        if half or text == TEMP_MARKER_TEXT:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its maker lives
+            return True
+    return False
 
 
 def remove_leftovers(parent: Path, prefix: str, suffix: str = "") -> list[Path]:
-    """Remove what killed runs left in parent (see marked_folder); returns what went."""
-    names = _temp_names(prefix, suffix)
+    names = re.compile(re.escape(prefix) + "[0-9a-f]{16}" + re.escape(suffix))
     if not parent.is_dir() or not any(names.fullmatch(name) for name in os.listdir(parent)):
         return []
+    removed = []
     with _temp_lock(parent):
-        return _sweep(parent, prefix, suffix)
+        for folder in sorted(parent.iterdir()):
+            if names.fullmatch(folder.name) and not folder.is_symlink() and _is_leftover(folder):
+                _remove_marked(folder)
+                progress(f"removed {folder}, which a killed run left")
+                removed.append(folder)
+    return removed

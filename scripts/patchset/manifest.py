@@ -26,9 +26,6 @@ from .releases import (
     writer_rows,
 )
 
-# The registry's names, also where check-install, the catalog and racecheck import them.
-from .releases import LaunchSettings as LaunchSettings
-
 MANIFEST_NAME = "pin.toml"
 SERIES_NAME = "series"
 BASE_STEP = "base"
@@ -90,10 +87,9 @@ class ReleasePin:
                 problem = f"= {json.dumps(pin.wheel)} is not a {cp}-{cp}-{platform} wheel"
                 raise toml.refuse((*key, "wheel"), problem)
             wheels[cp] = pin
-        tag = toml.text((*keys, "tag"))
         pins = [toml.text((*keys, key), default="") for key in ("torch", "transformers")]
-        by_minor = sorted(wheels.items(), key=lambda item: int(item[0][3:]))
-        return cls(default, tag, *pins, dict(by_minor))
+        by_minor = dict(sorted(wheels.items(), key=lambda item: int(item[0][3:])))
+        return cls(default, toml.text((*keys, "tag")), *pins, by_minor)
 
 
 @dataclass
@@ -115,16 +111,8 @@ class PinManifest:
     raw: dict[str, Any] = field(default_factory=dict)  # for facts only one tool reads
 
     @property
-    def upstream_fixed(self) -> WheelPin:
-        return self.registry.upstream_fixed
-
-    @property
     def base(self) -> WheelPin:
         return self.release.wheel
-
-    @property
-    def tag(self) -> str:
-        return self.release.tag
 
     @property
     def releases(self) -> list[str]:
@@ -166,12 +154,10 @@ class PinManifest:
         toml = TomlFile.load(path, "pin manifest", missing, REPAIR)
         version = toml.text(("sglang", "version"))
         patch_hashes = {
-            name: toml.text(("patches", name), SHA256, "a sha256")
-            for name in toml.table(("patches",))
+            name: toml.text(("patches", name), SHA256) for name in toml.table(("patches",))
         }
         steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
         known = registry.release(version, path)
-        blobs = _step_blobs(toml, known, steps, registry.path)
         for step in toml.table(("step-fixes",)):
             if step == BASE_STEP:
                 holds = f'the base holds what [releases."{version}"] fixes in {registry.path} says'
@@ -199,7 +185,7 @@ class PinManifest:
         return cls(
             release=ReleasePin.from_table(toml, ("sglang",), version),
             patch_hashes=patch_hashes,
-            blobs=blobs,
+            blobs=_step_blobs(toml, known, steps, registry.path),
             step_fixes=step_fixes,
             registry=registry,
             same_files=same_files,
@@ -229,7 +215,7 @@ def _step_blobs(
             )
     return {
         file: {BASE_STEP: base}
-        | {step: toml.text(("blobs", file, step), BLOB_ID, "a git blob id") for step in steps[1:]}
+        | {step: toml.text(("blobs", file, step), BLOB_ID) for step in steps[1:]}
         for file, base in known.blobs.items()
     }
 
@@ -240,6 +226,7 @@ def _is_list(value: object, kind: type) -> bool:
 
 def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[RaceEntry, ...]]]:
     """[races]: every scenario lists every step; each entry is {kind, buffers, rows}."""
+    form = f"{{ kind = one of {', '.join(RACE_KINDS)}, rows = [integers], buffers = [strings] }}"
     races: dict[str, dict[str, tuple[RaceEntry, ...]]] = {}
     for scenario in toml.table(("races",), optional=True):
         toml.table(("races", scenario))
@@ -253,11 +240,7 @@ def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[
                 if entry.get("kind") not in RACE_KINDS or not (
                     _is_list(entry.get("buffers"), str) and _is_list(entry.get("rows"), int)
                 ):
-                    raise toml.refuse(
-                        keys,
-                        f"entry {n} is not {{ kind = one of {', '.join(RACE_KINDS)}, "
-                        "rows = [integers], buffers = [strings] }",
-                    )
+                    raise toml.refuse(keys, f"entry {n} is not {form}")
             races[scenario][step] = tuple(
                 (e["kind"], tuple(e["buffers"]), tuple(e["rows"])) for e in entries
             )
@@ -265,18 +248,13 @@ def _race_tables(toml: TomlFile, steps: list[str]) -> dict[str, dict[str, tuple[
 
 
 def rewrite_tables(text: str, tables: dict[str, dict[str, Any]]) -> str:
-    """text with the key lines of each named table replaced (see replace_tables)."""
+    """text with each named table's key lines written from its strings or inline tables."""
 
-    def toml_value(value: str | dict[str, str]) -> str:
-        if isinstance(value, str):
-            return json.dumps(value)
-        pairs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
-        return f"{{ {pairs} }}"
+    def pair(key: str, value: str | dict[str, str]) -> str:
+        inline = isinstance(value, dict) and ", ".join(pair(*item) for item in value.items())
+        return f"{json.dumps(key)} = {f'{{ {inline} }}' if inline else json.dumps(value)}"
 
-    lines = {
-        name: [f"{json.dumps(key)} = {toml_value(value)}" for key, value in entries.items()]
-        for name, entries in tables.items()
-    }
+    lines = {name: [pair(*item) for item in rows.items()] for name, rows in tables.items()}
     return replace_tables(text, lines)
 
 
@@ -326,8 +304,7 @@ class Series:
         series_file = folder / SERIES_NAME
         if not series_file.is_file():
             raise _invalid(f"{series_file} does not exist", REGENERATE)
-        names = [name for name, _ in series_entries(series_file)]
-        return cls(folder=folder, patch_names=names, manifest=manifest)
+        return cls(folder, [name for name, _ in series_entries(series_file)], manifest)
 
     def verify(self) -> None:
         """Refuse a series whose patch files differ from the manifest's hashes."""

@@ -1,7 +1,5 @@
 """A `git format-patch` file's message, trailers and hunks, each line numbered for file:line."""
 
-from __future__ import annotations
-
 import email.policy
 import re
 from dataclasses import dataclass, field
@@ -73,32 +71,13 @@ def _strip_diff_prefix(path: str) -> str:
     return path[2:] if path.startswith(("a/", "b/")) else path
 
 
-def _split_message(lines: list[str], start: int, end: int) -> tuple[list[str], list[Trailer]]:
-    """Body and trailers of the message lines [start, end) (0-based)."""
-    # The trailer block is the last paragraph, if every line of it is Key: value.
-    last = end
-    while last > start and not lines[last - 1].strip():
-        last -= 1
-    first = last
-    while first > start and lines[first - 1].strip():
-        first -= 1
-    found = [TRAILER.match(line) for line in lines[first:last]]
-    if not found or not all(found):
-        return lines[start:last], []
-    trailers = [Trailer(m[1], m[2].strip(), first + n + 1) for n, m in enumerate(found) if m]
-    return lines[start:first], trailers
-
-
 def parse_patch(path: Path) -> Patch:
     text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    lines = text.removesuffix("\n").split("\n") if text else []
     # Mail headers end at the first blank line (after the mbox "From " line);
     # the email package unfolds them and decodes RFC 2047 words (=?UTF-8?q?...?=).
-    header_start = start = 1 if lines and lines[0].startswith("From ") else 0
-    while start < len(lines) and lines[start].strip():
-        start += 1
+    header_start = 1 if lines and lines[0].startswith("From ") else 0
+    start = next((n for n in range(header_start, len(lines)) if not lines[n].strip()), len(lines))
     header = "\n".join(lines[header_start:start]) + "\n\n"
     raw_subject = HeaderParser(policy=email.policy.default).parsestr(header).get("Subject")
     subject = " ".join(str(raw_subject).split()) if raw_subject is not None else None
@@ -107,29 +86,34 @@ def parse_patch(path: Path) -> Patch:
     end = start
     while end < len(lines) and lines[end] != "---" and not lines[end].startswith("diff --git "):
         end += 1
-    body, trailers = _split_message(lines, start, end)
+    # The trailer block is the message's last paragraph, if every line of it is Key: value.
+    last = end
+    while last > start and not lines[last - 1].strip():
+        last -= 1
+    first = last
+    while first > start and lines[first - 1].strip():
+        first -= 1
+    found = [TRAILER.match(line) for line in lines[first:last]]
+    if not found or not all(found):
+        first, found = last, []
+    trailers = [Trailer(m[1], m[2].strip(), first + n + 1) for n, m in enumerate(found) if m]
+    description = "\n".join(lines[start:first]).strip()
     files = _file_diffs(lines, end)
-    description = "\n".join(body).strip()
     return Patch(path, text, subject, next(subject_lines, None), description, trailers, files)
 
 
 def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
-    """The `diff --git` sections from lines[start] on, with every hunk line numbered."""
     files: list[FileDiff] = []
     hunk: list[PatchLine] | None = None
     old_no = new_no = old_left = new_left = 0
-    last_kind = ""
     for number, line in enumerate(lines[start:], start + 1):
         kind = line[:1] or " "
         if hunk is not None and (old_left > 0 or new_left > 0) and kind in "+- ":
             old = None if kind == "+" else old_no
             new = None if kind == "-" else new_no
             hunk.append(PatchLine(kind, line[1:], number, old, new))
-            if old is not None:
-                old_no, old_left = old_no + 1, old_left - 1
-            if new is not None:
-                new_no, new_left = new_no + 1, new_left - 1
-            last_kind = kind
+            old_no, old_left = old_no + (old is not None), old_left - (old is not None)
+            new_no, new_left = new_no + (new is not None), new_left - (new is not None)
         elif line.startswith("diff --git "):
             parts = line.split(" ")
             names = [_strip_diff_prefix(p) for p in parts[2:4]] if len(parts) >= 4 else ["", ""]
@@ -138,7 +122,7 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         elif not files:
             continue
         elif line.startswith("\\"):
-            if last_kind in ("+", " "):
+            if hunk and hunk[-1].kind in "+ ":
                 files[-1].new_lacks_final_newline.append(number)
         elif hunk is None and (index := INDEX_LINE.match(line)):
             files[-1].old_blob, files[-1].new_blob = index[1], index[2]
@@ -150,13 +134,12 @@ def _file_diffs(lines: list[str], start: int) -> list[FileDiff]:
         elif header := HUNK_HEADER.match(line):
             old_no, new_no = int(header[1]), int(header[3])
             old_left, new_left = int(header[2] or 1), int(header[4] or 1)
-            hunk, last_kind = [], ""
+            hunk = []
             files[-1].hunks.append(hunk)
     return files
 
 
 def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
-    """What `git apply FLAGS` says of a patch; (output, error)."""
     # A missing final newline has a lint rule of its own; git would call it corrupt.
     data = path.read_bytes().removesuffix(b"\n") + b"\n"
     result = Git(Path("/"), owned=True).run("apply", *flags, input=data, check=False)
@@ -168,9 +151,7 @@ def _git_reading(path: Path, *flags: str) -> tuple[str, str]:
 
 def touched_paths(path: Path) -> tuple[list[str], str]:
     """The files a patch changes as git reads it (plain ---/+++ too), or ([], why not)."""
-    out, problem = _git_reading(path, "--numstat", "-z")
-    if problem:
-        return [], problem
+    out, problem = _git_reading(path, "--numstat", "-z")  # out is "" when git cannot read it
     # Records are "added<TAB>deleted<TAB>path" or, for a rename, the same with an
     # empty path followed by the old and the new path as fields of their own.
     fields = iter(out.split("\0"))
@@ -179,7 +160,7 @@ def touched_paths(path: Path) -> tuple[list[str], str]:
         if record:
             name = record.split("\t", 2)[2]
             paths += [name] if name else [next(fields, ""), next(fields, "")]
-    return [p for p in paths if p], ""
+    return [p for p in paths if p], problem
 
 
 def file_events(path: Path) -> list[str]:
@@ -189,7 +170,6 @@ def file_events(path: Path) -> list[str]:
 
 
 def line_naming(patch: Patch, file: str) -> int | None:
-    """The first diff header line of the patch that names file."""
     for number, line in enumerate(patch.text.split("\n"), 1):
         if line.startswith(("diff --git ", "--- ", "+++ ")) and line.endswith(
             ("/" + file, " " + file)

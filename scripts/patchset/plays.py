@@ -65,10 +65,9 @@ def _both(names: str, title: str, *shape: object, **more: object) -> list[Play]:
     return [Play(n, title, spec, *shape, **more) for n, spec in pairs]  # type: ignore[arg-type]
 
 
-# S1..S3 are the scenarios of issue 4; S4..S11 vary the batch's shape; L1..L6
-# replay one shape inside the overlap loop with each barrier configuration;
-# H1 plays the hisparse seam of issue 25 (a stash outside the prebuilt path).
-# The shapes: (prebuilt rows, finished rows, running rows).
+# S4..S11 vary S1..S3's batch shape (prebuilt, finished, running rows); L1..L6 replay one shape
+# inside the overlap loop with each barrier; H1 plays the hisparse seam (a stash outside the
+# prebuilt path).
 PLAYS: tuple[Play, ...] = (
     Play("S1", "row reuse", EAGLE, prebuilt=(3,), finished=(3,)),
     Play("S2", "consumer", EAGLE, prebuilt=(5,), finished=(2,), consumer=True),

@@ -1,26 +1,16 @@
 """Which served release and step files are (catalog, shape), or the refusal that says why not."""
 
-from __future__ import annotations
-
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths, shape
-from .catalog import Catalog, Files, blobs_of, step_in
+from .catalog import Files, blobs_of, load_catalog, step_in
 from .errors import BackportError, Exit
 from .manifest import BASE_STEP, Series, release_key
 from .shapeflow import Sources
 
 
-@dataclass(frozen=True)
-class Recognised:
-    series: Series
-    step: str  # the step of the series the files are at
-
-
 def full_check(where: str | Path) -> str:
-    """The command that runs the race checker on a tree: the next step for a fork."""
     return shlex.join(["scripts/race-check", "--tree", str(where)])
 
 
@@ -30,25 +20,24 @@ def reading(series: Series | None) -> Series:
 
 
 def recognise(
-    catalog: Catalog, files: Files, where: str, series: Series | None = None, checkout: bool = False
-) -> Recognised:
-    """The series (the given one, else the one whose steps hold these files) and its step."""
+    files: Files, where: str, series: Series | None, checkout: bool
+) -> tuple[Series, str]:
+    """The series (the given one, else the one whose steps hold these files), the files' step."""
     blobs = blobs_of(files)
     if series is not None:
         if step := step_in(series.manifest, blobs):
-            return Recognised(series, step)
+            return series, step
     else:
-        for content in catalog.lookup(blobs):
+        for content in load_catalog(paths.PATCHES_ROOT).lookup(blobs):
             if content.series:
                 found = Series.load(paths.PATCHES_ROOT / content.series)
-                return Recognised(found, step_in(found.manifest, blobs) or "")
-    raise _refusal(catalog, files, where, series, checkout)
+                return found, step_in(found.manifest, blobs) or ""
+    raise _refusal(files, where, series, checkout)
 
 
-def _refusal(
-    catalog: Catalog, files: Files, where: str, series: Series | None, checkout: bool
-) -> BackportError:
+def _refusal(files: Files, where: str, series: Series | None, checkout: bool) -> BackportError:
     """ALREADY_UPSTREAM when fixed (by release or shape), else BASE_MISMATCH naming the nearest."""
+    catalog = load_catalog(paths.PATCHES_ROOT)
     blobs, manifest = blobs_of(files), reading(series).manifest
     version, expected = manifest.base.version, manifest.blobs_at(BASE_STEP)
     if series is None:
@@ -68,7 +57,7 @@ def _refusal(
             lines.append(f"  {path}: blob {blob}, expected {expected.get(path)}{known}")
 
     looks_like = [v for v, known in catalog.releases.items() if known == blobs]
-    fixed = manifest.upstream_fixed.version
+    fixed = manifest.registry.upstream_fixed.version
     prs = " and ".join(f"#{fix.pr}" for fix in manifest.registry.fixes.values())
     if any(release_key(r) >= release_key(fixed) for r in looks_like):
         lines.append(
@@ -97,7 +86,7 @@ def _refusal(
         "check out the tag of one of those releases; for another release a patch set "
         "of its own is needed under patches/"
         if series is None
-        else f"check out tag {manifest.tag} (or use the default, the pinned wheel); "
+        else f"check out tag {manifest.release.tag} (or use the default, the pinned wheel); "
         "for other releases a patch set of their own is needed under patches/"
     )
     fork_of = None if looks_like else catalog.nearest_release(blobs, catalog.served)

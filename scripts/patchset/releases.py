@@ -18,8 +18,9 @@ RELEASES_NAME = "releases.toml"
 RESTORE_RELEASES = "restore it with `git checkout -- patches/releases.toml`"
 ADDING = "(docs/maintaining.md: adding a release)"
 REPAIR_RELEASES = f"{RESTORE_RELEASES}, or fix it as the comment at its top describes {ADDING}"
-BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
+Form = tuple[re.Pattern[str], str]  # a text's pattern, and what such a text is called
+BLOB_ID: Form = (re.compile(r"^[0-9a-f]{40}$"), "a git blob id")
+SHA256: Form = (re.compile(r"^[0-9a-f]{64}$"), "a sha256")
 # PEP 427: name-version-python-abi-platform.whl (no build tag: the pins name none)
 WHEEL_NAME = re.compile(r"^[A-Za-z0-9_.]+-[^-]+-[a-z]+\d+-[^-]+-[^-]+\.whl$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -100,36 +101,27 @@ class TomlFile:
         return dict(self.value(keys, dict, {} if optional else _REQUIRED))
 
     def text(
-        self,
-        keys: tuple[str, ...],
-        pattern: re.Pattern[str] | None = None,
-        what: str = "",
-        default: Any = _REQUIRED,
+        self, keys: tuple[str, ...], form: Form | None = None, default: Any = _REQUIRED
     ) -> str:
         text = self.value(keys, str, default)
-        if pattern is not None and not pattern.match(text):
-            raise self.refuse(keys, f"= {json.dumps(text)} is not {what}")
+        if form is not None and not form[0].match(text):
+            raise self.refuse(keys, f"= {json.dumps(text)} is not {form[1]}")
         return str(text)
 
     def names(self, keys: tuple[str, ...], defined: dict[str, Any], where: str) -> frozenset[str]:
-        """A list of names, each one that where defines."""
         listed = self.value(keys, list)
-        unknown = [
-            n if isinstance(n, str) else json.dumps(n)
-            for n in listed
-            if not isinstance(n, str) or n not in defined
-        ]
-        if unknown:
-            raise self.refuse(keys, f"names {', '.join(unknown)}, which {where} does not define")
+        if unknown := [n for n in listed if not isinstance(n, str) or n not in defined]:
+            names = ", ".join(n if isinstance(n, str) else json.dumps(n) for n in unknown)
+            raise self.refuse(keys, f"names {names}, which {where} does not define")
         return frozenset(listed)
 
     def wheel_pin(self, keys: tuple[str, ...], version: str) -> WheelPin:
         """The table's wheel (a wheel file name of that sglang version) and sha256."""
-        wheel = self.text((*keys, "wheel"), WHEEL_NAME, "a wheel file name (PEP 427)")
+        wheel = self.text((*keys, "wheel"), (WHEEL_NAME, "a wheel file name (PEP 427)"))
         if wheel.split("-")[:2] != ["sglang", version]:  # WHEEL_NAME: neither holds a "-"
             problem = f"= {json.dumps(wheel)} is not a wheel of sglang {version}"
             raise self.refuse((*keys, "wheel"), problem)
-        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256, "a sha256"))
+        return WheelPin(version, wheel, self.text((*keys, "sha256"), SHA256))
 
 
 @dataclass(frozen=True)
@@ -202,7 +194,7 @@ def _launch_profile(toml: TomlFile, name: str) -> LaunchSettings:
         key = field_name.replace("_", "-")
         if field_name in LAUNCH_OPTIONAL and key not in toml.table(keys):
             continue
-        flag = toml.text((*keys, key, "flag"), _FLAG, "a long option (--name)")
+        flag = toml.text((*keys, key, "flag"), (_FLAG, "a long option (--name)"))
         default = toml.value((*keys, key, "default"), kind, None if kind is str else False)
         if kind is bool and default is not False:
             raise toml.refuse((*keys, key, "default"), "of a store_true flag must be false")
@@ -248,46 +240,7 @@ class Releases:
     # the FutureMap writers every release has; a pin.toml adds its own
     writers: dict[str, dict[str, str]] = field(default_factory=dict)
 
-    @classmethod
-    def load(cls, path: Path) -> Releases:
-        toml = TomlFile.load(path, "release registry", RESTORE_RELEASES, REPAIR_RELEASES)
-        fixes: dict[str, Fix] = {}
-        for name in toml.table(("fixes",)):
-            keys = ("fixes", name)
-            pr, about = toml.value((*keys, "pr"), int), toml.text((*keys, "about"))
-            optional = (toml.text((*keys, k), default="") for k in ("marker", "marker-function"))
-            fixes[name] = Fix(name, pr, about, *optional)
-        profiles = {
-            name: _launch_profile(toml, name) for name in toml.table((LAUNCH_TABLE,), optional=True)
-        }
-        known: dict[str, KnownRelease] = {}
-        launch: dict[str, LaunchSettings] = {}
-        for version in sorted(toml.table(("releases",)), key=release_key):
-            keys = ("releases", version)
-            fixed = toml.names((*keys, "fixes"), fixes, "[fixes]")
-            blobs = {
-                file: toml.text((*keys, "blobs", file), BLOB_ID, "a git blob id")
-                for file in toml.table((*keys, "blobs"))
-            }
-            wheel = toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None
-            known[version] = KnownRelease(version, fixed, blobs, wheel)
-            profile = toml.text((*keys, LAUNCH_TABLE), default="")
-            if profile and profile not in profiles:
-                raise toml.refuse(
-                    (*keys, LAUNCH_TABLE),
-                    f"= {json.dumps(profile)} names no [{LAUNCH_TABLE}.{profile}] "
-                    f"(profiles: {', '.join(profiles) or 'none'})",
-                )
-            if profile:
-                launch[version] = replace(profiles[profile], release=version)
-        first = toml.text(("upstream-fixed",))
-        if first not in known:
-            raise toml.refuse(("upstream-fixed",), f'= "{first}" has no [releases."{first}"]')
-        upstream = known[first].wheel or toml.wheel_pin(("releases", first), first)
-        return cls(path, fixes, known, upstream, launch, writer_rows(toml))
-
     def release(self, version: str, needed_by: Path) -> KnownRelease:
-        """A known release; refuse one the registry does not have."""
         if version not in self.known:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
@@ -299,4 +252,38 @@ class Releases:
 
 @functools.cache
 def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
-    return Releases.load(path)
+    toml = TomlFile.load(path, "release registry", RESTORE_RELEASES, REPAIR_RELEASES)
+    fixes: dict[str, Fix] = {}
+    for name in toml.table(("fixes",)):
+        keys = ("fixes", name)
+        pr, about = toml.value((*keys, "pr"), int), toml.text((*keys, "about"))
+        optional = (toml.text((*keys, k), default="") for k in ("marker", "marker-function"))
+        fixes[name] = Fix(name, pr, about, *optional)
+    profiles = {
+        name: _launch_profile(toml, name) for name in toml.table((LAUNCH_TABLE,), optional=True)
+    }
+    known: dict[str, KnownRelease] = {}
+    launch: dict[str, LaunchSettings] = {}
+    for version in sorted(toml.table(("releases",)), key=release_key):
+        keys = ("releases", version)
+        fixed = toml.names((*keys, "fixes"), fixes, "[fixes]")
+        blobs = {
+            file: toml.text((*keys, "blobs", file), BLOB_ID)
+            for file in toml.table((*keys, "blobs"))
+        }
+        wheel = toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None
+        known[version] = KnownRelease(version, fixed, blobs, wheel)
+        profile = toml.text((*keys, LAUNCH_TABLE), default="")
+        if profile and profile not in profiles:
+            raise toml.refuse(
+                (*keys, LAUNCH_TABLE),
+                f"= {json.dumps(profile)} names no [{LAUNCH_TABLE}.{profile}] "
+                f"(profiles: {', '.join(profiles) or 'none'})",
+            )
+        if profile:
+            launch[version] = replace(profiles[profile], release=version)
+    first = toml.text(("upstream-fixed",))
+    if first not in known:
+        raise toml.refuse(("upstream-fixed",), f'= "{first}" has no [releases."{first}"]')
+    upstream = known[first].wheel or toml.wheel_pin(("releases", first), first)
+    return Releases(path, fixes, known, upstream, launch, writer_rows(toml))

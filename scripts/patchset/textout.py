@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 from collections.abc import Sequence
+from itertools import zip_longest
 
 
 def table(
@@ -17,9 +18,7 @@ def table(
     widths = [max(len(line) for row in cells for line in row[i]) for i in range(len(header))]
     out: list[str] = []
     for index, row in enumerate(cells):
-        for n in range(max(len(lines) for lines in row)):
-            parts = [lines[n] if n < len(lines) else "" for lines in row]
-            out.append(_line(parts, widths, markdown))
+        out += [_line(parts, widths, markdown) for parts in zip_longest(*row, fillvalue="")]
         if index == 0:
             out.append(_line(["-" * w for w in widths], widths, markdown))
     return "\n".join(out)

@@ -1,9 +1,5 @@
-"""apply-patches --3way: a served release's series merged onto a fork of it (its preimages
-written as loose objects for `git apply --cached --3way`), kept only if judged fixed."""
+"""apply-patches --3way: a served release's series merged onto a fork of it, kept only if fixed."""
 
-from __future__ import annotations
-
-import ast
 import re
 import shlex
 from pathlib import Path
@@ -14,7 +10,7 @@ from .apply import ApplyReport, commit_patch, create_branch, delete_or_rename, r
 from .buildtree import default_branch, files_at
 from .catalog import blobs_of, load_catalog
 from .errors import BackportError, Exit
-from .git import Git, config_env
+from .git import Git
 from .lock import marked_folder, tmpdir
 from .manifest import Series, git_blob_id, series_for_release
 from .paths import PATCHES_ROOT
@@ -45,23 +41,21 @@ def onto_fork(
     wheel = wheels.fetch_wheel(manifest.base, paths.cache_dir())
     per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files))
     ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
-    report = ApplyReport(where=where, branch=branch)
     note = (
         f"\n(Applied onto {head[:12]}, a fork of sglang {manifest.base.version}, "
         "by scripts/apply-patches --3way: git's three-way merge, the result "
         "judged fixed by its code shape.)\n"
     )
     with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
-        ids = _write_preimages(git, per_step, scratch)
+        ids = _write_preimages(git, per_step)
         # each merge driver of the user's is run as `false`: no program of theirs runs
-        drivers = git.config_names("merge", "driver")
-        off = config_env([(f"merge.{name}.driver", "false") for name in drivers])
-        merger = git.with_env({"GIT_INDEX_FILE": str(scratch / "index"), **off})
+        merger, drivers = git.overriding("merge", "driver", {"driver": "false"})
+        merger = merger.with_env({"GIT_INDEX_FILE": str(scratch / "index")})
         merger.run("read-tree", head)
         tip = head
         apply.commit_identity(git)
         for patch in series.patch_paths:
-            if conflict := _merge(merger, patch, ids, scratch, drivers):
+            if conflict := _merge(merger, patch, ids, drivers):
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} of sglang {manifest.base.version}'s series {conflict[0]}"
@@ -73,7 +67,6 @@ def onto_fork(
                     + full_check(where),
                 )
             tip = commit_patch(git, patch, merger.out("write-tree"), tip, scratch, note)
-            report.applied.append(patch.name)
         merged = files_at(git, tip, manifest)
         judged = shape.judge(Sources.from_texts(merged))
         if not judged.fixed:
@@ -89,21 +82,20 @@ def onto_fork(
             )
         if not exists:
             create_branch(git, branch, tip, where)
-        elif files_at(git, f"refs/heads/{branch}", manifest) == merged:
-            report.already, report.applied = report.applied, []
-        else:
+        elif files_at(git, f"refs/heads/{branch}", manifest) != merged:
             raise BackportError(
                 Exit.BRANCH_EXISTS,
                 f"branch {branch} already exists in {where} and does not hold this merge",
                 f"{delete_or_rename(branch, where)}; nothing of yours was changed",
             )
-    report.notes = [
+    done = list(series.patch_names)
+    notes = [
         f"merged onto a fork of sglang {manifest.base.version} with git's three-way "
         f"merge; judged by code shape: {judged.verdict} ({judged.reason})",
         *_said(ours).strip().splitlines(),
         f"next step, the full check: {full_check(where)} (after switching to the branch)",
     ]
-    return report
+    return ApplyReport(where, branch, [] if exists else done, done if exists else [], notes)
 
 
 def _series(where: Path, release: str | None, files: Files) -> Series:
@@ -120,17 +112,15 @@ def _series(where: Path, release: str | None, files: Files) -> Series:
 
 
 def _merge(
-    merger: Git, patch: Path, ids: dict[str, str], scratch: Path, drivers: list[str]
+    merger: Git, patch: Path, ids: dict[str, str], drivers: list[str]
 ) -> tuple[str, str] | None:
     """Merge one patch into the temporary index: None, or (what failed, git's words)."""
     text = INDEX_LINE.sub(
         lambda m: m[1] + ids.get(m[2], m[2]) + ".." + ids.get(m[3], m[3]),
         patch.read_text(encoding="utf-8"),
     )
-    merged = scratch / f"3way-{patch.name}"
-    merged.write_text(text, encoding="utf-8")
     prefix = [f"--directory={merger.prefix}"] if merger.prefix else []
-    done = merger.run("apply", "--cached", "--3way", *prefix, str(merged), check=False)
+    done = merger.run("apply", "--cached", "--3way", *prefix, input=text, check=False)
     if done.returncode == 0:
         return None
     unmerged = merger.run("ls-files", "--unmerged", "-z").stdout.split("\0")
@@ -144,18 +134,13 @@ def _merge(
     return what, (done.stdout + done.stderr).strip()
 
 
-def _write_preimages(
-    git: Git, per_step: dict[str, dict[str, bytes]], scratch: Path
-) -> dict[str, str]:
+def _write_preimages(git: Git, per_step: dict[str, dict[str, bytes]]) -> dict[str, str]:
     """Every step's files as loose objects: sha1 blob id -> the repository's (sha256) id."""
     blobs = {git_blob_id(data): data for files in per_step.values() for data in files.values()}
-    for sha1, data in blobs.items():
-        (scratch / sha1).write_bytes(data)
-    written = git.run(
-        "hash-object", "-w", "--no-filters", "--stdin-paths",
-        input="".join(f"{scratch / sha1}\n" for sha1 in blobs),
-    ).stdout.split()  # fmt: skip
-    return dict(zip(blobs, written, strict=True))
+    write = ("hash-object", "-w", "--no-filters", "--stdin")
+    return {
+        sha1: git.run(*write, input=data).stdout.decode().strip() for sha1, data in blobs.items()
+    }
 
 
 def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
@@ -165,39 +150,20 @@ def _functions(data: bytes | None, path: str) -> dict[str, str] | None:
         found = functions(sources.module(path), path)
     except CannotTell:
         return None
-    text = sources.text(path) or ""
-    lines = re.findall(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z", text)  # as ast splits a source
-    return {fn.name: _segment(lines, fn.node) for fn in found}
-
-
-def _segment(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    """ast.get_source_segment(text, node), from lines split once: it splits the whole
-    text again on each call, which made a run on a fork take a second."""
-    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
-    start, end = node.col_offset, node.end_col_offset
-    if first == last:
-        return lines[first].encode()[start:end].decode()
-    head, tail = lines[first].encode()[start:].decode(), lines[last].encode()[:end].decode()
-    return head + "".join(lines[first + 1 : last]) + tail
-
-
-def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
-    return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+    lines = re.findall(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+\Z", sources.text(path) or "")  # as ast does
+    return {fn.name: "".join(lines[fn.node.lineno - 1 : fn.node.end_lineno]) for fn in found}
 
 
 def fork_changes(base: dict[str, bytes], fork: Files, patched: dict[str, bytes]) -> Touched:
     """(path, Class.method) that both fork and series change from base; unparsable: whole file."""
     found = []
     for path, data in base.items():
-        before, theirs, series = (
-            _functions(d, path) for d in (data, fork.get(path), patched[path])
-        )
+        old, theirs, new = (_functions(d, path) for d in (data, fork.get(path), patched[path]))
         if theirs is None:
             found.append((path, "(the whole file: it does not parse)"))
-        elif before is not None and series is not None:
-            found += [
-                (path, n) for n in sorted(_changed(before, theirs) & _changed(before, series))
-            ]
+        elif old is not None and new is not None:
+            names = sorted(old.keys() | theirs.keys() | new.keys())
+            found += [(path, n) for n in names if old.get(n) not in (theirs.get(n), new.get(n))]
     return found
 
 

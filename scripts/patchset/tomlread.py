@@ -18,13 +18,12 @@ class SubsetDecodeError(ValueError):
 
 
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
-_SCALAR = re.compile(r"true|false|[+-]?(?:0|[1-9](?:_?[0-9])*)")
+_SCALAR = re.compile(r"(true|false|[+-]?(?:0|[1-9](?:_?[0-9])*))(?=[ \t\r\n#,\]}]|\Z)")
+_SPACE = {False: re.compile(r"(?:[ \t]|#[^\n]*)*"), True: re.compile(r"(?:[ \t\n]|#[^\n]*)*")}
+_STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)("?)')
+# what TOML allows in no comment or one-line string (tab is allowed; a line end ends either)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
-
-
-def _has_control(text: str) -> bool:
-    """A control character TOML allows in no comment or one-line string (tab is allowed)."""
-    return any((ord(c) < 0x20 and c != "\t") or c == "\x7f" for c in text)
 
 
 class _Reader:
@@ -45,16 +44,12 @@ class _Reader:
         self.pos += len(token)
 
     def skip_space(self, newlines: bool = False) -> None:
-        """Spaces, tabs and a comment (up to its line end); with newlines, line ends too."""
-        while (char := self.peek()) and (char in " \t#" or (newlines and char == "\n")):
-            if char != "#":
-                self.pos += 1
-                continue
-            end = self.text.find("\n", self.pos)
-            end = len(self.text) if end < 0 else end
-            if _has_control(self.text[self.pos : end]):
-                raise self.fail("a control character in a comment")
-            self.pos = end
+        """Spaces, tabs and comments; with newlines, line ends too."""
+        found = _SPACE[newlines].match(self.text, self.pos)
+        if bad := _CONTROL.search(self.text, self.pos, found.end()):  # only a comment holds one
+            self.pos = bad.start()
+            raise self.fail("a control character in a comment")
+        self.pos = found.end()
 
     def descend(self, table: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         for key in keys:
@@ -64,7 +59,6 @@ class _Reader:
         return table
 
     def assign(self, table: dict[str, Any]) -> None:
-        """KEY = VALUE, set in table."""
         keys = self.key()
         self.take("=", "an = was expected after a key")
         value = self.value()
@@ -91,20 +85,18 @@ class _Reader:
 
     def string(self) -> str:
         """A one-line basic string."""
-        self.pos += 1
-        out = []
-        while (char := self.peek()) != '"':
-            self.pos += 1
-            if char == "\\":
-                if self.peek() not in _ESCAPES:
-                    raise self.fail(f"an escape this reader does not know: \\{self.peek()}")
-                char = _ESCAPES[self.peek()]
-                self.pos += 1
-            elif not char or _has_control(char):
-                raise self.fail("a control character or line end inside a string")
-            out.append(char)
-        self.pos += 1
-        return "".join(out)
+
+        def unescape(escape: re.Match[str]) -> str:
+            if escape[1] not in _ESCAPES:
+                raise self.fail(f"an escape this reader does not know: \\{escape[1]}")
+            return _ESCAPES[escape[1]]
+
+        found = _STRING.match(self.text, self.pos)
+        bad = _CONTROL.search(self.text, self.pos, found.end(1))
+        self.pos = bad.start() if bad else found.end()
+        if bad or not found[2]:
+            raise self.fail("a control character or line end inside a string")
+        return re.sub(r"\\(.)", unescape, found[1])
 
     def value(self) -> Any:
         self.skip_space()
@@ -117,10 +109,8 @@ class _Reader:
             return self.items("]", lambda out: out.append(self.value()), [], newlines=True)
         if char == "{":  # one line; a comma before the } is not TOML 1.0
             return self.items("}", self.assign, {}, newlines=False)
-        found = _SCALAR.match(self.text, self.pos)
-        end = found.end() if found else 0
-        if found and (end >= len(self.text) or self.text[end] in " \t\r\n#,]}"):
-            self.pos, word = end, found.group()
+        if found := _SCALAR.match(self.text, self.pos):
+            self.pos, word = found.end(), found.group()
             return word == "true" if word in ("true", "false") else int(word.replace("_", ""))
         raise self.fail("a value this reader does not know (e.g. 'literal' strings, dates, floats)")
 
@@ -142,7 +132,6 @@ class _Reader:
 
 
 def subset_loads(text: str) -> dict[str, Any]:
-    """The TOML subset our data files use, read without tomllib."""
     reader = _Reader(text)
     root: dict[str, Any] = {}
     current = root

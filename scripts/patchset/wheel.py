@@ -1,7 +1,5 @@
 """The pinned sglang wheels: download with pip, check the sha256, cache, unpack."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 import sys
@@ -10,12 +8,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from .catalog import REPO_PREFIX  # the wheel holds the repository's python/sglang/ as sglang/
 from .errors import BackportError, Exit
 from .lock import held_fds, marked_folder, remove_leftovers
 from .manifest import WheelPin, sha256_of
 from .textout import progress
 
-REPO_PREFIX = "python/"  # the wheel holds the repository's python/sglang/ as sglang/
 DOWNLOAD_PREFIX = ".download-"  # a download's marked folder in the cache
 
 
@@ -31,65 +29,56 @@ def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
         )
 
 
-def _download(pin: WheelPin, tmp: Path, cache: Path) -> Path:
-    python_tag, abi, platform = pin.tags
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps",
-        "--only-binary=:all:", "--disable-pip-version-check",
-        "--implementation", python_tag[:2], "--python-version", python_tag[2:],
-        "--abi", abi, "--platform", platform,
-        "--dest", str(tmp), f"{pin.wheel.split('-', 1)[0]}=={pin.version}",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, pass_fds=held_fds())
-    downloaded = tmp / pin.wheel
-    if "No module named pip" in result.stderr:
-        raise BackportError(
-            Exit.ENVIRONMENT,
-            f"{sys.executable} has no pip, which downloads {pin.wheel}",
-            f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
-            f"into {cache} by hand, and run again",
-        )
-    if result.returncode != 0 or not downloaded.is_file():
-        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BackportError(
-            Exit.WHEEL_UNAVAILABLE,
-            f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
-            f"and it is not in the cache {cache}. pip said: {detail}",
-            "connect to the package index (or set pip's index options), or "
-            f"put the wheel into {cache} by hand",
-        )
-    return downloaded
-
-
 def fetch_wheel(pin: WheelPin, cache: Path) -> Path:
-    """The pinned wheel from the cache, downloading it once if it is not there."""
     cached = cache / pin.wheel
     with suppress(OSError):  # a read-only cache still serves its wheel
         remove_leftovers(cache, DOWNLOAD_PREFIX)
     if cached.is_file():
         _check_hash(cached, pin, "cached")
         return cached
-    cache.mkdir(parents=True, exist_ok=True)
     progress(f"downloading {pin.wheel} with pip into {cache}")
-    with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
-        downloaded = _download(pin, tmp, cache)
+    with unpinned_wheel(pin, cache) as downloaded:
         _check_hash(downloaded, pin, "downloaded")
         # pip keeps a --find-links wheel's mode; a fresh copy gets this user's usual mode
-        shutil.copyfile(downloaded, tmp / "copy")
-        (tmp / "copy").replace(cached)
+        shutil.copyfile(downloaded, downloaded.with_name("copy"))
+        downloaded.with_name("copy").replace(cached)
     return cached
 
 
 @contextmanager
 def unpinned_wheel(pin: WheelPin, cache: Path) -> Iterator[Path]:
-    """A wheel no manifest pins yet, in a marked folder: the cache keeps pinned wheels only."""
+    """A wheel downloaded into a marked folder: the cache keeps pinned, checked wheels only."""
     cache.mkdir(parents=True, exist_ok=True)
+    python_tag, abi, platform = pin.tags
     with marked_folder(cache, DOWNLOAD_PREFIX) as tmp:
-        yield _download(pin, tmp, cache)
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps",
+            "--only-binary=:all:", "--disable-pip-version-check",
+            "--implementation", python_tag[:2], "--python-version", python_tag[2:],
+            "--abi", abi, "--platform", platform,
+            "--dest", str(tmp), f"{pin.wheel.split('-', 1)[0]}=={pin.version}",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, pass_fds=held_fds())
+        if "No module named pip" in result.stderr:
+            raise BackportError(
+                Exit.ENVIRONMENT,
+                f"{sys.executable} has no pip, which downloads {pin.wheel}",
+                f"install pip (`{sys.executable} -m ensurepip`), or put the wheel "
+                f"into {cache} by hand, and run again",
+            )
+        if result.returncode != 0 or not (tmp / pin.wheel).is_file():
+            detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise BackportError(
+                Exit.WHEEL_UNAVAILABLE,
+                f"could not download {pin.wheel} (sglang=={pin.version}) with pip, "
+                f"and it is not in the cache {cache}. pip said: {detail}",
+                "connect to the package index (or set pip's index options), or "
+                f"put the wheel into {cache} by hand",
+            )
+        yield tmp / pin.wheel
 
 
 def read_files(wheel: Path, repo_paths: list[str]) -> dict[str, bytes]:
-    """The given python/sglang/... files as the wheel holds them."""
     with zipfile.ZipFile(wheel) as archive:
         return {path: archive.read(path.removeprefix(REPO_PREFIX)) for path in repo_paths}
 

@@ -1,1 +1,1 @@
-"""A CPU happens-before checker for sglang's FutureMap relay buffers (see cli.py)."""
+"""A CPU happens-before checker for the FutureMap relay buffers (commands/race_check.py)."""

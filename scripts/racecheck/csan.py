@@ -140,9 +140,7 @@ class SimStream:
         return _unmodelled("SimStream.query()")
 
 
-class SimDevice:
-    """Stands in for torch.cuda as returned by torch.get_device_module()."""
-
+class SimDevice:  # stands in for torch.cuda as returned by torch.get_device_module()
     def __init__(self) -> None:
         self.handler = load().EventHandler()
         self._ids = itertools.count(DEFAULT_STREAM_ID + 1)

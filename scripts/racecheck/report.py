@@ -6,12 +6,12 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from patchset.errors import BackportError, Exit
 from patchset.manifest import RACE_KINDS, PinManifest
+from patchset.plays import SCENARIOS
 from patchset.textout import table
-
-from .catalogue import SCENARIOS
 
 # FutureMap's relay buffers, in report order; an EAGLE row is the first five.
 RELAY_BUFFERS = (
@@ -27,8 +27,7 @@ EAGLE_ROW = RELAY_BUFFERS[:5]
 _ORDER = {buffer: n for n, buffer in enumerate(RELAY_BUFFERS)}
 
 
-@dataclass(frozen=True)
-class Site:
+class Site(NamedTuple):
     file: str  # relative to its root's parent
     line: int
     function: str
@@ -37,8 +36,7 @@ class Site:
         return f"{self.file}:{self.line} in {self.function}"
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(NamedTuple):
     kind: str  # "read" or "write"
     stream: str
     operator: str
@@ -46,10 +44,7 @@ class Access:
     driver: tuple[Site, ...]  # frames in the scenario that drove it, innermost first
 
 
-@dataclass(frozen=True)
-class Race:
-    """Two accesses to one row, on two streams, that nothing orders."""
-
+class Race(NamedTuple):  # two accesses to one row, on two streams, that nothing orders
     buffer: str
     row: int
     first: Access

@@ -1,4 +1,4 @@
-"""The scenarios of racecheck.catalogue, played through the real sglang code of the tree
+"""The scenarios of patchset.plays, played through the real sglang code of the tree
 first on sys.path; stand-ins replace only scheduler state the relay does not touch."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 from unittest import mock
 
 import torch
+from patchset.plays import BY_NAME, EAGLE, Play
 
 from . import treecode
-from .catalogue import BY_NAME, EAGLE, Play
 from .csan import SimDevice
 from .report import EAGLE_ROW, Race
 from .treecode import EAGLE_TOPK, ScenarioError, sglang_root
@@ -26,9 +26,7 @@ HIDDEN_SIZE = 4
 VOCAB_SIZE = 1000
 
 
-class _World:
-    """A decode scheduler's relay state: streams, request pool, FutureMap, ChunkCache."""
-
+class _World:  # a decode scheduler's relay state: streams, request pool, FutureMap, ChunkCache
     def __init__(self, device: SimDevice, watch: BufferWatch, server_args: Any):
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
@@ -55,10 +53,8 @@ class _World:
             torch.device("cpu"), self.req_to_token_pool
         )
         watch.watch_attributes(self.future_map)
-
-    def relay_state(self) -> dict[str, Any]:
-        """What ScheduleBatch.init_new takes and the scheduler holds alike."""
-        return {
+        # what ScheduleBatch.init_new takes and the scheduler holds alike
+        self.relay = {
             "req_to_token_pool": self.req_to_token_pool,
             "token_to_kv_pool_allocator": None,
             "tree_cache": self.tree_cache,
@@ -126,7 +122,7 @@ class _World:
         from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
 
         scheduler = SimpleNamespace(
-            **self.relay_state(),
+            **self.relay,
             grammar_manager=mock.Mock(has_waiting_grammars=mock.Mock(return_value=False)),
             waiting_queue=[self.request(row) for row in rows],
             enable_priority_scheduling=False,
@@ -156,7 +152,7 @@ class _World:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.utils import GenerationBatchResult
 
-        batch = ScheduleBatch.init_new(reqs=reqs, **self.relay_state())
+        batch = ScheduleBatch.init_new(reqs=reqs, **self.relay)
         self.inflight_forward(tuple(req.req_pool_idx for req in reqs))
         result = GenerationBatchResult(
             logits_output=LogitsProcessorOutput(next_token_logits=None),
@@ -166,7 +162,8 @@ class _World:
         )
         result.copy_done = self.device.Event()
         stream = self.forward_stream
-        if treecode.copies_on_copy_stream():
+        source = (sglang_root() / "srt" / "managers" / "scheduler.py").read_text(encoding="utf-8")
+        if "self.copy_stream.wait_stream(self.forward_stream)" in source:
             stream = self.device.Stream(name="copy_stream")
             stream.wait_stream(self.forward_stream)
         with self.device.stream(stream):
@@ -266,9 +263,7 @@ def play_hisparse(world: _World, scenario: Play) -> None:
                 "process_batch_result_prefill did not admit the prefilled requests "
                 f"into hisparse staging (admitted {len(ready)} of {len(reqs)})"
             )
-        scheduler = SimpleNamespace(
-            **world.relay_state(), device="cpu", future_map=world.future_map
-        )
+        scheduler = SimpleNamespace(**world.relay, device="cpu", future_map=world.future_map)
         rows = build(scheduler, ready).req_pool_indices.tolist()
     if rows != list(scenario.prebuilt):
         raise ScenarioError(

@@ -1,5 +1,4 @@
-"""What the scenarios take from the tree under test, as each release spells it: server
-arguments, the WAR barrier, Scheduler methods."""
+"""What the scenarios take from the tree under test (server args, WAR barrier), per release."""
 
 from __future__ import annotations
 
@@ -9,10 +8,9 @@ import dataclasses
 import functools
 import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 EAGLE_TOPK = 1  # the draft's top-k in every scenario
 
@@ -77,17 +75,7 @@ def server_args_published(args: Any) -> Iterator[None]:
             object.__setattr__(holder, name, value)
 
 
-@functools.cache
-def copies_on_copy_stream() -> bool:
-    """Whether run_batch copies the result to the CPU on copy_stream (0.5.15 on)."""
-    source = (sglang_root() / "srt" / "managers" / "scheduler.py").read_text(encoding="utf-8")
-    return "self.copy_stream.wait_stream(self.forward_stream)" in source
-
-
-@dataclass(frozen=True)
-class Barrier:
-    """The tree's WAR barrier, function(scheduler), as the overlap decode loop runs it."""
-
+class Barrier(NamedTuple):  # the WAR barrier, function(scheduler), as the decode loop runs it
     function: Callable[..., None]
     scheduler: Any
     runner_attr: str  # model_worker's runner whose read-done event the fast path consumes
@@ -136,7 +124,7 @@ def scheduler_method(name: str) -> tuple[Callable[..., Any] | None, str]:
         from sglang.srt.managers.scheduler import Scheduler
     except Exception as err:  # the scheduler module needs more than the relay does
         source = sglang_root() / "srt" / "managers" / "scheduler.py"
-        module = _parse(source)
+        module = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
         found = [
             node
             for cls in module.body
@@ -161,11 +149,9 @@ def _imports_used(module: ast.Module, function: ast.FunctionDef) -> dict[str, An
             continue
         for alias in node.names:
             bound = alias.asname or alias.name.split(".")[0]
-            if bound not in used:
-                continue
-            if isinstance(node, ast.ImportFrom):
+            if bound in used and isinstance(node, ast.ImportFrom):
                 namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
-            else:
+            elif bound in used:
                 namespace[bound] = importlib.import_module(alias.name if alias.asname else bound)
     return namespace
 
@@ -173,9 +159,10 @@ def _imports_used(module: ast.Module, function: ast.FunctionDef) -> dict[str, An
 def _inline_barrier() -> tuple[Callable[..., None], str]:
     """event_loop_overlap_disagg_decode's `if self._war_barrier_enabled:`, compiled."""
     source = sglang_root() / "srt" / "disaggregation" / "decode.py"
+    module = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
     found = [
         node
-        for loop in ast.walk(_parse(source))
+        for loop in ast.walk(module)
         if isinstance(loop, ast.FunctionDef) and loop.name == "event_loop_overlap_disagg_decode"
         for node in ast.walk(loop)
         if isinstance(node, ast.If)
@@ -200,10 +187,6 @@ def _inline_barrier() -> tuple[Callable[..., None], str]:
     from sglang.srt.disaggregation import decode
 
     return _compiled(wrapper, source, vars(decode)), how
-
-
-def _parse(source: Path) -> ast.Module:
-    return ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
 
 
 def _compiled(function: ast.FunctionDef, source: Path, names: dict[str, Any]) -> Callable[..., Any]:

@@ -110,15 +110,10 @@ class BufferWatch(TorchDispatchMode):
 def _where(filename: str, code_roots: tuple[str, ...]) -> tuple[str, str] | None:
     """("code" or "driver", the file relative to its root's parent), or None."""
     real = os.path.realpath(filename)
-    roots = [*(("code", root) for root in code_roots), ("driver", _DRIVER)]
-    return next(
-        (
-            (kind, os.path.relpath(real, os.path.dirname(root)))
-            for kind, root in roots
-            if real.startswith(root + os.sep) and real not in _MACHINERY
-        ),
-        None,
-    )
+    for kind, root in [*(("code", root) for root in code_roots), ("driver", _DRIVER)]:
+        if real.startswith(root + os.sep) and real not in _MACHINERY:
+            return kind, os.path.relpath(real, os.path.dirname(root))
+    return None
 
 
 @contextlib.contextmanager

@@ -10,8 +10,8 @@ import sys
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from patchset import paths, shape, wheel
 from patchset.errors import BackportError, Exit
@@ -26,9 +26,9 @@ from patchset.manifest import (
     sha256_of,
     writer_rows,
 )
+from patchset.plays import BY_NAME
 from patchset.shapeflow import MAX_SOURCE_BYTES, PREFIX, Sources
 
-from .catalogue import BY_NAME
 from .report import RELAY_BUFFERS
 
 _METHODS = ("publish", "stash")
@@ -38,8 +38,7 @@ EVERY_SCENARIO = "all"
 Rows = dict[str, dict[str, str]]  # writer key -> {stream, order, scenarios | reason}
 
 
-@dataclass(frozen=True)
-class Writer:
+class Writer(NamedTuple):
     file: str  # relative to python/sglang
     line: int
     function: str  # Class.method or function
@@ -125,7 +124,7 @@ def checked(rows: Rows, where: Callable[[str], str]) -> Rows:
                 Exit.PATCHSET_INVALID,
                 f"{where(key)} [writers] {key!r}: scenarios = {named!r} names "
                 f"{', '.join(unknown)}, which is not a scenario of "
-                "scripts/racecheck/catalogue.py",
+                "scripts/patchset/plays.py",
                 f"name scenarios from {' '.join(BY_NAME)}, separated by spaces, or write "
                 f'"{EVERY_SCENARIO}" for the in-flight forward every scenario plays',
             )

@@ -1,10 +1,6 @@
-"""A pytest plugin: each test's outcome and recorded properties, written as JSON.
-
-With --outcomes-json FILE a run writes {"outcomes": {test: outcome}, "properties":
-{name: value}}. The outcome is decided where the test ran (a strict xfail whose
-body raised nothing is an unexpected pass) and carried on its report, so that
-under pytest-xdist the controller, which runs no test, writes FILE.
-"""
+"""A pytest plugin: --outcomes-json FILE gets {"outcomes": {test: outcome}, "properties": {..}}.
+Each outcome is decided where the test ran and carried on its report: under pytest-xdist the
+controller, which runs no test, writes FILE."""
 
 from __future__ import annotations
 
@@ -23,12 +19,6 @@ ERROR = "ERROR"
 # Worst first: a test with several reports (a teardown error) shows the worst.
 SEVERITY = (ERROR, UNEXPECTED_PASS, FAIL, SKIP, EXPECTED_FAIL, PASS)
 OPTION = "--outcomes-json"
-
-
-def test_name(nodeid: str) -> str:
-    """tools/test_x.py::test_y[p] -> test_x::test_y[p]"""
-    path, _, rest = nodeid.partition("::")
-    return f"{Path(path).stem}::{rest}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,16 +56,13 @@ class _Recorder:
         self.properties: dict[str, str] = {}
 
     def record(self, nodeid: str, outcome: str) -> None:
-        name = test_name(nodeid)
-        previous = self.outcomes.get(name)
-        if previous is None or SEVERITY.index(outcome) < SEVERITY.index(previous):
-            self.outcomes[name] = outcome
+        path, _, rest = nodeid.partition("::")
+        name = f"{Path(path).stem}::{rest}"  # tools/test_x.py::test_y[p] -> test_x::test_y[p]
+        self.outcomes[name] = min(outcome, self.outcomes.get(name, outcome), key=SEVERITY.index)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        for name, value in report.user_properties:
-            self.properties[str(name)] = str(value)
-        outcome = getattr(report, "testrun_outcome", "")
-        if outcome:
+        self.properties.update((str(name), str(value)) for name, value in report.user_properties)
+        if outcome := getattr(report, "testrun_outcome", ""):
             self.record(report.nodeid, outcome)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:

@@ -1,8 +1,4 @@
-"""One pytest run per suite and per sglang tree, and the tables of their outcomes.
-
-test/tools runs once, under pytest-xdist; test/steps runs once per step, each run
-in a child that testrun.worker forks after the heavy imports (docs/testing.md).
-"""
+"""One pytest run per suite and per sglang tree (docs/testing.md), and their tables."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from pathlib import Path
 
 from patchset.lock import marked_folder, tmpdir
 from patchset.manifest import Series
-from patchset.paths import PROJECT_ROOT
+from patchset.paths import PROJECT_ROOT, build_dir
 from patchset.textout import table
 
 from .outcomes import OPTION, SEVERITY, read_outcomes
@@ -36,9 +32,9 @@ class SuiteRun:
 
     label: str
     tests: Path  # the suite's folder
-    results: Path  # the folder for this run's outcomes and log
     env: dict[str, str]
     tree: Path | None = None
+    results: Path = field(default_factory=lambda: build_dir() / "test-results")
     returncode: int | None = None
     outcomes: dict[str, str] = field(default_factory=dict)
     properties: dict[str, str] = field(default_factory=dict)
@@ -73,20 +69,21 @@ class SuiteRun:
         return f"{status} ({summary or 'no tests'}) {took}"
 
 
-def step_env(series: Series, step: str, tree: Path) -> dict[str, str]:
-    """What a step's run is told: the patch set, the step, and the tree under test."""
-    return {
-        STEP_ENV: step,
-        PATCH_SET_ENV: str(series.folder),
-        TREE_ENV: str(tree),
-        "PYTHONPATH": os.pathsep.join([str(tree / "python"), str(SCRIPTS)]),
-    }
+def step_run(label: str, series: Series, step: str, tree: Path) -> SuiteRun:
+    """The step suite against tree, told the patch set, the step, and the tree under test."""
+    env = {STEP_ENV: step, PATCH_SET_ENV: str(series.folder), TREE_ENV: str(tree)}
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), str(SCRIPTS)])
+    return SuiteRun(label, STEP_TESTS, env, tree)
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without what a step's run is told, and with extra."""
+def _start(command: list[str], log: Path, **extra: str) -> subprocess.Popen[bytes]:
+    """command, its output into log, in this environment less what a step's run is told."""
     dropped = (STEP_ENV, PATCH_SET_ENV, TREE_ENV, "PYTHONPATH")
-    return {k: v for k, v in os.environ.items() if k not in dropped} | extra
+    env = {k: v for k, v in os.environ.items() if k not in dropped} | extra
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command, env=env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _finish(run: SuiteRun, returncode: int, seconds: float) -> None:
@@ -95,26 +92,17 @@ def _finish(run: SuiteRun, returncode: int, seconds: float) -> None:
 
 
 def run_tools(python: Path, run: SuiteRun, extra: Sequence[str], workers: int) -> None:
-    """pytest on test/tools with `workers` pytest-xdist workers (--dist loadgroup: the
-    tests of one xdist_group on one worker); its output goes to run.log, then here."""
+    """pytest-xdist with `workers` (loadgroup: an xdist_group's tests share one worker)."""
     args = run.pytest_args(["-n", str(workers), "--dist", "loadgroup", *extra])
     started = time.monotonic()
-    with run.log.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(python), "-m", "pytest", *args],
-            env=_clean_env(**run.env),
-            cwd=PROJECT_ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    proc = _start([str(python), "-m", "pytest", *args], run.log, **run.env)
     _finish(run, _wait([proc])[0], time.monotonic() - started)
     print(f"\n=== {run.label} (pytest exit {run.returncode}) ===")
     sys.stdout.write(run.log.read_text(encoding="utf-8", errors="replace"))
 
 
 def _wait(procs: Sequence[subprocess.Popen[bytes]]) -> list[int]:
-    """Their exit codes. Interrupted (Ctrl-C, SIGTERM), this ends those still running
-    and waits for them before the interrupt goes on: none outlives run-tests."""
+    """Their exit codes; interrupted, it ends those still running first: none outlives us."""
     try:
         return [proc.wait() for proc in procs]
     finally:
@@ -125,48 +113,32 @@ def _wait(procs: Sequence[subprocess.Popen[bytes]]) -> list[int]:
             proc.wait()
 
 
-def run_forked(
-    groups: Sequence[tuple[Path, Sequence[SuiteRun]]], extra: Sequence[str], parallel: int = 2
-) -> None:
-    """Run the step runs: one testrun.worker per interpreter, all workers at once.
-
-    Each worker imports torch and the rest, then forks its runs; the workers
-    share `parallel` children at a time between them (at least one each), so
-    one environment's imports overlap another's runs. Their output goes to
-    build/test-results/worker-N.log and is printed, worker by worker, at the end.
-    """
-    groups = [(python, runs) for python, runs in groups if runs]
+def run_forked(groups: dict[Path, list[SuiteRun]], extra: Sequence[str], parallel: int) -> None:
+    """One testrun.worker per interpreter, all at once, sharing `parallel` forked children
+    (one each at least): one environment's imports overlap another's runs."""
+    groups = {python: runs for python, runs in groups.items() if runs}
     if not groups:
         return
     with marked_folder(tmpdir(), "sglang-backports-run-tests-") as tmp:
         workers: list[tuple[subprocess.Popen[bytes], Path]] = []
-        results: dict[SuiteRun, Path] = {}
-        for g, (python, runs) in enumerate(groups):
+        ends: dict[SuiteRun, Path] = {}
+        for g, (python, runs) in enumerate(groups.items()):
             jobs = []
             for run in runs:
-                results[run] = Path(tmp) / f"{g}-{len(results)}.json"
+                ends[run] = Path(tmp) / f"{g}-{len(ends)}.json"
                 job = dict(label=run.label, args=run.pytest_args(extra), env=run.env)
-                jobs.append(
-                    job | dict(tree=str(run.tree), log=str(run.log), result=str(results[run]))
-                )
+                jobs.append(job | dict(tree=str(run.tree), log=str(run.log), result=str(ends[run])))
             jobs_file = Path(tmp) / f"jobs-{g}.json"
             parallel_here = max(1, parallel // len(groups))
             jobs_file.write_text(json.dumps({"parallel": parallel_here, "runs": jobs}), "utf-8")
             log = runs[0].results / f"worker-{g + 1}.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    [str(python), "-m", "testrun.worker", str(jobs_file)],
-                    # what torch and pytest put in TMPDIR (torchinductor_<user>, ...) goes
-                    # with the run's own folder, also when a signal ends the run
-                    env=_clean_env(PYTHONPATH=str(SCRIPTS), TMPDIR=str(tmp)),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            workers.append((proc, log))
+            command = [str(python), "-m", "testrun.worker", str(jobs_file)]
+            # TMPDIR in the run's folder: what torch and pytest put there goes too, even on a signal
+            workers.append((_start(command, log, PYTHONPATH=str(SCRIPTS), TMPDIR=str(tmp)), log))
         _wait([proc for proc, _log in workers])
         for _proc, log in workers:
             sys.stdout.write(log.read_text(encoding="utf-8", errors="replace"))
-        for run, result in results.items():
+        for run, result in ends.items():
             data = {"returncode": -1, "seconds": 0.0}
             if result.is_file():
                 data = json.loads(result.read_text(encoding="utf-8"))

@@ -1,9 +1,5 @@
-"""The step a test/steps run judges: its series, its name and the fixes it holds.
-
-scripts/run-tests names the patch set and the step in the environment; what
-each step holds comes from the patch set's pin.toml ([step-fixes]) and, for
-the base, patches/releases.toml.
-"""
+"""The step a test/steps run judges, named in the environment by scripts/run-tests; what it
+holds comes from pin.toml's [step-fixes]."""
 
 from __future__ import annotations
 
@@ -24,8 +20,6 @@ class StepError(Exception):
 
 @dataclass(frozen=True)
 class StepUnderTest:
-    """The step whose tree is imported: its series, its name and the fixes it holds."""
-
     series: Series
     name: str
     fixes: frozenset[str]

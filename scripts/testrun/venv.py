@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchset.errors import BackportError, Exit
+from patchset.lock import marked_folder
 from patchset.manifest import PinManifest
 from patchset.paths import PROJECT_ROOT, cache_dir
 from patchset.textout import progress
@@ -41,8 +41,7 @@ class TestEnv:
 
 def env_name(manifest: PinManifest) -> str:
     """The environment of a release: its own pins, or the named stand-in the manifest gives."""
-    override = manifest.raw.get("sglang", {}).get("test-env")
-    if override:
+    if override := manifest.raw.get("sglang", {}).get("test-env"):
         return str(override)
     release = manifest.release
     if not release.torch or not release.transformers:
@@ -51,10 +50,8 @@ def env_name(manifest: PinManifest) -> str:
             f"the manifest of sglang {manifest.base.version} names no torch or transformers pin",
             "add torch = and transformers = to its [sglang] table (from the wheel's METADATA)",
         )
-    torch, transformers = (
-        ".".join(v.split(".")[:2]) for v in (release.torch, release.transformers)
-    )
-    return f"torch{torch}-tf{transformers}"
+    torch, tf = (".".join(v.split(".")[:2]) for v in (release.torch, release.transformers))
+    return f"torch{torch}-tf{tf}"
 
 
 def env_for(manifest: PinManifest) -> TestEnv:
@@ -94,24 +91,19 @@ def venv_python(venv: Path) -> Path:
 
 
 def make_aside(final: Path, inside: Path, make: Callable[[Path], None]) -> None:
-    """make() the folder aside, then rename it to final: two runs at once never see a
-    half-made one. When another run made final (with inside) meanwhile, that one stays."""
+    """make() it in a marked folder, renamed to final unless another run made it (with inside)."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    aside = final.with_name(f".{final.name}.{os.getpid()}")
-    try:
-        make(aside)
+    with marked_folder(final.parent, f".{final.name}.") as tmp:
+        make(tmp / final.name)
         try:
-            aside.rename(final)
+            (tmp / final.name).rename(final)
         except OSError:
             if not inside.exists():
                 raise
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)
 
 
 def uv_binary() -> Path:
-    """The pinned uv, installed on first use into cache/venvs/uv-<digest>/ (a binary, not
-    a script: it runs from the renamed folder)."""
+    """The pinned uv, installed on first use (a binary: it runs from the renamed folder)."""
     home = cache_dir() / "venvs" / f"uv-{requirements_digest([UV_PINS])[:16]}"
     uv = home / "bin" / "uv"
     if uv.is_file():
@@ -132,15 +124,13 @@ def ensure_venv(
     venv: Path, requirements: Sequence[Path], what: str = "", python: str = sys.executable
 ) -> bool:
     """Make venv (with python) hold exactly the requirements; True when it was made anew."""
-    missing = [str(p) for p in requirements if not p.is_file()]
-    if missing:
+    if missing := [str(p) for p in requirements if not p.is_file()]:
         raise BackportError(
             Exit.SETUP,
             f"requirement files missing: {', '.join(missing)}",
             "restore them from git (they are part of the project)",
         )
     uv = str(uv_binary())
-    env = dict(os.environ, UV_CACHE_DIR=str(cache_dir() / "uv-cache"))
     created = not venv_python(venv).exists()
     if created and venv.exists():
         raise BackportError(
@@ -151,20 +141,15 @@ def ensure_venv(
     if created:
         progress(f"making the virtual environment {venv}{f' ({what})' if what else ''}")
         make = [uv, "venv", "--quiet", "--clear", "--python", python]
-        make_aside(
-            venv, venv_python(venv), lambda aside: _run_setup([*make, str(aside)], "uv venv", env)
-        )
-    # --compile-bytecode: every module compiled once, here, on all cores (a no-op once
-    # done). Without it, where PYTHONDONTWRITEBYTECODE is set (as on this project's
-    # machines), every process compiles torch's modules again as it imports them.
+        make_aside(venv, venv_python(venv), lambda made: _run_setup([*make, str(made)], "uv venv"))
+    # compiled once, here: under PYTHONDONTWRITEBYTECODE every process compiles torch again
     sync = [uv, "pip", "sync", "--quiet", "--require-hashes", "--compile-bytecode"]
-    _run_setup(
-        [*sync, "--python", str(venv_python(venv)), *map(str, requirements)], "uv pip sync", env
-    )
+    _run_setup([*sync, "--python", str(venv_python(venv)), *map(str, requirements)], "uv pip sync")
     return created
 
 
-def _run_setup(command: list[str], what: str, env: dict[str, str] | None = None) -> None:
+def _run_setup(command: list[str], what: str) -> None:
+    env = dict(os.environ, UV_CACHE_DIR=str(cache_dir() / "uv-cache"))  # read by uv alone
     try:
         result = subprocess.run(command, capture_output=True, text=True, env=env)
     except OSError as err:

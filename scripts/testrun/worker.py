@@ -1,13 +1,6 @@
-"""Run pytest once per sglang tree, each in a child forked after the heavy imports.
-
-    python -m testrun.worker JOBS.json
-
-JOBS.json: {"parallel": N, "runs": [{"label", "args", "env", "tree", "log",
-"result"}, ...]}. Each child (treefork, N at a time) sets its run's environment,
-puts its tree's python/ first on sys.path, logs to "log" and calls pytest.main;
-its exit code goes to "result". No sglang is imported before forking, so no run
-sees another's tree. SIGTERM, like Ctrl-C, ends the children and waits for them.
-"""
+"""`python -m testrun.worker JOBS.json`: pytest once per sglang tree, each in a child forked
+after the heavy imports but before any sglang, so no run sees another's tree (runner.py
+writes JOBS.json)."""
 
 from __future__ import annotations
 
@@ -41,8 +34,7 @@ def _ended(run: dict[str, Any], code: int, seconds: float) -> None:
         json.dumps({"returncode": code, "seconds": seconds}), encoding="utf-8"
     )
     print(f"\n=== {run['label']} (pytest exit {code}) ===", flush=True)
-    sys.stdout.write(Path(run["log"]).read_text(encoding="utf-8", errors="replace"))
-    sys.stdout.flush()
+    print(Path(run["log"]).read_text(encoding="utf-8", errors="replace"), end="", flush=True)
 
 
 def main(jobs_file: str) -> int:

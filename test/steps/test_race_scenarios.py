@@ -1,6 +1,6 @@
 """The race table, measured from this step's real sglang code.
 
-Each scenario (scripts/racecheck/catalogue.py) runs through the step's
+Each scenario (scripts/patchset/plays.py) runs through the step's
 FutureMap, build_eagle_disagg_draft_input, get_new_prebuilt_batch and WAR
 barrier (each release's own signatures, detected on its functions) on
 simulated streams whose ordering feeds PyTorch's CUDA sanitizer
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from unittest import mock
 
 import pytest
+from patchset.plays import BY_NAME, SCENARIOS
 from racecheck import csan, report, scenarios
-from racecheck.catalogue import BY_NAME, SCENARIOS
 from racecheck.report import Race
 from testrun.steps import StepUnderTest, load_step
 

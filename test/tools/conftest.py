@@ -141,7 +141,7 @@ def wheel_cache(series: Series) -> Path:
 @pytest.fixture(scope="session")
 def upstream_fixed_wheel(series: Series, wheel_cache: Path) -> Path:
     """The first release with both fixes (0.5.19), through the same pinned path."""
-    return fetch_or_skip(series.manifest.upstream_fixed, wheel_cache)
+    return fetch_or_skip(series.manifest.registry.upstream_fixed, wheel_cache)
 
 
 @pytest.fixture(scope="session")

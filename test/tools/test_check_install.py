@@ -263,8 +263,8 @@ def test_every_known_release_is_named_with_the_races_it_leaves_open():
 
 def test_open_races_per_step_agree_with_the_race_checker_table():
     """On every base and step, check-install's open races are the race table's open cells."""
+    from patchset.plays import SCENARIOS
     from racecheck import report
-    from racecheck.catalogue import SCENARIOS
 
     catalog = catalogs.load_catalog(paths.PATCHES_ROOT)
     for folder in patch_set_folders(paths.PATCHES_ROOT):

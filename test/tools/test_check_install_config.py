@@ -31,8 +31,8 @@ from conftest import SCRIPTS
 from patchset import catalog as catalogs
 from patchset import paths
 from patchset.errors import BackportError, Exit
-from patchset.manifest import Releases, load_releases, series_for_release
-from racecheck.catalogue import PLAYS
+from patchset.manifest import load_releases, series_for_release
+from patchset.plays import PLAYS
 from testrun.venv import env_for
 
 RELEASES = sorted(load_releases().launch)
@@ -551,6 +551,6 @@ def test_damaged_launch_table_is_refused(tmp_path: Path, old: str, new: str, sai
     damaged = tmp_path / "releases.toml"
     damaged.write_text(text.replace(old, new, 1))
     with pytest.raises(BackportError) as refused:
-        Releases.load(damaged)
+        load_releases(damaged)
     assert refused.value.code == Exit.PATCHSET_INVALID
     assert said in refused.value.problem and "launch." in refused.value.problem

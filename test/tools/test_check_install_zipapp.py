@@ -24,7 +24,7 @@ VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 # modules it imports, and the release data; never another command's modules
 CODE = {"scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py"}
 PATCHSET = {
-    "__init__", "errors", "cli", "interrupts", "paths", "catalog", "manifest", "releases",
+    "__init__", "errors", "cli", "paths", "catalog", "manifest", "releases",
     "tomlread", "plays", "shape", "shapeflow",
 }  # fmt: skip
 NEVER = {"apply", "wheel", "lint", "export", "git", "lock", "deploy", "buildtree", "docs"}

@@ -105,7 +105,7 @@ def release_repo(
     subprocess.run(["git", "clone", "-q", "--branch", pristine, str(tree), str(repo)], check=True)
     (repo / "python" / "pyproject.toml").write_text(PYPROJECT.format(version=manifest.base.version))
     commit_all(repo, f"sglang {manifest.base.version}")
-    git(repo, "tag", manifest.tag)
+    git(repo, "tag", manifest.release.tag)
     return repo
 
 
@@ -145,7 +145,7 @@ def image_double(root: Path, release_repo: Path, series: Series, clone: bool = T
     checkout = root / "sgl-workspace" / "sglang" if clone else release_repo
     if clone:
         subprocess.run(
-            ["git", "clone", "-q", "--depth=1", "--branch", series.manifest.tag,
+            ["git", "clone", "-q", "--depth=1", "--branch", series.manifest.release.tag,
              release_repo.as_uri(), str(checkout)],
             check=True, capture_output=True,
         )  # fmt: skip

@@ -23,10 +23,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from commands import race_check as cli
 from conftest import SCRIPTS, SESSION_TREES, linked_copy, repin, replace_text
 from patchset.manifest import Series
-from racecheck import cli, report, writers
-from racecheck.catalogue import BY_NAME, PLAYS, SCENARIOS
+from patchset.plays import BY_NAME, PLAYS, SCENARIOS
+from racecheck import report, writers
 
 pytestmark = SESSION_TREES
 

@@ -19,9 +19,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import TORCH_IN_PROCESS
+from patchset import plays as catalogue
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series
-from racecheck import catalogue, csan, report
+from racecheck import csan, report
 from racecheck.csan import SimDevice, SimStream
 from racecheck.report import Race
 from racecheck.watch import BufferWatch, simulated_gpu

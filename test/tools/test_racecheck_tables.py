@@ -12,11 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from commands import race_check as cli
 from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders
-from racecheck import cli, report
-from racecheck.catalogue import SCENARIOS
+from patchset.plays import SCENARIOS
+from racecheck import report
 from racecheck.report import Access, Race
 
 

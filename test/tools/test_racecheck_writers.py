@@ -13,8 +13,8 @@ from conftest import SCRIPTS, SESSION_TREES
 from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series, load_releases, patch_set_folders
+from patchset.plays import SCENARIOS
 from racecheck import writers
-from racecheck.catalogue import SCENARIOS
 
 pytestmark = SESSION_TREES
 
@@ -103,7 +103,7 @@ def test_a_scenario_the_catalogue_does_not_have_is_refused(series: Series, scena
     row = {**series.manifest.writers[key], "scenarios": scenarios}
     damaged = dataclasses.replace(series.manifest, writers={**series.manifest.writers, key: row})
     with pytest.raises(
-        BackportError, match=re.escape("not a scenario of scripts/racecheck/catalogue.py")
+        BackportError, match=re.escape("not a scenario of scripts/patchset/plays.py")
     ) as raised:
         writers.classification(damaged)
     assert raised.value.code == Exit.PATCHSET_INVALID

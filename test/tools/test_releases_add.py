@@ -14,7 +14,7 @@ To keep this cheap:
   files (the same git calls; the full layout is covered by
   test_apply_patches), so the skeleton pins that wheel's sha256 until the end;
 - the [races] step writes the tables from the committed measurement through
-  race-check --write-expected's own writer (racecheck.cli.expected_tables);
+  race-check --write-expected's own writer (commands.race_check.expected_tables);
   the measurement itself is each step run's (test/steps/test_race_scenarios.py
   asserts every cell of its step's column);
 - the writers step runs `race-check --writers --tree` on the release's wheel
@@ -34,20 +34,21 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from commands import race_check as cli
 from conftest import fetch_or_skip
 from patchset import paths, wheel
 from patchset.errors import Exit
 from patchset.git import Git
 from patchset.manifest import (
     RELEASES_NAME,
-    Releases,
     Series,
     git_blob_id,
+    load_releases,
     series_for_release,
     sha256_of,
 )
-from racecheck import cli, report, writers
-from racecheck.catalogue import SCENARIOS
+from patchset.plays import SCENARIOS
+from racecheck import report, writers
 from test_racecheck_tables import measured_runs
 from testrun.venv import env_name
 
@@ -189,7 +190,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     assert f"lint ok: {len(old.patch_hashes)} patches" in lint.stdout
 
     # 6. The race tables, as race-check --write-expected writes them from its run.
-    series = Series.load(folder, Releases.load(registry))
+    series = Series.load(folder, load_releases(registry))
     measured = measured_runs(series, report.expected_table(old, SCENARIOS))
     assert cli.expected_tables([series], measured, write=True) == Exit.OK
 
@@ -218,7 +219,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     assert "every one classified" in run(root, env, *scan_writers).stdout
 
     # 8. Review: every difference from upstream's fixed release explained.
-    upstream = fetch_or_skip(old.upstream_fixed, paths.cache_dir())
+    upstream = fetch_or_skip(old.registry.upstream_fixed, paths.cache_dir())
     shutil.copy(upstream, cache / upstream.name)
     run(root, env, "review", "--patch-set", str(folder), "--strict")
 

@@ -23,7 +23,6 @@ from patchset.manifest import (
     BASE_STEP,
     RELEASES_NAME,
     PinManifest,
-    Releases,
     Series,
     load_releases,
     patch_set_folders,
@@ -125,7 +124,7 @@ def test_a_same_files_release_whose_blobs_differ_is_refused(tmp_path: Path) -> N
     root = scratch_project(
         tmp_path, entry, entry.replace(ours, registry.known["0.5.14"].blobs[DECODE])
     )
-    fewer = Releases.load(root / "patches" / RELEASES_NAME)
+    fewer = load_releases(root / "patches" / RELEASES_NAME)
     with pytest.raises(BackportError, match=r'same-files\."0\.5\.13\.post1" is served') as raised:
         PinManifest.load(paths.PATCHES_ROOT / "sglang-0.5.13" / "pin.toml", fewer)
     assert raised.value.code == Exit.PATCHSET_INVALID

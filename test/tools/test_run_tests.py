@@ -209,7 +209,7 @@ def test_a_signal_after_the_apply_ends_run_tests_its_worker_and_its_folder(
 
 
 def test_an_interrupted_fork_each_ends_and_waits_for_its_children(tmp_path: Path) -> None:
-    """What testrun.worker and racecheck.cli do on Ctrl-C or SIGTERM."""
+    """What testrun.worker and race-check do on Ctrl-C or SIGTERM."""
     ended: list[str] = []
 
     def child(job: str) -> int:
