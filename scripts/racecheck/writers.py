@@ -7,12 +7,13 @@ import ast
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from patchset import lock, paths, shape, wheel
+from patchset import paths, shape, wheel
 from patchset.errors import BackportError, Exit
 from patchset.manifest import (
     PinManifest,
@@ -26,6 +27,7 @@ from patchset.manifest import (
     writer_rows,
 )
 from patchset.plays import BY_NAME
+from patchset.shapeflow import MAX_SOURCE_BYTES, PREFIX, Sources
 
 from .report import RELAY_BUFFERS
 
@@ -53,16 +55,21 @@ def may_hold_writers(text: str) -> bool:
 
 def scan(tree: Path) -> list[Writer]:
     root = tree / "python" / "sglang"
+    files = sorted(root.rglob("*.py"))
+    return scan_files((p.relative_to(root).as_posix(), p.read_bytes()) for p in files)
+
+
+def scan_files(files: Iterable[tuple[str, bytes]]) -> list[Writer]:
+    """files: (path under python/sglang/, its bytes), in scan order."""
     found: list[Writer] = []
-    for path in sorted(root.rglob("*.py")):
+    for relative, data in files:
         try:
-            text = path.read_text(encoding="utf-8")
+            text = data.decode("utf-8")
             if not may_hold_writers(text):
                 continue
-            module = ast.parse(text, filename=str(path))
+            module = ast.parse(text, filename=relative)
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # not code this scan can read; sglang ships none such
-        relative = path.relative_to(root).as_posix()
         found += [Writer(relative, line, fn, what) for line, fn, what in _writes(module, "")]
     return found
 
@@ -185,10 +192,9 @@ def classified() -> Rows:
 
 def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, list[str]]:
     """Whether the wheel passes, and its verdict's lines: the judgement, each problem."""
-    with lock.marked_folder(lock.tmpdir(), "watch-releases-") as tmp:
-        wheel.extract_package(wheel_file, tmp)
-        judged = shape.judge_tree(tmp)
-        unclassified = [w for w in scan(tmp) if w.key not in classes]
+    sources = wheel_sources(wheel_file)
+    judged = shape.judge(Sources.from_texts({PREFIX + n: data for n, data in sources.items()}))
+    unclassified = [w for w in scan_files(sources.items()) if w.key not in classes]
     lines = [f"sglang {release}: {wheel_file.name} sha256 {sha256_of(wheel_file)}"]
     lines += [f"  {line}" for line in judged.lines()]
     if not judged.fixed:
@@ -202,6 +208,22 @@ def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, li
     if passed:
         lines.append("  ok: judged fixed, every FutureMap writer classified")
     return passed, lines
+
+
+def wheel_sources(wheel_file: Path) -> dict[str, bytes]:
+    """sglang/'s .py files as the wheel holds them, by path under python/sglang/, in scan()'s
+    order, read in memory (writing out some 5,000 files took seconds); as on disk, a
+    file over MAX_SOURCE_BYTES is absent, and a name's `.` and `..` parts are dropped."""
+    found: dict[PurePosixPath, bytes] = {}
+    with zipfile.ZipFile(wheel_file) as archive:
+        for member in archive.infolist():
+            parts = [p for p in member.filename.split("/") if p not in ("", ".", "..")]
+            name = PurePosixPath(*parts) if parts else PurePosixPath()
+            if name.parts[:1] != ("sglang",) or name.suffix != ".py" or member.is_dir():
+                continue
+            if member.file_size <= MAX_SOURCE_BYTES:
+                found[name.relative_to("sglang")] = archive.read(member)
+    return {name.as_posix(): found[name] for name in sorted(found)}
 
 
 @contextmanager

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -27,7 +28,8 @@ sys.path.insert(0, str(ROOT / "ci"))
 
 from gpustage import contract, layout, plan, stages, wheelhouse  # noqa: E402
 from patchset import paths  # noqa: E402
-from patchset.manifest import Series  # noqa: E402
+from patchset.lint import series_sha256  # noqa: E402
+from patchset.manifest import Series, sha256_of  # noqa: E402
 from testrun import venv  # noqa: E402
 from testrun.outcomes import FAIL, PASS, read_outcomes  # noqa: E402
 
@@ -82,12 +84,14 @@ def rehearsal_options(
         wheelhouse_dir=house_dir,
         site=made / "site",
         step_files=work / "step-files",
-        trees=work / "trees",
+        trees=trees_of(series, house_dir / manifest.base.wheel),
         rehearse=True,
     )
     opts.reports.mkdir()
     layout.write_step_files(series, house_dir / manifest.base.wheel, opts.step_files)
-    layout.lay_out(series, house_dir / manifest.base.wheel, opts.step_files, opts.trees)
+    if not opts.trees.is_dir():
+        lay_out = partial(layout.lay_out, series, house_dir / manifest.base.wheel, opts.step_files)
+        venv.make_aside(opts.trees, opts.trees, lay_out)
 
     def install_site(aside: Path) -> None:
         # uv instead of the stage's pip (22 s): the same wheels, hash-checked
@@ -105,6 +109,15 @@ def rehearsal_options(
     if not opts.site.is_dir():
         venv.make_aside(made, opts.site, install_site)
     return opts
+
+
+def trees_of(series: Series, wheel: Path) -> Path:
+    """Where the step trees are laid out once per content (the wheel, the series, the
+    layout code) in the cache folder; the stage keeps its bytecode there: sglang's
+    modules compiled again in each fresh tree cost the stage about 2 CPU-s."""
+    facts = [sha256_of(wheel), series_sha256(series.manifest), Path(layout.__file__).read_text()]
+    key = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
+    return paths.cache_dir() / "test-trees" / f"py{wheelhouse.DOUBLE_PYTHON}-{key}"
 
 
 def _scratch_project(dest: Path) -> Path:
@@ -149,6 +162,7 @@ def old_code_on_the_double(
     stage.command = [move(w) for w in stage.command]
     stage.command += ["-k", " or ".join((D1_TEST, D1_DYNAMIC_TEST, D2_TEST, IMPORTS_TEST))]
     stage.env = {k: move(v) for k, v in stage.env.items()}
+    stage.env["PYTHONDONTWRITEBYTECODE"] = ""  # empty: unset; see trees_of
     assert stage.env[contract.PLAY_CUDA_ENV] == "1", stage.env
     rc = stages.run_command(stage, opts.reports / f"{final}.log")
     report = opts.reports / f"{final}.json"

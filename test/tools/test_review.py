@@ -17,7 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import RunScript, fetch_or_skip
+from conftest import RunScript, SlimSet, fetch_or_skip
 from patchreview import review as review_module
 from patchreview.notes import FUNCTION_NOTES, FunctionNotes, Note
 from patchreview.render import render_html, render_text
@@ -370,10 +370,15 @@ def test_html_page_is_self_contained_and_complete(run_script: RunScript, tmp_pat
     assert "-&gt; Optional[ScheduleBatch]:" in source
 
 
-def test_review_reads_the_build_tree_when_there_is_one(run_script: RunScript) -> None:
-    applied = run_script("apply-patches")
+def test_review_reads_the_build_tree_when_there_is_one(
+    run_script: RunScript, slim_set: SlimSet
+) -> None:
+    """On a build tree of the three files the series touches (the whole layout is
+    test_apply_patches')."""
+    where = ("--patch-set", str(slim_set.folder))
+    applied = run_script("apply-patches", *where, env=slim_set.env)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    result = run_script("review")
+    result = run_script("review", *where, env=slim_set.env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"our files: +build tree .*pristine/0\.5\.15\.post1\.\.", result.stdout)
     assert "0 unexplained differences" in result.stdout

@@ -48,7 +48,7 @@ def rewheel(
     source: Path, dest: Path, edit: tuple[str, str, str] | None, add: dict[str, str]
 ) -> Path:
     """A copy of the wheel source: member edit[0] with edit[1] (found once) made edit[2],
-    and the members of add added."""
+    and the members of add added (stored, not compressed again: a copy is read once)."""
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(dest, "w") as new:
         for member in old.infolist():
             data = old.read(member)
@@ -56,10 +56,32 @@ def rewheel(
                 text = data.decode()
                 assert text.count(edit[1]) == 1, f"{edit[1]!r} is not once in {edit[0]}"
                 data = text.replace(edit[1], edit[2]).encode()
-            new.writestr(member, data)
+            new.writestr(member, data, compress_type=zipfile.ZIP_STORED)
         for name, text in add.items():
             new.writestr(name, text)
     return dest
+
+
+@pytest.fixture(scope="module")
+def broken(
+    wheels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """One watch-releases run over two copies of 0.5.23: without its wait, and with a
+    FutureMap writer no manifest classifies; (its result, each wheel's verdict by name)."""
+    folder = tmp_path_factory.mktemp("broken-wheels")
+    no_wait = rewheel(
+        wheels["0.5.23"], folder / "no-wait.whl", (DECODE, WAIT, "            pass\n"), {}
+    )
+    added = {"sglang/srt/managers/fork_relay.py": FORK_RELAY}
+    fork = rewheel(wheels["0.5.23"], folder / "fork.whl", None, added)
+    result = watch("--wheel", str(no_wait), "--wheel", str(fork))
+    verdicts = {
+        block.split(":")[0].removeprefix("sglang "): block
+        for block in result.stdout.split("\n\n")
+        if block.startswith("sglang ")
+    }
+    assert list(verdicts) == ["no-wait.whl", "fork.whl"], result.stdout + result.stderr
+    return result, verdicts
 
 
 def test_the_releases_after_the_fix_pass_from_their_cached_wheels(wheels: dict[str, Path]) -> None:
@@ -75,34 +97,30 @@ def test_the_releases_after_the_fix_pass_from_their_cached_wheels(wheels: dict[s
 
 
 def test_0_5_23_without_its_wait_fails_naming_the_function(
-    wheels: dict[str, Path], tmp_path: Path
+    broken: tuple[subprocess.CompletedProcess[str], dict[str, str]],
 ) -> None:
-    copy = rewheel(
-        wheels["0.5.23"], tmp_path / "no-wait.whl", (DECODE, WAIT, "            pass\n"), {}
-    )
-    result = watch("--wheel", str(copy))
+    result, verdicts = broken
     assert result.returncode == Exit.RACE, result.stdout + result.stderr
     assert (
         "  FAILED: judged affected: SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch "
         "reaches process_prebuilt() at srt/disaggregation/decode.py:"
-    ) in result.stdout
+    ) in verdicts["no-wait.whl"]
     assert (
-        "FAILED: 1 of 1 not judged fixed with every writer classified: no-wait.whl" in result.stdout
+        "FAILED: 2 of 2 not judged fixed with every writer classified: no-wait.whl, fork.whl"
+        in result.stdout
     )
 
 
 def test_a_writer_no_manifest_classifies_fails_naming_it(
-    wheels: dict[str, Path], tmp_path: Path
+    broken: tuple[subprocess.CompletedProcess[str], dict[str, str]],
 ) -> None:
-    added = {"sglang/srt/managers/fork_relay.py": FORK_RELAY}
-    copy = rewheel(wheels["0.5.23"], tmp_path / "fork.whl", None, added)
-    result = watch("--wheel", str(copy))
+    result, verdicts = broken
     assert result.returncode == Exit.RACE, result.stdout + result.stderr
-    assert "  fixed: every path with overlap on" in result.stdout
+    assert "  fixed: every path with overlap on" in verdicts["fork.whl"]
     assert (
         "  FAILED: FutureMap writer ForkRelay.seed (stash) at srt/managers/fork_relay.py:3 is "
         "classified by no manifest (key 'srt/managers/fork_relay.py ForkRelay.seed stash')"
-    ) in result.stdout
+    ) in verdicts["fork.whl"]
 
 
 def test_every_upstream_writer_entry_names_a_writer_of_a_release_after_the_fix(
