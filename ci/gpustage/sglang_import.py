@@ -176,9 +176,10 @@ def _callees(func: FunctionType) -> list[FunctionType]:
         for obj in (scope.get(name) for name in code.co_names for scope in scopes):
             if isinstance(obj, type) and (obj.__module__ or "").startswith("sglang."):
                 found += [
-                    f for m in ("__init__", "__post_init__")
+                    f
+                    for m in ("__init__", "__post_init__")
                     if (f := _sglang_function(vars(obj).get(m)))
-                ]  # fmt: skip
+                ]
             elif f := _sglang_function(obj):
                 found.append(f)
     return found

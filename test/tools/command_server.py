@@ -1,22 +1,24 @@
 """Run a command of scripts/ as `python scripts/NAME ARGS` runs it (or pip as `python -m pip
 ARGS`), in a child forked from one interpreter that has imported the command's modules already.
 
-    python command_server.py NAME...   (one JSON request a line on stdin, answers on stdout)
+    python command_server.py SCRIPTS   (a JSON request a line on stdin, an answer a line out)
 
-A request {"script" or "module", "args", "env", "cwd", "timeout"} gets {"returncode",
-"stdout", "stderr"}: the child takes the request's environment, folder, argv and sys.path
-(the script's folder or the current one, then PYTHONPATH's), stdin from /dev/null, its
-output into files, and runs the script or module as __main__; it ends as an interpreter
-ends (threads joined, atexit run). What it saves is the interpreter's start and the
-imports, a third of a second of each run here (files open slowly on this host); pip
---python still runs pip again, in a new process of that interpreter. The tests that
-start an interpreter itself (the launcher, the zipapp on four Pythons, the probe's own
-import) still run real processes.
+Some tests start a command hundreds of times (check-install's cases, a signal at each git
+call, the damaged manifests), and a fresh interpreter spends most of a short run starting
+and importing (a third of a second here). A request {"script" or "module", "args", "env",
+"cwd", "timeout"} gets {"returncode", "stdout", "stderr"}: the child takes the request's
+environment, folder, argv and sys.path (the script's folder or the current one, then
+PYTHONPATH's), stdin from /dev/null and its output into files, runs the script or module as
+__main__, and ends as an interpreter ends (threads joined, atexit run). SIGINT interrupts it
+as typed in an interactive shell, even when the tests run with SIGINT ignored or blocked.
+The tests that start a command as a user does (the launcher, the zipapp on four Pythons, a
+Ctrl-C during the interpreter's start) still run real processes.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import os
@@ -32,12 +34,7 @@ from pathlib import Path
 from typing import Any
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-# what each command imports, imported here once (launch holds SIGINT as it is imported,
-# as in the command's own process; its start() releases it in each child)
-PRELOAD = {
-    "check-install": ["launch", "commands.check_install"],
-    "pip": ["pip._internal.cli.main", "pip._internal.cli.main_parser"],
-}
+PIP_MODULES = ["pip._internal.cli.main", "pip._internal.cli.main_parser"]
 
 
 def _child(request: dict[str, Any], out: int, err: int, base_path: list[str]) -> None:
@@ -50,16 +47,14 @@ def _child(request: dict[str, Any], out: int, err: int, base_path: list[str]) ->
         os.dup2(out, 1)
         os.dup2(err, 2)
         tempfile.tempdir = None  # read from TMPDIR again, as a new process would
-        atexit._clear()  # the server's (its folder's removal) are not the command's
+        atexit._clear()  # the server's are not the command's
         script, module = request.get("script"), request.get("module")
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         first = os.path.dirname(script) if script else os.getcwd()
         sys.path[:] = [first, *extra, *base_path]
         sys.argv = [script or "-m", *request["args"]]
-        if request["timeout"]:
-            signal.alarm(
-                max(1, round(request["timeout"]))
-            )  # as subprocess.run(timeout=...): killed
+        if request["timeout"]:  # killed, as subprocess.run(timeout=...) kills
+            signal.alarm(max(1, round(request["timeout"])))
         try:
             if script:
                 runpy.run_path(script, run_name="__main__")
@@ -80,18 +75,29 @@ def _child(request: dict[str, Any], out: int, err: int, base_path: list[str]) ->
         os._exit(code)
 
 
-def _serve(scripts: list[str]) -> None:
-    base_path = sys.path[1:]  # without this file's folder
-    sys.path.insert(0, str(SCRIPTS))
-    for name in scripts:
-        for module in PRELOAD.get(name, []):
-            importlib.import_module(module)
+def _preload(request: dict[str, Any], scripts: Path) -> None:
+    """What the request's command imports, imported here once for every later child; launch
+    holds SIGINT as it is imported, as in the command's own process (start() releases it).
+    A server serves one scripts/ folder: its modules are the ones it has imported."""
+    script = request.get("script")
+    names = PIP_MODULES if request.get("module") == "pip" else []
+    if script and Path(script).parent == scripts:
+        names = ["launch", "commands." + Path(script).name.replace("-", "_")]
+    sys.path.insert(0, str(scripts))
+    for name in names:
+        with contextlib.suppress(Exception):  # one that fails fails again in the child
+            importlib.import_module(name)
     del sys.path[0]
+
+
+def _serve(scripts: Path) -> None:
+    base_path = sys.path[1:]  # without this file's folder
     tmp = Path(tempfile.mkdtemp(prefix="command-server-"))
     out_file, err_file = tmp / "out", tmp / "err"
     try:
         for line in sys.stdin:
             request = json.loads(line)
+            _preload(request, scripts)
             out = os.open(out_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             err = os.open(err_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             sys.stdout.flush()
@@ -111,10 +117,16 @@ def _serve(scripts: list[str]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-class CommandServer:
-    """The test process's side: one server per process (an xdist worker), started on first use."""
+def _interrupts_delivered() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    def __init__(self) -> None:
+
+class CommandServer:
+    """The test process's side: a server of one scripts/ folder, started on first use."""
+
+    def __init__(self, scripts: Path = SCRIPTS) -> None:
+        self.scripts = scripts
         self.proc: subprocess.Popen[str] | None = None
 
     def stop(self) -> None:
@@ -140,18 +152,20 @@ class CommandServer:
         if self.proc is None or self.proc.poll() is not None:
             server_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
             self.proc = subprocess.Popen(
-                [sys.executable, __file__, *PRELOAD],
+                [sys.executable, __file__, str(self.scripts)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 env=server_env,
+                preexec_fn=_interrupts_delivered,
             )
             atexit.register(self.stop)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         name = str(script)
+        module = name.removeprefix("-m ") if name.startswith("-m ") else None
         request = {
-            "script": None if name.startswith("-m ") else name,
-            "module": name.removeprefix("-m ") if name.startswith("-m ") else None,
+            "script": None if module else name,
+            "module": module,
             "args": [str(a) for a in args],
             "env": dict(os.environ if env is None else env),
             "cwd": str(cwd or os.getcwd()),
@@ -162,11 +176,7 @@ class CommandServer:
         line = self.proc.stdout.readline()
         assert line, "the command server ended (what it said is in this test's output)"
         answer = json.loads(line)
-        command = [
-            sys.executable,
-            *(name.split(" ", 1) if request["module"] else [name]),
-            *request["args"],
-        ]
+        command = [sys.executable, *(["-m", module] if module else [name]), *request["args"]]
         if answer["returncode"] == -signal.SIGALRM and timeout:
             raise subprocess.TimeoutExpired(command, timeout, answer["stdout"], answer["stderr"])
         text = {k: _universal(answer[k]) for k in ("stdout", "stderr")}
@@ -178,7 +188,7 @@ def _universal(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-SERVER = CommandServer()
+SERVER = CommandServer()  # this project's scripts/, one per process (an xdist worker)
 
 
 def check_install(
@@ -191,13 +201,5 @@ def check_install(
     return SERVER.run(SCRIPTS / "check-install", list(args), env=env, cwd=cwd, timeout=timeout)
 
 
-def pip(python: Path, *args: str, env: dict[str, str] | None = None) -> None:
-    """pip acting on python's environment (pip --python, as conftest.pip runs it); fails the
-    test with pip's output when pip fails."""
-    more = ["--python", str(python), "--disable-pip-version-check", *args]
-    result = SERVER.run("-m pip", more, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 if __name__ == "__main__":
-    _serve(sys.argv[1:])
+    _serve(Path(sys.argv[1]))

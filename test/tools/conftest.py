@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from forked_command import ForkedCommands
+from command_server import SERVER
 from patchset import apply, buildtree, lock, paths, wheel
 from patchset.errors import BackportError, Exit
 from patchset.lint import series_sha256
@@ -116,25 +116,17 @@ def make_venv(folder: Path, python: Path = Path(sys.executable)) -> Path:
     return folder / "bin" / "python"
 
 
-def pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def pip(
+    python: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """pip acting on python's environment; fails the test with pip's output when pip fails.
 
     This environment's pip drives the other one (pip --python), so a scratch venv
-    needs no pip installed into it first (ensurepip takes seconds).
+    needs no pip installed into it first (ensurepip takes seconds); it runs forked from
+    the command server, and pip runs again in python's own process, as --python does.
     """
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "--disable-pip-version-check",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-    )
+    more = ["--python", str(python), "--disable-pip-version-check", *args]
+    result = SERVER.run("-m pip", more, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -236,18 +228,10 @@ def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
     return run
 
 
-@pytest.fixture(scope="session")
-def command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkedCommands]:
-    """One server of forked command runs per worker (see forked_command.py)."""
-    server = ForkedCommands(SCRIPTS, tmp_path_factory.mktemp("forked"))
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def forked_script(command_server: ForkedCommands, tmp_path: Path, wheel_cache: Path) -> RunScript:
-    """run_script, each run forked from command_server (always interruptible): for the
-    tests that start a command many times; each command keeps tests that start it."""
+def forked_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
+    """run_script, each run forked from the command server (always interruptible): for
+    the tests that start a command many times; each command keeps tests that start it."""
 
     def run(
         name: str,
@@ -260,7 +244,7 @@ def forked_script(command_server: ForkedCommands, tmp_path: Path, wheel_cache: P
         full_env["SGLANG_BACKPORTS_BUILD"] = str(tmp_path / "build")
         full_env["SGLANG_BACKPORTS_CACHE"] = str(wheel_cache)
         full_env.update(env or {})
-        return command_server.run(name, *args, env=full_env, cwd=cwd or tmp_path)
+        return SERVER.run(SCRIPTS / name, list(args), env=full_env, cwd=cwd or tmp_path)
 
     return run
 

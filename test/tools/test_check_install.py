@@ -13,8 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from command_server import check_install, pip
-from conftest import SESSION_TREES, make_venv
+from command_server import check_install
+from conftest import SESSION_TREES, make_venv, pip
 from patchset import catalog as catalogs
 from patchset import paths, wheel
 from patchset.apply import git_apply, scratch_copy

@@ -8,17 +8,16 @@ the FILE:LINE of the report.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from command_server import SERVER
 from conftest import repin
-from forked_command import ForkedCommands
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT = ROOT / "scripts" / "lint-patches"
@@ -41,20 +40,13 @@ def started_lint(folder: Path) -> subprocess.CompletedProcess[str]:
 Lint = Callable[[Path], subprocess.CompletedProcess[str]]
 
 
-@pytest.fixture(scope="module")
-def lint_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkedCommands]:
-    server = ForkedCommands(LINT.parent, tmp_path_factory.mktemp("forked"))
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def lint(lint_server: ForkedCommands) -> Lint:
-    """lint-patches on a folder, each run forked from lint_server (see forked_command.py)."""
+def lint() -> Lint:
+    """lint-patches on a folder, each run forked from the command server."""
 
     def run(folder: Path) -> subprocess.CompletedProcess[str]:
         args = ("--patch-set", str(folder))
-        return lint_server.run(LINT.name, *args, env=dict(os.environ), cwd=folder.parent)
+        return SERVER.run(LINT, list(args), cwd=folder.parent)
 
     return run
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from forked_command import ForkedCommands
+from command_server import CommandServer
 from patchset import paths
 from patchset.errors import Exit
 
@@ -115,23 +115,20 @@ def scratch_projects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
 @pytest.fixture(scope="module")
 def servers(
-    scratch_projects: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, ForkedCommands]]:
-    """Per damage, a server of forked runs of its project's commands (forked_command.py)."""
-    made = {
-        name: ForkedCommands(root / "scripts", tmp_path_factory.mktemp("forked"))
-        for name, root in scratch_projects.items()
-    }
+    scratch_projects: dict[str, Path],
+) -> Iterator[dict[str, CommandServer]]:
+    """Per damage, a server of forked runs of its project's commands (command_server.py)."""
+    made = {name: CommandServer(root / "scripts") for name, root in scratch_projects.items()}
     yield made
     for server in made.values():
-        server.close()
+        server.stop()
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("damage", FILE)
 def test_damaged_manifest_is_exit_6_naming_key_and_file(
     scratch_projects: dict[str, Path],
-    servers: dict[str, ForkedCommands],
+    servers: dict[str, CommandServer],
     tmp_path: Path,
     damage: str,
     command: str,
@@ -153,7 +150,7 @@ def test_damaged_manifest_is_exit_6_naming_key_and_file(
             cwd=tmp_path,
         )
     else:
-        result = servers[damage].run(script, *args, env=env, cwd=tmp_path)
+        result = servers[damage].run(root / "scripts" / script, args, env=env, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == Exit.PATCHSET_INVALID, output
     assert "Traceback" not in output and "KeyError" not in output
