@@ -1,7 +1,5 @@
 """Lint the patch series: series, patches and pin manifest must agree."""
 
-from __future__ import annotations
-
 from patchset import cli
 from patchset.errors import BackportError, Exit
 from patchset.lint import RULES, lint_patch_set

@@ -1,7 +1,5 @@
 """What every command shares: its parser, its exit codes, and the one error wrapper."""
 
-from __future__ import annotations
-
 import argparse
 
 # Imported now, while the launcher holds SIGINT, not on first use mid-run

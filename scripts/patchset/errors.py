@@ -1,7 +1,5 @@
 """The one error system: exit codes, a refusal with a next step, and their help text."""
 
-from __future__ import annotations
-
 import subprocess
 from enum import IntEnum
 

@@ -1,8 +1,6 @@
 """Lint one patch set folder: every rule adds to one report, so one run lists every problem;
 a run that checked nothing fails, as a linter that checks nothing looks like one that passes."""
 
-from __future__ import annotations
-
 import hashlib
 import re
 from collections import Counter

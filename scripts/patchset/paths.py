@@ -1,7 +1,5 @@
 """Where things live: the project, its patch sets, its build folder and the wheel cache."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 

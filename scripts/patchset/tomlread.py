@@ -4,8 +4,6 @@ else a reader of the subset patches/*.toml use (LF lines, comments, [table] head
 is refused with its line, never read differently from tomllib (test/tools/test_tomlread.py).
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Callable
 from typing import Any
