@@ -165,14 +165,11 @@ def touched_paths(path: Path) -> tuple[list[str], str]:
 
 def file_events(path: Path) -> list[str]:
     """git's summary of what a patch does besides changing lines: create, delete, mode, rename."""
-    out, problem = _git_reading(path, "--summary")
-    return [line.strip() for line in out.splitlines() if line.strip()] if not problem else []
+    out = _git_reading(path, "--summary")[0]  # "" when git cannot read it
+    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 def line_naming(patch: Patch, file: str) -> int | None:
-    for number, line in enumerate(patch.text.split("\n"), 1):
-        if line.startswith(("diff --git ", "--- ", "+++ ")) and line.endswith(
-            ("/" + file, " " + file)
-        ):
-            return number
-    return None
+    heads, ends = ("diff --git ", "--- ", "+++ "), ("/" + file, " " + file)
+    lines = enumerate(patch.text.split("\n"), 1)
+    return next((n for n, line in lines if line.startswith(heads) and line.endswith(ends)), None)
