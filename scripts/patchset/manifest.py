@@ -335,12 +335,9 @@ def series_entries(path: Path) -> list[tuple[str, int]]:
 
 def patch_set_folders(root: Path) -> list[Path]:
     """Every patch set folder under patches/, oldest release first."""
-    if not root.is_dir():
-        return []
     # iterdir, not glob: the zipapp reads patches/ through zipfile.Path
-    folders = [
-        p for p in root.iterdir() if p.name.startswith("sglang-") and (p / MANIFEST_NAME).is_file()
-    ]
+    found = root.iterdir() if root.is_dir() else []
+    folders = [p for p in found if p.name.startswith("sglang-") and (p / MANIFEST_NAME).is_file()]
     return sorted(folders, key=lambda p: release_key(p.name.removeprefix("sglang-")))
 
 

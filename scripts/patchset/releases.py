@@ -267,10 +267,7 @@ def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
     for version in sorted(toml.table(("releases",)), key=release_key):
         keys = ("releases", version)
         fixed = toml.names((*keys, "fixes"), fixes, "[fixes]")
-        blobs = {
-            file: toml.text((*keys, "blobs", file), BLOB_ID)
-            for file in toml.table((*keys, "blobs"))
-        }
+        blobs = {f: toml.text((*keys, "blobs", f), BLOB_ID) for f in toml.table((*keys, "blobs"))}
         wheel = toml.wheel_pin(keys, version) if "wheel" in toml.table(keys) else None
         known[version] = KnownRelease(version, fixed, blobs, wheel)
         profile = toml.text((*keys, LAUNCH_TABLE), default="")

@@ -1,8 +1,7 @@
 """TOML for Python 3.10 too (check-install on an Ubuntu 22.04 pod): tomllib where present,
 else a reader of the subset patches/*.toml use (LF lines, comments, [table] headers, bare and
 "quoted" dotted keys, one-line "strings", integers, booleans, arrays, inline tables); the rest
-is refused with its line, never read differently from tomllib (test/tools/test_tomlread.py).
-"""
+is refused with its line, never read differently from tomllib (test/tools/test_tomlread.py)."""
 
 import re
 from collections.abc import Callable
