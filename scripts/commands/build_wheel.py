@@ -65,8 +65,7 @@ def python_of(interpreter: Path) -> str:
 
 
 def python_tag(text: str) -> str:
-    found = re.fullmatch(r"3\.(\d+)", text)
-    if not found:
+    if not (found := re.fullmatch(r"3\.(\d+)", text)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a Python version X.Y (e.g. 3.12)")
     return f"cp3{found[1]}"
 

@@ -117,8 +117,7 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
         # Only when the one atomic apply fails does --check tell a patch that does not
         # fit (ours to report) from git failing to write (git's reason).
         if index.run(*apply, str(patch), check=False).returncode != 0:
-            check = index.run(*apply, "--check", str(patch), check=False)
-            if check.returncode != 0:
+            if (check := index.run(*apply, "--check", str(patch), check=False)).returncode:
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} did not apply:\n{(check.stdout + check.stderr).strip()}",
@@ -129,8 +128,7 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
             index.run(*apply, str(patch))
         tree = index.out("write-tree")
         expected = series.manifest.blobs_at(step_of(patch.name))
-        produced = blobs_of(files_at(git, tree, series.manifest))
-        if produced != expected:
+        if (produced := blobs_of(files_at(git, tree, series.manifest))) != expected:
             wrong = [p for p in expected if produced[p] != expected[p]]
             raise BackportError(
                 Exit.APPLY_FAILED,

@@ -80,8 +80,7 @@ class LintReport:
 
 def _read_series(report: LintReport, folder: Path) -> tuple[list[tuple[str, int]], list[Path]]:
     """The series' (name, line) entries, and the listed patches that exist, once each."""
-    series_file = folder / SERIES_NAME
-    if not series_file.is_file():
+    if not (series_file := folder / SERIES_NAME).is_file():
         report.add(series_file, None, "series", "the series file does not exist")
         return [], []
     entries = series_entries(series_file)
@@ -324,8 +323,7 @@ def label_problems(manifest: PinManifest) -> list[str]:
             f"[{BUILD_TABLE}] local = {local!r} is not a PEP 440 local version label in "
             "normalized form (lower-case letters and digits, joined by dots, e.g. pdrace.2)"
         )
-    pinned = table.get("series-sha256", "")
-    if pinned != actual:
+    if (pinned := table.get("series-sha256", "")) != actual:
         problems.append(
             f"[{BUILD_TABLE}] series-sha256 is {pinned!r}, but the series now hashes to "
             f"{actual}: the series changed, so give the wheel a new label (change local, "

@@ -82,8 +82,7 @@ class ReleasePin:
             if cp == python:
                 problem = f"names the Python of {spell_key((*keys, 'wheel'))} again; remove it"
                 raise toml.refuse(key, problem)
-            pin = toml.wheel_pin(key, version)
-            if pin.tags != (cp, cp, platform):
+            if (pin := toml.wheel_pin(key, version)).tags != (cp, cp, platform):
                 problem = f"= {json.dumps(pin.wheel)} is not a {cp}-{cp}-{platform} wheel"
                 raise toml.refuse((*key, "wheel"), problem)
             wheels[cp] = pin
@@ -301,15 +300,13 @@ class Series:
         """The series and its manifest (registry: as PinManifest.load's), hashes unchecked."""
         require_folder(folder)
         manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
-        series_file = folder / SERIES_NAME
-        if not series_file.is_file():
+        if not (series_file := folder / SERIES_NAME).is_file():
             raise _invalid(f"{series_file} does not exist", REGENERATE)
         return cls(folder, [name for name, _ in series_entries(series_file)], manifest)
 
     def verify(self) -> None:
         """Refuse a series whose patch files differ from the manifest's hashes."""
-        expected = list(self.manifest.patch_hashes)
-        if self.patch_names != expected:
+        if self.patch_names != (expected := list(self.manifest.patch_hashes)):
             problem = f"{self.folder / SERIES_NAME} lists {self.patch_names}, but the manifest "
             raise _invalid(f"{problem}pins {expected}", REPAIR)
         for path in self.patch_paths:

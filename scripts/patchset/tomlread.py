@@ -50,8 +50,7 @@ class _Reader:
 
     def descend(self, table: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         for key in keys:
-            table = table.setdefault(key, {})
-            if not isinstance(table, dict):
+            if not isinstance(table := table.setdefault(key, {}), dict):
                 raise self.fail(f"{key!r} is already a value, not a table")
         return table
 
