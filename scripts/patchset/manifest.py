@@ -135,8 +135,7 @@ class PinManifest:
     @property
     def first_number(self) -> int:
         """The first patch's number (or [step-fixes]'): a step number names one fix on all bases."""
-        planned = sorted(self.raw.get("step-fixes", {}))
-        return int((self.steps[1:] or planned or ["1"])[0])
+        return int((self.steps[1:] or sorted(self.raw.get("step-fixes", {})) or ["1"])[0])
 
     @property
     def final_step(self) -> str:
