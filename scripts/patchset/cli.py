@@ -81,7 +81,6 @@ _OS_NEXT_STEP = {
 
 
 def describe_os_error(err: OSError) -> BackportError:
-    """An OSError as a refusal that names the path and the next step."""
     where = " ".join(f"'{name}'" for name in (err.filename, err.filename2) if name)
     reason = err.strerror or str(err)
     problem = f"cannot use {where}: {reason}" if where else f"a system call failed: {reason}"

@@ -5,8 +5,6 @@ from enum import IntEnum
 
 
 class Exit(IntEnum):
-    """Exit codes shared by every command in scripts/ and ci/."""
-
     OK = 0
     INTERNAL = 1
     USAGE = 2
@@ -87,7 +85,6 @@ EXIT_TEXT: dict[Exit, str] = {
     Exit.INTERRUPTED: "interrupted (Ctrl-C or a signal); what this run made was removed",
 }
 
-# Every command can end with these.
 COMMON = (Exit.OK, Exit.INTERNAL, Exit.USAGE, Exit.ENVIRONMENT, Exit.INTERRUPTED)
 
 

@@ -28,7 +28,6 @@ from .patchfile import Patch, Trailer, line_naming, parse_patch, touched_paths
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Denied", "Inappropriate", "Backport")
 UPSTREAM_STATUSES += ("Inactive-Upstream",)
 REQUIRED_TRAILERS = ("Upstream-Status", "Upstream-PR", "Upstream-Release")
-# Statuses for which no upstream pull request exists to name.
 STATUSES_WITHOUT_PR = ("Pending", "Inappropriate")
 
 STATUS_VALUE = re.compile(r"^(?P<word>[A-Za-z-]+)(?: \[[^\]]+\])?$")
@@ -241,7 +240,6 @@ def _check_message(report: LintReport, patch: Patch, base_version: str | None) -
 
 
 def _check_lines(report: LintReport, patch: Patch) -> None:
-    """No added line ends in whitespace; no patched file ends without a newline."""
     for diff in patch.files:
         for line in (line for hunk in diff.hunks for line in hunk if line.kind == "+"):
             report.checked["whitespace"] += 1

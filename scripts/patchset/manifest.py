@@ -284,8 +284,6 @@ def require_folder(folder: Path) -> None:
 
 @dataclass(frozen=True)
 class Series:
-    """A patch set folder: its series file, its patches and its manifest."""
-
     folder: Path
     patch_names: list[str]
     manifest: PinManifest
@@ -330,7 +328,6 @@ def series_entries(path: Path) -> list[tuple[str, int]]:
 
 
 def patch_set_folders(root: Path) -> list[Path]:
-    """Every patch set folder under patches/, oldest release first."""
     # iterdir, not glob: the zipapp reads patches/ through zipfile.Path
     found = root.iterdir() if root.is_dir() else []
     folders = [p for p in found if p.name.startswith("sglang-") and (p / MANIFEST_NAME).is_file()]

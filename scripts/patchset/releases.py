@@ -45,8 +45,6 @@ def kind_of(value: object) -> str:
 
 @dataclass(frozen=True)
 class WheelPin:
-    """One released sglang wheel, named and hashed."""
-
     version: str
     wheel: str
     sha256: str
