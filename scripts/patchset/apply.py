@@ -217,9 +217,7 @@ def delete_or_rename(branch: str, where: Path) -> str:
 def commit_identity(git: Git) -> None:
     """Commit in a user's repository as the user; where git knows no identity, as ours."""
     if not git.owned and not git.run("config", "user.email", check=False).stdout.strip():
-        git.extra_env.update(
-            {k: v for k, v in PROJECT_IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
-        )
+        git.extra_env.update({k: v for k, v in PROJECT_IDENTITY.items() if "COMMITTER" in k})
 
 
 def _head(git: Git) -> str:

@@ -151,9 +151,7 @@ class PinManifest:
         missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
         toml = TomlFile.load(path, "pin manifest", missing, REPAIR)
         version = toml.text(("sglang", "version"))
-        patch_hashes = {
-            name: toml.text(("patches", name), SHA256) for name in toml.table(("patches",))
-        }
+        patch_hashes = {n: toml.text(("patches", n), SHA256) for n in toml.table(("patches",))}
         steps = [BASE_STEP] + [step_of(name) for name in patch_hashes]
         known = registry.release(version, path)
         for step in toml.table(("step-fixes",)):

@@ -257,9 +257,7 @@ def load_releases(path: Path = PATCHES_ROOT / RELEASES_NAME) -> Releases:
         pr, about = toml.value((*keys, "pr"), int), toml.text((*keys, "about"))
         optional = (toml.text((*keys, k), default="") for k in ("marker", "marker-function"))
         fixes[name] = Fix(name, pr, about, *optional)
-    profiles = {
-        name: _launch_profile(toml, name) for name in toml.table((LAUNCH_TABLE,), optional=True)
-    }
+    profiles = {n: _launch_profile(toml, n) for n in toml.table((LAUNCH_TABLE,), optional=True)}
     known: dict[str, KnownRelease] = {}
     launch: dict[str, LaunchSettings] = {}
     for version in sorted(toml.table(("releases",)), key=release_key):
