@@ -158,10 +158,8 @@ def _check_pins(report: LintReport, manifest: PinManifest, patch: Patch) -> None
         if diff is None or diff.old_blob is None:
             continue
         for side, blob, at in (("pre", diff.old_blob, before), ("post", diff.new_blob, step)):
-            if blob != by_step[at]:
-                problem = (
-                    f"{path}: {side}-image blob {blob}, but {pins[at]} {by_step[at]} at step {at}"
-                )
+            if blob != (want := by_step[at]):
+                problem = f"{path}: {side}-image blob {blob}, but {pins[at]} {want} at step {at}"
                 report.add(patch.path, diff.index_line, "manifest", problem)
     status = patch.trailer("Upstream-Status")
     if not status or not status[0].value.startswith("Backport"):
