@@ -77,7 +77,6 @@ def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
 
 
 class FunctionSource(NamedTuple):
-    qualname: str
     path: str
     first_line: int
     lines: list[str]  # dedented, without line ends
@@ -109,7 +108,7 @@ def function_source(source: str, path: str, qualname: str) -> FunctionSource | N
         for line in source.splitlines()[scope.start - 1 : scope.end]
     ]
     header_lines = node.body[0].lineno - scope.start
-    return FunctionSource(qualname, path, scope.start, lines, header_lines, _params(node))
+    return FunctionSource(path, scope.start, lines, header_lines, _params(node))
 
 
 class FileChange(NamedTuple):
