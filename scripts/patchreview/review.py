@@ -7,6 +7,7 @@ import ast
 import difflib
 import functools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -57,18 +58,16 @@ class Scope(NamedTuple):
 @functools.lru_cache(maxsize=128)
 def scopes_of(source: str) -> tuple[Scope, ...]:
     """Every def and class with its qualified name, outermost first (cached: bases share texts)."""
-    found: list[Scope] = []
 
-    def walk(body: list[ast.stmt], prefix: str) -> None:
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[Scope]:
         for node in body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 name = f"{prefix}{node.name}"
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                found.append(Scope(name, start, node.end_lineno or node.lineno, node))
-                walk(node.body, f"{name}.")
+                yield Scope(name, start, node.end_lineno or node.lineno, node)
+                yield from walk(node.body, f"{name}.")
 
-    walk(ast.parse(source).body, "")
-    return tuple(found)
+    return tuple(walk(ast.parse(source).body, ""))
 
 
 def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
