@@ -25,13 +25,11 @@ class Note:
 
     def applies_to(self, release: str) -> bool:
         key = release_key(release)
-        return (not self.since or release_key(self.since) <= key) and (
-            not self.before or key < release_key(self.before)
-        )
+        after_since = not self.since or release_key(self.since) <= key
+        return after_since and (not self.before or key < release_key(self.before))
 
     @property
     def bases(self) -> str:
-        """The releases this note is about, for a reader."""
         since = f"{self.since} and later" if self.since else ""
         before = f"older than {self.before}" if self.before else ""
         return ", ".join(filter(None, [since, before])) or "every base"
@@ -43,13 +41,9 @@ class FunctionNotes:
     notes: tuple[Note, ...]
 
 
-OVERLAP_UTILS = "python/sglang/srt/managers/overlap_utils.py"
-DECODE = "python/sglang/srt/disaggregation/decode.py"
-EAGLE_DISAGG = "python/sglang/srt/speculative/eagle_disaggregation.py"
-
 FUNCTION_NOTES: dict[str, FunctionNotes] = {
     "FutureMap.publish": FunctionNotes(
-        OVERLAP_UTILS,
+        "python/sglang/srt/managers/overlap_utils.py",
         (
             Note(
                 "confidence relay arrived upstream in 0.5.16",
@@ -73,7 +67,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
         ),
     ),
     "SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch": FunctionNotes(
-        DECODE,
+        "python/sglang/srt/disaggregation/decode.py",
         (
             Note(
                 "base signature: no running_batch argument before 0.5.16",
@@ -126,7 +120,7 @@ FUNCTION_NOTES: dict[str, FunctionNotes] = {
         ),
     ),
     "build_eagle_disagg_draft_input": FunctionNotes(
-        EAGLE_DISAGG,
+        "python/sglang/srt/speculative/eagle_disaggregation.py",
         (
             Note(
                 "base signature: server_args parameter before 0.5.18",

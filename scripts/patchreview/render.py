@@ -153,18 +153,14 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
             continue
         for function in review.functions:
             where = f"  {review.base_version} {function.qualname}:"
-            sig = [c for c in function.signature if c.note is None]
-            problems = [f"no note covers parameter {c.param}" for c in sig]
-            problems += [_uncovered(u) for diff in function.differences for u in diff.uncovered]
-            problems += [
-                f"STALE note (covers nothing here): {n.title}" for n in function.stale_notes
-            ]
-            out += [f"{where} {problem}" for problem in problems]
-    if reviews:
-        out.append(
-            f"every base compared with sglang {reviews[0].upstream_version} "
-            "(differences and notes counted over the three functions):"
-        )
+            sig = [f"no note covers parameter {c.param}" for c in function.signature if not c.note]
+            uncovered = [_uncovered(u) for diff in function.differences for u in diff.uncovered]
+            stale = [f"STALE note (covers nothing here): {n.title}" for n in function.stale_notes]
+            out += [f"{where} {problem}" for problem in (*sig, *uncovered, *stale)]
+    out.append(
+        f"every base compared with sglang {reviews[0].upstream_version} "
+        "(differences and notes counted over the three functions):"
+    )
     for r in reviews:
         out.append(
             f"  {r.base_version:<14} {r.differences:>5} differences  {r.notes:>3} notes  "

@@ -7,6 +7,7 @@ import ast
 import difflib
 import functools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -26,9 +27,9 @@ SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
 Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
 
 
-def step_files(series: Series, build: Path, cache: Path) -> tuple[dict[str, dict[str, str]], str]:
-    """The touched files (text) at every step and where they came from: the build tree when it
-    holds exactly this series (each step's blob ids as pinned), else the pinned wheel."""
+def step_files(series: Series, build: Path, cache: Path) -> tuple[list[dict[str, str]], str]:
+    """The touched files (text) at every step in order, and where they came from: the build tree
+    when it holds exactly this series (each step's blob ids as pinned), else the pinned wheel."""
     manifest = series.manifest
     repo = buildtree.build_tree_path(series, build)
     tag, branch = buildtree.pristine_tag(manifest), buildtree.default_branch(manifest)
@@ -37,12 +38,10 @@ def step_files(series: Series, build: Path, cache: Path) -> tuple[dict[str, dict
         revs = [tag, *buildtree.series_commits(git, manifest)]
         found = [buildtree.files_at(git, rev, manifest) for rev in revs]
         if [blobs_of(files) for files in found] == [manifest.blobs_at(s) for s in manifest.steps]:
-            by_step = dict(zip(manifest.steps, map(_decoded, found), strict=True))
-            return by_step, f"build tree {repo} ({tag}..{branch})"
+            return [*map(_decoded, found)], f"build tree {repo} ({tag}..{branch})"
     wheel = wheels.fetch_wheel(manifest.base, cache)
-    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files))
-    by_step = {step: _decoded(files) for step, files in per_step.items()}
-    return by_step, f"pinned wheel {manifest.base.wheel} with the series applied"
+    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files)).values()
+    return [*map(_decoded, per_step)], f"pinned wheel {manifest.base.wheel} with the series applied"
 
 
 def _decoded(files: dict[str, bytes | None]) -> dict[str, str]:
@@ -59,18 +58,16 @@ class Scope(NamedTuple):
 @functools.lru_cache(maxsize=128)
 def scopes_of(source: str) -> tuple[Scope, ...]:
     """Every def and class with its qualified name, outermost first (cached: bases share texts)."""
-    found: list[Scope] = []
 
-    def walk(body: list[ast.stmt], prefix: str) -> None:
+    def walk(body: list[ast.stmt], prefix: str) -> Iterator[Scope]:
         for node in body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 name = f"{prefix}{node.name}"
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                found.append(Scope(name, start, node.end_lineno or node.lineno, node))
-                walk(node.body, f"{name}.")
+                yield Scope(name, start, node.end_lineno or node.lineno, node)
+                yield from walk(node.body, f"{name}.")
 
-    walk(ast.parse(source).body, "")
-    return tuple(found)
+    return tuple(walk(ast.parse(source).body, ""))
 
 
 def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
@@ -79,7 +76,6 @@ def enclosing(scopes: tuple[Scope, ...], line: int) -> str:
 
 
 class FunctionSource(NamedTuple):
-    qualname: str
     path: str
     first_line: int
     lines: list[str]  # dedented, without line ends
@@ -103,8 +99,7 @@ def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
 
 def function_source(source: str, path: str, qualname: str) -> FunctionSource | None:
     scope = next((s for s in scopes_of(source) if s.qualname == qualname), None)
-    node = scope.node if scope else None
-    if scope is None or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+    if scope is None or not isinstance(node := scope.node, ast.FunctionDef | ast.AsyncFunctionDef):
         return None
     indent = node.col_offset
     lines = [
@@ -112,7 +107,7 @@ def function_source(source: str, path: str, qualname: str) -> FunctionSource | N
         for line in source.splitlines()[scope.start - 1 : scope.end]
     ]
     header_lines = node.body[0].lineno - scope.start
-    return FunctionSource(qualname, path, scope.start, lines, header_lines, _params(node))
+    return FunctionSource(path, scope.start, lines, header_lines, _params(node))
 
 
 class FileChange(NamedTuple):
@@ -213,9 +208,8 @@ class FunctionComparison:
 
     @property
     def unexplained(self) -> int:
-        return sum(not d.explained for d in self.differences) + sum(
-            s.note is None for s in self.signature
-        )
+        notes = [s.note for s in self.signature]
+        return sum(not d.explained for d in self.differences) + notes.count(None)
 
 
 def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
@@ -254,14 +248,12 @@ def compare_function(
     """Ours beside upstream, explained by the notes about release (None: every note)."""
     about = [n for n in notes.notes if release is None or n.applies_to(release)]
     signature: list[SignatureChange] = []
-    for name in [*ours.params, *(p for p in upstream.params if p not in ours.params)]:
-        mine, theirs = ours.params.get(name), upstream.params.get(name)
-        if mine != theirs:
+    for name in {**ours.params, **upstream.params}:
+        if (mine := ours.params.get(name)) != (theirs := upstream.params.get(name)):
             note = next((n for n in about if name in n.params), None)
             signature.append(SignatureChange(name, mine, theirs, note))
     signature_ok = all(s.note is not None for s in signature)
     signature_notes = [s.note for s in signature if s.note is not None]
-    used: set[Note] = set(signature_notes)
     matcher = difflib.SequenceMatcher(None, ours.lines, upstream.lines, autojunk=False)
     differences: list[Difference] = []
     for _, i1, i2, j1, j2 in (op for op in matcher.get_opcodes() if op[0] != "equal"):
@@ -274,7 +266,6 @@ def compare_function(
             for note in about:
                 if hit := _covered_lines(source.lines, span, note):
                     covered |= hit
-                    used.add(note)
                     diff.notes[note] = None
             for i in span:
                 text = source.lines[i]
@@ -286,6 +277,7 @@ def compare_function(
                     continue
                 diff.uncovered.append(Uncovered(side, source.first_line + i, text))
         differences.append(diff)
+    used = {*signature_notes, *(note for d in differences for note in d.notes)}
     return FunctionComparison(
         qualname=qualname,
         path=notes.path,
@@ -343,8 +335,7 @@ def build_review(series: Series, build: Path, cache: Path, notes: Notes | None =
     manifest = series.manifest
     upstream, release = manifest.registry.upstream_fixed.version, manifest.base.version
     check_bounds(notes, manifest.registry)
-    by_step, source = step_files(series, build, cache)
-    steps = list(by_step.values())
+    steps, source = step_files(series, build, cache)
     base, final = steps[0], steps[-1]
     patches = [
         review_patch(parse_patch(path), steps[i], steps[i + 1])

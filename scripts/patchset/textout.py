@@ -13,22 +13,17 @@ def table(
 ) -> str:
     """Columns padded to their widest cell, cells longer than wrap (if set) wrapped in place;
     markdown: a GitHub table (`| a | b |`), for reports meant to be rendered."""
-    all_rows = [header, *rows]
-    cells = [[textwrap.wrap(c, wrap) or [""] if wrap else [c] for c in row] for row in all_rows]
+    cells = [[textwrap.wrap(c, wrap) or [""] if wrap else [c] for c in r] for r in (header, *rows)]
     widths = [max(len(line) for row in cells for line in row[i]) for i in range(len(header))]
-    out: list[str] = []
-    for index, row in enumerate(cells):
-        out += [_line(parts, widths, markdown) for parts in zip_longest(*row, fillvalue="")]
-        if index == 0:
-            out.append(_line(["-" * w for w in widths], widths, markdown))
-    return "\n".join(out)
-
-
-def _line(cells: Sequence[str], widths: Sequence[int], markdown: bool) -> str:
-    padded = [c.ljust(w) for c, w in zip(cells, widths, strict=True)]
+    ruled = [cells[0], [["-" * w] for w in widths], *cells[1:]]  # the header's rule below it
+    lines = [
+        [c.ljust(w) for c, w in zip(parts, widths, strict=True)]
+        for row in ruled
+        for parts in zip_longest(*row, fillvalue="")
+    ]
     if markdown:
-        return "| " + " | ".join(padded) + " |"
-    return "  ".join(padded).rstrip()
+        return "\n".join("| " + " | ".join(line) + " |" for line in lines)
+    return "\n".join("  ".join(line).rstrip() for line in lines)
 
 
 def progress(message: str) -> None:
