@@ -67,9 +67,7 @@ def _settings(
     args: argparse.Namespace, table: LaunchSettings | None, release: str
 ) -> exposure.Settings:
     if args.server_info:
-        settings = exposure.from_server_info(
-            args.server_info, args.api_key, table, args.timeout or exposure.TIMEOUT_S
-        )
+        settings = exposure.from_server_info(args.server_info, args.api_key, table, args.timeout)
     else:
         words, prefix = launchargs.read_launch_args(args.launch_args or "")
         words = launchargs.place_config(words, args.config, args.config_root)

@@ -20,10 +20,10 @@ TORCH_BUILDS = ("cuda", "rocm")
 
 
 def from_server_info(
-    url: str, api_key: str | None, table: LaunchSettings | None, timeout: float = TIMEOUT_S
+    url: str, api_key: str | None, table: LaunchSettings | None, timeout: float | None
 ) -> Settings:
-    """The settings a running server reports at /server_info, within timeout seconds."""
-    info, shown = serverinfo.read_server_info(url, api_key, timeout)
+    """The settings a running server reports at /server_info, within timeout (or TIMEOUT_S) s."""
+    info, shown = serverinfo.read_server_info(url, api_key, timeout or TIMEOUT_S)
     values = {name: info.get(name) for name in FIELDS}
     odd = [
         f"{name} is {value!r}"

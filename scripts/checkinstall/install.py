@@ -114,32 +114,28 @@ _DIST_KINDS = {"hooks": (list,), "files": (dict,), "listing": _TEXT, "name": (st
 _DIST_KINDS |= {"version": (str,), "info": _TEXT, "direct_url": _TEXT}
 
 
-class _BadAnswer(ValueError):
-    """What is wrong with the inspected interpreter's answer."""
-
-
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
 _JSON_NAMES |= {int: "a number", float: "a number", type(None): "null"}
 
 
 def _get(obj: object, key: str, kinds: tuple[type, ...], where: str) -> Any:
     if not isinstance(obj, dict):
-        raise _BadAnswer(f"{where} is {_JSON_NAMES[type(obj)]}, not an object")
+        raise ValueError(f"{where} is {_JSON_NAMES[type(obj)]}, not an object")
     if key not in obj:
-        raise _BadAnswer(f"{where} has no {key!r}")
+        raise ValueError(f"{where} has no {key!r}")
     value = obj[key]
     if type(value) not in kinds:
         wanted = " or ".join(_JSON_NAMES[kind] for kind in kinds)
-        raise _BadAnswer(f"{where}[{key!r}] is {_JSON_NAMES[type(value)]}, not {wanted}")
+        raise ValueError(f"{where}[{key!r}] is {_JSON_NAMES[type(value)]}, not {wanted}")
     return value
 
 
 def _read_probe(text: str) -> Probe:
-    """The probe's answer (one line of JSON), checked key by key and type by type."""
+    """The probe's answer (one line of JSON), checked key by key and type by type (ValueError)."""
     try:
         answer = json.loads(text)
     except ValueError as err:
-        raise _BadAnswer(f"its answer is not JSON ({err})") from None
+        raise ValueError(f"its answer is not JSON ({err})") from None
     top, dists = "the answer", []
     for index, item in enumerate(_get(answer, "dists", (list,), top)):
         where = f"{top}'s dists[{index}]"
@@ -147,13 +143,13 @@ def _read_probe(text: str) -> Probe:
         for key, kinds in _DIST_KINDS.items():  # in this order, so the first fault is named
             value = dist[key] = _get(item, key, kinds, where)
             if key == "hooks" and any(type(hook) is not str for hook in value):
-                raise _BadAnswer(f"{where}['hooks'] holds something that is not a string")
+                raise ValueError(f"{where}['hooks'] holds something that is not a string")
             for name, entry in value.items() if key == "files" else ():
                 listed = type(entry) is list and len(entry) == 3 and type(entry[0]) is str
                 if not (listed and all(type(part) in _TEXT for part in entry[1:])):
-                    raise _BadAnswer(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
+                    raise ValueError(f"{where}['files'][{name!r}] is not [path, hash mode, hash]")
             if key == "listing" and value not in (None, "RECORD", "installed-files.txt"):
-                raise _BadAnswer(
+                raise ValueError(
                     f"{where}['listing'] is {value!r}, not RECORD or installed-files.txt"
                 )
         dists.append(ProbedDist(**dist))
@@ -178,9 +174,9 @@ def ask(python: Path) -> Probe:
         ) from None
     try:
         if result.returncode != 0:
-            raise _BadAnswer(f"exit status {result.returncode}")
+            raise ValueError(f"exit status {result.returncode}")
         return _read_probe((result.stdout.strip().splitlines() or [""])[-1])
-    except _BadAnswer as err:
+    except ValueError as err:
         said = result.stderr if result.returncode != 0 else result.stdout
         said = (said.strip().splitlines() or ["no output"])[-1]  # its last line, cut short
         said = said[:160] + "..." if len(said) > 160 else said
@@ -209,7 +205,7 @@ class FileState:
 class InstallReport:
     where: str  # what was inspected, in words
     files: list[FileState]
-    distribution: str = ""  # "sglang 0.5.15.post1+pdrace.2 (.../sglang-...dist-info)" or why none
+    distribution: str = NO_DISTRIBUTION  # "sglang 0.5.15.post1 (...dist-info)", or why none
     matches: list[KnownContent] = field(default_factory=list)
     dist: ProbedDist | None = None  # the one distribution that installs sglang, if any
     python: str | None = None  # the inspected interpreter (None for --tree)
@@ -403,7 +399,6 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
     package = Path(found)
     report = InstallReport(f"sglang imported by {where}: {package}", _hash_files(package, catalog))
     report.python, report.python_version = str(python), version
-    report.distribution = NO_DISTRIBUTION
     if dists:
         report.dist = dist = dists[0]
         fork = "; a fork of sglang: not named sglang" if dist.fork else ""

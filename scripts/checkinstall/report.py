@@ -70,10 +70,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
             "description": report.distribution,
             **{key: getattr(dist, key) if dist else None for key in DIST_KEYS},
         },
-        "files": [
-            {**{key: getattr(state, key) for key in FILE_KEYS}, "location": str(state.location)}
-            for state in report.files
-        ],
+        "files": [{key: getattr(state, key) for key in FILE_KEYS} for state in report.files],
         "verdict": {
             "text": outcome.verdict,
             "content": [m.name for m in report.matches],
@@ -118,5 +115,5 @@ def error_json(err: BackportError) -> dict[str, Any]:
 
 
 def dump(obj: dict[str, Any]) -> str:
-    # settings values come from sglang's ServerArgs: anything not JSON is said as text
+    # sglang's ServerArgs values, a file's location (a Path): anything not JSON is said as text
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"

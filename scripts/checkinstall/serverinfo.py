@@ -81,8 +81,7 @@ def _exchange(
             conn.close()
         if answer.status not in (301, 302, 303, 307, 308):
             return answer.status, answer.reason, bytes(body)
-        location = answer.headers.get("Location", "")
-        moved = urlsplit(urljoin(shown, location))
+        moved = urlsplit(urljoin(shown, answer.headers.get("Location", "")))
         there = None
         with contextlib.suppress(ValueError):  # a port that is not a number
             there = (moved.scheme, moved.hostname, moved.port)

@@ -60,12 +60,6 @@ def build_zipapp() -> bytes:
     return buffer.getvalue()
 
 
-def _refuse(out: Path, what: str, next_step: str) -> BackportError:
-    return BackportError(
-        Exit.ENVIRONMENT, f"--zipapp {out}: {what}; nothing was written", next_step
-    )
-
-
 def write_zipapp(out: Path | None) -> str:
     """The zipapp to out (None: stdout), and what was done; a symlink, device or folder refused."""
     data = build_zipapp()
@@ -84,13 +78,15 @@ def write_zipapp(out: Path | None) -> str:
         sys.stdout.buffer.flush()
         return f"wrote the zipapp to standard output {done}"
     mode = out.lstat().st_mode if os.path.lexists(out) else stat.S_IFREG  # a new file
-    if stat.S_ISDIR(mode):
-        raise _refuse(out, "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz")
     what, name = "not a regular file (a device, a pipe or a socket)", "a regular file"
     if stat.S_ISLNK(mode):
         what, name = f"a symbolic link (to {os.readlink(out)})", "the file itself"
+    next_step = f"name {name}, or use --zipapp - to write to standard output"
+    if stat.S_ISDIR(mode):
+        what, next_step = "a folder", f"name a file in it, e.g. --zipapp {out}/check-install.pyz"
     if not stat.S_ISREG(mode):
-        raise _refuse(out, what, f"name {name}, or use --zipapp - to write to standard output")
+        problem = f"--zipapp {out}: {what}; nothing was written"
+        raise BackportError(Exit.ENVIRONMENT, problem, next_step)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
