@@ -159,10 +159,8 @@ def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> li
         sleep = f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
         sleep += f"{s1['sleep_target_ms']:g} ms asked"
     rows.append((f"{label}: measured sleep", sleep, "about the asked time, warm", "reported"))
-    if s1.get("clocks_warm"):
-        rows.append(
-            (f"{label}: clocks after the warm-up", s1["clocks_warm"], "near the max", "reported")
-        )
+    if warm := s1.get("clocks_warm"):
+        rows.append((f"{label}: clocks after the warm-up", warm, "near the max", "reported"))
     return rows
 
 
@@ -216,9 +214,8 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
     if found := _json(reports / FACTS_FILE):
         expected = "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
         rows.append(("machine", describe(found), expected, "reported"))
-        if found.get("clocks"):
-            clocks = found["clocks"].replace("\n", "; ")
-            rows.append(("clocks before the GPU stages", clocks, "", ""))
+        if clocks := found.get("clocks"):
+            rows.append(("clocks before the GPU stages", clocks.replace("\n", "; "), "", ""))
     for step, fixes in step_fixes.items():
         rows += s1_rows(f"step {step}", _property(reports, f"gpu-{step}"), fixes)
         csan = _property(reports, f"gpu-{step}", contract.CSAN_PROPERTY)
