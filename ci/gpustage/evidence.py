@@ -159,10 +159,8 @@ def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> li
         sleep = f"{slept['median']:.2f} ms median ({slept['min']:.2f}..{slept['max']:.2f}) for "
         sleep += f"{s1['sleep_target_ms']:g} ms asked"
     rows.append((f"{label}: measured sleep", sleep, "about the asked time, warm", "reported"))
-    if s1.get("clocks_warm"):
-        rows.append(
-            (f"{label}: clocks after the warm-up", s1["clocks_warm"], "near the max", "reported")
-        )
+    if warm := s1.get("clocks_warm"):
+        rows.append((f"{label}: clocks after the warm-up", warm, "near the max", "reported"))
     return rows
 
 
@@ -184,15 +182,12 @@ def _bench_rows(bench: dict[str, Any] | None) -> list[tuple[str, ...]]:
     if bench is None:
         return [("benchmark", NOT_RUN, "measured", "no")]
     wait, gap = bench["wait_us"]["median"], bench["idle_gap_us"]
+    idle = f"{gap['added']:.1f} us per prebuilt batch (GPU idle, patched {gap['patched']:.1f}"
+    idle += f" - unpatched {gap['unpatched']:.1f})"
     rows = [
         ("benchmark: decode step (unpatched)", f"{bench['step_ms']:.3f} ms", "measured"),
         ("benchmark: the wait itself", f"{wait:.1f} us per prebuilt batch (host)", "measured"),
-        (
-            "benchmark: idle gap",
-            f"{gap['added']:.1f} us per prebuilt batch (GPU idle, patched "
-            f"{gap['patched']:.1f} - unpatched {gap['unpatched']:.1f})",
-            "measured",
-        ),
+        ("benchmark: idle gap", idle, "measured"),
     ]
     rates = " / ".join(f"{r:g}" for r in ARRIVAL_RATES)
     by_step: dict[tuple[float, bool], list[dict[str, Any]]] = {}
@@ -216,9 +211,8 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
     if found := _json(reports / FACTS_FILE):
         expected = "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
         rows.append(("machine", describe(found), expected, "reported"))
-        if found.get("clocks"):
-            clocks = found["clocks"].replace("\n", "; ")
-            rows.append(("clocks before the GPU stages", clocks, "", ""))
+        if clocks := found.get("clocks"):
+            rows.append(("clocks before the GPU stages", clocks.replace("\n", "; "), "", ""))
     for step, fixes in step_fixes.items():
         rows += s1_rows(f"step {step}", _property(reports, f"gpu-{step}"), fixes)
         csan = _property(reports, f"gpu-{step}", contract.CSAN_PROPERTY)

@@ -57,9 +57,8 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
     for file, (step, path) in expected.items():
         if not file.is_file():
             raise _refuse(f"{folder} lacks {step}/{path}, a touched file of step {step}")
-        data = file.read_bytes()
-        _check_blob(series, step, path, data, f"the carried {file}")
-        carried[step][path] = data
+        carried[step][path] = file.read_bytes()
+        _check_blob(series, step, path, carried[step][path], f"the carried {file}")
     return carried
 
 

@@ -76,9 +76,8 @@ def preflight(python: str, version: str, need_gpu: bool) -> tuple[bool, str]:
     return True, f"ok: Python {found}; {lines[0]}"
 
 
-def _gpu_stages(opts: Options) -> list[Stage]:
+def _gpu_stages(opts: Options, python: str) -> list[Stage]:
     """S1 and CSAN per step, the long run, the controls, the bench; no plugins of the image."""
-    python = str(opts.venv / "bin" / "python") if opts.venv else opts.python
     extra_path = [] if opts.venv else [str(opts.site)]
     needs = ("cuda-check", "apply") if opts.venv else ("install", "layout")
     manifest = opts.series.manifest
@@ -245,7 +244,7 @@ def online(opts: Options) -> list[Stage]:
             [sys.executable, str(ROOT / "scripts" / "race-check"), "--step", "all"],
             CPU,
         ),
-        *_gpu_stages(opts),
+        *_gpu_stages(opts, vpy),
     ]
 
 
@@ -316,7 +315,7 @@ def offline(opts: Options) -> list[Stage]:
             needs=("preflight",),
             action=lay_out,
         ),
-        *_gpu_stages(opts),
+        *_gpu_stages(opts, opts.python),
     ]
 
 

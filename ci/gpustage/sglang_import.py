@@ -175,11 +175,8 @@ def _callees(func: FunctionType) -> list[FunctionType]:
     for code in _codes(func.__code__):
         for obj in (scope.get(name) for name in code.co_names for scope in scopes):
             if isinstance(obj, type) and (obj.__module__ or "").startswith("sglang."):
-                found += [
-                    f
-                    for m in ("__init__", "__post_init__")
-                    if (f := _sglang_function(vars(obj).get(m)))
-                ]
+                inits = [vars(obj).get(m) for m in ("__init__", "__post_init__")]
+                found += [f for f in map(_sglang_function, inits) if f]
             elif f := _sglang_function(obj):
                 found.append(f)
     return found

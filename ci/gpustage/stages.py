@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import PIPE, STDOUT
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 from xml.etree import ElementTree
 
 from patchset import textout
@@ -54,8 +54,7 @@ class Stage:
 RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
 
 
-@dataclass
-class Outcome:
+class Outcome(NamedTuple):
     stage: str
     ok: bool
     result: str
@@ -134,8 +133,6 @@ def run_command(stage: Stage, log: Path, end: float | None = None) -> int | None
 
 
 class _Tee(io.TextIOBase):
-    """Writes to each of its streams, flushing each at once."""
-
     def __init__(self, *streams: TextIO) -> None:
         self.streams = streams
 
@@ -262,7 +259,6 @@ def exit_code(outcomes: list[Outcome]) -> Exit:
 
 
 def summary_table(outcomes: list[Outcome]) -> str:
-    """stage | result | time, as a markdown table."""
     rows = [(o.stage, o.result, f"{o.seconds:.1f} s") for o in outcomes]
     return textout.table(("stage", "result", "time"), rows, markdown=True)
 

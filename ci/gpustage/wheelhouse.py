@@ -201,8 +201,7 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
                 f"{entry.file} (package {entry.name}) in {folder} does not have the sha256 "
                 f"its manifest lists ({entry.sha256}): damaged or replaced"
             )
-    sglang_entry = next((e for e in entries if e.file == sglang), None)
-    if sglang_entry is None or sglang_entry.sha256 != manifest.base.sha256:
+    if not any(e.file == sglang and e.sha256 == manifest.base.sha256 for e in entries):
         raise refuse(
             f"the wheelhouse's {sglang} is not the wheel the patch set pins "
             f"({manifest.base.sha256})"
@@ -211,15 +210,10 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
 
 
 def ensure_double() -> Path:
-    """The image double's python, made (or synced to its pins) first."""
+    """The image double's python, made (or synced to its pins) first with python3.12 on PATH
+    if it runs (a shim may not), else pyenv's newest: none is downloaded."""
     digest = hashlib.sha256(f"python {DOUBLE_PYTHON}\n".encode() + DOUBLE_PINS.read_bytes())
     folder = cache_dir() / "venvs" / f"gpu-image-double-{digest.hexdigest()[:16]}"
-    venv.ensure_venv(folder, [DOUBLE_PINS], "the lent machine's image, doubled", python=_python())
-    return venv.venv_python(folder)
-
-
-def _python() -> str:
-    """python3.12 on PATH if it runs (a shim may not), else pyenv's newest: none is downloaded."""
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     pyenv = sorted(
         root.glob(f"{DOUBLE_PYTHON}.*/bin/python{DOUBLE_PYTHON}"),
@@ -227,13 +221,16 @@ def _python() -> str:
         reverse=True,
     )
     on_path = shutil.which(f"python{DOUBLE_PYTHON}")
-    for candidate in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
-        if version_of(candidate) == DOUBLE_PYTHON:
-            return candidate
-    raise BackportError(
-        Exit.ENVIRONMENT,
-        f"no Python {DOUBLE_PYTHON} runs here (python{DOUBLE_PYTHON} on PATH: "
-        f"{on_path or 'none'}; {root}: {len(pyenv)} {DOUBLE_PYTHON}.x): the image double "
-        "needs the image's Python",
-        f"install Python {DOUBLE_PYTHON} (e.g. `pyenv install {DOUBLE_PYTHON}`) and run again",
-    )
+    for python in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
+        if version_of(python) == DOUBLE_PYTHON:
+            break
+    else:
+        raise BackportError(
+            Exit.ENVIRONMENT,
+            f"no Python {DOUBLE_PYTHON} runs here (python{DOUBLE_PYTHON} on PATH: "
+            f"{on_path or 'none'}; {root}: {len(pyenv)} {DOUBLE_PYTHON}.x): the image double "
+            "needs the image's Python",
+            f"install Python {DOUBLE_PYTHON} (e.g. `pyenv install {DOUBLE_PYTHON}`) and run again",
+        )
+    venv.ensure_venv(folder, [DOUBLE_PINS], "the lent machine's image, doubled", python=python)
+    return venv.venv_python(folder)

@@ -176,9 +176,8 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
         labels = [f"tree-{n}" for n in range(1, 1 + len(args.tree))] if args.tree[1:] else ["tree"]
         trees = {label: buildtree.check_tree(t) for label, t in zip(labels, args.tree, strict=True)}
         runs = [runner.step_run(label, series, final, tree) for label, tree in trees.items()]
-        tables.append(
-            (f"--tree (as {series.manifest.base.version} +{final})", list(trees), runs, series)
-        )
+        title = f"--tree (as {series.manifest.base.version} +{final})"
+        tables.append((title, list(trees), runs, series))
     elif not args.tools_only:
         for series in chosen:
             report = apply.apply_to_build_tree(series, build, paths.cache_dir())

@@ -59,6 +59,10 @@ class SuiteRun:
         junit = self.results / f"{self.label}.xml"
         return [str(self.tests), f"{OPTION}={self.outcomes_file}", f"--junitxml={junit}", *extra]
 
+    def finish(self, returncode: int, seconds: float) -> None:
+        self.returncode, self.seconds = returncode, seconds
+        self.outcomes, self.properties = read_outcomes(self.outcomes_file)
+
     def verdict(self) -> str:
         counts = Counter(self.outcomes.values())
         summary = ", ".join(f"{n} {o}" for o in reversed(SEVERITY) if (n := counts[o]))
@@ -86,17 +90,12 @@ def _start(command: list[str], log: Path, **extra: str) -> subprocess.Popen[byte
         )
 
 
-def _finish(run: SuiteRun, returncode: int, seconds: float) -> None:
-    run.returncode, run.seconds = returncode, seconds
-    run.outcomes, run.properties = read_outcomes(run.outcomes_file)
-
-
 def run_tools(python: Path, run: SuiteRun, extra: Sequence[str], workers: int) -> None:
     """pytest-xdist with `workers` (loadgroup: an xdist_group's tests share one worker)."""
     args = run.pytest_args(["-n", str(workers), "--dist", "loadgroup", *extra])
     started = time.monotonic()
     proc = _start([str(python), "-m", "pytest", *args], run.log, **run.env)
-    _finish(run, _wait([proc])[0], time.monotonic() - started)
+    run.finish(_wait([proc])[0], time.monotonic() - started)
     print(f"\n=== {run.label} (pytest exit {run.returncode}) ===")
     sys.stdout.write(run.log.read_text(encoding="utf-8", errors="replace"))
 
@@ -142,7 +141,7 @@ def run_forked(groups: dict[Path, list[SuiteRun]], extra: Sequence[str], paralle
             data = {"returncode": -1, "seconds": 0.0}
             if result.is_file():
                 data = json.loads(result.read_text(encoding="utf-8"))
-            _finish(run, data["returncode"], data["seconds"])
+            run.finish(data["returncode"], data["seconds"])
 
 
 def step_table(runs: Sequence[SuiteRun], headers: Sequence[str], prefix: str = "") -> str:

@@ -25,8 +25,6 @@ PYTHON_VERSION = (3, 11)
 
 @dataclass(frozen=True)
 class TestEnv:
-    """A named set of pinned requirement files."""
-
     name: str
     requirements: tuple[Path, ...]
 

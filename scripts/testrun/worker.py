@@ -30,9 +30,7 @@ def _started(run: dict[str, Any]) -> None:
 
 
 def _ended(run: dict[str, Any], code: int, seconds: float) -> None:
-    Path(run["result"]).write_text(
-        json.dumps({"returncode": code, "seconds": seconds}), encoding="utf-8"
-    )
+    Path(run["result"]).write_text(json.dumps({"returncode": code, "seconds": seconds}), "utf-8")
     print(f"\n=== {run['label']} (pytest exit {code}) ===", flush=True)
     print(Path(run["log"]).read_text(encoding="utf-8", errors="replace"), end="", flush=True)
 
