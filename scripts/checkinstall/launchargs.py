@@ -209,6 +209,8 @@ def read_yaml(path: str, python: Path) -> dict[str, Any]:
         )
     if "error" in answer:
         raise not_understood(f"--config {path} is not YAML sglang reads: {answer['error']}")
+    if "data" not in answer:  # not our program's answer: nothing can be vouched for
+        raise not_understood(f"--config {path} could not be read with {python}: it said {answer}")
     data = answer["data"] if answer["data"] is not None else {}
     if not isinstance(data, dict):
         raise not_understood(f"--config {path} holds no mapping at its top (sglang refuses it)")

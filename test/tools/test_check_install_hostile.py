@@ -219,3 +219,22 @@ def test_a_config_file_without_pyyaml_is_refused(base: Path, decode_yaml: Path, 
     result = check("--python", str(python), "--config", str(decode_yaml), tree_on_path=base)
     assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
     assert "has no PyYAML to read it as sglang does" in result.stderr, result.stderr
+
+
+def test_a_config_reader_that_answers_nothing_usable_is_refused(
+    base: Path, decode_yaml: Path, tmp_path: Path
+):
+    """An interpreter (without sglang's dependencies, so the file is read by our reader, as
+    in the test above) whose answer to the YAML reader is a JSON object without the file's
+    data: the file's settings are unknown, so is the exposure (not a traceback)."""
+    python = tmp_path / "python-answering-nothing"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case "$2" in *"import yaml"*) echo "{}"; exit 0;; esac\n'
+        f'exec {sys.executable} -S "$@"\n'  # without site: our reader reads the file
+    )
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    result = check("--python", str(python), "--config", str(decode_yaml), tree_on_path=base)
+    assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
+    assert "could not be read with" in result.stderr and "it said {}" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
