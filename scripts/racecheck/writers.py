@@ -211,14 +211,12 @@ def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, li
 
 
 def wheel_sources(wheel_file: Path) -> dict[str, bytes]:
-    """sglang/'s .py files as the wheel holds them, by path under python/sglang/, in scan()'s
-    order, read in memory (writing out some 5,000 files took seconds); as on disk, a
-    file over MAX_SOURCE_BYTES is absent, and a name's `.` and `..` parts are dropped."""
+    """sglang/'s .py files by path under python/sglang/, in scan()'s order, read in memory
+    (5,000 files written out took seconds); as on disk, one over MAX_SOURCE_BYTES is absent."""
     found: dict[PurePosixPath, bytes] = {}
     with zipfile.ZipFile(wheel_file) as archive:
         for member in archive.infolist():
-            parts = [p for p in member.filename.split("/") if p not in ("", ".", "..")]
-            name = PurePosixPath(*parts) if parts else PurePosixPath()
+            name = PurePosixPath(*[p for p in member.filename.split("/") if p != ".."])
             if name.parts[:1] != ("sglang",) or name.suffix != ".py" or member.is_dir():
                 continue
             if member.file_size <= MAX_SOURCE_BYTES:
