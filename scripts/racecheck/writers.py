@@ -122,9 +122,8 @@ def checked(rows: Rows, where: Callable[[str], str]) -> Rows:
         if unknown and named != EVERY_SCENARIO:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"{where(key)} [writers] {key!r}: scenarios = {named!r} names "
-                f"{', '.join(unknown)}, which is not a scenario of "
-                "scripts/patchset/plays.py",
+                f"{where(key)} [writers] {key!r}: scenarios = {named!r} names {', '.join(unknown)}"
+                ", which is not a scenario of scripts/patchset/plays.py",
                 f"name scenarios from {' '.join(BY_NAME)}, separated by spaces, or write "
                 f'"{EVERY_SCENARIO}" for the in-flight forward every scenario plays',
             )
