@@ -29,6 +29,7 @@ PRELOAD = """
     xgrammar zmq gguf msgspec orjson einops
     pytest _pytest.junitxml
 """
+Job = TypeVar("Job")
 
 
 @functools.cache
@@ -50,9 +51,6 @@ def use_tree(tree: Path) -> None:
     sys.path.insert(0, str(tree / "python"))
     if tree.resolve().is_relative_to(paths.build_dir().resolve()):
         sys.dont_write_bytecode = False
-
-
-Job = TypeVar("Job")
 
 
 def fork_each(

@@ -25,6 +25,18 @@ RELAY_BUFFERS = (
 )
 EAGLE_ROW = RELAY_BUFFERS[:5]
 _ORDER = {buffer: n for n, buffer in enumerate(RELAY_BUFFERS)}
+# A cell: the (kind, buffer, row) of the races a scenario shows on a step.
+Cell = frozenset[tuple[str, str, int]]
+Table = dict[str, dict[str, Cell]]
+# Per kind: its words in a race's report, and in a table cell (with the buffers).
+_KINDS = {
+    "write/write": ("unordered writes", "unordered writes to {}"),
+    "write/read": (
+        "read not ordered after the write",
+        "unordered read of {} (after another stream's write)",
+    ),
+    "read/write": ("write not ordered after the read", "write over an unordered read of {}"),
+}
 
 
 class Site(NamedTuple):
@@ -53,21 +65,6 @@ class Race(NamedTuple):  # two accesses to one row, on two streams, that nothing
     @property
     def kind(self) -> str:  # the first access's kind / the second's: "write/read"
         return f"{self.first.kind}/{self.second.kind}"
-
-
-# A cell: the (kind, buffer, row) of the races a scenario shows on a step.
-Cell = frozenset[tuple[str, str, int]]
-Table = dict[str, dict[str, Cell]]
-
-# Per kind: its words in a race's report, and in a table cell (with the buffers).
-_KINDS = {
-    "write/write": ("unordered writes", "unordered writes to {}"),
-    "write/read": (
-        "read not ordered after the write",
-        "unordered read of {} (after another stream's write)",
-    ),
-    "read/write": ("write not ordered after the read", "write over an unordered read of {}"),
-}
 
 
 def cell_of(races: Iterable[Race]) -> Cell:

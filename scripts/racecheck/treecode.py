@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 EAGLE_TOPK = 1  # the draft's top-k in every scenario
+_IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 
 class ScenarioError(RuntimeError):
@@ -111,9 +112,6 @@ def war_barrier_of_tree() -> Barrier:
             "waits on the whole forward stream, as the fallback does"
         )
     return Barrier(function, scheduler, "".join(runners), "".join(events), how)
-
-
-_IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 
 @functools.cache

@@ -36,6 +36,11 @@ _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_",
 # A row's scenarios: catalogue names, or this word for the forward every scenario plays.
 EVERY_SCENARIO = "all"
 Rows = dict[str, dict[str, str]]  # writer key -> {stream, order, scenarios | reason}
+UPSTREAM_WRITERS = paths.PATCHES_ROOT / "upstream-writers.toml"
+# The wheel every release so far ships for CPython 3.11 on Linux x86_64.
+WHEEL_NAME = "sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
+# Final releases only: what pip installs without --pre.
+_VERSION = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 
 
 class Writer(NamedTuple):
@@ -147,13 +152,6 @@ def main(tree: Path, manifest: PinManifest) -> int:
         return Exit.RACE
     print(f"ok: {len(found)} writers, every one classified")
     return Exit.OK
-
-
-UPSTREAM_WRITERS = paths.PATCHES_ROOT / "upstream-writers.toml"
-# The wheel every release so far ships for CPython 3.11 on Linux x86_64.
-WHEEL_NAME = "sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
-# Final releases only: what pip installs without --pre.
-_VERSION = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 
 
 def newer_releases(registry: Releases) -> list[str]:
