@@ -34,14 +34,13 @@ Job = TypeVar("Job")
 
 @functools.cache
 def preload() -> float:
-    """Import what of PRELOAD is importable and freeze it, once; the seconds it took.
-    gc.freeze(): else each forked child's collections walk these millions of objects."""
+    """Import what of PRELOAD is importable and freeze it, once; the seconds it took."""
     started = time.perf_counter()
     for name in PRELOAD.split():
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     gc.collect()
-    gc.freeze()
+    gc.freeze()  # else each forked child's collections walk these millions of objects
     return time.perf_counter() - started
 
 

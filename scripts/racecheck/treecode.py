@@ -31,8 +31,7 @@ _SERVER_ARGS = {
 
 
 def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
-    """The few server arguments the relay reads; from 0.5.18 on (config bags need every
-    field) a ServerArgs of its declared defaults, without __post_init__."""
+    """The few server arguments the relay reads; from 0.5.18 on, a ServerArgs of its defaults."""
     values = {**_SERVER_ARGS, "speculative_algorithm": spec, "enable_hisparse": hisparse}
     try:
         from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
@@ -40,7 +39,7 @@ def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
         return SimpleNamespace(**values)
     from sglang.srt.server_args import ServerArgs
 
-    args = object.__new__(ServerArgs)
+    args = object.__new__(ServerArgs)  # config bags need every field; no __post_init__
     for f in dataclasses.fields(ServerArgs):
         value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         object.__setattr__(args, f.name, None if value is dataclasses.MISSING else value)
