@@ -29,18 +29,18 @@ PRELOAD = """
     xgrammar zmq gguf msgspec orjson einops
     pytest _pytest.junitxml
 """
+Job = TypeVar("Job")
 
 
 @functools.cache
 def preload() -> float:
-    """Import what of PRELOAD is importable and freeze it, once; the seconds it took.
-    gc.freeze(): else each forked child's collections walk these millions of objects."""
+    """Import what of PRELOAD is importable and freeze it, once; the seconds it took."""
     started = time.perf_counter()
     for name in PRELOAD.split():
         with contextlib.suppress(Exception):
             importlib.import_module(name)
     gc.collect()
-    gc.freeze()
+    gc.freeze()  # else each forked child's collections walk these millions of objects
     return time.perf_counter() - started
 
 
@@ -50,9 +50,6 @@ def use_tree(tree: Path) -> None:
     sys.path.insert(0, str(tree / "python"))
     if tree.resolve().is_relative_to(paths.build_dir().resolve()):
         sys.dont_write_bytecode = False
-
-
-Job = TypeVar("Job")
 
 
 def fork_each(

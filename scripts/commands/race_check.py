@@ -303,9 +303,8 @@ def _run(tree: Path) -> dict[str, Any]:
         hint = "use an interpreter with sglang's import closure (build/venv from "
         hint += "scripts/run-tests, or --python PATH)"
         hint = hint if isinstance(err, ModuleNotFoundError) else ""
-        raise BackportError(
-            Exit.SCENARIO, f"importing sglang failed: {_short(err)}", hint
-        ) from None
+        why = f"importing sglang failed: {_short(err)}"
+        raise BackportError(Exit.SCENARIO, why, hint) from None
     import torch
     from racecheck import scenarios, treecode
 

@@ -32,6 +32,7 @@ _HANDLER_METHODS: dict[str, tuple[str, ...]] = {
 _ACCESS_FIELDS = {"type", "seq_num", "stream", "operator", "aliases", "is_output", "stack_trace"}
 _ERROR_ATTRIBUTES = ("data_ptr", "current_access", "previous_access")
 DEFAULT_STREAM_ID = 0  # CSAN knows stream 0 from the start; check_shape pins the value
+_UNMODELLED = "completion is not modelled; the checker only knows order"
 
 
 def torch_text(version: str) -> str:
@@ -67,10 +68,9 @@ def check_shape(csan: ModuleType) -> list[str]:
     problems: list[str] = []
     for name, params in _HANDLER_METHODS.items():
         method = getattr(handler, name, None)
-        got = tuple(inspect.signature(method).parameters)[1:] if method else None
-        if got is None:
+        if method is None:
             problems.append(f"EventHandler.{name} is gone")
-        elif got != params:
+        elif (got := tuple(inspect.signature(method).parameters)[1:]) != params:
             problems.append(f"EventHandler.{name}{got} instead of {params}")
     access = getattr(csan, "Access", None)
     if access is None or not dataclasses.is_dataclass(access):
@@ -91,10 +91,6 @@ def check_shape(csan: ModuleType) -> list[str]:
     return problems
 
 
-def _unmodelled(what: str) -> bool:
-    raise NotImplementedError(f"{what}: completion is not modelled; the checker only knows order")
-
-
 class SimEvent:
     def __init__(self, device: SimDevice, **_options: Any) -> None:
         self.device = device
@@ -113,7 +109,7 @@ class SimEvent:
         self.device.handler._handle_event_synchronization(self.event_id)
 
     def query(self) -> bool:
-        return _unmodelled("SimEvent.query()")
+        raise NotImplementedError(f"SimEvent.query(): {_UNMODELLED}")
 
 
 class SimStream:
@@ -137,7 +133,7 @@ class SimStream:
         self.device.handler._handle_stream_synchronization(self.stream_id)
 
     def query(self) -> bool:
-        return _unmodelled("SimStream.query()")
+        raise NotImplementedError(f"SimStream.query(): {_UNMODELLED}")
 
 
 class SimDevice:  # stands in for torch.cuda as returned by torch.get_device_module()

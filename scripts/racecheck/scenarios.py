@@ -304,8 +304,7 @@ def run(name: str) -> list[Race]:
         treecode.server_args_published(args),
         simulated_gpu(code_roots=[sglang_root()]) as (device, watch),
     ):
-        world = _World(device, watch, args)
-        (play_hisparse if scenario.hisparse else play)(world, scenario)
+        (play_hisparse if scenario.hisparse else play)(_World(device, watch, args), scenario)
     if missing := sorted(required(scenario) - watch.seen):
         unseen = ", ".join(f"a {kind} of {buf} on {stream}" for stream, kind, buf in missing)
         path = "the tree's relay path differs from the one the scenario drives"

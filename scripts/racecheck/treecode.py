@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 EAGLE_TOPK = 1  # the draft's top-k in every scenario
+_IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 
 class ScenarioError(RuntimeError):
@@ -30,8 +31,7 @@ _SERVER_ARGS = {
 
 
 def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
-    """The few server arguments the relay reads; from 0.5.18 on (config bags need every
-    field) a ServerArgs of its declared defaults, without __post_init__."""
+    """The few server arguments the relay reads; from 0.5.18 on, a ServerArgs of its defaults."""
     values = {**_SERVER_ARGS, "speculative_algorithm": spec, "enable_hisparse": hisparse}
     try:
         from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
@@ -39,7 +39,7 @@ def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
         return SimpleNamespace(**values)
     from sglang.srt.server_args import ServerArgs
 
-    args = object.__new__(ServerArgs)
+    args = object.__new__(ServerArgs)  # config bags need every field; no __post_init__
     for f in dataclasses.fields(ServerArgs):
         value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         object.__setattr__(args, f.name, None if value is dataclasses.MISSING else value)
@@ -111,9 +111,6 @@ def war_barrier_of_tree() -> Barrier:
             "waits on the whole forward stream, as the fallback does"
         )
     return Barrier(function, scheduler, "".join(runners), "".join(events), how)
-
-
-_IMPORTED = "imported from sglang.srt.managers.scheduler"
 
 
 @functools.cache

@@ -36,6 +36,11 @@ _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_",
 # A row's scenarios: catalogue names, or this word for the forward every scenario plays.
 EVERY_SCENARIO = "all"
 Rows = dict[str, dict[str, str]]  # writer key -> {stream, order, scenarios | reason}
+UPSTREAM_WRITERS = paths.PATCHES_ROOT / "upstream-writers.toml"
+# The wheel every release so far ships for CPython 3.11 on Linux x86_64.
+WHEEL_NAME = "sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
+# Final releases only: what pip installs without --pre.
+_VERSION = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 
 
 class Writer(NamedTuple):
@@ -122,9 +127,8 @@ def checked(rows: Rows, where: Callable[[str], str]) -> Rows:
         if unknown and named != EVERY_SCENARIO:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"{where(key)} [writers] {key!r}: scenarios = {named!r} names "
-                f"{', '.join(unknown)}, which is not a scenario of "
-                "scripts/patchset/plays.py",
+                f"{where(key)} [writers] {key!r}: scenarios = {named!r} names {', '.join(unknown)}"
+                ", which is not a scenario of scripts/patchset/plays.py",
                 f"name scenarios from {' '.join(BY_NAME)}, separated by spaces, or write "
                 f'"{EVERY_SCENARIO}" for the in-flight forward every scenario plays',
             )
@@ -148,13 +152,6 @@ def main(tree: Path, manifest: PinManifest) -> int:
         return Exit.RACE
     print(f"ok: {len(found)} writers, every one classified")
     return Exit.OK
-
-
-UPSTREAM_WRITERS = paths.PATCHES_ROOT / "upstream-writers.toml"
-# The wheel every release so far ships for CPython 3.11 on Linux x86_64.
-WHEEL_NAME = "sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
-# Final releases only: what pip installs without --pre.
-_VERSION = re.compile(r"^\d+(\.\d+)*(\.post\d+)?$")
 
 
 def newer_releases(registry: Releases) -> list[str]:
@@ -211,14 +208,12 @@ def judge_wheel(release: str, wheel_file: Path, classes: Rows) -> tuple[bool, li
 
 
 def wheel_sources(wheel_file: Path) -> dict[str, bytes]:
-    """sglang/'s .py files as the wheel holds them, by path under python/sglang/, in scan()'s
-    order, read in memory (writing out some 5,000 files took seconds); as on disk, a
-    file over MAX_SOURCE_BYTES is absent, and a name's `.` and `..` parts are dropped."""
+    """sglang/'s .py files by path under python/sglang/, in scan()'s order, read in memory
+    (5,000 files written out took seconds); as on disk, one over MAX_SOURCE_BYTES is absent."""
     found: dict[PurePosixPath, bytes] = {}
     with zipfile.ZipFile(wheel_file) as archive:
         for member in archive.infolist():
-            parts = [p for p in member.filename.split("/") if p not in ("", ".", "..")]
-            name = PurePosixPath(*parts) if parts else PurePosixPath()
+            name = PurePosixPath(*[p for p in member.filename.split("/") if p != ".."])
             if name.parts[:1] != ("sglang",) or name.suffix != ".py" or member.is_dir():
                 continue
             if member.file_size <= MAX_SOURCE_BYTES:
