@@ -3,6 +3,7 @@ command-line flag the docs give one of our commands is in that command's usage."
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 import subprocess
@@ -106,6 +107,40 @@ def test_the_flag_check_finds_a_flag_a_command_lacks():
     )
     assert pairs == [("apply-patches", "--no-such-flag"), ("check-install", "--launch-args")]
     assert "--no-such-flag" not in usage_flags("apply-patches")
+
+
+# A place in our own code as race-check prints it: "racecheck/scenarios.py:85 in inflight_forward".
+PLACE = re.compile(r"\b((?:scripts/)?(?:[a-z_]+/)+[a-z_]+\.py):(\d+) in (\w+)")
+
+
+def misplaced(text: str) -> list[str]:
+    """The quoted places of ours whose line is not inside the function named."""
+    wrong = []
+    for path, line, function in PLACE.findall(text):
+        source = next(
+            (p for p in (ROOT / path, SCRIPTS / path, ROOT / "ci" / path) if p.is_file()), None
+        )
+        if source is None:  # sglang's own files: the release's, not ours
+            continue
+        functions = [
+            n
+            for n in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == function
+        ]
+        if not any(n.lineno <= int(line) <= (n.end_lineno or 0) for n in functions):
+            wrong.append(f"{path}:{line} in {function}")
+    return wrong
+
+
+def test_every_place_in_our_code_the_docs_quote_is_in_its_function():
+    wrong = [f"{doc.relative_to(ROOT)}: {p}" for doc in DOCS for p in misplaced(doc.read_text())]
+    assert not wrong, f"{wrong}: run the command the doc quotes again and copy its lines"
+
+
+def test_the_place_check_finds_a_line_outside_its_function():
+    assert misplaced("driven by racecheck/scenarios.py:1 in play_hisparse") == [
+        "racecheck/scenarios.py:1 in play_hisparse"
+    ]
 
 
 def test_every_doc_is_checked():
