@@ -4,6 +4,7 @@ run, then a full stream ordering? Overlap on, any other condition either way; st
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import stat
@@ -64,7 +65,6 @@ class Sources:
         self.package, self._given = package, dict(texts or {})
         self._texts: dict[str, str | None] = {}
         self._modules: dict[str, ast.Module] = {}
-        self._candidates: list[str] | None = None
 
     @classmethod
     def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
@@ -79,12 +79,6 @@ class Sources:
             data = _regular_file(self.package / path.removeprefix(PREFIX))
         return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
 
-    def _paths(self) -> list[str]:
-        if self.package is None:
-            return sorted(self._given)
-        found = (p.relative_to(self.package).as_posix() for p in self.package.rglob("*.py"))
-        return sorted(PREFIX + name for name in found)
-
     def module(self, path: str) -> ast.Module | None:
         """The parsed file; None when it is absent; CannotTell when it does not parse."""
         if path not in self._modules:
@@ -98,22 +92,28 @@ class Sources:
                 raise CannotTell(f"{path} does not parse: {err}", where) from err
         return self._modules[path]
 
+    @functools.cached_property
+    def _candidates(self) -> dict[str, str]:
+        """The files that name a piece of the prebuilt path or of FutureMap: read once, kept."""
+        if self.package is None:
+            paths = sorted(self._given)
+        else:
+            found = (p.relative_to(self.package).as_posix() for p in self.package.rglob("*.py"))
+            paths = sorted(PREFIX + name for name in found)
+        texts = ((path, self.text(path)) for path in paths)
+        kept = {p: t for p, t in texts if t is not None and any(w in t for w in _CANDIDATE)}
+        self._texts.update(kept)
+        return kept
+
     def mentioning(self, word: str) -> list[str]:
-        """The files that name a piece of the prebuilt path or of FutureMap, and word."""
-        if self._candidates is None:
-            self._candidates = []
-            for path in self._paths():  # read once; keep candidates' text
-                text = self.text(path)
-                if text is not None and any(word in text for word in _CANDIDATE):
-                    self._texts[path] = text
-                    self._candidates.append(path)
-        return [p for p in self._candidates if word in (self._texts[p] or "")]
+        """The candidate files that name word."""
+        return [path for path, text in self._candidates.items() if word in text]
 
     def defining(self, name: str, keyword: str = "def") -> list[str]:
         """The files that may hold the prebuilt path and define a function (or class) name."""
         pattern = re.compile(rf"^[ \t]*(?:async[ \t]+)?{keyword}[ \t]+{re.escape(name)}\b", re.M)
         found = self.mentioning(f"{keyword} {name}")
-        return [p for p in found if pattern.search(self._texts[p] or "")]
+        return [p for p in found if pattern.search(self._candidates[p])]
 
 
 class CannotTell(Exception):
@@ -285,7 +285,7 @@ class Flow:
         if isinstance(stmt, ast.Return):  # a bare return, or return None, returns None
             value = stmt.value
             none = value is None or (isinstance(value, ast.Constant) and value.value is None)
-            results = {(p, None) for p in paths} if value is None else self.expr(value, paths, fn)
+            results = self.expr(stmt, paths, fn)
             return Out(returns={(p, bool(returned) or none) for p, returned in results})
         if isinstance(stmt, ast.Raise):
             self.expr(stmt, paths, fn)
@@ -386,7 +386,12 @@ class Flow:
             early = path.early or path.waited
             return {(replace(path, prepared=True, waited=False, early=early, unsure=False), None)}
         if name == PROCESS:
-            self.process(call, path, fn)
+            args = ", ".join(text(a) for a in call.args)
+            seeds = self.note(fn, call.lineno, f"{text(call.func)}({args}) seeds the prebuilt rows")
+            kind = "unsure" if path.unsure else "early" if path.early else "unordered"
+            if not path.prepared or path.waited:
+                kind = "ordered" if path.prepared else "unprepared"
+            self.outcomes.setdefault((kind, seeds), None)
             return {(path, None)}
         found = ordering(call)
         if found is not None:
@@ -403,14 +408,6 @@ class Flow:
             return {(path, None)}
         done = self.run(helper, {path})
         return {(p, True) for p in done.normal} | {(p, none) for p, none in done.returns}
-
-    def process(self, call: ast.Call, path: Trace, fn: Fn) -> None:
-        args = ", ".join(text(a) for a in call.args)
-        evidence = self.note(fn, call.lineno, f"{text(call.func)}({args}) seeds the prebuilt rows")
-        kind = "unsure" if path.unsure else "early" if path.early else "unordered"
-        if not path.prepared or path.waited:
-            kind = "ordered" if path.prepared else "unprepared"
-        self.outcomes.setdefault((kind, evidence), None)
 
     def helper(self, call: ast.Call, fn: Fn) -> Fn | None:
         """The function a self.NAME(...) or NAME(...) call runs, if it touches the prebuilt path."""
