@@ -135,8 +135,7 @@ def judge(sources: sf.Sources) -> Judgement:
         if sources.module(DECODE) is None:
             raise sf.CannotTell(f"{DECODE} is missing", sf.Evidence(DECODE, 0, "", "not found"))
         if not (entries := sf.defined(sources, ENTRY, DECODE)):
-            where = "in no file of the tree (moved out of it, or renamed)"
-            raise sf.CannotTell(f"{ENTRY} is {where}")
+            raise sf.CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
         flow = sf.Flow(sources)
         for fn in entries:
             flow.note(fn, fn.node.lineno, "the prebuilt path starts here")
