@@ -94,16 +94,11 @@ class BufferWatch(TorchDispatchMode):
     def _access(self, access: Any) -> Access:
         sites: dict[str, list[Site]] = {"code": [], "driver": []}
         for frame in reversed(list(access.stack_trace)):
-            where = _where(frame.filename, self._code_roots)
-            if where is not None:
+            if (where := _where(frame.filename, self._code_roots)) is not None:
                 sites[where[0]].append(Site(where[1], frame.lineno, frame.name))
-        return Access(
-            kind="write" if access.type.name == "WRITE" else "read",
-            stream=self.device.streams[access.stream].name,
-            operator=str(access.operator.name),
-            code=tuple(sites["code"]),
-            driver=tuple(sites["driver"]),
-        )
+        kind = "write" if access.type.name == "WRITE" else "read"
+        stream, operator = self.device.streams[access.stream].name, str(access.operator.name)
+        return Access(kind, stream, operator, tuple(sites["code"]), tuple(sites["driver"]))
 
 
 @functools.cache
