@@ -1,7 +1,5 @@
 """Judge sglang releases newer than the ones this project knows, by their code."""
 
-from __future__ import annotations
-
 import contextlib
 
 from patchset import cli

@@ -2,8 +2,6 @@
 blob ids, with the races each leaves open; from releases.toml and every pin.toml.
 Standard library only and Python 3.10-safe: check-install's zipapp carries it."""
 
-from __future__ import annotations
-
 import functools
 from collections.abc import Container
 from dataclasses import dataclass, field

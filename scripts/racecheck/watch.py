@@ -1,8 +1,6 @@
 """Per-row reads and writes of watched buffers for CSAN, which keys an access by data
 pointer: each row gets its own key, else two streams writing different rows would race."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import os
