@@ -1,8 +1,6 @@
 """shape.py's walk of every path from get_new_prebuilt_batch through its helpers: did prepare
 run, then a full stream ordering? Overlap on, any other condition either way; stdlib, 3.10-safe."""
 
-from __future__ import annotations
-
 import ast
 import functools
 import os
@@ -67,7 +65,7 @@ class Sources:
         self._modules: dict[str, ast.Module] = {}
 
     @classmethod
-    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
+    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> "Sources":
         return cls(None, texts)
 
     def text(self, path: str) -> str | None:
@@ -196,7 +194,7 @@ class Out:
     breaks: set[Trace] = field(default_factory=set)
     continues: set[Trace] = field(default_factory=set)
 
-    def add(self, done: Out, *kinds: str) -> None:
+    def add(self, done: "Out", *kinds: str) -> None:
         """done's paths of each kind (all of them by default) join this one's."""
         for kind in kinds or ("normal", "returns", "breaks", "continues"):
             getattr(self, kind).update(getattr(done, kind))
