@@ -391,8 +391,7 @@ class Flow:
                 kind = "ordered" if path.prepared else "unprepared"
             self.outcomes.setdefault((kind, seeds), None)
             return {(path, None)}
-        found = ordering(call)
-        if found is not None:
+        if (found := ordering(call)) is not None:
             kind, what = found
             where = f" (runs only when {' and '.join(self.conditions)})" if self.conditions else ""
             self.note(fn, call.lineno, _SAID[kind] + what + where)
@@ -436,8 +435,7 @@ class Flow:
         key = (fn.file, fn.name)
         if key not in self._relevant:
             self._relevant[key] = False  # a call cycle is not relevant by itself
-            module = self.sources.module(fn.file)
-            locals_ = {f.node.name: f for f in functions(module, fn.file)}
+            locals_ = {f.node.name: f for f in functions(self.sources.module(fn.file), fn.file)}
             self._relevant[key] = any(
                 tail(c.func) in (PREPARE, PROCESS)
                 or ordering(c) is not None
