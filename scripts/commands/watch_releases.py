@@ -1,7 +1,5 @@
 """Judge sglang releases newer than the ones this project knows, by their code."""
 
-from __future__ import annotations
-
 import contextlib
 
 from patchset import cli
@@ -42,9 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             flag, action="append", default=[], type=kind, metavar=meta, help=f"{what} (repeatable)"
         )
     args = p.parse_args(argv)
-    for wheel_file in args.wheel:
-        if not wheel_file.is_file():
-            p.error(f"--wheel {wheel_file}: no such file")
+    if missing := [w for w in args.wheel if not w.is_file()]:
+        p.error(f"--wheel {missing[0]}: no such file")
     registry = load_releases()
     classes = writers.classified()
     releases = args.release or ([] if args.wheel else writers.newer_releases(registry))

@@ -2,8 +2,6 @@
 blob ids, with the races each leaves open; from releases.toml and every pin.toml.
 Standard library only and Python 3.10-safe: check-install's zipapp carries it."""
 
-from __future__ import annotations
-
 import functools
 from collections.abc import Container
 from dataclasses import dataclass, field
@@ -40,8 +38,7 @@ def blobs_of(files: Files) -> Blobs:
 
 def step_in(manifest: PinManifest, blobs: Blobs) -> str | None:
     """Which step of the series the files are at (the last on a tie), or None."""
-    at = [step for step in manifest.steps if manifest.blobs_at(step) == blobs]
-    return at[-1] if at else None
+    return next((s for s in reversed(manifest.steps) if manifest.blobs_at(s) == blobs), None)
 
 
 @dataclass

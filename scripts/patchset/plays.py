@@ -2,8 +2,6 @@
 runs. No torch, so race-check's --help describes them cheaply (racecheck.scenarios plays them);
 here, not in racecheck, so check-install's zipapp carries them. Stdlib only, 3.10-safe."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 EAGLE = "EAGLE"

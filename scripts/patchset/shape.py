@@ -22,7 +22,7 @@ SCHEDULER = sf.PREFIX + "srt/managers/scheduler.py"
 ENTRY = "get_new_prebuilt_batch"
 # The overlap worker's map of fresh future token ids, before FutureMap (0.4.x).
 OLDER_OVERLAP = "self.future_token_ids_map = "
-# each doubtful path's kind (Flow.process) and what it says, in the order they are told
+# each doubtful path's kind (Flow.call) and what it says, in the order they are told
 _DOUBTS = {
     "unsure": "after a wait between streams this judgement does not know",
     "early": f"with the ordering before {sf.PREPARE}(), not after it",
@@ -135,8 +135,7 @@ def judge(sources: sf.Sources) -> Judgement:
         if sources.module(DECODE) is None:
             raise sf.CannotTell(f"{DECODE} is missing", sf.Evidence(DECODE, 0, "", "not found"))
         if not (entries := sf.defined(sources, ENTRY, DECODE)):
-            where = "in no file of the tree (moved out of it, or renamed)"
-            raise sf.CannotTell(f"{ENTRY} is {where}")
+            raise sf.CannotTell(f"{ENTRY} is in no file of the tree (moved out of it, or renamed)")
         flow = sf.Flow(sources)
         for fn in entries:
             flow.note(fn, fn.node.lineno, "the prebuilt path starts here")

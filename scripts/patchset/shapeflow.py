@@ -1,9 +1,8 @@
 """shape.py's walk of every path from get_new_prebuilt_batch through its helpers: did prepare
 run, then a full stream ordering? Overlap on, any other condition either way; stdlib, 3.10-safe."""
 
-from __future__ import annotations
-
 import ast
+import functools
 import os
 import re
 import stat
@@ -64,10 +63,9 @@ class Sources:
         self.package, self._given = package, dict(texts or {})
         self._texts: dict[str, str | None] = {}
         self._modules: dict[str, ast.Module] = {}
-        self._candidates: list[str] | None = None
 
     @classmethod
-    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> Sources:
+    def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> "Sources":
         return cls(None, texts)
 
     def text(self, path: str) -> str | None:
@@ -78,12 +76,6 @@ class Sources:
         else:
             data = _regular_file(self.package / path.removeprefix(PREFIX))
         return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-
-    def _paths(self) -> list[str]:
-        if self.package is None:
-            return sorted(self._given)
-        found = (p.relative_to(self.package).as_posix() for p in self.package.rglob("*.py"))
-        return sorted(PREFIX + name for name in found)
 
     def module(self, path: str) -> ast.Module | None:
         """The parsed file; None when it is absent; CannotTell when it does not parse."""
@@ -98,22 +90,28 @@ class Sources:
                 raise CannotTell(f"{path} does not parse: {err}", where) from err
         return self._modules[path]
 
+    @functools.cached_property
+    def _candidates(self) -> dict[str, str]:
+        """The files that name a piece of the prebuilt path or of FutureMap: read once, kept."""
+        if self.package is None:
+            paths = sorted(self._given)
+        else:
+            found = (p.relative_to(self.package).as_posix() for p in self.package.rglob("*.py"))
+            paths = sorted(PREFIX + name for name in found)
+        texts = ((path, self.text(path)) for path in paths)
+        kept = {p: t for p, t in texts if t is not None and any(w in t for w in _CANDIDATE)}
+        self._texts.update(kept)
+        return kept
+
     def mentioning(self, word: str) -> list[str]:
-        """The files that name a piece of the prebuilt path or of FutureMap, and word."""
-        if self._candidates is None:
-            self._candidates = []
-            for path in self._paths():  # read once; keep candidates' text
-                text = self.text(path)
-                if text is not None and any(word in text for word in _CANDIDATE):
-                    self._texts[path] = text
-                    self._candidates.append(path)
-        return [p for p in self._candidates if word in (self._texts[p] or "")]
+        """The candidate files that name word."""
+        return [path for path, text in self._candidates.items() if word in text]
 
     def defining(self, name: str, keyword: str = "def") -> list[str]:
         """The files that may hold the prebuilt path and define a function (or class) name."""
         pattern = re.compile(rf"^[ \t]*(?:async[ \t]+)?{keyword}[ \t]+{re.escape(name)}\b", re.M)
         found = self.mentioning(f"{keyword} {name}")
-        return [p for p in found if pattern.search(self._texts[p] or "")]
+        return [p for p in found if pattern.search(self._candidates[p])]
 
 
 class CannotTell(Exception):
@@ -196,7 +194,7 @@ class Out:
     breaks: set[Trace] = field(default_factory=set)
     continues: set[Trace] = field(default_factory=set)
 
-    def add(self, done: Out, *kinds: str) -> None:
+    def add(self, done: "Out", *kinds: str) -> None:
         """done's paths of each kind (all of them by default) join this one's."""
         for kind in kinds or ("normal", "returns", "breaks", "continues"):
             getattr(self, kind).update(getattr(done, kind))
@@ -285,7 +283,7 @@ class Flow:
         if isinstance(stmt, ast.Return):  # a bare return, or return None, returns None
             value = stmt.value
             none = value is None or (isinstance(value, ast.Constant) and value.value is None)
-            results = {(p, None) for p in paths} if value is None else self.expr(value, paths, fn)
+            results = self.expr(stmt, paths, fn)
             return Out(returns={(p, bool(returned) or none) for p, returned in results})
         if isinstance(stmt, ast.Raise):
             self.expr(stmt, paths, fn)
@@ -386,10 +384,14 @@ class Flow:
             early = path.early or path.waited
             return {(replace(path, prepared=True, waited=False, early=early, unsure=False), None)}
         if name == PROCESS:
-            self.process(call, path, fn)
+            args = ", ".join(text(a) for a in call.args)
+            seeds = self.note(fn, call.lineno, f"{text(call.func)}({args}) seeds the prebuilt rows")
+            kind = "unsure" if path.unsure else "early" if path.early else "unordered"
+            if not path.prepared or path.waited:
+                kind = "ordered" if path.prepared else "unprepared"
+            self.outcomes.setdefault((kind, seeds), None)
             return {(path, None)}
-        found = ordering(call)
-        if found is not None:
+        if (found := ordering(call)) is not None:
             kind, what = found
             where = f" (runs only when {' and '.join(self.conditions)})" if self.conditions else ""
             self.note(fn, call.lineno, _SAID[kind] + what + where)
@@ -403,14 +405,6 @@ class Flow:
             return {(path, None)}
         done = self.run(helper, {path})
         return {(p, True) for p in done.normal} | {(p, none) for p, none in done.returns}
-
-    def process(self, call: ast.Call, path: Trace, fn: Fn) -> None:
-        args = ", ".join(text(a) for a in call.args)
-        evidence = self.note(fn, call.lineno, f"{text(call.func)}({args}) seeds the prebuilt rows")
-        kind = "unsure" if path.unsure else "early" if path.early else "unordered"
-        if not path.prepared or path.waited:
-            kind = "ordered" if path.prepared else "unprepared"
-        self.outcomes.setdefault((kind, evidence), None)
 
     def helper(self, call: ast.Call, fn: Fn) -> Fn | None:
         """The function a self.NAME(...) or NAME(...) call runs, if it touches the prebuilt path."""
@@ -441,8 +435,7 @@ class Flow:
         key = (fn.file, fn.name)
         if key not in self._relevant:
             self._relevant[key] = False  # a call cycle is not relevant by itself
-            module = self.sources.module(fn.file)
-            locals_ = {f.node.name: f for f in functions(module, fn.file)}
+            locals_ = {f.node.name: f for f in functions(self.sources.module(fn.file), fn.file)}
             self._relevant[key] = any(
                 tail(c.func) in (PREPARE, PROCESS)
                 or ordering(c) is not None

@@ -32,7 +32,17 @@ def onto_fork(
     files: Files,
 ) -> ApplyReport:
     """--3way under the repository's lock: an apply.OntoFork once the first four are bound."""
-    series = series or _series(where, release, files)
+    if series is None:
+        catalog = load_catalog(PATCHES_ROOT)
+        release = release or catalog.nearest_release(blobs_of(files), catalog.served)
+        if release is None:
+            raise BackportError(
+                Exit.BASE_MISMATCH,
+                f"{where} shares no file with a served release ({', '.join(catalog.served)}), "
+                "so which release it is a fork of cannot be told from its files",
+                "name it: add --base VERSION (one of those releases) to --3way",
+            )
+        series = series_for_release(PATCHES_ROOT, release)
     apply.verify(series)
     manifest = series.manifest
     branch = branch or default_branch(manifest)
@@ -96,19 +106,6 @@ def onto_fork(
         f"next step, the full check: {full_check(where)} (after switching to the branch)",
     ]
     return ApplyReport(where, branch, [] if exists else done, done if exists else [], notes)
-
-
-def _series(where: Path, release: str | None, files: Files) -> Series:
-    catalog = load_catalog(PATCHES_ROOT)
-    release = release or catalog.nearest_release(blobs_of(files), catalog.served)
-    if release is None:
-        raise BackportError(
-            Exit.BASE_MISMATCH,
-            f"{where} shares no file with a served release ({', '.join(catalog.served)}), so "
-            "which release it is a fork of cannot be told from its files",
-            "name it: add --base VERSION (one of those releases) to --3way",
-        )
-    return series_for_release(PATCHES_ROOT, release)
 
 
 def _merge(

@@ -1,8 +1,6 @@
 """Per-row reads and writes of watched buffers for CSAN, which keys an access by data
 pointer: each row gets its own key, else two streams writing different rows would race."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import os
@@ -94,16 +92,11 @@ class BufferWatch(TorchDispatchMode):
     def _access(self, access: Any) -> Access:
         sites: dict[str, list[Site]] = {"code": [], "driver": []}
         for frame in reversed(list(access.stack_trace)):
-            where = _where(frame.filename, self._code_roots)
-            if where is not None:
+            if (where := _where(frame.filename, self._code_roots)) is not None:
                 sites[where[0]].append(Site(where[1], frame.lineno, frame.name))
-        return Access(
-            kind="write" if access.type.name == "WRITE" else "read",
-            stream=self.device.streams[access.stream].name,
-            operator=str(access.operator.name),
-            code=tuple(sites["code"]),
-            driver=tuple(sites["driver"]),
-        )
+        kind = "write" if access.type.name == "WRITE" else "read"
+        stream, operator = self.device.streams[access.stream].name, str(access.operator.name)
+        return Access(kind, stream, operator, tuple(sites["code"]), tuple(sites["driver"]))
 
 
 @functools.cache
