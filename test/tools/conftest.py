@@ -198,6 +198,12 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _script_env(tmp_path: Path, wheel_cache: Path, env: dict[str, str] | None) -> dict[str, str]:
+    """A command's environment in a test: a private build folder, the shared wheel cache."""
+    build = {"SGLANG_BACKPORTS_BUILD": str(tmp_path / "build")}
+    return {**os.environ, **build, "SGLANG_BACKPORTS_CACHE": str(wheel_cache), **(env or {})}
+
+
 @pytest.fixture
 def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
     """Run scripts/NAME with a private build folder and the shared wheel cache."""
@@ -212,10 +218,7 @@ def run_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
         """interruptible: SIGINT interrupts the command, as typed in an interactive
         shell, even when this test run was started with SIGINT ignored (in the
         background of a shell, which a started command would inherit)."""
-        full_env = dict(os.environ)
-        full_env["SGLANG_BACKPORTS_BUILD"] = str(tmp_path / "build")
-        full_env["SGLANG_BACKPORTS_CACHE"] = str(wheel_cache)
-        full_env.update(env or {})
+        full_env = _script_env(tmp_path, wheel_cache, env)
         return subprocess.run(
             [sys.executable, str(SCRIPTS / name), *args],
             capture_output=True,
@@ -240,10 +243,7 @@ def forked_script(tmp_path: Path, wheel_cache: Path) -> RunScript:
         cwd: Path | None = None,
         interruptible: bool = True,  # every forked run is
     ):
-        full_env = dict(os.environ)
-        full_env["SGLANG_BACKPORTS_BUILD"] = str(tmp_path / "build")
-        full_env["SGLANG_BACKPORTS_CACHE"] = str(wheel_cache)
-        full_env.update(env or {})
+        full_env = _script_env(tmp_path, wheel_cache, env)
         return SERVER.run(SCRIPTS / name, list(args), env=full_env, cwd=cwd or tmp_path)
 
     return run
