@@ -16,7 +16,7 @@ Print a review of the patch series:
     the files and the functions (def/class) its changed lines fall in, a diffstat;
   - the cumulative diff of the pinned base against the fully patched files;
   - each function the series changes beside upstream's fixed release (0.5.19),
-    every difference explained from scripts/patchreview/notes.py or marked
+    every difference explained from scripts/patchreview/notes.toml or marked
     UNEXPLAINED; a note that covers nothing is STALE (a note about other bases
     is left out there).
 Our files come from the build tree (scripts/apply-patches) when it holds this
@@ -74,7 +74,7 @@ def main() -> int:
             f"{sum(r.unexplained for r in failing)} unexplained differences, "
             f"{sum(r.stale for r in failing)} stale notes (marked above; base "
             f"{', '.join(r.base_version for r in failing)})",
-            "explain each new difference in scripts/patchreview/notes.py (or change the "
+            "explain each new difference in scripts/patchreview/notes.toml (or change the "
             "patch), and drop notes that cover nothing",
         )
     )

@@ -260,7 +260,8 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
             cls, text = "ok", f"explained: {titles or 'layout only'}"
         else:
             partly = f" (partly: {titles})" if titles else ""
-            cls, text = "bad", f"UNEXPLAINED: no note in notes.py covers the outlined lines{partly}"
+            text = f"UNEXPLAINED: no note in notes.toml covers the outlined lines{partly}"
+            cls = "bad"
         rows.append(f'<tr class="note {cls}"><td colspan="4">{text}</td></tr>')
         mine, up = ({u.line for u in diff.uncovered if u.side == s} for s in ("ours", "upstream"))
         for k in range(max(i2 - i1, j2 - j1)):

@@ -1,4 +1,4 @@
-"""Ours beside upstream's fix: differences found mechanically, their reasons from notes.py
+"""Ours beside upstream's fix: differences found mechanically, their reasons from notes.toml
 (what no note covers is unexplained, a note that covers nothing is stale)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from patchset.git import Git
 from patchset.manifest import Series, WheelPin
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
 
-from .notes import FUNCTION_NOTES, FunctionNotes, Note, check_bounds
+from .notes import FunctionNotes, Note, check_bounds, load_notes
 
 SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
 Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
@@ -331,7 +331,7 @@ def _upstream_sources(pin: WheelPin, cache: Path, paths: tuple[str, ...]) -> dic
 
 def build_review(series: Series, build: Path, cache: Path, notes: Notes | None = None) -> Review:
     series.verify()
-    notes = FUNCTION_NOTES if notes is None else notes
+    notes = load_notes() if notes is None else notes
     manifest = series.manifest
     upstream, release = manifest.registry.upstream_fixed.version, manifest.base.version
     check_bounds(notes, manifest.registry)
@@ -353,7 +353,7 @@ def build_review(series: Series, build: Path, cache: Path, notes: Notes | None =
             raise BackportError(
                 Exit.INTERNAL,
                 f"{qualname} is not in {path} of {where}",
-                "update scripts/patchreview/notes.py to the functions the series changes",
+                "update scripts/patchreview/notes.toml to the functions the series changes",
             )
         was = function_source(base[path], path, qualname)
         touched_by = [p.name for p in patches if qualname in p.functions]

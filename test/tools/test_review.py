@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import RunScript, SlimSet, fetch_or_skip
 from patchreview import review as review_module
-from patchreview.notes import FUNCTION_NOTES, FunctionNotes, Note
+from patchreview.notes import FunctionNotes, Note, load_notes
 from patchreview.render import render_html, render_text
 from patchreview.review import (
     Review,
@@ -70,7 +70,7 @@ def rescoped(
 ) -> dict[str, FunctionNotes]:
     """The real notes with one note dropped (bases None) or moved to other bases
     (since, before)."""
-    notes = dict(FUNCTION_NOTES)
+    notes = load_notes()
     found = [n for n in notes[qualname].notes if n.title.startswith(title_start)]
     assert len(found) == 1, "the note to change is not there"
     kept = [n for n in notes[qualname].notes if n is not found[0]]
@@ -103,7 +103,7 @@ def test_every_base_is_fully_explained(reviews: dict[str, Review], base: str) ->
 
 def test_note_bounds_are_known_releases() -> None:
     known = load_releases().known
-    for function in FUNCTION_NOTES.values():
+    for function in load_notes().values():
         for note in function.notes:
             for bound in (note.since, note.before):
                 assert not bound or bound in known, (note.title, bound)
@@ -111,6 +111,37 @@ def test_note_bounds_are_known_releases() -> None:
                 assert release_key(note.since) < release_key(note.before), note.title
             # a note about no base we serve would never be checked
             assert any(note.applies_to(base) for base in BASES), note.title
+
+
+NOTE = '[functions.f]\npath = "x.py"\n[functions.f.notes.t]\nwhy = "w"\n'
+
+
+def test_the_notes_file_reads_back_as_notes(tmp_path: Path) -> None:
+    (tmp_path / "n.toml").write_text(NOTE + "lines = ['\\bx\\b']\nbefore = \"0.5.16\"\n")
+    note = Note("t", "w", lines=(r"\bx\b",), before="0.5.16")
+    assert load_notes(tmp_path / "n.toml") == {"f": FunctionNotes("x.py", (note,))}
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (NOTE + "line = ['x']\n", "functions.f.notes.t.line is not a key of a note"),
+        (NOTE + "lines = ['(x']\n", "functions.f.notes.t.lines holds '(x', which is not a regular"),
+        (NOTE + "params = [1]\n", "functions.f.notes.t.params holds 1, which is not a parameter's"),
+        (NOTE.replace('why = "w"', "why = 1"), "functions.f.notes.t.why is an integer, not a"),
+        ("[functions.f.notes.t]\nwhy = 'w'\n", "functions.f.path is missing"),
+        ("functions = 1\n", "functions is an integer, not a table"),
+        ("[functions\n", "is not valid TOML"),
+    ],
+    ids=["unknown-key", "bad-regex", "bad-param", "why-not-text", "no-path", "no-table", "bad"],
+)
+def test_a_damaged_notes_file_is_refused_naming_the_key(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    (tmp_path / "n.toml").write_text(text)
+    with pytest.raises(BackportError) as refused:
+        load_notes(tmp_path / "n.toml")
+    assert refused.value.code == Exit.PATCHSET_INVALID and said in str(refused.value)
 
 
 def test_publish_of_later_bases_is_upstreams(reviews: dict[str, Review]) -> None:
@@ -412,7 +443,7 @@ def test_new_difference_on_one_base_fails_all_strict(
     # comment is a difference nobody explained, and --all --strict must fail on it
     newest = BASES[-1]
     notes = rescoped("build_eagle_disagg_draft_input", "comment corrected", ("", newest))
-    monkeypatch.setattr(review_module, "FUNCTION_NOTES", notes)
+    monkeypatch.setattr(review_module, "load_notes", lambda: notes)
     monkeypatch.setenv("SGLANG_BACKPORTS_BUILD", str(tmp_path / "build"))
     monkeypatch.setenv("SGLANG_BACKPORTS_CACHE", str(upstream_fixed_wheel.parent))
     monkeypatch.setattr(sys, "argv", ["review", "--all", "--strict", "--brief"])
