@@ -18,7 +18,8 @@ from patchset.errors import COMMON, EXIT_TEXT, Exit  # noqa: E402
 README = ROOT / "README.md"
 BEGIN = "<!-- exit codes: made by `python3 ci/exit_codes.py --write` -->"
 END = "<!-- end of exit codes -->"
-# Every launcher in scripts/ (its module in scripts/commands/), and ci/run-gpu, read by path.
+# Every command of scripts/ (a link to launch.py; its module in scripts/commands/), and
+# ci/run-gpu, read by path.
 LAUNCHERS = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file() and not p.suffix)
 
 

@@ -42,13 +42,40 @@ def old_python(version: str) -> str | None:
     return None
 
 
-def test_every_command_has_a_launcher_and_a_module():
+def test_every_command_is_a_link_to_the_launcher_and_has_a_module():
     assert "apply-patches" in COMMANDS and "check-install" in COMMANDS
+    launcher = SCRIPTS / "launch.py"
+    assert launcher.read_text().startswith("#!/usr/bin/env python3\n")
+    assert os.access(launcher, os.X_OK)
     for name in COMMANDS:
-        text = (SCRIPTS / name).read_text()
-        assert text.startswith("#!/usr/bin/env python3\n"), name
-        assert f'start("{name.replace("-", "_")}")' in text, name
+        assert os.readlink(SCRIPTS / name) == "launch.py", name
         assert (SCRIPTS / "commands" / f"{name.replace('-', '_')}.py").is_file(), name
+
+
+def test_a_link_of_another_name_or_a_copy_runs_its_command(tmp_path: Path):
+    # a link on PATH under a name of its own; a copy of scripts/ that follows the links
+    (tmp_path / "sgl-apply").symlink_to(SCRIPTS / "apply-patches")
+    copy = tmp_path / "copy"
+    shutil.copytree(SCRIPTS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert not (copy / "lint-patches").is_symlink()
+    for program, usage in (
+        (tmp_path / "sgl-apply", "usage: apply-patches"),
+        (copy / "lint-patches", "usage: lint-patches"),
+    ):
+        result = subprocess.run([sys.executable, program, "--help"], capture_output=True, text=True)
+        assert result.returncode == 0 and result.stdout.startswith(usage), result.stderr
+
+
+@pytest.mark.parametrize("name", ["launch.py", "no-such-command"])
+def test_a_name_that_is_no_command_is_refused(name: str, tmp_path: Path):
+    program = SCRIPTS / name
+    if name != "launch.py":
+        program = tmp_path / name
+        program.symlink_to(SCRIPTS / "launch.py")
+    result = subprocess.run([sys.executable, str(program)], capture_output=True, text=True)
+    assert result.returncode == Exit.USAGE
+    assert f"error: {program} is not a command of {SCRIPTS}" in result.stderr
+    assert "next step:" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("version", OLD_PYTHONS)
