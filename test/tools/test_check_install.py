@@ -83,12 +83,18 @@ def slim_wheel(full: Path, files: list[str], folder: Path) -> Path:
     return slim
 
 
+@pytest.fixture(scope="module")
+def slim_base(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path) -> Path:
+    """The base release's wheel, slim (see slim_wheel)."""
+    full = wheel_cache / series.manifest.base.wheel
+    return slim_wheel(full, series.manifest.files, tmp_path_factory.mktemp("slim-base"))
+
+
 def test_install_upgrade_edit_uninstall_reinstall(
-    venv: Path, ours: Path, series: Series, wheel_cache: Path, tmp_path: Path
+    venv: Path, ours: Path, series: Series, slim_base: Path, tmp_path: Path
 ):
-    files = series.manifest.files
-    original = slim_wheel(wheel_cache / series.manifest.base.wheel, files, tmp_path / "base")
-    ours = slim_wheel(ours, files, tmp_path / "ours")
+    original = slim_base
+    ours = slim_wheel(ours, series.manifest.files, tmp_path / "ours")
     site = site_packages(venv)
 
     pip(venv, "install", "--no-deps", "--no-index", "--no-compile", "--quiet", str(original))
@@ -429,13 +435,14 @@ def test_an_editable_install_through_a_pth_path_of_the_base_is_affected(
 
 
 def test_two_distributions_on_the_path_are_refused_in_either_order(
-    tmp_path: Path, series: Series, wheel_cache: Path, editable: tuple[Path, Path]
+    tmp_path: Path, slim_base: Path, editable: tuple[Path, Path]
 ):
+    """The editable install, and the base release's wheel installed into another folder."""
     python = venv_copy(editable[1], tmp_path / "venv")
     site = site_packages(python)
-    plain = project(tmp_path / "plain", series, wheel_cache, series.manifest.steps[0])
     other = tmp_path / "other"
-    pip_build(python, "--target", str(other), str(plain))
+    target = ["--target", str(other), str(slim_base)]
+    pip(python, "install", "--no-deps", "--no-index", "--no-compile", "--quiet", *target)
     infos = [site / f"sglang-{BASE}.dist-info", other / f"sglang-{BASE}.dist-info"]
     assert all(info.is_dir() for info in infos)
 
