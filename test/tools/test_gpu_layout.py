@@ -21,10 +21,10 @@ from patchset.manifest import Series, git_blob_id  # noqa: E402
 DECODE = "python/sglang/srt/disaggregation/decode.py"
 
 
-@pytest.fixture
-def step_files(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
-    """What `ci/run-gpu step-files` writes, made by the command itself."""
-    out = tmp_path / "step-files"
+@pytest.fixture(scope="module")
+def made_step_files(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path) -> Path:
+    """What `ci/run-gpu step-files` writes, made by the command itself, once: read only."""
+    out = tmp_path_factory.mktemp("made") / "step-files"
     result = subprocess.run(
         [sys.executable, str(RUN_GPU), "step-files", "--out", str(out)],
         capture_output=True,
@@ -34,6 +34,12 @@ def step_files(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
     assert result.returncode == 0, result.stderr
     assert f"step files {out}: 6 files" in result.stdout
     return out
+
+
+@pytest.fixture
+def step_files(tmp_path: Path, made_step_files: Path) -> Path:
+    """The command's step files, copied for a test to change."""
+    return shutil.copytree(made_step_files, tmp_path / "step-files")
 
 
 def test_step_files_hold_each_step_as_pinned(step_files: Path, series: Series) -> None:
