@@ -156,9 +156,11 @@ def test_pip_installs_it_into_that_python_and_check_install_says_patched(
 
 
 def test_another_python_s_wheel_is_refused_by_pip(built: dict[str, Path], tmp_path: Path):
-    """Why there is a wheel per Python: pip takes only its own interpreter's tag."""
-    python = make_venv(tmp_path / "venv", interpreter("3.12"))
-    install = ["--python", str(python), "install", "--no-deps", "--no-index", str(built["cp311"])]
+    """Why there is a wheel per Python: pip takes only its own interpreter's tag (here a venv
+    of the tests' own Python, whose pip bytecode is there, refuses another Python's wheel)."""
+    other = next(tag for tag in PYTHONS if tag != f"cp3{sys.version_info[1]}")
+    python = make_venv(tmp_path / "venv")
+    install = ["--python", str(python), "install", "--no-deps", "--no-index", str(built[other])]
     result = SERVER.run("-m pip", install)  # as conftest's pip, which wants it to succeed
     assert result.returncode != 0
     assert "is not a supported wheel on this platform" in result.stderr
