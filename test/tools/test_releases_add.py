@@ -19,7 +19,10 @@ To keep this cheap:
   asserts every cell of its step's column);
 - the writers step runs `race-check --writers --tree` on the release's wheel
   sources that may hold a writer (the files the scan would parse), with the
-  series' three files from the build tree: what the build tree's scan reads.
+  series' three files from the build tree: what the build tree's scan reads;
+- the commands run in children forked from a command server of the scratch
+  copy's scripts/ (test/tools/command_server.py), which imports each command
+  once, not in a new interpreter each.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from command_server import CommandServer
 from commands import race_check as cli
 from conftest import fetch_or_skip
 from patchset import paths, wheel
@@ -68,16 +72,11 @@ def with_body(text: str, header: str, body: str) -> str:
 
 
 def run(
-    root: Path, env: dict[str, str], *args: str, code: int = Exit.OK
+    server: CommandServer, env: dict[str, str], *args: str, code: int = Exit.OK
 ) -> subprocess.CompletedProcess[str]:
+    """scripts/COMMAND ARGS of the scratch project, forked from its own command server."""
     command, *rest = args
-    result = subprocess.run(
-        [sys.executable, str(root / "scripts" / command), *rest],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-    )
+    result = server.run(server.scripts / command, rest, env=env, cwd=server.scripts.parent)
     assert result.returncode == code, f"{args}: {result.stdout}{result.stderr}"
     return result
 
@@ -109,17 +108,27 @@ def readme_row(release: str) -> list[str]:
     raise AssertionError(f"README.md's Releases served table has no row for {release}")
 
 
+@pytest.fixture
+def commands(tmp_path: Path) -> Iterator[CommandServer]:
+    """A command server of the scratch project's scripts/ (started on its first run)."""
+    server = CommandServer(tmp_path / "project" / "scripts")
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("release", ["0.5.14", "0.5.16"])
-def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: str) -> None:
+def test_re_adding_a_release_gives_the_same_patch_set(
+    tmp_path: Path, release: str, commands: CommandServer
+) -> None:
     committed = paths.PATCHES_ROOT / f"sglang-{release}"
     old = Series.load(committed).manifest
     known = list(old.registry.known)
     before, after = (known[known.index(release) + i] for i in (-1, 1))
-    root = tmp_path / "project"
+    root = commands.scripts.parent
+    # with scripts' bytecode (conftest compiles it once; the copies keep the sources' mtimes,
+    # so it stays valid): each command started in the copy does not compile its modules again
     for part in ("scripts", "patches"):
-        shutil.copytree(
-            paths.PROJECT_ROOT / part, root / part, ignore=shutil.ignore_patterns("__pycache__")
-        )
+        shutil.copytree(paths.PROJECT_ROOT / part, root / part)
     folder = root / "patches" / f"sglang-{release}"
     shutil.rmtree(folder)
     registry = root / "patches" / RELEASES_NAME
@@ -173,7 +182,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     )
 
     # 3. Lay out the build tree (pristine tag, empty branch).
-    run(root, env, "apply-patches", "--patch-set", str(folder))
+    run(commands, env, "apply-patches", "--patch-set", str(folder))
     repo = tmp_path / "build" / f"sglang-{release}"
 
     # 4. Port the commits.
@@ -182,11 +191,11 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     )
 
     # 5. Export the series, then lint it.
-    run(root, env, "export-patches", "--patch-set", str(folder))
+    run(commands, env, "export-patches", "--patch-set", str(folder))
     pin.write_text(
         pin.read_text(encoding="utf-8").replace(sha256_of(slim), old.base.sha256), encoding="utf-8"
     )
-    lint = run(root, env, "lint-patches", "--patch-set", str(folder))
+    lint = run(commands, env, "lint-patches", "--patch-set", str(folder))
     assert f"lint ok: {len(old.patch_hashes)} patches" in lint.stdout
 
     # 6. The race tables, as race-check --write-expected writes them from its run.
@@ -208,7 +217,7 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     for path in files:
         (tree.parent / path).write_bytes((repo / path).read_bytes())
     scan_writers = ["race-check", "--writers", "--base", release, "--tree", str(tree.parent)]
-    scan = run(root, env, *scan_writers, code=Exit.RACE)
+    scan = run(commands, env, *scan_writers, code=Exit.RACE)
     ours, theirs = (set(re.findall(r'^"([^"]+)" = ', rows, re.M)) for rows in (
         own_writers(pin_text), neighbour_rows))  # fmt: skip
     assert ours != theirs
@@ -216,12 +225,12 @@ def test_re_adding_a_release_gives_the_same_patch_set(tmp_path: Path, release: s
     assert sorted(unclassified) == sorted(ours - theirs)
     assert not (theirs - ours) & scanned(scan)
     pin.write_text(with_body(pin.read_text(encoding="utf-8"), "writers", own_writers(pin_text)))
-    assert "every one classified" in run(root, env, *scan_writers).stdout
+    assert "every one classified" in run(commands, env, *scan_writers).stdout
 
     # 8. Review: every difference from upstream's fixed release explained.
     upstream = fetch_or_skip(old.registry.upstream_fixed, paths.cache_dir())
     shutil.copy(upstream, cache / upstream.name)
-    run(root, env, "review", "--patch-set", str(folder), "--strict")
+    run(commands, env, "review", "--patch-set", str(folder), "--strict")
 
     # 9. Say so: the README's row names the release's patch set, steps and environment.
     _served, _has, gets, patch_set, environment = readme_row(release)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from command_server import SERVER
 from conftest import SCRIPTS, WHEEL_BUILDS, fetch_or_skip, make_venv, pip
 from patched_wheel import (
     assert_only_patched_differ,
@@ -29,14 +31,17 @@ pytestmark = WHEEL_BUILDS
 PYTHONS = ("cp310", "cp311", "cp312", "cp313")
 
 
-def build(out: Path, *args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+def build(
+    out: Path, *args: str, cache: Path | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """scripts/build-wheel --out OUT ARGS, forked from the command server; fresh: in an
+    interpreter of its own, for the builds whose bytes are compared (each process has its
+    own hash seed, so an order that follows it shows as different bytes)."""
     env = dict(os.environ, SGLANG_BACKPORTS_CACHE=str(cache or paths.cache_dir()))
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / "build-wheel"), "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    command = [str(SCRIPTS / "build-wheel"), "--out", str(out), *args]
+    if not fresh:
+        return SERVER.run(command[0], command[1:], env=env)
+    return subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env)
 
 
 def wheels_written(result: subprocess.CompletedProcess[str]) -> list[Path]:
@@ -55,8 +60,44 @@ def originals(series: Series) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, originals: dict[str, Path]) -> dict[str, Path]:
     """build-wheel --all, once: tag -> the patched wheel."""
-    wheels = wheels_written(build(tmp_path_factory.mktemp("dist"), "--all"))
+    return by_tag(wheels_written(build(tmp_path_factory.mktemp("dist"), "--all", fresh=True)))
+
+
+def by_tag(wheels: list[Path]) -> dict[str, Path]:
     return {re.search(r"-(cp3\d+)-cp3\d+-", w.name)[1]: w for w in wheels}  # type: ignore[index]
+
+
+@pytest.fixture(scope="module")
+def slim_pins(
+    tmp_path_factory: pytest.TempPathFactory, series: Series, originals: dict[str, Path]
+) -> tuple[Path, Path]:
+    """A copy of the patch set whose pinned wheel of each Python holds only the files the
+    series touches and the .dist-info folder, each member as the real wheel has it; returns
+    (patch set folder, wheel cache). build-wheel makes the same calls on these as on the
+    real ones (which the tests above build once), over a few hundred kB instead of 48 MB."""
+    folder = tmp_path_factory.mktemp("slim-pins")
+    cache = folder / "cache"
+    cache.mkdir()
+    patch_set = folder / series.folder.name
+    shutil.copytree(series.folder, patch_set)
+    pin = patch_set / "pin.toml"
+    text = pin.read_text(encoding="utf-8")
+    kept = {path.removeprefix("python/") for path in series.manifest.files}
+    info = f"sglang-{series.manifest.base.version}.dist-info/"
+    for tag, wheel_pin in series.manifest.release.wheels.items():
+        original, digest = originals[tag], wheel_pin.sha256  # originals: hash-checked
+        slim = cache / original.name
+        with zipfile.ZipFile(original) as src, zipfile.ZipFile(slim, "w") as dst:
+            for member in src.infolist():
+                if member.filename in kept or member.filename.startswith(info):
+                    copy = zipfile.ZipInfo(member.filename, member.date_time)
+                    copy.compress_type = member.compress_type
+                    copy.external_attr = member.external_attr
+                    dst.writestr(copy, src.read(member))
+        assert text.count(digest) == 1, original.name
+        text = text.replace(digest, sha256_of(slim))
+    pin.write_text(text, encoding="utf-8")
+    return patch_set, cache
 
 
 def test_every_python_sglang_ships_is_built(built: dict[str, Path], series: Series):
@@ -75,14 +116,21 @@ def test_only_the_patched_files_metadata_and_record_differ(
 
 
 def test_python_and_python_version_build_the_same_bytes(
-    built: dict[str, Path], tmp_path: Path, ours: Path
+    built: dict[str, Path], tmp_path: Path, ours: Path, slim_pins: tuple[Path, Path]
 ):
-    """--python PY takes the tag from that interpreter; each is reproducible."""
-    (by_interpreter,) = wheels_written(build(tmp_path / "a", "--python", str(interpreter("3.13"))))
-    assert by_interpreter.read_bytes() == built["cp313"].read_bytes()
-    (by_version,) = wheels_written(build(tmp_path / "b", "--python-version", "3.10"))
-    assert by_version.read_bytes() == built["cp310"].read_bytes()
-    # the default build (the session's own: conftest's ours)
+    """--python PY takes the tag from that interpreter; each is reproducible (on slim_pins:
+    --all's wheel of that Python, built by another process, is the reference)."""
+    patch_set, cache = ("--patch-set", str(slim_pins[0])), slim_pins[1]
+    every = build(tmp_path / "all", *patch_set, "--all", cache=cache, fresh=True)
+    every = by_tag(wheels_written(every))
+    assert list(every) == list(PYTHONS)
+    python = ("--python", str(interpreter("3.13")))
+    (by_interpreter,) = wheels_written(build(tmp_path / "a", *patch_set, *python, cache=cache))
+    assert by_interpreter.read_bytes() == every["cp313"].read_bytes()
+    version = ("--python-version", "3.10")
+    (by_version,) = wheels_written(build(tmp_path / "b", *patch_set, *version, cache=cache))
+    assert by_version.read_bytes() == every["cp310"].read_bytes()
+    # the default build (the session's own: conftest's ours), of the real wheel
     assert ours.read_bytes() == built["cp311"].read_bytes()
 
 
@@ -108,13 +156,12 @@ def test_pip_installs_it_into_that_python_and_check_install_says_patched(
 
 
 def test_another_python_s_wheel_is_refused_by_pip(built: dict[str, Path], tmp_path: Path):
-    """Why there is a wheel per Python: pip takes only its own interpreter's tag."""
-    python = make_venv(tmp_path / "venv", interpreter("3.12"))
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-         "--no-index", str(built["cp311"])],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    """Why there is a wheel per Python: pip takes only its own interpreter's tag (here a venv
+    of the tests' own Python, whose pip bytecode is there, refuses another Python's wheel)."""
+    other = next(tag for tag in PYTHONS if tag != f"cp3{sys.version_info[1]}")
+    python = make_venv(tmp_path / "venv")
+    install = ["--python", str(python), "install", "--no-deps", "--no-index", str(built[other])]
+    result = SERVER.run("-m pip", install)  # as conftest's pip, which wants it to succeed
     assert result.returncode != 0
     assert "is not a supported wheel on this platform" in result.stderr
 
