@@ -97,12 +97,16 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(name: str, tmp_pa
     program's code and is out of its reach: a signal that lands there (seen
     as Python's own death) is told apart and not counted. The commands run
     without site imports (-S: they need nothing from site-packages), which
-    keeps that start short. check-install asks an empty venv of this Python:
-    the same probe and the same answer (no sglang, as in this venv), without
-    the seconds that reading this venv's hundred distributions takes, so the
-    16 moments fall on the command's own work instead of mostly on its wait."""
+    keeps that start short. check-install asks an empty venv of this Python
+    whose start sleeps 0.2 s (a .pth line): the same probe and the same answer
+    (no sglang) as this venv, whose hundred distributions take CPU seconds to
+    read; with the sleep, many of the 16 moments still land while the command
+    waits for that child, as they did, at no CPU cost."""
     if name == "check-install":
-        args = ["--python", str(make_venv(tmp_path / "empty-venv"))]
+        python = make_venv(tmp_path / "empty-venv")
+        (site,) = (tmp_path / "empty-venv" / "lib").glob("python3*/site-packages")
+        (site / "slow-start.pth").write_text("import time; time.sleep(0.2)\n")
+        args = ["--python", str(python)]
     else:
         args = {"apply-patches": ["--check"], "lint-patches": []}[name]
     # its own TMPDIR: a neighbour's hold on the shared temporary-folder lock is not this test's
