@@ -10,11 +10,10 @@ TMPDIR are as they were. A signal at any git call leaves nothing of ours.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from command_server import SERVER
 from conftest import SCRIPTS, RunScript, commit_all, git, repo_state
 from patchset import shape, wheel
 from patchset.errors import Exit
@@ -81,8 +80,13 @@ def test_a_fork_is_refused_without_3way_and_told_it_exists(
 
 
 def test_3way_merges_the_series_onto_a_fork_and_changes_nothing_else(
-    run_script: RunScript, checkout: Path, series: Series, runs_tmpdir: Path
+    run_script: RunScript,
+    forked_script: RunScript,
+    checkout: Path,
+    series: Series,
+    runs_tmpdir: Path,
 ) -> None:
+    """The first run started as a user starts it; the second, a no-op, forked."""
     repo = fork(checkout, "from __future__", COMMENT + "from __future__")
     head = git(repo, "rev-parse", "HEAD")
     before = untouched(repo)
@@ -108,7 +112,7 @@ def test_3way_merges_the_series_onto_a_fork_and_changes_nothing_else(
     assert "judged by code shape: fixed" in result.stdout
     assert f"scripts/race-check --tree {repo}" in result.stdout
     assert sorted(runs_tmpdir.iterdir()) == []
-    again = run_script("apply-patches", "--sglang", str(repo), "--3way", env=env)
+    again = forked_script("apply-patches", "--sglang", str(repo), "--3way", env=env)
     assert again.returncode == Exit.OK and "already applied" in again.stdout, again.stderr
 
 
@@ -213,12 +217,7 @@ def test_a_merge_driver_of_the_users_is_not_run(
     ids=["without-sglang", "with-check"],
 )
 def test_3way_is_refused_where_it_means_nothing(tmp_path: Path, args: list[str], said: str) -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "apply-patches"), *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    result = SERVER.run(SCRIPTS / "apply-patches", args, cwd=tmp_path)
     assert result.returncode == Exit.USAGE, result.stderr
     assert said in result.stderr
 

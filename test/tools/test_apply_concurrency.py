@@ -8,14 +8,34 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import SCRIPTS, RunScript, blobs, git, repo_state
+import pytest
+from conftest import SCRIPTS, RunScript, blobs, commit_all, git, repo_state
 from patchset.apply import LOCK_NAME
 from patchset.errors import Exit
 from patchset.lock import held
 from patchset.manifest import Series, git_blob_id
+from patchset.wheel import extract_package
 
 BRANCH = "sglang-backports/0.5.15.post1"
 DECODE = "python/sglang/srt/disaggregation/decode.py"
+
+
+@pytest.fixture
+def full_checkout(tmp_path: Path, series: Series, wheel_cache: Path) -> Path:
+    """conftest's full_checkout as its one test here needs it, laid out once: a user's own
+    repository of 0.5.15.post1's whole tree (a README beside python/, the release tag, the
+    user's identity, an untracked file), committed where it is used; conftest's clones a
+    session template, which lays the 3,700 files out and hashes them twice."""
+    repo = tmp_path / "sglang"
+    extract_package(wheel_cache / series.manifest.base.wheel, repo)
+    (repo / "README.md").write_text("sglang\n")
+    git(repo, "init", "-q", "--initial-branch=main")
+    git(repo, "config", "user.name", "User")
+    git(repo, "config", "user.email", "user@example.com")
+    commit_all(repo, "v0.5.15.post1")
+    git(repo, "tag", "v0.5.15.post1")
+    (repo / "notes.txt").write_text("my notes\n")
+    return repo
 
 
 def start_four(build: Path, cache: Path, *args: str) -> list[subprocess.Popen[str]]:
@@ -38,10 +58,12 @@ def finish(runs: list[subprocess.Popen[str]]) -> list[str]:
     return outputs
 
 
-def expected_tree(series: Series, wheel: Path) -> dict[str, str]:
-    """python/sglang/... -> blob id after the series: the wheel's files, the patched ones pinned."""
+@pytest.fixture(scope="module")
+def expected_tree(series: Series, wheel_cache: Path) -> dict[str, str]:
+    """python/sglang/... -> blob id after the series: the wheel's files, the patched ones pinned
+    (read and hashed once for both whole-tree tests)."""
     final = series.manifest.blobs_at(series.manifest.final_step)
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(wheel_cache / series.manifest.base.wheel) as archive:
         tree = {
             "python/" + name: git_blob_id(archive.read(name))
             for name in archive.namelist()
@@ -63,7 +85,11 @@ def tree_at(repo: Path, rev: str) -> dict[str, str]:
 
 
 def test_four_runs_at_once_on_one_build_folder(
-    run_script: RunScript, tmp_path: Path, wheel_cache: Path, series: Series
+    forked_script: RunScript,
+    tmp_path: Path,
+    wheel_cache: Path,
+    series: Series,
+    expected_tree: dict[str, str],
 ):
     """Also the default run on the whole tree, and a later run that changes nothing."""
     build = tmp_path / "build"
@@ -79,26 +105,29 @@ def test_four_runs_at_once_on_one_build_folder(
     assert blobs(repo, "HEAD", series) == series.manifest.blobs_at("0002")
     assert blobs(repo, "pristine/0.5.15.post1", series) == series.manifest.blobs_at("base")
     assert "self.schedule_stream.wait_stream(self.forward_stream)" in (repo / DECODE).read_text()
-    expected = expected_tree(series, wheel_cache / series.manifest.base.wheel)
-    assert tree_at(repo, "HEAD") == expected
+    assert tree_at(repo, "HEAD") == expected_tree
     # The files on disk, not only the commit: every one of them, and no other.
     on_disk = {
         str(path.relative_to(repo)): git_blob_id(path.read_bytes())
         for path in (repo / "python" / "sglang").rglob("*")
         if path.is_file()
     }
-    assert on_disk == expected
+    assert on_disk == expected_tree
     assert git(repo, "status", "--porcelain") == ""
     assert sorted(p.name for p in build.iterdir()) == [repo.name]
     before = repo_state(repo)
-    again = run_script("apply-patches")
+    again = forked_script("apply-patches")
     assert again.returncode == 0, again.stderr
     assert "already applied" in again.stdout
     assert repo_state(repo) == before
 
 
 def test_four_runs_at_once_on_one_checkout(
-    tmp_path: Path, wheel_cache: Path, series: Series, full_checkout: Path
+    tmp_path: Path,
+    wheel_cache: Path,
+    series: Series,
+    full_checkout: Path,
+    expected_tree: dict[str, str],
 ):
     """Also: the user's whole checkout gets a new branch and keeps its own."""
     checkout = full_checkout
@@ -114,23 +143,22 @@ def test_four_runs_at_once_on_one_checkout(
     assert blobs(checkout, BRANCH, series) == series.manifest.blobs_at("0002")
     subjects = git(checkout, "log", "--format=%s", f"main..{BRANCH}").splitlines()
     assert len(subjects) == len(series.patch_names)
-    expected = expected_tree(series, wheel_cache / series.manifest.base.wheel)
-    assert tree_at(checkout, BRANCH) == expected
+    assert tree_at(checkout, BRANCH) == expected_tree
     assert len(git(checkout, "worktree", "list").splitlines()) == 1
     assert not (checkout / ".git" / LOCK_NAME).exists()
 
 
-def test_a_held_lock_is_refused_naming_its_holder(run_script: RunScript, checkout: Path):
+def test_a_held_lock_is_refused_naming_its_holder(forked_script: RunScript, checkout: Path):
     lock = checkout / ".git" / LOCK_NAME
     with held(lock, "test", 0):
-        result = run_script("apply-patches", "--sglang", str(checkout), "--wait", "0.5")
+        result = forked_script("apply-patches", "--sglang", str(checkout), "--wait", "0.5")
     assert result.returncode == Exit.LOCKED, result.stderr
     assert f"pid {os.getpid()}" in result.stderr
     assert "--wait" in result.stderr
     assert BRANCH not in git(checkout, "branch", "--list")
     assert not lock.exists()
     # Once the holder is gone, the next step (run again) works.
-    assert run_script("apply-patches", "--sglang", str(checkout)).returncode == Exit.OK
+    assert forked_script("apply-patches", "--sglang", str(checkout)).returncode == Exit.OK
 
 
 def test_a_held_build_lock_is_refused_and_check_needs_no_lock(

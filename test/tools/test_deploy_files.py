@@ -1,37 +1,84 @@
 """What build-wheel and a download write: modes that follow the umask, and no
-leftover of a killed run past the next run, nothing but our own marked folders removed."""
+leftover of a killed run past the next run, nothing but our own marked folders removed.
+
+A build that must run to its end builds the slim release (below) where the test is about
+what it writes and removes, not about the wheel's content (test_build_wheel builds the
+whole one); a run killed or interrupted while it builds builds the whole wheel, whose
+seconds of writing are the window the signal lands in.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
 import sys
 import time
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS
 from patchset import deploy, lock, wheel
-from patchset.manifest import Series
+from patchset.manifest import Series, sha256_of
 
 
-def offline_index(tmp_path: Path, series: Series, wheel_cache: Path) -> dict[str, str]:
+@dataclass(frozen=True)
+class Release:
+    """A patch set to build (--patch-set) and a folder holding its pinned wheel."""
+
+    patch_set: Path
+    wheels: Path
+
+
+@pytest.fixture(scope="module")
+def slim(tmp_path_factory: pytest.TempPathFactory, series: Series, wheel_cache: Path) -> Release:
+    """The default patch set pinned to a wheel of the real members it patches and of its
+    .dist-info (bytes, names and metadata as the real wheel has them): build-wheel and pip
+    take the same steps as on the whole wheel, without recompressing 3,700 other files."""
+    folder = tmp_path_factory.mktemp("slim")
+    base = series.manifest.base
+    keep = {path.removeprefix(wheel.REPO_PREFIX) for path in series.manifest.files}
+    info = "-".join(base.wheel.split("-", 2)[:2]) + ".dist-info/"
+    wheels = folder / "wheels"
+    wheels.mkdir()
+    source, made = wheel_cache / base.wheel, wheels / base.wheel
+    with zipfile.ZipFile(source) as real, zipfile.ZipFile(made, "w") as slim_wheel:
+        for member in real.infolist():
+            if member.filename in keep or member.filename.startswith(info):
+                slim_wheel.writestr(member, real.read(member))
+    patch_set = folder / series.folder.name
+    shutil.copytree(series.folder, patch_set)
+    pin = patch_set / "pin.toml"
+    text = pin.read_text(encoding="utf-8")
+    assert text.count(base.sha256) == 1
+    pin.write_text(text.replace(base.sha256, sha256_of(made)), encoding="utf-8")
+    return Release(patch_set, wheels)
+
+
+def offline_index(tmp_path: Path, series: Series, wheels: Path) -> dict[str, str]:
     """pip's options (as environment) that make a download take the pinned wheel
-    from a local folder: the real download path, without the network."""
+    from a local folder (wheels): the real download path, without the network."""
     links = tmp_path / "index"
     links.mkdir()
-    (links / series.manifest.base.wheel).symlink_to(wheel_cache / series.manifest.base.wheel)
+    (links / series.manifest.base.wheel).symlink_to(wheels / series.manifest.base.wheel)
     return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
 
 
 def start_build(
-    out: Path, cache: Path, env: dict[str, str], umask: int = 0o022
+    out: Path,
+    cache: Path,
+    env: dict[str, str],
+    umask: int = 0o022,
+    patch_set: Path | None = None,
 ) -> subprocess.Popen:
+    chosen = ["--patch-set", str(patch_set)] if patch_set else []
     return subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "build-wheel"), "--out", str(out)],
+        [sys.executable, str(SCRIPTS / "build-wheel"), *chosen, "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -44,8 +91,10 @@ def start_build(
     )
 
 
-def build(out: Path, cache: Path, env: dict[str, str], umask: int = 0o022) -> Path:
-    run = start_build(out, cache, env, umask)
+def build(
+    out: Path, cache: Path, env: dict[str, str], umask: int = 0o022, patch_set: Path | None = None
+) -> Path:
+    run = start_build(out, cache, env, umask, patch_set)
     stdout, stderr = run.communicate(timeout=300)
     assert run.returncode == 0, stdout + stderr
     assert "Traceback" not in stderr
@@ -60,10 +109,11 @@ def mode(path: Path) -> int:
     ("umask", "folder", "file"), [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)]
 )
 def test_every_file_written_follows_the_umask(
-    tmp_path: Path, series: Series, wheel_cache: Path, umask: int, folder: int, file: int
+    tmp_path: Path, series: Series, slim: Release, umask: int, folder: int, file: int
 ):
     cache, out = tmp_path / "cache", tmp_path / "dist"
-    built = build(out, cache, offline_index(tmp_path, series, wheel_cache), umask)
+    index = offline_index(tmp_path, series, slim.wheels)
+    built = build(out, cache, index, umask, slim.patch_set)
     downloaded = cache / series.manifest.base.wheel
     assert {p: oct(mode(p)) for p in (cache, out)} == {cache: oct(folder), out: oct(folder)}
     assert {p: oct(mode(p)) for p in (downloaded, built)} == {
@@ -133,10 +183,13 @@ def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def test_the_next_build_removes_what_a_killed_build_left(tmp_path: Path, wheel_cache: Path):
+def test_the_next_build_removes_what_a_killed_build_left(
+    tmp_path: Path, wheel_cache: Path, slim: Release
+):
+    """The killed runs build the whole wheel; the next ones, into the same --out, the slim."""
     out = tmp_path / "dist"
     left = kill_when(start_build(out, wheel_cache, {}), out, ".build-wheel-*")
-    built = build(out, wheel_cache, {})
+    built = build(out, slim.wheels, {}, patch_set=slim.patch_set)
     assert listing(out) == [built.name], f"the killed run's {left.name} is still there"
 
     # only the killed run's marked folder goes: not a look-alike, not a live run's folder
@@ -144,7 +197,7 @@ def test_the_next_build_removes_what_a_killed_build_left(tmp_path: Path, wheel_c
     left = marker.parent
     made = look_alikes(out, *deploy.BUILD_TEMP)
     with lock.marked_folder(out, *deploy.BUILD_TEMP) as live:
-        build(out, wheel_cache, {})
+        build(out, slim.wheels, {}, patch_set=slim.patch_set)
         assert live.is_dir() and (live / lock.TEMP_MARKER).is_file()
     assert not left.exists()
     assert listing(out) == sorted([built.name, *(p.name for p in made)])
@@ -156,21 +209,24 @@ def test_the_next_build_removes_what_a_killed_build_left(tmp_path: Path, wheel_c
 
 
 def test_the_next_download_removes_what_a_killed_download_left(
-    tmp_path: Path, series: Series, wheel_cache: Path
+    tmp_path: Path, series: Series, slim: Release
 ):
-    index = offline_index(tmp_path, series, wheel_cache)
+    """Every run downloads the slim wheel: a kill lands while pip runs, as with the whole."""
+    index = offline_index(tmp_path, series, slim.wheels)
     cache, out = tmp_path / "cache", tmp_path / "dist"
-    left = kill_when(start_build(out, cache, index), cache, ".download-*")
-    build(out, cache, index)
+    chosen = slim.patch_set
+    left = kill_when(start_build(out, cache, index, patch_set=chosen), cache, ".download-*")
+    build(out, cache, index, patch_set=chosen)
     pinned = series.manifest.base.wheel
     assert listing(cache) == [pinned], f"the killed download's {left.name} is still there"
 
     (cache / pinned).unlink()
-    marker = kill_when(start_build(out, cache, index), cache, f".download-*/{lock.TEMP_MARKER}")
+    run = start_build(out, cache, index, patch_set=chosen)
+    marker = kill_when(run, cache, f".download-*/{lock.TEMP_MARKER}")
     left = marker.parent
     made = look_alikes(cache, wheel.DOWNLOAD_PREFIX)
     with lock.marked_folder(cache, wheel.DOWNLOAD_PREFIX) as live:
-        build(out, cache, index)
+        build(out, cache, index, patch_set=chosen)
         assert live.is_dir() and (live / lock.TEMP_MARKER).is_file()
     assert not left.exists()
     assert listing(cache) == sorted([pinned, *(p.name for p in made)])

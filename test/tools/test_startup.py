@@ -18,7 +18,7 @@ from pathlib import Path
 
 import exit_codes as docs
 import pytest
-from conftest import SCRIPTS
+from conftest import SCRIPTS, make_venv
 from patchset.errors import Exit
 
 COMMANDS = docs.LAUNCHERS
@@ -124,12 +124,18 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(name: str, tmp_pa
     program's code and is out of its reach: a signal that lands there (seen
     as Python's own death) is told apart and not counted. The commands run
     without site imports (-S: they need nothing from site-packages), which
-    keeps that start short."""
-    args = {
-        "apply-patches": ["--check"],
-        "check-install": ["--python", sys.executable],
-        "lint-patches": [],
-    }[name]
+    keeps that start short. check-install asks an empty venv of this Python
+    whose start sleeps 0.2 s (a .pth line): the same probe and the same answer
+    (no sglang) as this venv, whose hundred distributions take CPU seconds to
+    read; with the sleep, many of the 16 moments still land while the command
+    waits for that child, as they did, at no CPU cost."""
+    if name == "check-install":
+        python = make_venv(tmp_path / "empty-venv")
+        (site,) = (tmp_path / "empty-venv" / "lib").glob("python3*/site-packages")
+        (site / "slow-start.pth").write_text("import time; time.sleep(0.2)\n")
+        args = ["--python", str(python)]
+    else:
+        args = {"apply-patches": ["--check"], "lint-patches": []}[name]
     # its own TMPDIR: a neighbour's hold on the shared temporary-folder lock is not this test's
     env = dict(os.environ, SGLANG_BACKPORTS_BUILD=str(tmp_path / "build"), TMPDIR=str(tmp_path))
     command = [sys.executable, "-S", str(SCRIPTS / name), *args]
