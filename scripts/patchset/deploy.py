@@ -14,7 +14,7 @@ from .apply import files_per_step
 from .catalog import blobs_of
 from .errors import BackportError, Exit
 from .lint import label_problems
-from .lock import marked_folder
+from .lock import deferred_signals, marked_folder
 from .manifest import BASE_STEP, Series, sha256_of
 
 BUILD_TEMP = (".build-wheel-", ".tmp")  # the marked folder's prefix and suffix in --out
@@ -103,13 +103,16 @@ def build_wheel(series: Series, cache: Path, out_dir: Path, python: str | None) 
             original.read(f"{old_info}RECORD"), rename, changed, f"{new_info}RECORD"
         )
         # Written aside and renamed into place, so target is never half a wheel. The
-        # file is made by open() (through zipfile), so its mode follows the umask.
+        # file is made by open() (through zipfile), so its mode follows the umask. An
+        # interrupt waits for the member being written: inside writestr it would leave
+        # the archive with a member open, and closing it would fail in its place.
         with marked_folder(out_dir, *BUILD_TEMP) as tmp:
             with zipfile.ZipFile(tmp / target.name, "w") as rebuilt:
                 for member in members:
                     if (data := changed.get(member.filename)) is None:
                         data = b"" if member.is_dir() else original.read(member)
-                    rebuilt.writestr(_copy_info(member, rename), data)
+                    with deferred_signals():
+                        rebuilt.writestr(_copy_info(member, rename), data)
             os.replace(tmp / target.name, target)
     return BuiltWheel(target, sha256_of(target), version, [rename.get(m, m) for m in changed])
 

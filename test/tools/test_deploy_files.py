@@ -9,6 +9,7 @@ seconds of writing are the window the signal lands in.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -246,6 +247,40 @@ def test_an_interrupted_build_removes_its_folder(
     _, stderr = run.communicate(timeout=60)
     assert run.returncode == 130, stderr
     assert f"interrupted ({signum.name}); what this run made was removed" in stderr
+    assert listing(out) == []
+
+
+def test_an_interrupt_as_a_member_is_opened_stays_an_interrupt(
+    tmp_path: Path, slim: Release, monkeypatch: pytest.MonkeyPatch
+):
+    """The narrow window the signal tests above can land in: a SIGTERM as zipfile opens a
+    member for writing. It reaches the command as the interrupt (not as zipfile's refusal
+    to close an archive with a member open, an internal error; nor as an error printed
+    when the archive is dropped), and the folder goes."""
+    real, calls, ignored = zipfile._get_compressor, [], []  # type: ignore[attr-defined]
+
+    def compressor(*args: object) -> object:
+        calls.append(args)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args)
+
+    def terminate(signum: int, _frame: object) -> None:  # as the commands' handler does
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    monkeypatch.setattr(zipfile, "_get_compressor", compressor)
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    out, old = tmp_path / "dist", signal.signal(signal.SIGTERM, terminate)
+    try:
+        with pytest.raises(BaseException) as raised:
+            deploy.build_wheel(Series.load(slim.patch_set), slim.wheels, out, None)
+        kind, value = raised.type, repr(raised.value)
+        del raised  # its frames hold the archive: dropped here, as at the command's end
+        gc.collect()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert kind is KeyboardInterrupt, value
+    assert ignored == [], [str(i.exc_value) for i in ignored]
     assert listing(out) == []
 
 

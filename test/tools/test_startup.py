@@ -109,11 +109,17 @@ def timed_run(command: list[str], env: dict[str, str], cwd: Path) -> float:
 
 def in_the_interpreters_own_start(returncode: int, stderr: str) -> bool:
     """The signal came before any code of ours ran: Python's own initialisation
-    (no handler yet: killed by SIGINT, or a fatal error in its first imports), or
-    its look at whether the script is a zip archive (main.c's "Failed checking if
-    argv[0] is an import path entry", printed before the script's first line runs)."""
+    (no handler yet: killed by SIGINT, or a fatal error in its first imports), its
+    look at whether the script is a zip archive (main.c's "Failed checking if argv[0]
+    is an import path entry") or its making of the script's loader (pythonrun.c's
+    "python: failed to set __main__.__loader__"), each printed before the script's
+    first line runs."""
     return returncode == -signal.SIGINT or stderr.startswith(
-        ("Fatal Python error", "Failed checking if argv[0] is an import path entry")
+        (
+            "Fatal Python error",
+            "Failed checking if argv[0] is an import path entry",
+            "python: failed to set __main__.__loader__",
+        )
     )
 
 
