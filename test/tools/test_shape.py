@@ -34,8 +34,9 @@ from patchset.manifest import (
     series_for_release,
 )
 
-pytestmark = SESSION_TREES
-
+# Only the tests of the session's patched tree carry SESSION_TREES (its worker runs that
+# group's files one after another); the rest, on run-tests' release trees and the wheels,
+# are this file's own group and run beside it.
 STEPS = paths.PROJECT_ROOT / "build" / "steps"
 REGISTRY = load_releases()
 SERVED = [
@@ -189,12 +190,14 @@ def shape_files(release: str) -> list[str]:
 
 def test_the_releases_after_the_fix_are_judged_fixed(upstream_trees: dict[str, Texts]) -> None:
     assert UPSTREAM == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
+    texts_judged = {}
     for version, texts in upstream_trees.items():
         judged = judge(texts)
         assert blob_verdict(texts) == shape.FIXED
         assert judged.verdict == shape.FIXED, f"{version}: {text_of(judged)}"
+        texts_judged[version] = text_of(judged)
     # from 0.5.21 the wait is in the helper the entry calls; it is followed there
-    text = text_of(judge(upstream_trees["0.5.21"]))
+    text = texts_judged["0.5.21"]
     assert "_get_new_prebuilt_batch: followed from" in text
     assert "_get_new_prebuilt_batch: a full ordering: self.schedule_stream.wait_stream" in text
 
@@ -205,6 +208,7 @@ def test_the_release_before_the_race_is_another_design() -> None:
     assert "FutureMap.alloc_future_indices: fresh future slots" in text_of(judged)
 
 
+@SESSION_TREES
 def test_the_evidence_names_each_piece_where_it_is(patched_tree: Path) -> None:
     text = text_of(shape.judge_tree(patched_tree))
     lines = text.splitlines()
@@ -229,6 +233,7 @@ CONDITIONS = {
 }
 
 
+@SESSION_TREES
 @pytest.mark.parametrize("condition", CONDITIONS.values(), ids=CONDITIONS.keys())
 def test_a_wait_under_a_condition_is_not_fix_b(patched_texts: Texts, condition: str) -> None:
     new = IF_OVERLAP.replace("self.enable_overlap:", f"self.enable_overlap and {condition}:")
@@ -292,6 +297,7 @@ FORKS = {
 }
 
 
+@SESSION_TREES
 @pytest.mark.parametrize("old, new, verdict", FORKS.values(), ids=FORKS.keys())
 def test_a_fork_is_judged_as_a_person_would(
     patched_texts: Texts, old: str, new: str, verdict: str
@@ -300,6 +306,7 @@ def test_a_fork_is_judged_as_a_person_would(
     assert judged.verdict == verdict, text_of(judged)
 
 
+@SESSION_TREES
 def test_a_wait_on_every_branch_of_an_unknown_condition_is_fix_b(patched_texts: Texts) -> None:
     branches = IF_OVERLAP.replace("self.enable_overlap", "len(can_run_list) > 1")
     tree = edited(
@@ -311,6 +318,7 @@ def test_a_wait_on_every_branch_of_an_unknown_condition_is_fix_b(patched_texts: 
     assert judged.verdict == shape.FIXED, text_of(judged)
 
 
+@SESSION_TREES
 def test_a_wait_only_before_prepare_cannot_be_told(patched_texts: Texts) -> None:
     tree = edited(
         patched_texts,
@@ -326,6 +334,7 @@ def test_a_wait_only_before_prepare_cannot_be_told(patched_texts: Texts) -> None
     assert "with the ordering before prepare_for_prebuilt(), not after it" in judged.reason
 
 
+@SESSION_TREES
 def test_a_function_moved_to_another_module_is_followed(
     patched_texts: Texts, session_step_trees: dict[str, Path]
 ) -> None:
@@ -350,6 +359,7 @@ def test_0_5_23s_helper_moved_away_is_followed_and_its_wait_removed_is_not(
     assert judged.reason.startswith("SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch")
 
 
+@SESSION_TREES
 def test_what_cannot_be_read_is_said(patched_texts: Texts) -> None:
     renamed = edited(
         patched_texts,
@@ -368,6 +378,7 @@ def test_what_cannot_be_read_is_said(patched_texts: Texts) -> None:
     assert judged.reason.startswith(f"{shape.DECODE} does not parse:"), text_of(judged)
 
 
+@SESSION_TREES
 def test_futuremap_moved_is_followed_and_missing_is_said(patched_texts: Texts) -> None:
     tree = dict(patched_texts)
     future_map = str(Path(shape.OVERLAP).with_name("future_map.py"))
