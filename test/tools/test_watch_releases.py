@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import sys
 import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from command_server import SERVER
 from conftest import SCRIPTS, fetch_or_skip
 from patchset import paths
 from patchset.errors import BackportError, Exit
@@ -37,9 +37,8 @@ def wheels() -> dict[str, Path]:
 
 
 def watch(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "watch-releases"), *args], capture_output=True, text=True
-    )
+    """watch-releases ARGS, forked from the command server (the start is test_startup's)."""
+    result = SERVER.run(SCRIPTS / "watch-releases", list(args))
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -47,10 +46,14 @@ def watch(*args: str) -> subprocess.CompletedProcess[str]:
 def rewheel(
     source: Path, dest: Path, edit: tuple[str, str, str] | None, add: dict[str, str]
 ) -> Path:
-    """A copy of the wheel source: member edit[0] with edit[1] (found once) made edit[2],
-    and the members of add added (stored, not compressed again: a copy is read once)."""
+    """A copy of the wheel source's sglang/*.py members, all that watch-releases reads of a
+    wheel (writers.wheel_sources; the .so and data files, half of 0.5.23's bytes, are left
+    out): member edit[0] with edit[1] (found once) made edit[2], and the members of add
+    added (stored, not compressed again: a copy is read once)."""
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(dest, "w") as new:
         for member in old.infolist():
+            if not (member.filename.startswith("sglang/") and member.filename.endswith(".py")):
+                continue
             data = old.read(member)
             if edit and member.filename == edit[0]:
                 text = data.decode()
