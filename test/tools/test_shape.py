@@ -1,5 +1,6 @@
-"""patchset/shape.py on real trees: the served releases and steps and 0.5.19 to 0.5.23
-judged as their blob ids say; forks made here judged as a person reading them would.
+"""patchset/shape.py on real trees: the served releases and steps judged as their blob ids
+say (0.5.19 to 0.5.23: test_watch_releases, which judges each wheel's files with the same
+shape.judge); forks made here judged as a person reading them would.
 
 Every tree is real sglang: a step tree of scripts/run-tests, a wheel laid out, or a
 copy of one with a few lines changed. Our wrong fixes (a wait that depends on the
@@ -45,8 +46,6 @@ SERVED = [
     for release in series.manifest.releases
     for step in series.manifest.steps
 ]
-# Releases past the served ones whose wheel releases.toml pins (0.5.19 to 0.5.23).
-UPSTREAM = [v for v, known in REGISTRY.known.items() if known.wheel is not None]
 DECODE = Path(shape.DECODE)
 # 0.5.12.post1, before the race: FutureMap hands out fresh future slots.
 BEFORE_THE_RACE = WheelPin(
@@ -118,14 +117,11 @@ def text_of(judgement: shape.Judgement) -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream_trees() -> dict[str, Texts]:
-    """0.5.19 to 0.5.23: each wheel's files."""
-    trees = {}
-    for version in UPSTREAM:
-        pin = REGISTRY.known[version].wheel
-        assert pin is not None
-        trees[version] = wheel_texts(pin)
-    return trees
+def latest_texts() -> Texts:
+    """0.5.23's files: the newest release releases.toml pins a wheel of."""
+    pin = REGISTRY.known["0.5.23"].wheel
+    assert pin is not None
+    return wheel_texts(pin)
 
 
 @pytest.fixture(scope="module")
@@ -186,20 +182,6 @@ def test_every_served_step_is_judged_as_its_blob_ids_say(release: str, step: str
 def shape_files(release: str) -> list[str]:
     """The files the release's series touches."""
     return series_for_release(paths.PATCHES_ROOT, release).manifest.files
-
-
-def test_the_releases_after_the_fix_are_judged_fixed(upstream_trees: dict[str, Texts]) -> None:
-    assert UPSTREAM == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
-    texts_judged = {}
-    for version, texts in upstream_trees.items():
-        judged = judge(texts)
-        assert blob_verdict(texts) == shape.FIXED
-        assert judged.verdict == shape.FIXED, f"{version}: {text_of(judged)}"
-        texts_judged[version] = text_of(judged)
-    # from 0.5.21 the wait is in the helper the entry calls; it is followed there
-    text = texts_judged["0.5.21"]
-    assert "_get_new_prebuilt_batch: followed from" in text
-    assert "_get_new_prebuilt_batch: a full ordering: self.schedule_stream.wait_stream" in text
 
 
 def test_the_release_before_the_race_is_another_design() -> None:
@@ -346,14 +328,14 @@ def test_a_function_moved_to_another_module_is_followed(
 
 
 def test_0_5_23s_helper_moved_away_is_followed_and_its_wait_removed_is_not(
-    upstream_trees: dict[str, Texts],
+    latest_texts: Texts,
 ) -> None:
-    tree = moved(upstream_trees["0.5.23"], "_get_new_prebuilt_batch")
+    tree = moved(latest_texts, "_get_new_prebuilt_batch")
     judged = judge(tree)
     assert judged.verdict == shape.FIXED, text_of(judged)
     assert "prebuilt_fork.py:" in text_of(judged)
     assert "(another module)" in text_of(judged)
-    no_wait = edited(upstream_trees["0.5.23"], (DECODE, WAIT, WAIT_GONE))
+    no_wait = edited(latest_texts, (DECODE, WAIT, WAIT_GONE))
     judged = judge(no_wait)
     assert judged.verdict == shape.AFFECTED, text_of(judged)
     assert judged.reason.startswith("SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch")
