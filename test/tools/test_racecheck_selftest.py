@@ -11,13 +11,13 @@ import dataclasses
 import inspect
 import pickle
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from command_server import SERVER
 from conftest import TORCH_IN_PROCESS
 from patchset import plays as catalogue
 from patchset.errors import BackportError, Exit
@@ -368,11 +368,8 @@ def test_cells_read_like_the_issue(gpu) -> None:
 
 
 def race_check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / "race-check"), *args],
-        capture_output=True,
-        text=True,
-    )
+    """race-check ARGS, forked from the command server (the start is test_startup's)."""
+    return SERVER.run(SCRIPTS / "race-check", list(args))
 
 
 def test_a_tree_without_sglang_is_refused_without_a_traceback(tmp_path: Path) -> None:

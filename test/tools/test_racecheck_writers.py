@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from command_server import SERVER
 from conftest import SCRIPTS, SESSION_TREES
 from patchset import paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import PinManifest, Series, load_releases, patch_set_folders
 from patchset.plays import SCENARIOS
 from racecheck import writers
-
-pytestmark = SESSION_TREES
 
 SOURCE = """\
 from functools import partial
@@ -122,11 +119,12 @@ def test_every_release_classifies_against_the_catalogue() -> None:
         assert "H1" in named and writers.EVERY_SCENARIO in named, folder.name
 
 
+# the only test here that reads a session tree: the others are this file's own xdist group
+@SESSION_TREES
 @pytest.mark.usefixtures("patched_tree")  # race-check reads the session's build tree
 def test_the_patched_tree_has_every_writer_classified(series: Series) -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "race-check"), "--writers"], capture_output=True, text=True
-    )
+    # forked from the command server: an ast scan, not the command's start (test_startup's)
+    result = SERVER.run(SCRIPTS / "race-check", ["--writers"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "every one classified" in result.stdout
     # The off-forward-stream writers named in issue 12 are each there.

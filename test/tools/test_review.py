@@ -379,9 +379,9 @@ class _Collect(HTMLParser):
         self.text.append(data)
 
 
-def test_html_page_is_self_contained_and_complete(run_script: RunScript, tmp_path: Path) -> None:
+def test_html_page_is_self_contained_and_complete(forked_script: RunScript, tmp_path: Path) -> None:
     page = tmp_path / "out" / "review.html"
-    result = run_script("review", "--strict", "--html", str(page))
+    result = forked_script("review", "--strict", "--html", str(page))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"wrote {page}" in result.stdout
     source = page.read_text(encoding="utf-8")
@@ -402,26 +402,26 @@ def test_html_page_is_self_contained_and_complete(run_script: RunScript, tmp_pat
 
 
 def test_review_reads_the_build_tree_when_there_is_one(
-    run_script: RunScript, slim_set: SlimSet
+    forked_script: RunScript, slim_set: SlimSet
 ) -> None:
     """On a build tree of the three files the series touches (the whole layout is
     test_apply_patches')."""
     where = ("--patch-set", str(slim_set.folder))
-    applied = run_script("apply-patches", *where, env=slim_set.env)
+    applied = forked_script("apply-patches", *where, env=slim_set.env)
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    result = run_script("review", *where, env=slim_set.env)
+    result = forked_script("review", *where, env=slim_set.env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"our files: +build tree .*pristine/0\.5\.15\.post1\.\.", result.stdout)
     assert "0 unexplained differences" in result.stdout
 
 
 def test_damaged_patch_set_is_refused(
-    run_script: RunScript, patch_set: Path, series: Series
+    forked_script: RunScript, patch_set: Path, series: Series
 ) -> None:
     folder = patch_set
     patch = folder / series.patch_names[0]
     patch.write_text(patch.read_text(encoding="utf-8").replace("CUDA event", "CUDA  event"))
-    result = run_script("review", "--patch-set", str(folder))
+    result = forked_script("review", "--patch-set", str(folder))
     assert result.returncode == 6
     assert "sha256" in result.stderr and "next step:" in result.stderr
     assert "Traceback" not in result.stderr
@@ -456,9 +456,9 @@ def test_new_difference_on_one_base_fails_all_strict(
     assert f"base {newest})" in err and "next step:" in err
 
 
-def test_all_bases_in_one_call(run_script: RunScript, reviews: dict, tmp_path: Path) -> None:
+def test_all_bases_in_one_call(forked_script: RunScript, reviews: dict, tmp_path: Path) -> None:
     page = tmp_path / "all.html"
-    result = run_script("review", "--all", "--strict", "--brief", "--html", str(page))
+    result = forked_script("review", "--all", "--strict", "--brief", "--html", str(page))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if " differences " in line]
     assert [row[0] for row in rows] == BASES
@@ -475,8 +475,8 @@ def test_all_bases_in_one_call(run_script: RunScript, reviews: dict, tmp_path: P
     assert source.count('<table class="sbs">') == len(FUNCTIONS) * len(BASES)
 
 
-def test_all_and_patch_set_together_are_refused(run_script: RunScript, series: Series) -> None:
+def test_all_and_patch_set_together_are_refused(forked_script: RunScript, series: Series) -> None:
     # even the default folder, named on purpose
-    result = run_script("review", "--all", "--patch-set", str(series.folder))
+    result = forked_script("review", "--all", "--patch-set", str(series.folder))
     assert result.returncode == 2
     assert "leave out --patch-set" in result.stderr and "Traceback" not in result.stderr

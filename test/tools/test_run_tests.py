@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import treefork
-from conftest import SESSION_TREES, RunScript, SlimSet, linked_copy, replace_text
+from conftest import SESSION_TREES, RunScript, SlimSet, replace_text
 from patchset.errors import Exit
 from testrun import runner
 from testrun.outcomes import EXPECTED_FAIL, FAIL, PASS, SKIP, UNEXPECTED_PASS
@@ -44,6 +45,17 @@ def remove_wait_line(tree: Path) -> None:
     replace_text(decode, text.replace(WAIT_LINE, "pass"))
 
 
+def linked_copy_with_bytecode(tree: Path, dest: Path) -> Path:
+    """conftest.linked_copy with tree's __pycache__ folders linked too: where an earlier run
+    of the session compiled the tree (race-check's, in test_racecheck_command), the copy's
+    unchanged modules load that bytecode instead of being compiled again (a link has the
+    mtime and size its .pyc records); a file replace_text rewrote (a new mtime and size)
+    is compiled from its new text, and a .pyc Python writes replaces the link, never
+    writes through it."""
+    shutil.copytree(tree / "python", dest / "python", copy_function=os.link)
+    return dest
+
+
 def row(output: str, test: str) -> list[str]:
     """The outcome cells of one test's row in the printed step table."""
     for line in output.splitlines():
@@ -60,7 +72,7 @@ def test_removing_the_wait_stream_line_fails_the_suite(
     its bytecode is kept), and so does what pip installs from our wheel; a copy of it
     without the wait line fails."""
     intact = patched_tree
-    broken = linked_copy(patched_tree, tmp_path / "broken")
+    broken = linked_copy_with_bytecode(patched_tree, tmp_path / "broken")
     remove_wait_line(broken)
 
     result = run_script(

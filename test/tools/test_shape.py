@@ -1,5 +1,6 @@
-"""patchset/shape.py on real trees: the served releases and steps and 0.5.19 to 0.5.23
-judged as their blob ids say; forks made here judged as a person reading them would.
+"""patchset/shape.py on real trees: the served releases and steps judged as their blob ids
+say (0.5.19 to 0.5.23: test_watch_releases, which judges each wheel's files with the same
+shape.judge); forks made here judged as a person reading them would.
 
 Every tree is real sglang: a step tree of scripts/run-tests, a wheel laid out, or a
 copy of one with a few lines changed. Our wrong fixes (a wait that depends on the
@@ -34,8 +35,9 @@ from patchset.manifest import (
     series_for_release,
 )
 
-pytestmark = SESSION_TREES
-
+# Only the tests of the session's patched tree carry SESSION_TREES (its worker runs that
+# group's files one after another); the rest, on run-tests' release trees and the wheels,
+# are this file's own group and run beside it.
 STEPS = paths.PROJECT_ROOT / "build" / "steps"
 REGISTRY = load_releases()
 SERVED = [
@@ -44,8 +46,6 @@ SERVED = [
     for release in series.manifest.releases
     for step in series.manifest.steps
 ]
-# Releases past the served ones whose wheel releases.toml pins (0.5.19 to 0.5.23).
-UPSTREAM = [v for v, known in REGISTRY.known.items() if known.wheel is not None]
 DECODE = Path(shape.DECODE)
 # 0.5.12.post1, before the race: FutureMap hands out fresh future slots.
 BEFORE_THE_RACE = WheelPin(
@@ -117,14 +117,11 @@ def text_of(judgement: shape.Judgement) -> str:
 
 
 @pytest.fixture(scope="module")
-def upstream_trees() -> dict[str, Texts]:
-    """0.5.19 to 0.5.23: each wheel's files."""
-    trees = {}
-    for version in UPSTREAM:
-        pin = REGISTRY.known[version].wheel
-        assert pin is not None
-        trees[version] = wheel_texts(pin)
-    return trees
+def latest_texts() -> Texts:
+    """0.5.23's files: the newest release releases.toml pins a wheel of."""
+    pin = REGISTRY.known["0.5.23"].wheel
+    assert pin is not None
+    return wheel_texts(pin)
 
 
 @pytest.fixture(scope="module")
@@ -187,24 +184,13 @@ def shape_files(release: str) -> list[str]:
     return series_for_release(paths.PATCHES_ROOT, release).manifest.files
 
 
-def test_the_releases_after_the_fix_are_judged_fixed(upstream_trees: dict[str, Texts]) -> None:
-    assert UPSTREAM == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
-    for version, texts in upstream_trees.items():
-        judged = judge(texts)
-        assert blob_verdict(texts) == shape.FIXED
-        assert judged.verdict == shape.FIXED, f"{version}: {text_of(judged)}"
-    # from 0.5.21 the wait is in the helper the entry calls; it is followed there
-    text = text_of(judge(upstream_trees["0.5.21"]))
-    assert "_get_new_prebuilt_batch: followed from" in text
-    assert "_get_new_prebuilt_batch: a full ordering: self.schedule_stream.wait_stream" in text
-
-
 def test_the_release_before_the_race_is_another_design() -> None:
     judged = judge(wheel_texts(BEFORE_THE_RACE))
     assert judged.verdict == shape.OTHER_DESIGN, text_of(judged)
     assert "FutureMap.alloc_future_indices: fresh future slots" in text_of(judged)
 
 
+@SESSION_TREES
 def test_the_evidence_names_each_piece_where_it_is(patched_tree: Path) -> None:
     text = text_of(shape.judge_tree(patched_tree))
     lines = text.splitlines()
@@ -229,6 +215,7 @@ CONDITIONS = {
 }
 
 
+@SESSION_TREES
 @pytest.mark.parametrize("condition", CONDITIONS.values(), ids=CONDITIONS.keys())
 def test_a_wait_under_a_condition_is_not_fix_b(patched_texts: Texts, condition: str) -> None:
     new = IF_OVERLAP.replace("self.enable_overlap:", f"self.enable_overlap and {condition}:")
@@ -292,6 +279,7 @@ FORKS = {
 }
 
 
+@SESSION_TREES
 @pytest.mark.parametrize("old, new, verdict", FORKS.values(), ids=FORKS.keys())
 def test_a_fork_is_judged_as_a_person_would(
     patched_texts: Texts, old: str, new: str, verdict: str
@@ -300,6 +288,7 @@ def test_a_fork_is_judged_as_a_person_would(
     assert judged.verdict == verdict, text_of(judged)
 
 
+@SESSION_TREES
 def test_a_wait_on_every_branch_of_an_unknown_condition_is_fix_b(patched_texts: Texts) -> None:
     branches = IF_OVERLAP.replace("self.enable_overlap", "len(can_run_list) > 1")
     tree = edited(
@@ -311,6 +300,7 @@ def test_a_wait_on_every_branch_of_an_unknown_condition_is_fix_b(patched_texts: 
     assert judged.verdict == shape.FIXED, text_of(judged)
 
 
+@SESSION_TREES
 def test_a_wait_only_before_prepare_cannot_be_told(patched_texts: Texts) -> None:
     tree = edited(
         patched_texts,
@@ -326,6 +316,7 @@ def test_a_wait_only_before_prepare_cannot_be_told(patched_texts: Texts) -> None
     assert "with the ordering before prepare_for_prebuilt(), not after it" in judged.reason
 
 
+@SESSION_TREES
 def test_a_function_moved_to_another_module_is_followed(
     patched_texts: Texts, session_step_trees: dict[str, Path]
 ) -> None:
@@ -337,19 +328,20 @@ def test_a_function_moved_to_another_module_is_followed(
 
 
 def test_0_5_23s_helper_moved_away_is_followed_and_its_wait_removed_is_not(
-    upstream_trees: dict[str, Texts],
+    latest_texts: Texts,
 ) -> None:
-    tree = moved(upstream_trees["0.5.23"], "_get_new_prebuilt_batch")
+    tree = moved(latest_texts, "_get_new_prebuilt_batch")
     judged = judge(tree)
     assert judged.verdict == shape.FIXED, text_of(judged)
     assert "prebuilt_fork.py:" in text_of(judged)
     assert "(another module)" in text_of(judged)
-    no_wait = edited(upstream_trees["0.5.23"], (DECODE, WAIT, WAIT_GONE))
+    no_wait = edited(latest_texts, (DECODE, WAIT, WAIT_GONE))
     judged = judge(no_wait)
     assert judged.verdict == shape.AFFECTED, text_of(judged)
     assert judged.reason.startswith("SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch")
 
 
+@SESSION_TREES
 def test_what_cannot_be_read_is_said(patched_texts: Texts) -> None:
     renamed = edited(
         patched_texts,
@@ -368,6 +360,7 @@ def test_what_cannot_be_read_is_said(patched_texts: Texts) -> None:
     assert judged.reason.startswith(f"{shape.DECODE} does not parse:"), text_of(judged)
 
 
+@SESSION_TREES
 def test_futuremap_moved_is_followed_and_missing_is_said(patched_texts: Texts) -> None:
     tree = dict(patched_texts)
     future_map = str(Path(shape.OVERLAP).with_name("future_map.py"))

@@ -1,21 +1,21 @@
-"""scripts/watch-releases: 0.5.19 to 0.5.23 pass from their cached wheels; a copy of
-0.5.23 without its wait, or with a FutureMap writer no manifest classifies, fails
-naming the function or the writer."""
+"""scripts/watch-releases: 0.5.19 to 0.5.23 pass from their cached wheels (judged fixed by
+their code shape, as their blob ids say); a copy of 0.5.23 without its wait, or with a
+FutureMap writer no manifest classifies, fails naming the function or the writer."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
-import sys
 import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from command_server import SERVER
 from conftest import SCRIPTS, fetch_or_skip
-from patchset import paths
+from patchset import catalog, paths, wheel
 from patchset.errors import BackportError, Exit
-from patchset.manifest import load_releases, release_key
+from patchset.manifest import git_blob_id, load_releases, release_key
 from racecheck import writers
 
 REGISTRY = load_releases()
@@ -37,9 +37,8 @@ def wheels() -> dict[str, Path]:
 
 
 def watch(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "watch-releases"), *args], capture_output=True, text=True
-    )
+    """watch-releases ARGS, forked from the command server (the start is test_startup's)."""
+    result = SERVER.run(SCRIPTS / "watch-releases", list(args))
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -47,10 +46,14 @@ def watch(*args: str) -> subprocess.CompletedProcess[str]:
 def rewheel(
     source: Path, dest: Path, edit: tuple[str, str, str] | None, add: dict[str, str]
 ) -> Path:
-    """A copy of the wheel source: member edit[0] with edit[1] (found once) made edit[2],
-    and the members of add added (stored, not compressed again: a copy is read once)."""
+    """A copy of the wheel source's sglang/*.py members, all that watch-releases reads of a
+    wheel (writers.wheel_sources; the .so and data files, half of 0.5.23's bytes, are left
+    out): member edit[0] with edit[1] (found once) made edit[2], and the members of add
+    added (stored, not compressed again: a copy is read once)."""
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(dest, "w") as new:
         for member in old.infolist():
+            if not (member.filename.startswith("sglang/") and member.filename.endswith(".py")):
+                continue
             data = old.read(member)
             if edit and member.filename == edit[0]:
                 text = data.decode()
@@ -84,9 +87,17 @@ def broken(
     return result, verdicts
 
 
-def test_the_releases_after_the_fix_pass_from_their_cached_wheels(wheels: dict[str, Path]) -> None:
+@pytest.fixture(scope="module")
+def fixed(wheels: dict[str, Path]) -> subprocess.CompletedProcess[str]:
+    """One watch-releases run over 0.5.19 to 0.5.23, each from the cache."""
     assert UPSTREAM == ["0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
-    result = watch(*(a for v in UPSTREAM for a in ("--release", v)))
+    return watch(*(a for v in UPSTREAM for a in ("--release", v)))
+
+
+def test_the_releases_after_the_fix_pass_from_their_cached_wheels(
+    fixed: subprocess.CompletedProcess[str],
+) -> None:
+    result = fixed
     assert result.returncode == Exit.OK, result.stdout + result.stderr
     for version in UPSTREAM:
         pin = REGISTRY.known[version].wheel
@@ -94,6 +105,31 @@ def test_the_releases_after_the_fix_pass_from_their_cached_wheels(wheels: dict[s
         assert f"sglang {version}: {pin.wheel} sha256 {pin.sha256}\n  fixed: " in result.stdout
     assert result.stdout.count("  ok: judged fixed, every FutureMap writer classified") == 5
     assert "ok: 5 judged fixed, every FutureMap writer classified" in result.stdout
+
+
+def test_the_releases_after_the_fix_are_judged_fixed_as_their_blob_ids_say(
+    wheels: dict[str, Path], fixed: subprocess.CompletedProcess[str]
+) -> None:
+    """Their code shape (shape.judge on every .py file of the wheel, as the run above
+    judged it) and the catalog, by the three files' blob ids, agree: fix B is in."""
+    judged = {
+        block.split(":")[0].removeprefix("sglang "): block
+        for block in fixed.stdout.split("\n\n")
+        if block.startswith("sglang ")
+    }
+    assert list(judged) == UPSTREAM, fixed.stdout + fixed.stderr
+    known = catalog.load_catalog(paths.PATCHES_ROOT)
+    fix_b = f"sgl-project/sglang#{REGISTRY.fixes['fix-b'].pr}"
+    for version, wheel_file in wheels.items():
+        files = wheel.read_files(wheel_file, known.files).items()
+        found = known.lookup({path: git_blob_id(data) for path, data in files})
+        assert found, f"{version}: the files are no release or step the catalog knows"
+        assert fix_b in found[0].fixes, version
+        assert "\n  fixed: " in judged[version], judged[version]
+    # from 0.5.21 the wait is in the helper the entry calls; it is followed there
+    text = judged["0.5.21"]
+    assert "_get_new_prebuilt_batch: followed from" in text
+    assert "_get_new_prebuilt_batch: a full ordering: self.schedule_stream.wait_stream" in text
 
 
 def test_0_5_23_without_its_wait_fails_naming_the_function(
