@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -250,3 +251,29 @@ def test_an_interrupted_fork_each_ends_and_waits_for_its_children(tmp_path: Path
     for job in ("a", "b"):
         with pytest.raises(ChildProcessError):  # ended, and already waited for
             os.waitpid(int((tmp_path / job).read_text()), os.WNOHANG)
+
+
+def test_the_runs_temporary_files_go_to_ram_where_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A RAM-backed folder with room is used unless TMPDIR names a place; else the usual
+    temporary folder, which TMPDIR (or the system) names."""
+    ram = tmp_path / "shm"
+    ram.mkdir()
+    monkeypatch.setattr(runner, "RAM_FOLDER", ram)
+    monkeypatch.delenv("TMPDIR", raising=False)
+    assert runner.temp_parent() == ram
+    monkeypatch.setattr(runner, "RAM_NEEDED", 1 << 62)  # no room
+    assert runner.temp_parent() == Path(tempfile.gettempdir())
+    monkeypatch.setattr(runner, "RAM_NEEDED", 1)
+    ram.chmod(0o500)  # not writable
+    try:
+        assert runner.temp_parent() == Path(tempfile.gettempdir()) or os.geteuid() == 0
+    finally:
+        ram.chmod(0o700)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again, as a new process
+    assert runner.temp_parent() == tmp_path
+    monkeypatch.setattr(runner, "RAM_FOLDER", tmp_path / "absent")
+    monkeypatch.delenv("TMPDIR")
+    assert runner.temp_parent() == Path(tempfile.gettempdir())
