@@ -112,6 +112,7 @@ def run_tools(python: Path, run: SuiteRun, extra: Sequence[str], workers: int) -
     args = run.pytest_args(["-n", str(workers), "--dist", "loadgroup", *extra])
     started = time.monotonic()
     with marked_folder(temp_parent(), RUN_TEMP) as tmp:  # pytest's tmp_path and the rest
+        tmp.chmod(0o711)  # a test runs a command as another user in a folder it makes here
         env = run.env | {"TMPDIR": str(tmp)}
         proc = _start([str(python), "-m", "pytest", *args], run.log, **env)
         run.finish(_wait([proc])[0], time.monotonic() - started)

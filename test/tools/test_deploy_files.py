@@ -17,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -261,8 +262,8 @@ def test_an_interrupt_as_a_member_is_opened_stays_an_interrupt(
 
     def compressor(*args: object) -> object:
         calls.append(args)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if len(calls) == 2:  # to this thread: a command has no other to take it
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
         return real(*args)
 
     def terminate(signum: int, _frame: object) -> None:  # as the commands' handler does
