@@ -82,8 +82,8 @@ HELP = {
 }
 
 
-def _series(argv: list[str] | None) -> list[Series]:
-    """The series --base or --patch-set name, read first: their steps are --step's choices."""
+def parse_args(argv: list[str] | None) -> tuple[list[Series], argparse.Namespace]:
+    """The series --base or --patch-set name, read first for --step's choices; the arguments."""
     early = argparse.ArgumentParser(add_help=False)
     cli.add_patch_set(early)
     early.add_argument("--base")
@@ -92,15 +92,13 @@ def _series(argv: list[str] | None) -> list[Series]:
     if known.base is None and known.tables and known.patch_set == paths.DEFAULT_PATCH_DIR:
         known.base = ALL
     if known.base is None:
-        return [Series.load(known.patch_set)]
-    if known.patch_set != paths.DEFAULT_PATCH_DIR:
+        series = [Series.load(known.patch_set)]
+    elif known.patch_set != paths.DEFAULT_PATCH_DIR:
         raise BackportError(Exit.USAGE, "--base and --patch-set name the series twice", "pass one")
-    if known.base == ALL:
-        return [Series.load(folder) for folder in patch_set_folders(paths.PATCHES_ROOT)]
-    return [series_for_release(paths.PATCHES_ROOT, known.base)]
-
-
-def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespace:
+    elif known.base == ALL:
+        series = [Series.load(folder) for folder in patch_set_folders(paths.PATCHES_ROOT)]
+    else:
+        series = [series_for_release(paths.PATCHES_ROOT, known.base)]
     steps = list(dict.fromkeys(step for s in series for step in s.manifest.steps))
     finals = ", ".join(dict.fromkeys(s.manifest.final_step for s in series))
     text = "\n".join(
@@ -121,12 +119,11 @@ def parse_args(argv: list[str] | None, series: list[Series]) -> argparse.Namespa
         what = HELP[flag].format(finals=finals, all=ALL, base=paths.DEFAULT_BASE)
         (tables if flag.endswith("-expected") else p).add_argument(flag, help=what, **options)
     cli.add_patch_set(p)
-    return p.parse_args(argv)
+    return series, p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    chosen = _series(argv)
-    args = parse_args(argv, chosen)
+    chosen, args = parse_args(argv)
     several = len(chosen) > 1
     if args.writers:
         if args.tree and (len(args.tree) > 1 or several):
@@ -200,10 +197,8 @@ def plan_runs(
         for n, tree in enumerate(given, 1):
             checked = buildtree.check_tree(tree, Exit.ENVIRONMENT)
             label = f"tree {n}" if len(given) > 1 else "tree"
-            files = {
-                p: (checked / p).read_bytes() if (checked / p).is_file() else None
-                for p in manifest.files
-            }
+            found = {p: checked / p for p in manifest.files}
+            files = {p: f.read_bytes() if f.is_file() else None for p, f in found.items()}
             held = step_in(manifest, blobs_of(files)) or ""
             runs.append(report.TreeRun(label, held, checked, expected, final, version, given=True))
     return runs
@@ -258,8 +253,7 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
     """Compare each base's measured table with its [races] tables; write them if asked. A
     final step with a race is refused first: a wrong fix must never become expected."""
     finals = [r for r in runs if r.step == r.expected_final]
-    if open_final := [f"{r.label} ({name})" for r in finals for name in SCENARIOS if r.races[name]]:
-        opened = ", ".join(open_final)
+    if opened := ", ".join(f"{r.label} ({n})" for r in finals for n in SCENARIOS if r.races[n]):
         print(f"FAILED: the final step of a series leaves races open: {opened}; nothing written")
         return Exit.RACE
     stale = []
@@ -300,9 +294,8 @@ def _run(tree: Path) -> dict[str, Any]:
     try:
         import sglang.srt.disaggregation.decode  # noqa: F401
     except Exception as err:  # any import failure of the tree is reported, not raised
-        hint = "use an interpreter with sglang's import closure (build/venv from "
-        hint += "scripts/run-tests, or --python PATH)"
-        hint = hint if isinstance(err, ModuleNotFoundError) else ""
+        hint = "use an interpreter with sglang's import closure (build/venv from scripts/run-tests"
+        hint = f"{hint}, or --python PATH)" if isinstance(err, ModuleNotFoundError) else ""
         why = f"importing sglang failed: {_short(err)}"
         raise BackportError(Exit.SCENARIO, why, hint) from None
     import torch
@@ -343,28 +336,25 @@ def run_trees(runs: list[report.TreeRun]) -> float:
     """Every tree's scenarios into its run; the seconds the third-party preload took."""
     csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
     preload_s = preload()
-
-    def announce(n: int) -> None:
-        print(f"race-check: {len(SCENARIOS)} scenarios on {runs[n].label} ({runs[n].tree})")
-
+    started = f"race-check: {len(SCENARIOS)} scenarios on {{0.label}} ({{0.tree}})"
     with lock.marked_folder(lock.tmpdir(), "race-check-") as tmp:
-        outs = [tmp / f"{n}.pickle" for n in range(len(runs))]
+        jobs = [(run, tmp / f"{n}.pickle") for n, run in enumerate(runs)]
         # More children than cores would only share them and hold more memory.
-        jobs, slots = range(len(runs)), os.cpu_count() or 1
-        fork_each(jobs, slots, lambda n: _child(runs[n].tree, outs[n]), announce)
-        for run, out in zip(runs, outs, strict=True):
+        fork_each(jobs, os.cpu_count() or 1, _child, lambda job: print(started.format(job[0])))
+        for run, out in jobs:
             _take_result(run, out)
     return preload_s
 
 
-def _child(tree: Path, out: Path) -> int:
+def _child(job: tuple[report.TreeRun, Path]) -> int:
+    run, out = job
     # What the tree's imports print (warnings, mostly) is not the checker's report.
     log = os.open(out.with_suffix(".log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     result: dict[str, Any] | tuple[Exit, str, str]
     try:
-        result = _run(tree)
+        result = _run(run.tree)
     except BackportError as err:
         result = (err.code, err.problem, err.next_step)
     except BaseException:
@@ -375,9 +365,6 @@ def _child(tree: Path, out: Path) -> int:
 
 def _take_result(run: report.TreeRun, out: Path) -> None:
     """What the child wrote into run, else raised: its refusal, or what it printed."""
-    if out.is_file() and isinstance(result := pickle.loads(out.read_bytes()), dict):
-        vars(run).update(result)
-        return
     if not out.is_file():
         log = out.with_suffix(".log")
         printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
@@ -386,6 +373,9 @@ def _take_result(run: report.TreeRun, out: Path) -> None:
             "its process ended without a result:\n" + "\n".join(printed[-15:]),
             "check that this interpreter imports torch, or pass --python PATH",
         )
+    elif isinstance(result := pickle.loads(out.read_bytes()), dict):
+        vars(run).update(result)
+        return
     code, problem, next_step = result
     if code == Exit.INTERNAL:
         print(problem, file=sys.stderr)
