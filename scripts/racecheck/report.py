@@ -112,16 +112,13 @@ def entries_of(cell: Cell) -> list[tuple[str, tuple[int, ...], list[str]]]:
 
 
 def table_lines(by_step: Mapping[str, Cell]) -> list[str]:
-    lines = []
-    for step, cell in by_step.items():
-        key = step if step == "base" else json.dumps(step)
-        entries = ", ".join(
-            f"{{ kind = {json.dumps(kind)}, rows = {json.dumps(rows)}, "
-            f"buffers = {json.dumps(buffers)} }}"
-            for kind, rows, buffers in entries_of(cell)
-        )
-        lines.append(f"{key} = [{entries}]")
-    return lines
+    entry = "{{ kind = {}, rows = {}, buffers = {} }}"
+    return [
+        f"{step if step == 'base' else json.dumps(step)} = ["
+        + ", ".join(entry.format(*map(json.dumps, e)) for e in entries_of(cell))
+        + "]"
+        for step, cell in by_step.items()
+    ]
 
 
 def step_label(step: str) -> str:
