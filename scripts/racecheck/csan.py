@@ -112,11 +112,11 @@ class SimEvent:
         raise NotImplementedError(f"SimEvent.query(): {_UNMODELLED}")
 
 
+@dataclasses.dataclass(eq=False)
 class SimStream:
-    def __init__(self, device: SimDevice, name: str, stream_id: int) -> None:
-        self.device = device
-        self.name = name
-        self.stream_id = stream_id
+    device: SimDevice
+    name: str
+    stream_id: int
 
     def wait_event(self, event: SimEvent) -> None:
         event.wait(self)
@@ -145,10 +145,9 @@ class SimDevice:  # stands in for torch.cuda as returned by torch.get_device_mod
 
     def Stream(self, name: str | None = None, **_options: Any) -> SimStream:
         stream_id = next(self._ids)
-        stream = SimStream(self, name or f"stream {stream_id}", stream_id)
         self.handler._handle_stream_creation(stream_id)
-        self.streams[stream_id] = stream
-        return stream
+        self.streams[stream_id] = SimStream(self, name or f"stream {stream_id}", stream_id)
+        return self.streams[stream_id]
 
     def Event(self, **options: Any) -> SimEvent:
         return SimEvent(self, **options)

@@ -63,15 +63,13 @@ class BufferWatch(TorchDispatchMode):
             alias = argument.alias_info
             if alias is not None and not alias.is_write:
                 continue  # a view: no data moves
-            target = writes if alias is not None else reads
+            kind, target = ("write", writes) if alias is not None else ("read", reads)
             for tensor in _tensors(value):
                 if (hit := watched.get(_storage_key(tensor))) is None:
                     continue
                 name, base = hit
-                stream = self.device.current_stream().name
-                self.seen.add((stream, "write" if target is writes else "read", name))
-                index = row_index if argument.name == "self" else None
-                for row in _rows(tensor, base, index):
+                self.seen.add((self.device.current_stream().name, kind, name))
+                for row in _rows(tensor, base, row_index if argument.name == "self" else None):
                     target.setdefault(self._key(name, row), []).append(argument.name)
         result = func(*args, **kwargs)
         if reads or writes:
