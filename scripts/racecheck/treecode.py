@@ -20,19 +20,18 @@ class ScenarioError(RuntimeError):
     """The sglang tree did not behave as a scenario needs (not a race)."""
 
 
-_SERVER_ARGS = {
-    "speculative_eagle_topk": EAGLE_TOPK,
-    "speculative_num_steps": 1,
-    "enable_multi_layer_eagle": False,
-    "disaggregation_decode_enable_radix_cache": False,
-    "enable_deterministic_inference": False,
-    "enable_custom_logit_processor": False,
-}
-
-
 def stand_in_server_args(spec: str | None, hisparse: bool = False) -> Any:
     """The few server arguments the relay reads; from 0.5.18 on, a ServerArgs of its defaults."""
-    values = {**_SERVER_ARGS, "speculative_algorithm": spec, "enable_hisparse": hisparse}
+    values = {
+        "speculative_algorithm": spec,
+        "enable_hisparse": hisparse,
+        "speculative_eagle_topk": EAGLE_TOPK,
+        "speculative_num_steps": 1,
+        "enable_multi_layer_eagle": False,
+        "disaggregation_decode_enable_radix_cache": False,
+        "enable_deterministic_inference": False,
+        "enable_custom_logit_processor": False,
+    }
     try:
         from sglang.srt.arg_groups.arg_utils import namespace_of  # noqa: F401
     except ImportError:  # releases before the config bags
@@ -87,15 +86,14 @@ class Barrier(NamedTuple):  # the WAR barrier, function(scheduler), as the decod
 def war_barrier_of_tree() -> Barrier:
     """Scheduler._apply_war_barrier (0.5.14 on), else the decode loop's inline one."""
     function, how = scheduler_method("_apply_war_barrier")
+    how = f"Scheduler._apply_war_barrier {how}"
     scheduler: Any = SimpleNamespace()
     if function is None:
         function, how = _inline_barrier()
-    else:
-        if how == _IMPORTED:
-            from sglang.srt.managers.scheduler import Scheduler
+    elif how.endswith(_IMPORTED):
+        from sglang.srt.managers.scheduler import Scheduler
 
-            scheduler = Scheduler.__new__(Scheduler)
-        how = f"Scheduler._apply_war_barrier {how}"
+        scheduler = Scheduler.__new__(Scheduler)
     runners, events = (
         [name for name in function.__code__.co_names if name.endswith(suffix)]
         for suffix in ("_runner", "read_done_event")
