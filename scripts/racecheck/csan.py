@@ -73,15 +73,14 @@ def check_shape(csan: ModuleType) -> list[str]:
         elif (got := tuple(inspect.signature(method).parameters)[1:]) != params:
             problems.append(f"EventHandler.{name}{got} instead of {params}")
     access = getattr(csan, "Access", None)
-    if access is None or not dataclasses.is_dataclass(access):
+    if not dataclasses.is_dataclass(access):
         problems.append("Access is no longer a dataclass")
     elif missing := _ACCESS_FIELDS - {f.name for f in dataclasses.fields(access)}:
         problems.append(f"Access lacks {sorted(missing)}")
     error = getattr(csan, "UnsynchronizedAccessError", None)
-    params = inspect.signature(error.__init__).parameters if error else {}
     if error is None:
         problems.append("UnsynchronizedAccessError is gone")
-    elif lacking := [a for a in _ERROR_ATTRIBUTES if a not in params]:
+    elif lacking := [a for a in _ERROR_ATTRIBUTES if a not in inspect.signature(error).parameters]:
         problems.append(f"UnsynchronizedAccessError lacks {lacking}")
     access_type = getattr(csan, "AccessType", None)
     if access_type is None or not {"READ", "WRITE"} <= set(access_type.__members__):

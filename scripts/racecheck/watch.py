@@ -118,8 +118,7 @@ def simulated_gpu(code_roots: Sequence[Path] = ()) -> Iterator[tuple[SimDevice, 
 def _bind(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
     bound = list(zip(schema.arguments, args, strict=False))
     by_name = {argument.name: argument for argument in schema.arguments[len(args) :]}
-    bound += [(by_name[name], value) for name, value in kwargs.items() if name in by_name]
-    return bound
+    return bound + [(by_name[name], value) for name, value in kwargs.items() if name in by_name]
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
