@@ -1,8 +1,6 @@
 """Which FutureMap stream races each step leaves open, on the CPU: the scenarios run in a child
 forked per tree (a process imports one sglang) that pickles its races back to the verdict."""
 
-from __future__ import annotations
-
 import argparse
 import importlib.util
 import os
@@ -260,18 +258,15 @@ def expected_tables(chosen: list[Series], runs: list[report.TreeRun], write: boo
     for series in chosen:
         manifest = series.manifest
         mine = [r for r in runs if r.version in ("", manifest.base.version)]
-        measured = {
-            name: {r.step: report.cell_of(r.races[name]) for r in mine} for name in SCENARIOS
-        }
+        measured = {n: {r.step: report.cell_of(r.races[n]) for r in mine} for n in SCENARIOS}
         written = report.expected_table(manifest, [n for n in SCENARIOS if n in manifest.races])
         differ = [name for name in SCENARIOS if written.get(name) != measured[name]]
         pin = series.folder / "pin.toml"
         if not differ:
             print(f"ok: {pin} [races] is what the run measured")
         elif write:
-            tables = {f"races.{name}": report.table_lines(measured[name]) for name in SCENARIOS}
-            text = replace_tables(pin.read_text(encoding="utf-8"), tables)
-            pin.write_text(text, encoding="utf-8")
+            races = {f"races.{n}": report.table_lines(measured[n]) for n in SCENARIOS}
+            pin.write_text(replace_tables(pin.read_text(encoding="utf-8"), races), encoding="utf-8")
             print(f"wrote {pin} [races]: {', '.join(differ)} changed")
         else:
             print(f"STALE: {pin} [races] differs from the run in: {', '.join(differ)}")

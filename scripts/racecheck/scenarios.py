@@ -276,9 +276,8 @@ def war_barrier(world: _World, runner: SimpleNamespace, *, enabled: bool) -> Non
     barrier = treecode.war_barrier_of_tree()
     scheduler = barrier.scheduler
     scheduler._war_barrier_enabled = enabled
-    scheduler.model_worker = SimpleNamespace(
-        **{barrier.runner_attr: runner} if barrier.runner_attr else {}
-    )
+    worker = {barrier.runner_attr: runner} if barrier.runner_attr else {}
+    scheduler.model_worker = SimpleNamespace(**worker)
     scheduler.schedule_stream = world.schedule_stream
     scheduler.forward_stream = world.forward_stream
     barrier.function(scheduler)
