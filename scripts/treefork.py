@@ -1,8 +1,6 @@
 """Import sglang's third-party closure once, then fork one child per sglang tree (a process
 holds one sglang); a module the preload misses, the child imports (or reports) itself."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import gc

@@ -1,7 +1,5 @@
 """Races as plain data (no torch), table cells and text, and the verdict on a run."""
 
-from __future__ import annotations
-
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field

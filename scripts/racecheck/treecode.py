@@ -1,7 +1,5 @@
 """What the scenarios take from the tree under test (server args, WAR barrier), per release."""
 
-from __future__ import annotations
-
 import ast
 import contextlib
 import dataclasses

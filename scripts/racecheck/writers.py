@@ -1,8 +1,6 @@
 """Every FutureMap writer of a tree, found by ast (no import), classified by the [writers]
 tables; and releases we have not seen, judged by that and their code's shape alone."""
 
-from __future__ import annotations
-
 import ast
 import re
 import subprocess
