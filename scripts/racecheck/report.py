@@ -213,15 +213,12 @@ def verdict(runs: list[TreeRun]) -> int:
         else:
             print(f"ok: no race in this tree {run.tree}")
         series = f"sglang {run.version}'s series"
-        step = f"step {step_label(run.step)} of {series}"
+        held = f"the series' files in it are step {step_label(run.step)} of {series}"
         if not run.step:
             print(f"  the series' files in it match no step of {series}, so nothing is expected")
-        elif differ := run.differ():
-            print(
-                f"  FAILED: the series' files in it are {step}, whose [races] table expects "
-                f"otherwise in: {', '.join(differ)}"
-            )
+        elif differ := ", ".join(run.differ()):
+            print(f"  FAILED: {held}, whose [races] table expects otherwise in: {differ}")
             code = Exit.RACE
         else:
-            print(f"  the series' files in it are {step}, as its [races] table expects")
+            print(f"  {held}, as its [races] table expects")
     return code

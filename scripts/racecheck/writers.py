@@ -29,7 +29,6 @@ from patchset.shapeflow import MAX_SOURCE_BYTES, PREFIX, Sources
 
 from .report import RELAY_BUFFERS
 
-_METHODS = ("publish", "stash")
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
 # A row's scenarios: catalogue names, or this word for the forward every scenario plays.
 EVERY_SCENARIO = "all"
@@ -88,7 +87,7 @@ def _writes(node: ast.AST, scope: str) -> Iterator[tuple[int, str, str]]:
 
 
 def _what(node: ast.AST) -> str:
-    if isinstance(node, ast.Attribute) and node.attr in _METHODS:
+    if isinstance(node, ast.Attribute) and node.attr in ("publish", "stash"):
         owner = node.value
         name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
         return node.attr if name == "future_map" else ""
