@@ -90,9 +90,7 @@ def expected_table(manifest: PinManifest, scenarios: Sequence[str]) -> Table:
         )
     return {
         name: {
-            step: frozenset(
-                (k, b, r) for k, buffers, rows in entries for b in buffers for r in rows
-            )
+            step: frozenset((k, b, r) for k, bufs, rows in entries for b in bufs for r in rows)
             for step, entries in manifest.races[name].items()
         }
         for name in scenarios
