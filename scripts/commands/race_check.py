@@ -22,8 +22,7 @@ from racecheck import csan, report, writers
 from treefork import fork_each, preload, use_tree
 
 SCRIPTS = Path(__file__).resolve().parents[1]
-# Set once race-check runs on the interpreter --python (or the default) names.
-REEXEC = "SGLANG_BACKPORTS_RACE_CHECK_PYTHON"
+REEXEC = "SGLANG_BACKPORTS_RACE_CHECK_PYTHON"  # set once it runs on the chosen interpreter
 
 DESCRIPTION = """\
 Prove on the CPU, from the real sglang code, which stream races in the PD-decode

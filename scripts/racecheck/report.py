@@ -23,8 +23,7 @@ RELAY_BUFFERS = (
 )
 EAGLE_ROW = RELAY_BUFFERS[:5]
 _ORDER = {buffer: n for n, buffer in enumerate(RELAY_BUFFERS)}
-# A cell: the (kind, buffer, row) of the races a scenario shows on a step.
-Cell = frozenset[tuple[str, str, int]]
+Cell = frozenset[tuple[str, str, int]]  # (kind, buffer, row) of a scenario's races on a step
 Table = dict[str, dict[str, Cell]]
 # Per kind: its words in a race's report, and in a table cell (with the buffers).
 _KINDS = {
@@ -187,11 +186,10 @@ def verdict(runs: list[TreeRun]) -> int:
     """Steps give the expected table (a patched one no race); a given tree, its step's."""
     code = Exit.OK
     steps = [r for r in runs if not r.given]
-    clean_final = [
+    if all(
         r.step == r.expected_final and not any(r.expected[n][r.step] for n in SCENARIOS)
         for r in steps
-    ]
-    if all(clean_final):
+    ):
         for r in steps:
             if r.count:
                 print(f"FAILED: {r.count} race(s) in the patched tree {r.tree}")

@@ -19,9 +19,7 @@ from .report import Access, Race, Site
 # The checker's own frames are never a call site worth reporting.
 _MACHINERY = {os.path.realpath(__file__), os.path.realpath(csan.__file__)}
 _DRIVER = os.path.dirname(os.path.realpath(__file__))
-
-# Far above real stream/event ids and small enough to stay an int key.
-_FIRST_KEY = 1 << 40
+_FIRST_KEY = 1 << 40  # far above real stream/event ids, and small enough to stay an int key
 
 
 class BufferWatch(TorchDispatchMode):
