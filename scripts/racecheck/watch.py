@@ -30,8 +30,7 @@ class BufferWatch(TorchDispatchMode):
         super().__init__()
         self.device = device
         self.races: list[Race] = []
-        # (stream, "read"/"write", buffer) of every access seen, races or not
-        self.seen: set[tuple[str, str, str]] = set()
+        self.seen: set[tuple[str, str, str]] = set()  # (stream, kind, buffer) of each access
         self._sources: list[Callable[[], dict[str, torch.Tensor]]] = []
         self._keys: dict[tuple[str, int], int] = {}  # (buffer, row) -> its CSAN key
         # frames in the code under test, and in the scenarios that drive it (this package)
@@ -158,8 +157,7 @@ def _rows(view: torch.Tensor, base: torch.Tensor, index: torch.Tensor | None) ->
     base_start = base.storage_offset() * base.element_size()
     size = view.element_size()
     offset = view.storage_offset() * size
-    sizes = list(view.shape)
-    strides = [s * size for s in view.stride()]
+    sizes, strides = list(view.shape), [s * size for s in view.stride()]
     if index is None or view.dim() == 0:
         starts = [offset]
     else:

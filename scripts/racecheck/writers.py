@@ -30,8 +30,7 @@ from patchset.shapeflow import MAX_SOURCE_BYTES, PREFIX, Sources
 from .report import RELAY_BUFFERS
 
 _IN_PLACE = ("copy_", "fill_", "zero_", "index_copy_", "index_put_", "scatter_", "masked_fill_")
-# A row's scenarios: catalogue names, or this word for the forward every scenario plays.
-EVERY_SCENARIO = "all"
+EVERY_SCENARIO = "all"  # as a row's scenarios: the forward every scenario plays
 Rows = dict[str, dict[str, str]]  # writer key -> {stream, order, scenarios | reason}
 UPSTREAM_WRITERS = paths.PATCHES_ROOT / "upstream-writers.toml"
 # The wheel every release so far ships for CPython 3.11 on Linux x86_64.
