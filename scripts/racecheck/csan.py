@@ -42,7 +42,6 @@ def torch_text(version: str) -> str:
 
 
 def load() -> ModuleType:
-    """torch.cuda._sanitizer, once the shape of its API is the one the checker knows."""
     next_step = "use an interpreter whose torch is one of " + ", ".join(VERIFIED_TORCH)
     try:
         import torch

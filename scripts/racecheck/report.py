@@ -71,8 +71,7 @@ def cell_of(races: Iterable[Race]) -> Cell:
 def describe(cell: Cell) -> str:
     parts = [
         _KINDS[kind][1].format(", ".join(buffers))
-        + (" in row " if len(rows) == 1 else " in rows ")
-        + ", ".join(map(str, rows))
+        + f" in row{'' if len(rows) == 1 else 's'} {', '.join(map(str, rows))}"
         for kind, rows, buffers in entries_of(cell)
     ]
     return "; ".join(parts) or "clean"
