@@ -34,7 +34,8 @@ SETUP, CPU, GPU = "setup", "cpu", "gpu"
 # Variables that would hide the race on a GPU: serialised launches, one hardware queue.
 HIDES_THE_RACE = ("CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS")
 
-Judge = Callable[[int, Path], tuple[bool, str]]
+Verdict = tuple[bool, str]  # ok, and the stage's result line
+Judge = Callable[[int, Path], Verdict]
 SUMMARY_FILE = "summary.md"
 
 
@@ -47,7 +48,7 @@ class Stage:
     env: dict[str, str] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
     judge: Judge | None = None  # a finished run's (ok, result text); default: exit status 0
-    action: Callable[[], tuple[bool, str]] | None = None  # in-process instead of the command
+    action: Callable[[], Verdict] | None = None  # in-process instead of the command
     budget_s: float = 0.0  # the least time it needs: not started with less left
 
 
@@ -189,17 +190,14 @@ def run_stage(
     except OSError as err:
         return outcome(False, f"FAIL: {err}")
     if rc is None:
-        return outcome(
-            False, f"FAIL: stopped at the deadline after {time.monotonic() - start:.0f} s"
-        )
+        took = time.monotonic() - start
+        return outcome(False, f"FAIL: stopped at the deadline after {took:.0f} s")
     if stage.judge is not None:
         return outcome(*stage.judge(rc, log))
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
 
 
-def judge_gpu_step(
-    report: Path, shown: str, rehearsal: bool, rc: int, _log: Path
-) -> tuple[bool, str]:
+def judge_gpu_step(report: Path, shown: str, rehearsal: bool, rc: int, _log: Path) -> Verdict:
     """Each test passed or xfailed (strict); a skip only by design (its reason from the XML)."""
     if not report.is_file():
         return False, f"FAIL: no test report (pytest exit {rc})"
@@ -215,12 +213,11 @@ def judge_gpu_step(
     skip_tags = ((case.get("name", ""), case.find("skipped")) for case in cases)
     reasons = {name: tag.get("message", "") for name, tag in skip_tags if tag is not None}
     skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
-    refused = [
+    if refused := [
         f"{test} ({reasons.get(test) or 'no reason found'})"
         for test in skips
         if not contract.allowed(test, reasons.get(test, ""), rehearsal)
-    ]
-    if refused:
+    ]:
         where = "in a rehearsal" if rehearsal else "on a GPU run"
         return False, f"FAIL: {text}; not a skip by design {where}: {'; '.join(refused)}"
     if good == 0:
@@ -231,7 +228,7 @@ def judge_gpu_step(
     return True, f"ok ({shown}{by_design}): {text}"
 
 
-def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
+def judge_with_warnings(rc: int, log: Path) -> Verdict:
     """Exit status 0 passes; WARNING and FAIL lines of the log are carried into the result."""
     warnings = [
         line.strip() for line in log.read_text(encoding="utf-8").splitlines()
@@ -240,7 +237,7 @@ def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
     return rc == 0, "; ".join(["ok" if rc == 0 else f"FAIL: exit {rc}", *warnings])
 
 
-def judge_bench(json_path: Path, rc: int, _log: Path) -> tuple[bool, str]:
+def judge_bench(json_path: Path, rc: int, _log: Path) -> Verdict:
     if rc != 0 or not json_path.is_file():
         return False, f"FAIL: exit {rc}"
     data = json.loads(json_path.read_text(encoding="utf-8"))
@@ -271,15 +268,13 @@ def run_all(
 ) -> Exit:
     """Run the stages; print and store the summary, figures() below it; the run's exit code."""
     reports.mkdir(parents=True, exist_ok=True)
-    done: dict[str, bool] = {}
     outcomes: list[Outcome] = []
     for stage in stages:
         try:
-            outcome = run_stage(stage, done, reports, end)
+            outcome = run_stage(stage, {o.stage: o.ok for o in outcomes}, reports, end)
         except Exception as err:  # a bug of ours fails this stage, not the whole run
             traceback.print_exc()
             outcome = Outcome(stage.name, False, f"FAIL: internal error: {err!r}", 0.0, stage.kind)
-        done[stage.name] = outcome.ok
         outcomes.append(outcome)
     table, code = summary_table(outcomes), exit_code(outcomes)
     measured = ""
