@@ -168,13 +168,11 @@ def _csan_row(label: str, csan: dict[str, Any] | None, fixed: bool) -> tuple[str
     seen, met = NOT_RUN, "no"
     if csan and "error" in csan:
         seen, met = f"error: {csan['error']}", "NO"
+    elif csan and csan["race"]:
+        seen = f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
+        met = "NO" if fixed else "yes"
     elif csan:
-        seen = (
-            f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
-            if csan["race"]
-            else f"silent over {csan['iterations']} iterations"
-        )
-        met = "yes" if csan["race"] is not fixed else "NO"
+        seen, met = f"silent over {csan['iterations']} iterations", "yes" if fixed else "NO"
     return (f"{label}: CSAN", seen, "silent" if fixed else "race reported", met)
 
 
