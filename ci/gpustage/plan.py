@@ -88,13 +88,7 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
     sglang_of = {s: layout.tree_path(trees, opts.series, s) / "python" for s in manifest.steps}
 
     def stage(
-        name: str,
-        step: str,
-        purpose: str,
-        shown: str,
-        budget: str,
-        select: str | None = None,
-        env: dict[str, str] | None = None,
+        name: str, step: str, purpose: str, shown: str, budget: str, select: str = "", **env: str
     ) -> Stage:
         tree = sglang_of[step]
         report = opts.reports / f"{name}.json"
@@ -108,7 +102,7 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             PATCH_SET_ENV: str(opts.series.folder),
             TREE_ENV: str(tree.parent),
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-            **(env or {}),
+            **env,
             cuda: "1",
         }
         judge = partial(judge_gpu_step, report, shown, opts.rehearse)
@@ -136,8 +130,8 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             f"S1 with {LONG_S1_ITERATIONS} iterations against step {final} (must pass)",
             "fix holds",
             "long",
-            select="test_seed_survives_the_in_flight_forward",
-            env={contract.S1_ITERATIONS_ENV: str(LONG_S1_ITERATIONS)},
+            "test_seed_survives_the_in_flight_forward",
+            **{contract.S1_ITERATIONS_ENV: str(LONG_S1_ITERATIONS)},
         ),
         stage(
             "control-sleep-0",
@@ -146,8 +140,8 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             "the seed wins, the race needs a late forward",
             "seed wins without the hold-back",
             "control",
-            select="test_without_the_hold_back_the_seed_wins",
-            env={contract.NO_SLEEP_ENV: "1"},
+            "test_without_the_hold_back_the_seed_wins",
+            **{contract.NO_SLEEP_ENV: "1"},
         ),
         stage(
             "control-1",
@@ -156,8 +150,8 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             "hides the race",
             "race hidden",
             "control",
-            select="test_one_hardware_queue_hides_the_race",
-            env={CONNECTIONS: "1"},
+            "test_one_hardware_queue_hides_the_race",
+            **{CONNECTIONS: "1"},
         ),
         Stage(
             "bench",
