@@ -222,13 +222,11 @@ def table(result: dict[str, Any]) -> str:
 
     ms, gap = result["ms_per_iteration"], result["idle_gap_us"]
     rows = [
-        spread_row("unpatched", ms["unpatched"]),
-        spread_row("patched", ms["patched"]),
+        *(spread_row(variant, ms[variant]) for variant in ("unpatched", "patched")),
         spread_row("patched - unpatched ms", result["delta_ms"]),
         spread_row("patched/unpatched", result["ratio"]),
         spread_row("the wait itself, us (host)", result["wait_us"], ".2f"),
-        ("idle gap, us (patched)", f"{gap['patched']:.2f}", "", ""),
-        ("idle gap, us (unpatched)", f"{gap['unpatched']:.2f}", "", ""),
+        *((f"idle gap, us ({v})", f"{gap[v]:.2f}", "", "") for v in ("patched", "unpatched")),
     ]
     for share in result["shares"]:
         step = "this loop's" if share["synthetic"] else f"a {share['step_ms']:g} ms"
