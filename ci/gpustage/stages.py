@@ -37,6 +37,9 @@ HIDES_THE_RACE = ("CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS")
 Verdict = tuple[bool, str]  # ok, and the stage's result line
 Judge = Callable[[int, Path], Verdict]
 SUMMARY_FILE = "summary.md"
+RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
+# each command in its own process group: the deadline or an interrupt stops all it started
+_PIPED: dict[str, Any] = {"stdout": PIPE, "stderr": STDOUT, "text": True, "start_new_session": True}
 
 
 @dataclass
@@ -50,9 +53,6 @@ class Stage:
     judge: Judge | None = None  # a finished run's (ok, result text); default: exit status 0
     action: Callable[[], Verdict] | None = None  # in-process instead of the command
     budget_s: float = 0.0  # the least time it needs: not started with less left
-
-
-RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
 
 
 class Outcome(NamedTuple):
@@ -95,10 +95,6 @@ def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
         words = " ".join(w if w == "&&" else shlex.quote(w) for w in stage.command)
         print(f"    $ {f'env {env} {words}' if env else words}")
     print("\nThe run ends with a summary table: stage | result | time.")
-
-
-# each command in its own process group: the deadline or an interrupt stops all it started
-_PIPED: dict[str, Any] = {"stdout": PIPE, "stderr": STDOUT, "text": True, "start_new_session": True}
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
@@ -160,17 +156,15 @@ def tee_output(path: Path) -> Iterator[None]:
             raise
 
 
-def run_stage(
-    stage: Stage, done: dict[str, bool], reports: Path, end: float | None = None
-) -> Outcome:
-    """end: the time.monotonic() by which the stages must be over."""
+def run_stage(stage: Stage, passed: set[str], reports: Path, end: float | None = None) -> Outcome:
+    """passed: the stages that passed; end: the time.monotonic() by which all must be over."""
     start = time.monotonic()
     print(f"\n=== {stage.name}: {stage.purpose}", flush=True)
 
     def outcome(ok: bool, text: str) -> Outcome:
         return Outcome(stage.name, ok, text, time.monotonic() - start, stage.kind)
 
-    if blocked := [n for n in stage.needs if not done.get(n, False)]:
+    if blocked := [n for n in stage.needs if n not in passed]:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
     left = None if end is None else end - time.monotonic()
     if left is not None and left < (need := stage.budget_s):
@@ -271,7 +265,7 @@ def run_all(
     outcomes: list[Outcome] = []
     for stage in stages:
         try:
-            outcome = run_stage(stage, {o.stage: o.ok for o in outcomes}, reports, end)
+            outcome = run_stage(stage, {o.stage for o in outcomes if o.ok}, reports, end)
         except Exception as err:  # a bug of ours fails this stage, not the whole run
             traceback.print_exc()
             outcome = Outcome(stage.name, False, f"FAIL: internal error: {err!r}", 0.0, stage.kind)
