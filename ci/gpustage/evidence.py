@@ -73,7 +73,6 @@ def record(python: str, reports: Path) -> tuple[bool, str]:
 
 
 MIN_RACE_SHARE = 0.9
-
 CRITERIA = f"""\
 ## Success criteria (written down before the run)
 
@@ -96,6 +95,15 @@ CRITERIA = f"""\
   overstates) and of real decode steps of {", ".join(f"{s:g}" for s in DECODE_STEPS_MS)} ms.
   They are measurements, with no threshold.
 """
+NOT_RUN = "not run (no record: see the stage table)"
+SLEEP_0 = "sleep-0"  # judged as the control with the forward not held back
+# What an S1 record is judged by, by the fixes of its step: the figure and what it must show.
+S1_FIGURES = {
+    SLEEP_0: ("S1 seed kept, forward not held back", f">= {MIN_RACE_SHARE:.0%}"),
+    "fix-b": ("S1 seed kept", "every iteration, no torn row"),
+    "fix-a": ("S1 seq_len stale", f">= {MIN_RACE_SHARE:.0%}"),
+    "": ("S1 stale per field", f">= {MIN_RACE_SHARE:.0%} every field"),
+}
 
 
 def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
@@ -120,17 +128,6 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 def _share(n: int, of: int) -> str:
     return f"{n}/{of} ({n / of:.1%})" if of else f"{n}/0"
-
-
-NOT_RUN = "not run (no record: see the stage table)"
-SLEEP_0 = "sleep-0"  # judged as the control with the forward not held back
-# What an S1 record is judged by, by the fixes of its step: the figure and what it must show.
-S1_FIGURES = {
-    SLEEP_0: ("S1 seed kept, forward not held back", f">= {MIN_RACE_SHARE:.0%}"),
-    "fix-b": ("S1 seed kept", "every iteration, no torn row"),
-    "fix-a": ("S1 seq_len stale", f">= {MIN_RACE_SHARE:.0%}"),
-    "": ("S1 stale per field", f">= {MIN_RACE_SHARE:.0%} every field"),
-}
 
 
 def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> list[tuple[str, ...]]:

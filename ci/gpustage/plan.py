@@ -31,6 +31,18 @@ CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 # The least time each kind of GPU stage needs on an H200: a deadline skips, not cuts, a stage.
 BUDGET_S = {"step": 45.0, "long": 40.0, "control": 30.0, "bench": 45.0}
 PIP_INSTALL = ["-m", "pip", "install", "--disable-pip-version-check"]
+TORCH_CHECK = (
+    "import sys, torch, torchvision; v = torch.__version__.split('+')[0]; "
+    "print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', "
+    "torchvision.__version__); want = sys.argv[1]; "
+    "ok = v == want or sys.argv[2] == 'any'; "
+    "print(('ok: ' if v == want else 'WARNING: ' if ok else 'FAIL: ') + "
+    "f'the base pins torch {want}, the runner has {v}'); sys.exit(0 if ok else 3)"
+)
+CUDA_CHECK = (
+    "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; "
+    "print('CUDA device:', torch.cuda.get_device_name())"
+)
 
 
 @dataclass
@@ -240,20 +252,6 @@ def online(opts: Options) -> list[Stage]:
         ),
         *_gpu_stages(opts, vpy),
     ]
-
-
-TORCH_CHECK = (
-    "import sys, torch, torchvision; v = torch.__version__.split('+')[0]; "
-    "print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', "
-    "torchvision.__version__); want = sys.argv[1]; "
-    "ok = v == want or sys.argv[2] == 'any'; "
-    "print(('ok: ' if v == want else 'WARNING: ' if ok else 'FAIL: ') + "
-    "f'the base pins torch {want}, the runner has {v}'); sys.exit(0 if ok else 3)"
-)
-CUDA_CHECK = (
-    "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; "
-    "print('CUDA device:', torch.cuda.get_device_name())"
-)
 
 
 def offline(opts: Options) -> list[Stage]:
