@@ -256,9 +256,8 @@ def main() -> int:
             "sglang is not importable",
             "put a step tree first on PYTHONPATH (e.g. PYTHONPATH=build/steps/VERSION/STEP/python)",
         )
-    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    result |= time_pairs(loop.run, args)
+    result |= time_pairs(Loop(args, torch.device("cuda", torch.cuda.current_device())).run, args)
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

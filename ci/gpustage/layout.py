@@ -1,5 +1,4 @@
-"""Step trees without git (lay_out) from the wheel and the touched files written where git is
-(write_step_files), every blob id checked."""
+"""Git-less step trees from the wheel and the step files written where git is; blob ids checked."""
 
 from __future__ import annotations
 
