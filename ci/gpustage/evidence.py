@@ -67,7 +67,6 @@ def record(python: str, reports: Path) -> tuple[bool, str]:
         "versions": json.loads(versions) if versions else None,
         "git": shutil.which("git"),  # `command -v git`: the runner may have none
     }
-    reports.mkdir(parents=True, exist_ok=True)
     (reports / FACTS_FILE).write_text(json.dumps(found, indent=2) + "\n", encoding="utf-8")
     return True, f"ok: {describe(found)}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"
 
@@ -106,13 +105,11 @@ S1_FIGURES = {
 }
 
 
-def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
-    """Every file a run writes into reports: removed first, so no other run's figure is read."""
+def write_criteria(reports: Path, stage_names: Collection[str] = ()) -> None:
+    """Remove what a run writes into reports (no other run's figure is read); write the criteria."""
     names = [f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
-    return [reports / n for n in [*names, CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE]]
-
-
-def write_criteria(reports: Path) -> None:
+    for name in [*names, CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE]:
+        (reports / name).unlink(missing_ok=True)
     reports.mkdir(parents=True, exist_ok=True)
     (reports / CRITERIA_FILE).write_text(CRITERIA, encoding="utf-8")
 

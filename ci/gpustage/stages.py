@@ -66,10 +66,8 @@ class Outcome(NamedTuple):
 def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
     """GPU stages lose what hides the race (unless set: the controls); the CPU gate sees no GPU."""
     hidden = HIDES_THE_RACE if stage.kind == GPU else ()
-    env = {k: v for k, v in base.items() if k not in hidden} | stage.env
-    if stage.kind == CPU:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""} if stage.kind == CPU else {}
+    return {k: v for k, v in base.items() if k not in hidden} | stage.env | no_gpu
 
 
 def rel(path: Path) -> str:
