@@ -9,10 +9,9 @@ from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
 from patchset.lock import marked_folder
-from patchset.manifest import BASE_STEP, Series
+from patchset.manifest import BASE_STEP, Series, git_blob_id
 
 MARKER = ".laid-out-by-run-gpu"  # a tree laid out here, which a later run may replace
 AGAIN = "make them again where git is, with `ci/run-gpu step-files --out DIR`, and carry DIR"
@@ -58,7 +57,7 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
 
 def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
     want = series.manifest.blobs_at(step)[path]
-    have = blobs_of({path: data})[path]
+    have = git_blob_id(data)
     if have != want:
         raise _refuse(
             f"{where} has blob id {have}, but {series.folder.name}/pin.toml pins {want} "
