@@ -150,10 +150,7 @@ class Wheelhouse:
     python_version: str
     sglang_wheel: str
     entries: list[Entry]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(e.size for e in self.entries)
+    total_bytes: int
 
     def requirements(self) -> str:
         """For pip --require-hashes: every wheel but sglang's, which is laid out as a tree."""
@@ -203,7 +200,7 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
             f"the wheelhouse's {sglang} is not the wheel the patch set pins "
             f"({manifest.base.sha256})"
         )
-    return Wheelhouse(python_version, sglang, entries)
+    return Wheelhouse(python_version, sglang, entries, sum(e.size for e in entries))
 
 
 def ensure_double() -> Path:
