@@ -222,13 +222,11 @@ def table(result: dict[str, Any]) -> str:
 
     ms, gap = result["ms_per_iteration"], result["idle_gap_us"]
     rows = [
-        spread_row("unpatched", ms["unpatched"]),
-        spread_row("patched", ms["patched"]),
+        *(spread_row(variant, ms[variant]) for variant in ("unpatched", "patched")),
         spread_row("patched - unpatched ms", result["delta_ms"]),
         spread_row("patched/unpatched", result["ratio"]),
         spread_row("the wait itself, us (host)", result["wait_us"], ".2f"),
-        ("idle gap, us (patched)", f"{gap['patched']:.2f}", "", ""),
-        ("idle gap, us (unpatched)", f"{gap['unpatched']:.2f}", "", ""),
+        *((f"idle gap, us ({v})", f"{gap[v]:.2f}", "", "") for v in ("patched", "unpatched")),
     ]
     for share in result["shares"]:
         step = "this loop's" if share["synthetic"] else f"a {share['step_ms']:g} ms"
@@ -258,9 +256,8 @@ def main() -> int:
             "sglang is not importable",
             "put a step tree first on PYTHONPATH (e.g. PYTHONPATH=build/steps/VERSION/STEP/python)",
         )
-    loop = Loop(args, torch.device("cuda", torch.cuda.current_device()))
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    result |= time_pairs(loop.run, args)
+    result |= time_pairs(Loop(args, torch.device("cuda", torch.cuda.current_device())).run, args)
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -67,13 +67,11 @@ def record(python: str, reports: Path) -> tuple[bool, str]:
         "versions": json.loads(versions) if versions else None,
         "git": shutil.which("git"),  # `command -v git`: the runner may have none
     }
-    reports.mkdir(parents=True, exist_ok=True)
     (reports / FACTS_FILE).write_text(json.dumps(found, indent=2) + "\n", encoding="utf-8")
     return True, f"ok: {describe(found)}; nvidia-smi: {'yes' if found['nvidia_smi'] else 'none'}"
 
 
 MIN_RACE_SHARE = 0.9
-
 CRITERIA = f"""\
 ## Success criteria (written down before the run)
 
@@ -96,15 +94,22 @@ CRITERIA = f"""\
   overstates) and of real decode steps of {", ".join(f"{s:g}" for s in DECODE_STEPS_MS)} ms.
   They are measurements, with no threshold.
 """
+NOT_RUN = "not run (no record: see the stage table)"
+SLEEP_0 = "sleep-0"  # judged as the control with the forward not held back
+# What an S1 record is judged by, by the fixes of its step: the figure and what it must show.
+S1_FIGURES = {
+    SLEEP_0: ("S1 seed kept, forward not held back", f">= {MIN_RACE_SHARE:.0%}"),
+    "fix-b": ("S1 seed kept", "every iteration, no torn row"),
+    "fix-a": ("S1 seq_len stale", f">= {MIN_RACE_SHARE:.0%}"),
+    "": ("S1 stale per field", f">= {MIN_RACE_SHARE:.0%} every field"),
+}
 
 
-def outputs(reports: Path, stage_names: list[str]) -> list[Path]:
-    """Every file a run writes into reports: removed first, so no other run's figure is read."""
+def write_criteria(reports: Path, stage_names: Collection[str] = ()) -> None:
+    """Remove what a run writes into reports (no other run's figure is read); write the criteria."""
     names = [f"{n}{ext}" for n in stage_names for ext in (".log", ".json", ".xml")]
-    return [reports / n for n in [*names, CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE]]
-
-
-def write_criteria(reports: Path) -> None:
+    for name in [*names, CRITERIA_FILE, FACTS_FILE, BENCH_FILE, SUMMARY_FILE]:
+        (reports / name).unlink(missing_ok=True)
     reports.mkdir(parents=True, exist_ok=True)
     (reports / CRITERIA_FILE).write_text(CRITERIA, encoding="utf-8")
 
@@ -120,17 +125,6 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 def _share(n: int, of: int) -> str:
     return f"{n}/{of} ({n / of:.1%})" if of else f"{n}/0"
-
-
-NOT_RUN = "not run (no record: see the stage table)"
-SLEEP_0 = "sleep-0"  # judged as the control with the forward not held back
-# What an S1 record is judged by, by the fixes of its step: the figure and what it must show.
-S1_FIGURES = {
-    SLEEP_0: ("S1 seed kept, forward not held back", f">= {MIN_RACE_SHARE:.0%}"),
-    "fix-b": ("S1 seed kept", "every iteration, no torn row"),
-    "fix-a": ("S1 seq_len stale", f">= {MIN_RACE_SHARE:.0%}"),
-    "": ("S1 stale per field", f">= {MIN_RACE_SHARE:.0%} every field"),
-}
 
 
 def s1_rows(label: str, s1: dict[str, Any] | None, fixes: Collection[str]) -> list[tuple[str, ...]]:
@@ -168,13 +162,11 @@ def _csan_row(label: str, csan: dict[str, Any] | None, fixed: bool) -> tuple[str
     seen, met = NOT_RUN, "no"
     if csan and "error" in csan:
         seen, met = f"error: {csan['error']}", "NO"
+    elif csan and csan["race"]:
+        seen = f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
+        met = "NO" if fixed else "yes"
     elif csan:
-        seen = (
-            f"race at iteration {csan['iteration']} on {', '.join(csan['buffers'])}"
-            if csan["race"]
-            else f"silent over {csan['iterations']} iterations"
-        )
-        met = "yes" if csan["race"] is not fixed else "NO"
+        seen, met = f"silent over {csan['iterations']} iterations", "yes" if fixed else "NO"
     return (f"{label}: CSAN", seen, "silent" if fixed else "race reported", met)
 
 

@@ -1,25 +1,21 @@
-"""Step trees without git (lay_out) from the wheel and the touched files written where git is
-(write_step_files), every blob id checked."""
+"""Git-less step trees from the wheel and the step files written where git is; blob ids checked."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 
 from patchset import wheel as wheels
 from patchset.apply import files_per_step
-from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
 from patchset.lock import marked_folder
-from patchset.manifest import BASE_STEP, Series
+from patchset.manifest import BASE_STEP, Series, git_blob_id
 
 MARKER = ".laid-out-by-run-gpu"  # a tree laid out here, which a later run may replace
-
-
-def _refuse(problem: str) -> BackportError:
-    again = "make them again where git is, with `ci/run-gpu step-files --out DIR`, and carry DIR"
-    return BackportError(Exit.SETUP, problem, again)
+AGAIN = "make them again where git is, with `ci/run-gpu step-files --out DIR`, and carry DIR"
+_refuse = partial(BackportError, Exit.SETUP, next_step=AGAIN)
 
 
 def write_step_files(series: Series, wheel: Path, out: Path) -> list[Path]:
@@ -44,12 +40,9 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
     expected = {
         folder / step / path: (step, path) for step in manifest.steps[1:] for path in manifest.files
     }
-    extra = sorted(
-        p.relative_to(folder).as_posix()
-        for p in folder.rglob("*")
-        if p.is_file() and p not in expected
-    )
-    if extra:
+    if extra := sorted(
+        str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p not in expected
+    ):
         raise _refuse(
             f"{folder} holds {', '.join(extra)}: no touched file of a step of {series.folder.name}"
         )
@@ -64,7 +57,7 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
 
 def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
     want = series.manifest.blobs_at(step)[path]
-    have = blobs_of({path: data})[path]
+    have = git_blob_id(data)
     if have != want:
         raise _refuse(
             f"{where} has blob id {have}, but {series.folder.name}/pin.toml pins {want} "

@@ -31,6 +31,18 @@ CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 # The least time each kind of GPU stage needs on an H200: a deadline skips, not cuts, a stage.
 BUDGET_S = {"step": 45.0, "long": 40.0, "control": 30.0, "bench": 45.0}
 PIP_INSTALL = ["-m", "pip", "install", "--disable-pip-version-check"]
+TORCH_CHECK = (
+    "import sys, torch, torchvision; v = torch.__version__.split('+')[0]; "
+    "print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', "
+    "torchvision.__version__); want = sys.argv[1]; "
+    "ok = v == want or sys.argv[2] == 'any'; "
+    "print(('ok: ' if v == want else 'WARNING: ' if ok else 'FAIL: ') + "
+    "f'the base pins torch {want}, the runner has {v}'); sys.exit(0 if ok else 3)"
+)
+CUDA_CHECK = (
+    "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; "
+    "print('CUDA device:', torch.cuda.get_device_name())"
+)
 
 
 @dataclass
@@ -88,13 +100,7 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
     sglang_of = {s: layout.tree_path(trees, opts.series, s) / "python" for s in manifest.steps}
 
     def stage(
-        name: str,
-        step: str,
-        purpose: str,
-        shown: str,
-        budget: str,
-        select: str | None = None,
-        env: dict[str, str] | None = None,
+        name: str, step: str, purpose: str, shown: str, budget: str, select: str = "", **env: str
     ) -> Stage:
         tree = sglang_of[step]
         report = opts.reports / f"{name}.json"
@@ -108,7 +114,7 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             PATCH_SET_ENV: str(opts.series.folder),
             TREE_ENV: str(tree.parent),
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-            **(env or {}),
+            **env,
             cuda: "1",
         }
         judge = partial(judge_gpu_step, report, shown, opts.rehearse)
@@ -136,8 +142,8 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             f"S1 with {LONG_S1_ITERATIONS} iterations against step {final} (must pass)",
             "fix holds",
             "long",
-            select="test_seed_survives_the_in_flight_forward",
-            env={contract.S1_ITERATIONS_ENV: str(LONG_S1_ITERATIONS)},
+            "test_seed_survives_the_in_flight_forward",
+            **{contract.S1_ITERATIONS_ENV: str(LONG_S1_ITERATIONS)},
         ),
         stage(
             "control-sleep-0",
@@ -146,8 +152,8 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             "the seed wins, the race needs a late forward",
             "seed wins without the hold-back",
             "control",
-            select="test_without_the_hold_back_the_seed_wins",
-            env={contract.NO_SLEEP_ENV: "1"},
+            "test_without_the_hold_back_the_seed_wins",
+            **{contract.NO_SLEEP_ENV: "1"},
         ),
         stage(
             "control-1",
@@ -156,8 +162,8 @@ def _gpu_stages(opts: Options, python: str) -> list[Stage]:
             "hides the race",
             "race hidden",
             "control",
-            select="test_one_hardware_queue_hides_the_race",
-            env={CONNECTIONS: "1"},
+            "test_one_hardware_queue_hides_the_race",
+            **{CONNECTIONS: "1"},
         ),
         Stage(
             "bench",
@@ -246,20 +252,6 @@ def online(opts: Options) -> list[Stage]:
         ),
         *_gpu_stages(opts, vpy),
     ]
-
-
-TORCH_CHECK = (
-    "import sys, torch, torchvision; v = torch.__version__.split('+')[0]; "
-    "print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', "
-    "torchvision.__version__); want = sys.argv[1]; "
-    "ok = v == want or sys.argv[2] == 'any'; "
-    "print(('ok: ' if v == want else 'WARNING: ' if ok else 'FAIL: ') + "
-    "f'the base pins torch {want}, the runner has {v}'); sys.exit(0 if ok else 3)"
-)
-CUDA_CHECK = (
-    "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; "
-    "print('CUDA device:', torch.cuda.get_device_name())"
-)
 
 
 def offline(opts: Options) -> list[Stage]:

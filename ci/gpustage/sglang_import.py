@@ -168,8 +168,7 @@ def _sglang_function(obj: object) -> FunctionType | None:
 
 def _callees(func: FunctionType) -> list[FunctionType]:
     """sglang functions func may call by name (of its module, its classes' inits, its class)."""
-    owner_name = func.__qualname__.rpartition(".")[0]
-    owner = func.__globals__.get(owner_name.partition(".")[0]) if owner_name else None
+    owner = func.__globals__.get(func.__qualname__.partition(".")[0])  # a method's class
     scopes = [func.__globals__, vars(owner) if isinstance(owner, type) else {}]
     found = []
     for code in _codes(func.__code__):

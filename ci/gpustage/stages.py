@@ -30,12 +30,14 @@ from testrun import outcomes as testrun_outcomes
 from . import contract
 
 SETUP, CPU, GPU = "setup", "cpu", "gpu"
-
 # Variables that would hide the race on a GPU: serialised launches, one hardware queue.
 HIDES_THE_RACE = ("CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS")
-
-Judge = Callable[[int, Path], tuple[bool, str]]
+Verdict = tuple[bool, str]  # ok, and the stage's result line
+Judge = Callable[[int, Path], Verdict]
 SUMMARY_FILE = "summary.md"
+RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
+# each command in its own process group: the deadline or an interrupt stops all it started
+_PIPED: dict[str, Any] = {"stdout": PIPE, "stderr": STDOUT, "text": True, "start_new_session": True}
 
 
 @dataclass
@@ -47,11 +49,8 @@ class Stage:
     env: dict[str, str] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
     judge: Judge | None = None  # a finished run's (ok, result text); default: exit status 0
-    action: Callable[[], tuple[bool, str]] | None = None  # in-process instead of the command
+    action: Callable[[], Verdict] | None = None  # in-process instead of the command
     budget_s: float = 0.0  # the least time it needs: not started with less left
-
-
-RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
 
 
 class Outcome(NamedTuple):
@@ -65,10 +64,8 @@ class Outcome(NamedTuple):
 def stage_environment(stage: Stage, base: Mapping[str, str]) -> dict[str, str]:
     """GPU stages lose what hides the race (unless set: the controls); the CPU gate sees no GPU."""
     hidden = HIDES_THE_RACE if stage.kind == GPU else ()
-    env = {k: v for k, v in base.items() if k not in hidden} | stage.env
-    if stage.kind == CPU:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""} if stage.kind == CPU else {}
+    return {k: v for k, v in base.items() if k not in hidden} | stage.env | no_gpu
 
 
 def rel(path: Path) -> str:
@@ -94,10 +91,6 @@ def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
         words = " ".join(w if w == "&&" else shlex.quote(w) for w in stage.command)
         print(f"    $ {f'env {env} {words}' if env else words}")
     print("\nThe run ends with a summary table: stage | result | time.")
-
-
-# each command in its own process group: the deadline or an interrupt stops all it started
-_PIPED: dict[str, Any] = {"stdout": PIPE, "stderr": STDOUT, "text": True, "start_new_session": True}
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
@@ -159,17 +152,15 @@ def tee_output(path: Path) -> Iterator[None]:
             raise
 
 
-def run_stage(
-    stage: Stage, done: dict[str, bool], reports: Path, end: float | None = None
-) -> Outcome:
-    """end: the time.monotonic() by which the stages must be over."""
+def run_stage(stage: Stage, passed: set[str], reports: Path, end: float | None = None) -> Outcome:
+    """passed: the stages that passed; end: the time.monotonic() by which all must be over."""
     start = time.monotonic()
     print(f"\n=== {stage.name}: {stage.purpose}", flush=True)
 
     def outcome(ok: bool, text: str) -> Outcome:
         return Outcome(stage.name, ok, text, time.monotonic() - start, stage.kind)
 
-    if blocked := [n for n in stage.needs if not done.get(n, False)]:
+    if blocked := [n for n in stage.needs if n not in passed]:
         return outcome(False, f"not run: {', '.join(blocked)} failed")
     left = None if end is None else end - time.monotonic()
     if left is not None and left < (need := stage.budget_s):
@@ -189,17 +180,14 @@ def run_stage(
     except OSError as err:
         return outcome(False, f"FAIL: {err}")
     if rc is None:
-        return outcome(
-            False, f"FAIL: stopped at the deadline after {time.monotonic() - start:.0f} s"
-        )
+        took = time.monotonic() - start
+        return outcome(False, f"FAIL: stopped at the deadline after {took:.0f} s")
     if stage.judge is not None:
         return outcome(*stage.judge(rc, log))
     return outcome(rc == 0, "ok" if rc == 0 else f"FAIL: exit {rc}")
 
 
-def judge_gpu_step(
-    report: Path, shown: str, rehearsal: bool, rc: int, _log: Path
-) -> tuple[bool, str]:
+def judge_gpu_step(report: Path, shown: str, rehearsal: bool, rc: int, _log: Path) -> Verdict:
     """Each test passed or xfailed (strict); a skip only by design (its reason from the XML)."""
     if not report.is_file():
         return False, f"FAIL: no test report (pytest exit {rc})"
@@ -207,20 +195,17 @@ def judge_gpu_step(
     counts = Counter(by_test.values())
     good, skipped = counts[testrun_outcomes.PASS], counts[testrun_outcomes.SKIP]
     text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "no tests"
-    bad = counts.total() - good - counts[testrun_outcomes.EXPECTED_FAIL] - skipped
-    if rc != 0 or bad:
+    if rc != 0 or counts.total() > good + counts[testrun_outcomes.EXPECTED_FAIL] + skipped:
         return False, f"FAIL: {text}"
     xml = report.with_suffix(".xml")
-    cases = ElementTree.parse(xml).iter("testcase") if xml.is_file() else ()
-    skip_tags = ((case.get("name", ""), case.find("skipped")) for case in cases)
-    reasons = {name: tag.get("message", "") for name, tag in skip_tags if tag is not None}
+    skipped_cases = ElementTree.parse(xml).iterfind(".//testcase[skipped]") if xml.is_file() else ()
+    reasons = {c.get("name", ""): c.findall("skipped")[0].get("message", "") for c in skipped_cases}
     skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
-    refused = [
+    if refused := [
         f"{test} ({reasons.get(test) or 'no reason found'})"
         for test in skips
         if not contract.allowed(test, reasons.get(test, ""), rehearsal)
-    ]
-    if refused:
+    ]:
         where = "in a rehearsal" if rehearsal else "on a GPU run"
         return False, f"FAIL: {text}; not a skip by design {where}: {'; '.join(refused)}"
     if good == 0:
@@ -231,16 +216,14 @@ def judge_gpu_step(
     return True, f"ok ({shown}{by_design}): {text}"
 
 
-def judge_with_warnings(rc: int, log: Path) -> tuple[bool, str]:
+def judge_with_warnings(rc: int, log: Path) -> Verdict:
     """Exit status 0 passes; WARNING and FAIL lines of the log are carried into the result."""
-    warnings = [
-        line.strip() for line in log.read_text(encoding="utf-8").splitlines()
-        if line.startswith(("WARNING: ", "FAIL: "))
-    ]  # fmt: skip
+    lines = log.read_text(encoding="utf-8").splitlines()
+    warnings = [line.strip() for line in lines if line.startswith(("WARNING: ", "FAIL: "))]
     return rc == 0, "; ".join(["ok" if rc == 0 else f"FAIL: exit {rc}", *warnings])
 
 
-def judge_bench(json_path: Path, rc: int, _log: Path) -> tuple[bool, str]:
+def judge_bench(json_path: Path, rc: int, _log: Path) -> Verdict:
     if rc != 0 or not json_path.is_file():
         return False, f"FAIL: exit {rc}"
     data = json.loads(json_path.read_text(encoding="utf-8"))
@@ -271,15 +254,13 @@ def run_all(
 ) -> Exit:
     """Run the stages; print and store the summary, figures() below it; the run's exit code."""
     reports.mkdir(parents=True, exist_ok=True)
-    done: dict[str, bool] = {}
     outcomes: list[Outcome] = []
     for stage in stages:
         try:
-            outcome = run_stage(stage, done, reports, end)
+            outcome = run_stage(stage, {o.stage for o in outcomes if o.ok}, reports, end)
         except Exception as err:  # a bug of ours fails this stage, not the whole run
             traceback.print_exc()
             outcome = Outcome(stage.name, False, f"FAIL: internal error: {err!r}", 0.0, stage.kind)
-        done[stage.name] = outcome.ok
         outcomes.append(outcome)
     table, code = summary_table(outcomes), exit_code(outcomes)
     measured = ""

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from patchset import wheel as wheels
@@ -67,8 +68,7 @@ def wanted_pins(manifest: PinManifest) -> dict[str, str]:
         name: version
         for name, version in read_pins(closure_file(manifest)).items()
         if canonical(name) not in leave_out and not canonical(name).startswith(IMAGE_PREFIXES)
-    }
-    pins.update(read_pins(TEST_PINS))
+    } | read_pins(TEST_PINS)
     return dict(sorted(pins.items(), key=lambda kv: canonical(kv[0])))
 
 
@@ -150,10 +150,7 @@ class Wheelhouse:
     python_version: str
     sglang_wheel: str
     entries: list[Entry]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(e.size for e in self.entries)
+    total_bytes: int
 
     def requirements(self) -> str:
         """For pip --require-hashes: every wheel but sglang's, which is laid out as a tree."""
@@ -167,10 +164,7 @@ class Wheelhouse:
 def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
     """The wheelhouse in folder, checked against its manifest and the base; refuse otherwise."""
     again = f"build it again with `ci/run-gpu wheelhouse --out {folder}` where PyPI is reachable"
-
-    def refuse(problem: str, next_step: str = again) -> BackportError:
-        return BackportError(Exit.SETUP, problem, next_step)
-
+    refuse = partial(BackportError, Exit.SETUP, next_step=again)
     path = folder / MANIFEST
     if not path.is_file():
         raise refuse(f"{folder} holds no {MANIFEST}: not a wheelhouse")
@@ -183,7 +177,7 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
     if base != manifest.base.version or sglang != manifest.base.wheel:
         raise refuse(
             f"the wheelhouse {folder} is for sglang {base}, not {manifest.base.version}",
-            f"pass --base {base}, or {again}",
+            next_step=f"pass --base {base}, or {again}",
         )
     have = {_dist_of(e.file) for e in entries}
     for name, version in wanted_pins(manifest).items():
@@ -206,7 +200,7 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
             f"the wheelhouse's {sglang} is not the wheel the patch set pins "
             f"({manifest.base.sha256})"
         )
-    return Wheelhouse(python_version, sglang, entries)
+    return Wheelhouse(python_version, sglang, entries, sum(e.size for e in entries))
 
 
 def ensure_double() -> Path:
