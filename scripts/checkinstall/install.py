@@ -232,10 +232,8 @@ class InstallReport:
     def verdict(self) -> tuple[Exit, str]:
         """Exit code and verdict: an open race first, then an edit pip does not know of."""
         open_, content, names = self.open, self.content, "; ".join(m.name for m in self.matches)
-        named = names
-        if self.judged_as:
-            named = f"{JUDGED}: {self.shape.reason}; races as in {self.judged_as.name}"
         if open_ and content:
+            named = names or f"{JUDGED}: {self.shape.reason}; races as in {content.name}"
             if content.fixes:
                 fixes = ", ".join(sorted(content.fixes))
                 return Exit.PARTIAL_FIX, (
@@ -254,7 +252,7 @@ class InstallReport:
         if self.shape and not self.matches:
             return Exit.OK, f"{self.shape.verdict} ({JUDGED}): {self.shape.reason}; races closed"
         what = "patched" if self.matches[0].ours else "fixed upstream"
-        return Exit.OK, f"{what}: {named}; races closed"
+        return Exit.OK, f"{what}: {names}; races closed"
 
 
 def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
@@ -298,15 +296,13 @@ def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
 
 def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
-    with contextlib.suppress(SyntaxError, ValueError, TypeError):
+    with contextlib.suppress(SyntaxError, ValueError, TypeError, AttributeError):  # not a dict
         for node in ast.parse(source).body:
             if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if [getattr(target, "id", None) for target in targets] == ["MAPPING"]:
-                mapping = ast.literal_eval(node.value)
-                found = isinstance(mapping, dict)
-                return {str(k): str(v) for k, v in mapping.items()} if found else {}
+                return {str(k): str(v) for k, v in ast.literal_eval(node.value).items()}
     return {}
 
 
