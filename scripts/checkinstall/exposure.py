@@ -2,7 +2,7 @@
 against the races open at the install's step and race-check's scenario catalogue."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from patchset.errors import Exit
 from patchset.manifest import RaceEntry
@@ -16,7 +16,6 @@ from checkinstall.serverargs import DEFAULT_DEVICE
 HISPARSE_SCENARIO = "H1"  # the hisparse seam: _build_hisparse_decode_batch's stash
 WAR_BARRIER_ENV = "SGLANG_ENABLE_WAR_BARRIER"
 TIMEOUT_S = 10.0
-TORCH_BUILDS = ("cuda", "rocm")
 
 
 def from_server_info(
@@ -43,8 +42,7 @@ def from_server_info(
     return Settings(values, parser, eagle, adjusted=True)
 
 
-@dataclass(frozen=True)
-class Exposure:
+class Exposure(NamedTuple):
     code: Exit
     lines: list[str]  # one setting per line, then the verdict
 

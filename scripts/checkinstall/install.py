@@ -13,7 +13,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from patchset import shape
 from patchset.catalog import REPO_PREFIX, Catalog, KnownContent
@@ -31,7 +31,6 @@ NO_RECORD = "no RECORD: judged by content"
 NO_HASH = "in installed-files.txt (no hash): judged by content"
 NO_DISTRIBUTION = "none: no installed distribution owns sglang/ or is named sglang (no RECORD)"
 SHADOWED = "; it does not own the files found (another copy on sys.path shadows it)"
-
 
 # Runs in the inspected interpreter (Python 3.8+): sglang, found by find_spec (which does
 # not run its __init__), and every distribution that installs files under sglang/ (RECORD,
@@ -87,8 +86,7 @@ print(json.dumps(out))
 """
 
 
-@dataclass(frozen=True)
-class ProbedDist:
+class ProbedDist(NamedTuple):
     name: str  # as its metadata spells it: sglang, or a fork's own name
     version: str
     info: str | None  # its .dist-info or .egg-info folder
@@ -112,8 +110,6 @@ _TEXT = (str, type(None))
 # each key of a probed distribution and the JSON types it may hold
 _DIST_KINDS = {"hooks": (list,), "files": (dict,), "listing": _TEXT, "name": (str,)}
 _DIST_KINDS |= {"version": (str,), "info": _TEXT, "direct_url": _TEXT}
-
-
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
 _JSON_NAMES |= {int: "a number", float: "a number", type(None): "null"}
 

@@ -3,8 +3,7 @@ Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined
 
 import json
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from patchset.errors import BackportError, Exit
 
@@ -19,16 +18,14 @@ FILE_KEYS = ("path", "location", "blob_id", "sha256", "record", "record_match")
 NOT_EFFECTS = ("verdict: ", "configuration parsed by ")  # a configuration's other lines
 
 
-@dataclass(frozen=True)
-class Configuration:
+class Configuration(NamedTuple):
     source: str  # "launch-args" or "server-info"
     settings: Settings  # as read, the server's environment (--env) with them
     lines: list[str]  # one per setting, then the verdict's
     release: str | None  # whose table and races were used (None: none assumed)
 
 
-@dataclass
-class Outcome:
+class Outcome(NamedTuple):
     install: InstallReport
     code: Exit
     verdict: str  # the verdict line, without "verdict: "
