@@ -28,7 +28,6 @@ MATCHES = "matches RECORD"
 # a file's RECORD state that says it was changed or added after its install
 MODIFIED = ("differs from RECORD", "not in RECORD", "not in installed-files.txt")
 NO_RECORD = "no RECORD: judged by content"
-NO_HASH = "in installed-files.txt (no hash): judged by content"
 NO_DISTRIBUTION = "none: no installed distribution owns sglang/ or is named sglang (no RECORD)"
 SHADOWED = "; it does not own the files found (another copy on sys.path shadows it)"
 
@@ -341,7 +340,7 @@ def _record(state: FileState, dist: ProbedDist) -> str:
     if Path(str(entry[0])).resolve() != state.location.resolve():
         return "-"
     if dist.listing != "RECORD":
-        return NO_HASH
+        return "in installed-files.txt (no hash): judged by content"
     digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256 or "")).rstrip(b"=").decode()
     return MATCHES if state.sha256 and entry[1:] == ["sha256", digest] else "differs from RECORD"
 

@@ -68,8 +68,7 @@ model_path, args.model_path = args.model_path, "dummy"  # __post_init__ stops at
 server = ServerArgs.from_cli_args(args)
 server.model_path = model_path
 device_given = server.device
-if server.device is None:
-    server.device = request["device"]
+server.device = request["device"] if device_given is None else device_given
 given = {name: getattr(server, name, None) for name in request["fields"]}
 # What can turn overlap off: the functions of server_args.py, spec_info.py and arg_groups/
 # that set disable_overlap_schedule to True, and all that name them.
@@ -134,8 +133,7 @@ for statement in dispatcher(ServerArgs.__post_init__):  # its handlers, one by o
     if overlap_off() and not before:
         turned_off_by.append(name)
 values = {name: getattr(server, name, None) for name in request["fields"]}
-values["disable_overlap_schedule"] = overlap_off()
-values["device"] = device_given
+values.update(disable_overlap_schedule=overlap_off(), device=device_given)
 algorithm = values["speculative_algorithm"] or given["speculative_algorithm"]
 try:
     eagle = bool(algorithm) and SpeculativeAlgorithm.from_string(algorithm).is_eagle()

@@ -80,7 +80,7 @@ def main() -> int:
         (p, "--timeout", {"type": cli.seconds, "metavar": "SECONDS"}),
         (p, "--env", {"action": "append", "default": [], "metavar": "NAME=VALUE"}),
         (p, "--torch-build", {"choices": ("cuda", "rocm")}),
-        (p, "--format", {"choices": report.FORMATS, "default": "text"}),
+        (p, "--format", {"choices": ("text", "json"), "default": "text"}),
         (p, "--zipapp", {"type": lambda t: t if t == "-" else absolute(t), "metavar": "OUT"}),
     ):
         group.add_argument(flag, help=HELP[flag], **how)
