@@ -125,9 +125,7 @@ for statement in dispatcher(ServerArgs.__post_init__):  # its handlers, one by o
     before = overlap_off()
     try:
         getattr(server, name)()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as err:
+    except (Exception, SystemExit) as err:  # a Ctrl-C still stops the probe
         not_evaluated += [[name, why(err)]] if name in reach else []
         continue
     if overlap_off() and not before:
