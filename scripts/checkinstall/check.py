@@ -1,7 +1,7 @@
 """check-install's flow: the install judged, and with a configuration its exposure."""
 
-import argparse
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 from patchset import catalog as catalogs
@@ -11,7 +11,7 @@ from patchset.releases import RELEASES_NAME, LaunchSettings, load_releases, rele
 from checkinstall import exposure, install, launchargs, report, serverargs, zipapp
 
 
-def check(args: argparse.Namespace) -> report.Outcome:
+def check(args: Namespace) -> report.Outcome:
     args.env = launchargs.parse_env(args.env)  # NAME=VALUE words -> the server's environment
     args.python = args.python or Path(sys.executable)
     catalog = catalogs.load_catalog(zipapp.data_root())
@@ -63,9 +63,7 @@ def check(args: argparse.Namespace) -> report.Outcome:
     return report.Outcome(found, result.code, result.lines[-1].removeprefix("verdict: "), config)
 
 
-def _settings(
-    args: argparse.Namespace, table: LaunchSettings | None, release: str
-) -> exposure.Settings:
+def _settings(args: Namespace, table: LaunchSettings | None, release: str) -> exposure.Settings:
     if args.server_info:
         settings = exposure.from_server_info(args.server_info, args.api_key, table, args.timeout)
     else:

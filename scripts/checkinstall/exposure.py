@@ -2,21 +2,19 @@
 against the races open at the install's step and race-check's scenario catalogue."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from patchset.errors import Exit
 from patchset.manifest import RaceEntry
 from patchset.plays import PLAYS
 from patchset.releases import LaunchSettings
 
-from checkinstall import launchargs, serverinfo
+from checkinstall import launchargs, serverargs, serverinfo
 from checkinstall.launchargs import FIELDS, Settings
-from checkinstall.serverargs import DEFAULT_DEVICE
 
 HISPARSE_SCENARIO = "H1"  # the hisparse seam: _build_hisparse_decode_batch's stash
 WAR_BARRIER_ENV = "SGLANG_ENABLE_WAR_BARRIER"
 TIMEOUT_S = 10.0
-TORCH_BUILDS = ("cuda", "rocm")
 
 
 def from_server_info(
@@ -43,8 +41,7 @@ def from_server_info(
     return Settings(values, parser, eagle, adjusted=True)
 
 
-@dataclass(frozen=True)
-class Exposure:
+class Exposure(NamedTuple):
     code: Exit
     lines: list[str]  # one setting per line, then the verdict
 
@@ -83,7 +80,7 @@ def judge(
     lines.append(f"speculative algorithm: {algorithm} ({family}): the seeding writes {writes}")
 
     given = settings.get("device")
-    device = str(given or DEFAULT_DEVICE)
+    device = str(given or serverargs.DEFAULT_DEVICE)
     named = device if given else f"{device} (not given: sglang picks cuda with a GPU)"
     if device == "cuda" and settings.torch_build == "rocm":
         named += f", {settings.torch_source}"

@@ -13,7 +13,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from patchset import shape
 from patchset.catalog import REPO_PREFIX, Catalog, KnownContent
@@ -28,10 +28,8 @@ MATCHES = "matches RECORD"
 # a file's RECORD state that says it was changed or added after its install
 MODIFIED = ("differs from RECORD", "not in RECORD", "not in installed-files.txt")
 NO_RECORD = "no RECORD: judged by content"
-NO_HASH = "in installed-files.txt (no hash): judged by content"
 NO_DISTRIBUTION = "none: no installed distribution owns sglang/ or is named sglang (no RECORD)"
 SHADOWED = "; it does not own the files found (another copy on sys.path shadows it)"
-
 
 # Runs in the inspected interpreter (Python 3.8+): sglang, found by find_spec (which does
 # not run its __init__), and every distribution that installs files under sglang/ (RECORD,
@@ -87,8 +85,7 @@ print(json.dumps(out))
 """
 
 
-@dataclass(frozen=True)
-class ProbedDist:
+class ProbedDist(NamedTuple):
     name: str  # as its metadata spells it: sglang, or a fork's own name
     version: str
     info: str | None  # its .dist-info or .egg-info folder
@@ -112,8 +109,6 @@ _TEXT = (str, type(None))
 # each key of a probed distribution and the JSON types it may hold
 _DIST_KINDS = {"hooks": (list,), "files": (dict,), "listing": _TEXT, "name": (str,)}
 _DIST_KINDS |= {"version": (str,), "info": _TEXT, "direct_url": _TEXT}
-
-
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or false"}
 _JSON_NAMES |= {int: "a number", float: "a number", type(None): "null"}
 
@@ -232,10 +227,8 @@ class InstallReport:
     def verdict(self) -> tuple[Exit, str]:
         """Exit code and verdict: an open race first, then an edit pip does not know of."""
         open_, content, names = self.open, self.content, "; ".join(m.name for m in self.matches)
-        named = names
-        if self.judged_as:
-            named = f"{JUDGED}: {self.shape.reason}; races as in {self.judged_as.name}"
         if open_ and content:
+            named = names or f"{JUDGED}: {self.shape.reason}; races as in {content.name}"
             if content.fixes:
                 fixes = ", ".join(sorted(content.fixes))
                 return Exit.PARTIAL_FIX, (
@@ -254,7 +247,7 @@ class InstallReport:
         if self.shape and not self.matches:
             return Exit.OK, f"{self.shape.verdict} ({JUDGED}): {self.shape.reason}; races closed"
         what = "patched" if self.matches[0].ours else "fixed upstream"
-        return Exit.OK, f"{what}: {named}; races closed"
+        return Exit.OK, f"{what}: {names}; races closed"
 
 
 def _hash_files(package: Path, catalog: Catalog) -> list[FileState]:
@@ -298,15 +291,13 @@ def inspect_tree(tree: Path, catalog: Catalog) -> InstallReport:
 
 def _finder_mapping(source: str) -> dict[str, str]:
     """The `MAPPING = {...}` literal of a setuptools editable finder, read, never run."""
-    with contextlib.suppress(SyntaxError, ValueError, TypeError):
+    with contextlib.suppress(SyntaxError, ValueError, TypeError, AttributeError):  # not a dict
         for node in ast.parse(source).body:
             if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if [getattr(target, "id", None) for target in targets] == ["MAPPING"]:
-                mapping = ast.literal_eval(node.value)
-                found = isinstance(mapping, dict)
-                return {str(k): str(v) for k, v in mapping.items()} if found else {}
+                return {str(k): str(v) for k, v in ast.literal_eval(node.value).items()}
     return {}
 
 
@@ -349,7 +340,7 @@ def _record(state: FileState, dist: ProbedDist) -> str:
     if Path(str(entry[0])).resolve() != state.location.resolve():
         return "-"
     if dist.listing != "RECORD":
-        return NO_HASH
+        return "in installed-files.txt (no hash): judged by content"
     digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256 or "")).rstrip(b"=").decode()
     return MATCHES if state.sha256 and entry[1:] == ["sha256", digest] else "differs from RECORD"
 

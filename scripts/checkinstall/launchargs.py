@@ -22,8 +22,6 @@ NEUTRAL = ("--model-path", "--model")  # in every release; their value does not 
 ENV_BOOL = dict.fromkeys(("true", "1", "yes", "y"), True)
 ENV_BOOL |= dict.fromkeys(("false", "0", "no", "n"), False)
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PYTHON = re.compile(r"^(?:.*/)?python[0-9.]*$")
-_SGLANG = re.compile(r"^(?:.*/)?sglang$")
 # a shell line's pieces: '...', "..." (with its escapes), an escape, or plain text
 _SHELL_PIECE = re.compile(r"""'[^']*'?|"(?:\\[\s\S]|[^"\\])*"?|\\(?:\r\n|[\s\S])?|[^'"\\]+""")
 _ESCAPE = re.compile(r"\\\r?\n|(\\[\s\S])")  # a continuation, or an escape kept
@@ -93,7 +91,7 @@ def read_launch_args(text: str) -> tuple[list[str], dict[str, str]]:
     pairs = list(itertools.takewhile(_ENV_WORD.match, words[at:]))
     env, words = parse_env(pairs), words[at + len(pairs) :]
     head = words[0] if words else "-"
-    if _PYTHON.match(head):
+    if re.match(r"^(?:.*/)?python[0-9.]*$", head):
         at = 1
         while at < len(words) and words[at].startswith("-") and words[at] != "-m":
             at += 2 if words[at] in ("-X", "-W") else 1
@@ -103,7 +101,7 @@ def read_launch_args(text: str) -> tuple[list[str], dict[str, str]]:
                 f"--launch-args start {started!r}, not python -m sglang.launch_server"
             )
         return words[at + 2 :], env
-    if _SGLANG.match(head) and words[1:2] == ["serve"]:
+    if re.match(r"^(?:.*/)?sglang$", head) and words[1:2] == ["serve"]:
         return _model_type(words[2:]), env
     if not head.startswith("-"):
         raise not_understood(

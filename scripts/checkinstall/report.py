@@ -3,32 +3,27 @@ Outcome. Within a SCHEMA_VERSION a key is only added, never renamed or redefined
 
 import json
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from patchset.errors import BackportError, Exit
 
 from .install import JUDGED, InstallReport
 from .launchargs import FIELDS, Settings
 
-SCHEMA = "sglang-backports/check-install"
 SCHEMA_VERSION = 1
-FORMATS = ("text", "json")
 DIST_KEYS = ("name", "version", "info", "fork", "listing")
 FILE_KEYS = ("path", "location", "blob_id", "sha256", "record", "record_match")
 NOT_EFFECTS = ("verdict: ", "configuration parsed by ")  # a configuration's other lines
 
 
-@dataclass(frozen=True)
-class Configuration:
+class Configuration(NamedTuple):
     source: str  # "launch-args" or "server-info"
     settings: Settings  # as read, the server's environment (--env) with them
     lines: list[str]  # one per setting, then the verdict's
     release: str | None  # whose table and races were used (None: none assumed)
 
 
-@dataclass
-class Outcome:
+class Outcome(NamedTuple):
     install: InstallReport
     code: Exit
     verdict: str  # the verdict line, without "verdict: "
@@ -49,7 +44,7 @@ def text(outcome: Outcome) -> str:
 
 def _envelope(code: int) -> dict[str, Any]:
     return {
-        "schema": SCHEMA,
+        "schema": "sglang-backports/check-install",
         "schema_version": SCHEMA_VERSION,
         "exit_code": int(code),
         "exit_name": Exit(code).name.lower(),
@@ -62,9 +57,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
     first, judged = report.content, report.shape
     return {
         **_envelope(outcome.code),
-        "interpreter": (
-            {"path": report.python, "version": report.python_version} if report.python else None
-        ),
+        "interpreter": report.python and {"path": report.python, "version": report.python_version},
         "inspected": report.where,
         "distribution": {
             "description": report.distribution,
@@ -83,8 +76,7 @@ def as_json(outcome: Outcome) -> dict[str, Any]:
                 "evidence": [str(e) for e in judged.evidence],
                 "races_as_in": report.judged_as.name if report.judged_as else None,
             },
-            "release": first.release if first else None,
-            "ours": first.ours if first else None,
+            **{key: getattr(first, key, None) for key in ("release", "ours")},
             "fixes": sorted(first.fixes) if first else [],
         },
         "races_open": report.open,

@@ -20,16 +20,16 @@ request = json.loads(sys.argv[1])
 os.environ.update(request["env"])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 logging.disable(logging.CRITICAL)
+sys.stdout = sys.stderr  # what sglang prints: the answer alone goes to the real stdout
 def say(answer):
-    print(json.dumps(answer, default=str))
+    print(json.dumps(answer, default=str), file=sys.__stdout__)
     sys.exit(0)
 def why(err):
     text = (str(err).splitlines() or [""])[0]
     return (type(err).__name__ + (": " + text if text else ""))[:200]
 try:
-    with contextlib.redirect_stdout(sys.stderr):
-        from sglang.srt.server_args import ServerArgs
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 except BaseException as err:
     say({"import_error": why(err)})
 # sglang's handlers run from here: they may write in this scratch folder (the cwd) only
@@ -54,7 +54,7 @@ argv = request["args"]
 said = io.StringIO()
 if "--config" in argv:  # as prepare_server_args: the file's settings, then the command's
     try:
-        with contextlib.redirect_stdout(sys.stderr), contextlib.redirect_stderr(said):
+        with contextlib.redirect_stderr(said):
             from sglang.srt.server_args_config_parser import ConfigArgumentMerger
             argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
     except BaseException as err:
@@ -65,12 +65,10 @@ try:
 except (SystemExit, argparse.ArgumentError) as err:
     say({"parse_error": (said.getvalue().strip().splitlines() or [str(err)])[-1]})
 model_path, args.model_path = args.model_path, "dummy"  # __post_init__ stops at once for it
-with contextlib.redirect_stdout(sys.stderr):
-    server = ServerArgs.from_cli_args(args)
+server = ServerArgs.from_cli_args(args)
 server.model_path = model_path
 device_given = server.device
-if server.device is None:
-    server.device = request["device"]
+server.device = request["device"] if device_given is None else device_given
 given = {name: getattr(server, name, None) for name in request["fields"]}
 # What can turn overlap off: the functions of server_args.py, spec_info.py and arg_groups/
 # that set disable_overlap_schedule to True, and all that name them.
@@ -126,18 +124,14 @@ for statement in dispatcher(ServerArgs.__post_init__):  # its handlers, one by o
         continue
     before = overlap_off()
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            getattr(server, name)()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as err:
+        getattr(server, name)()
+    except (Exception, SystemExit) as err:  # a Ctrl-C still stops the probe
         not_evaluated += [[name, why(err)]] if name in reach else []
         continue
     if overlap_off() and not before:
         turned_off_by.append(name)
 values = {name: getattr(server, name, None) for name in request["fields"]}
-values["disable_overlap_schedule"] = overlap_off()
-values["device"] = device_given
+values.update(disable_overlap_schedule=overlap_off(), device=device_given)
 algorithm = values["speculative_algorithm"] or given["speculative_algorithm"]
 try:
     eagle = bool(algorithm) and SpeculativeAlgorithm.from_string(algorithm).is_eagle()
@@ -166,12 +160,11 @@ def parse_with_server_args(
     python: Path, args: list[str], env: dict[str, str], table: LaunchSettings
 ) -> Settings:
     """The settings as python's own sglang parses args; the table's where it cannot."""
-    request = json.dumps(probe_request(args, env, table))
+    command = [str(python), "-c", SERVER_ARGS_PROBE, json.dumps(probe_request(args, env, table))]
     # sglang's handlers write where they run, and temporary files: in a folder of their own
     try:
         with TemporaryDirectory(prefix="check-install-probe-", ignore_cleanup_errors=True) as tmp:
             scratch = dict(os.environ, TMPDIR=tmp, TEMP=tmp, TMP=tmp)
-            command = [str(python), "-c", SERVER_ARGS_PROBE, request]
             result = subprocess.run(
                 command, capture_output=True, text=True, timeout=300, cwd=tmp, env=scratch
             )

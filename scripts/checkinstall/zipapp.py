@@ -35,12 +35,11 @@ CODE = ("scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/c
 CODE += ("scripts/checkinstall/*.py",)
 DATA = (f"patches/{RELEASES_NAME}", f"patches/sglang-*/{MANIFEST_NAME}")
 DATA += (f"patches/sglang-*/{SERIES_NAME}",)
-ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
 
 def build_zipapp() -> bytes:
     """CODE, the patchset modules it imports (in turn) and DATA: same files, same bytes."""
-    project, buffer = paths.PROJECT_ROOT, io.BytesIO()
+    project, buffer = paths.PROJECT_ROOT, io.BytesIO(b"#!/usr/bin/env python3\n")
     code = {path for pattern in CODE for path in project.glob(pattern)}
     finder = ModuleFinder(path=[str(project / "scripts")])  # ours only: the stdlib is not read
     for source in sorted(code):
@@ -48,13 +47,12 @@ def build_zipapp() -> bytes:
     found = [m.__file__ for name, m in finder.modules.items() if name.split(".")[0] == "patchset"]
     kept = {path for pattern in DATA for path in project.glob(pattern)}
     files = sorted({*code, *(Path(f) for f in found if f), *kept})
-    buffer.write(b"#!/usr/bin/env python3\n")
     with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
         for name, data in [
             ("__main__.py", ZIPAPP_MAIN.encode()),
             *((p.relative_to(project).as_posix(), p.read_bytes()) for p in files),
         ]:
-            info = zipfile.ZipInfo(name, ZIP_DATE)
+            info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             archive.writestr(info, data, zipfile.ZIP_DEFLATED)
     return buffer.getvalue()

@@ -79,8 +79,8 @@ def main() -> int:
         (p, "--api-key", {"metavar": "KEY"}),
         (p, "--timeout", {"type": cli.seconds, "metavar": "SECONDS"}),
         (p, "--env", {"action": "append", "default": [], "metavar": "NAME=VALUE"}),
-        (p, "--torch-build", {"choices": exposure.TORCH_BUILDS}),
-        (p, "--format", {"choices": report.FORMATS, "default": "text"}),
+        (p, "--torch-build", {"choices": ("cuda", "rocm")}),
+        (p, "--format", {"choices": ("text", "json"), "default": "text"}),
         (p, "--zipapp", {"type": lambda t: t if t == "-" else absolute(t), "metavar": "OUT"}),
     ):
         group.add_argument(flag, help=HELP[flag], **how)
