@@ -7,7 +7,6 @@ import ast
 import base64
 import contextlib
 import hashlib
-import json
 import re
 import shlex
 import subprocess
@@ -20,6 +19,8 @@ from patchset.catalog import REPO_PREFIX, Catalog, KnownContent
 from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import git_blob_id
 from patchset.shapeflow import Sources
+
+from checkinstall.launchargs import json_answer
 
 JUDGED = "judged by code shape, not a known release"
 # what each judgement's files carry, as releases.toml names the fixes
@@ -128,7 +129,7 @@ def _get(obj: object, key: str, kinds: tuple[type, ...], where: str) -> Any:
 def _read_probe(text: str) -> Probe:
     """The probe's answer (one line of JSON), checked key by key and type by type (ValueError)."""
     try:
-        answer = json.loads(text)
+        answer = json_answer(text)
     except ValueError as err:
         raise ValueError(f"its answer is not JSON ({err})") from None
     top, dists = "the answer", []
@@ -398,7 +399,7 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         )
         url = None
         with contextlib.suppress(ValueError):
-            url = json.loads(dist.direct_url or "null")
+            url = json_answer(dist.direct_url or "null")
         info = url.get("dir_info") if isinstance(url, dict) else None
         if isinstance(info, dict) and info.get("editable") is True:  # PEP 660
             _check_editable(report, dist, str(url.get("url", "an unnamed folder")), package)

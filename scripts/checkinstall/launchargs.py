@@ -62,6 +62,19 @@ class Settings:
         return self.values.get(name)
 
 
+class NestedTooDeeply(ValueError):
+    pass
+
+
+def json_answer(text: str | bytes) -> Any:
+    """Another process's JSON answer; one nested too deeply for the parser (a hostile answer)
+    is a ValueError like any other text that is not JSON, never a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise NestedTooDeeply("nested too deeply") from None
+
+
 def not_understood(what: str, next_step: str = _AS_RUN) -> BackportError:
     problem = f"configuration not understood: {what}; exposure unknown (never taken as safe)"
     return BackportError(Exit.EXPOSURE_UNKNOWN, problem, next_step)
@@ -196,7 +209,7 @@ def read_yaml(path: str, python: Path) -> dict[str, Any]:
         result = subprocess.run(
             [str(python), "-c", _YAML_PROGRAM, path], capture_output=True, text=True, timeout=60
         )
-        answer = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
+        answer = json_answer((result.stdout.strip().splitlines() or ["null"])[-1])
     except (OSError, ValueError, subprocess.TimeoutExpired) as err:
         raise not_understood(f"--config {path} could not be read with {python}: {err}") from None
     if not isinstance(answer, dict) or "no_yaml" in answer:

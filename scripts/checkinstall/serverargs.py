@@ -11,6 +11,7 @@ from typing import Any
 
 from patchset.releases import LaunchSettings
 
+from checkinstall import launchargs
 from checkinstall.launchargs import FIELDS, Settings, not_understood, parse_with_table, refused
 
 SERVER_ARGS_PROBE = r"""
@@ -180,7 +181,7 @@ def read_probe(
     """The settings SERVER_ARGS_PROBE printed; the table's where it could not run them."""
     answer = None
     with contextlib.suppress(ValueError):
-        answer = json.loads((stdout.strip().splitlines() or [""])[-1])
+        answer = launchargs.json_answer((stdout.strip().splitlines() or [""])[-1])
     if not isinstance(answer, dict) or "import_error" in answer:
         last = (stderr.strip().splitlines() or ["no output"])[-1][:160]
         why = f"failed there (exit {returncode}: {last})"

@@ -3,13 +3,14 @@ at MAX_BYTES in one deadline, redirects kept within the origin so the token goes
 
 import contextlib
 import http.client
-import json
 import re
 import threading
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit, urlunsplit
 
 from patchset.errors import BackportError, Exit
+
+from checkinstall.launchargs import NestedTooDeeply, json_answer
 
 MAX_BYTES = 1 << 20  # /server_info of a real server is a few KiB
 MAX_REDIRECTS = 3
@@ -133,9 +134,9 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
         hint = _HINTS.get(status, "check that the URL is an sglang server's /server_info")
         raise _refuse(shown, f"it answered HTTP {status} {reason}", hint)
     try:
-        info = json.loads(body)
-    except (ValueError, RecursionError) as err:
-        what = "nested too deeply" if isinstance(err, RecursionError) else f"starts {body[:60]!r}"
+        info = json_answer(body)
+    except ValueError as err:
+        what = str(err) if isinstance(err, NestedTooDeeply) else f"starts {body[:60]!r}"
         raise _refuse(
             shown, f"its answer is not JSON this command reads ({what})", _POINT
         ) from None

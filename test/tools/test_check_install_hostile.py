@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkinstall import install, launchargs, serverargs
 from patchset import paths
 from patchset.errors import Exit
 from test_check_install_config import DECODE_EAGLE_YAML, check, release_env
@@ -17,9 +18,8 @@ from test_check_install_config import DECODE_EAGLE_YAML, check, release_env
 DEFAULT = paths.DEFAULT_BASE
 # the WAR barrier: a decode EAGLE server on an AMD GPU (is_cuda() false), graphs off
 ROCM = ("--torch-build", "rocm")
-DECODE_EAGLE_NO_GRAPHS = (
-    "--model-path m --disaggregation-mode decode --speculative-algorithm EAGLE --disable-cuda-graph"
-)
+DECODE_EAGLE = "--model-path m --disaggregation-mode decode --speculative-algorithm EAGLE"
+DECODE_EAGLE_NO_GRAPHS = DECODE_EAGLE + " --disable-cuda-graph"
 
 
 # nine levels of nine aliases: 9**9 strings once expanded, from a file of a few lines
@@ -238,3 +238,56 @@ def test_a_config_reader_that_answers_nothing_usable_is_refused(
     assert result.returncode == Exit.EXPOSURE_UNKNOWN, result.stdout + result.stderr
     assert "could not be read with" in result.stderr and "it said {}" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+# an answer nested deeper than Python's JSON parser goes (it raises RecursionError)
+NESTED = f'exec {sys.executable} -c \'print("[" * 100_000 + "]" * 100_000)\''
+
+
+@pytest.mark.parametrize(
+    ("asked", "more", "code", "said"),
+    [
+        # check-install's own question: which sglang, from which distribution
+        ("importlib.metadata as md", (), Exit.ENVIRONMENT, "its answer is not JSON (nested too"),
+        # the reader of a --config file, as sglang reads it
+        ("import yaml", ("--config",), Exit.EXPOSURE_UNKNOWN, "could not be read with"),
+        # sglang's own ServerArgs, run there: set aside, the release's table reads the options
+        ("ServerArgs", ("--launch-args", DECODE_EAGLE), Exit.EXPOSED, "verdict: exposed"),
+    ],
+)
+def test_an_answer_nested_too_deeply_is_no_json_not_a_traceback(
+    base: Path, decode_yaml: Path, tmp_path: Path, asked: str, more: tuple, code: Exit, said: str
+):
+    """An interpreter that answers one of check-install's programs with JSON nested deeper
+    than the parser goes: that answer is taken as one that is not JSON (refused, or set
+    aside), never the parser's RecursionError as an internal error."""
+    programs = (install._PROBE, launchargs._YAML_PROGRAM, serverargs.SERVER_ARGS_PROBE)
+    assert [asked in text for text in programs].count(True) == 1, asked
+    python = tmp_path / "python-nesting"
+    python.write_text(
+        f'#!/bin/sh\ncase "$2" in *"{asked}"*) {NESTED};; esac\nexec {sys.executable} -S "$@"\n'
+    )
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    more = (*more, str(decode_yaml)) if more == ("--config",) else more
+    result = check("--python", str(python), *more, tree_on_path=base)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert said in result.stdout + result.stderr
+    if code != Exit.ENVIRONMENT:
+        assert "nested too deeply" in result.stderr or asked == "ServerArgs", result.stderr
+
+
+def test_a_direct_url_nested_too_deeply_is_read_as_no_url(base: Path, tmp_path: Path):
+    """A distribution whose direct_url.json nests deeper than the parser goes: not an
+    editable install it can name, so its RECORD is checked (empty here: nothing of the
+    tree is vouched for), and the tree is judged by its files."""
+    site = tmp_path / "site"
+    info = site / f"sglang-{DEFAULT}.dist-info"
+    info.mkdir(parents=True)
+    (site / "sglang").symlink_to(base / "sglang")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {DEFAULT}\n")
+    (info / "RECORD").write_text("")
+    (info / "direct_url.json").write_text("[" * 100_000 + "]" * 100_000)
+    result = check("--python", sys.executable, tree_on_path=site)
+    assert result.returncode in (Exit.AFFECTED, Exit.PARTIAL_FIX), result.stdout + result.stderr
+    assert "unpatched sglang" in result.stdout, result.stdout
+    assert f"distribution: sglang {DEFAULT} ({info})" in result.stdout, result.stdout
