@@ -1,7 +1,5 @@
 """Run the project's tests: the tools' tests once, the sglang tests once per base and step."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import time

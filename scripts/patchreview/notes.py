@@ -1,8 +1,6 @@
 """Why our patched functions differ from upstream's fixed release: the notes of notes.toml
 (its comment says what a note covers and when it applies)."""
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass
 from pathlib import Path

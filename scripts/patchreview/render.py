@@ -1,7 +1,5 @@
 """Print a Review for the terminal, or as one self-contained HTML page."""
 
-from __future__ import annotations
-
 import html
 import textwrap
 from collections.abc import Container, Iterable

@@ -1,8 +1,6 @@
 """Ours beside upstream's fix: differences found mechanically, their reasons from notes.toml
 (what no note covers is unexplained, a note that covers nothing is stale)."""
 
-from __future__ import annotations
-
 import ast
 import difflib
 import functools

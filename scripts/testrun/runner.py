@@ -1,7 +1,5 @@
 """One pytest run per suite and per sglang tree (docs/testing.md), and their tables."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os
