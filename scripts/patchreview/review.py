@@ -300,25 +300,12 @@ class Review:
     cumulative: dict[str, list[str]]
     functions: list[FunctionComparison]
 
-    @property
-    def unexplained(self) -> int:
-        return sum(f.unexplained for f in self.functions)
-
-    @property
-    def stale(self) -> int:
-        return sum(len(f.stale_notes) for f in self.functions)
-
-    @property
-    def differences(self) -> int:  # changed stretches of code (difflib opcodes)
-        return sum(len(f.differences) for f in self.functions)
-
-    @property
-    def notes(self) -> int:  # how many are about this base
-        return sum(len(f.notes) for f in self.functions)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.unexplained or self.stale)
+    def __post_init__(self) -> None:
+        self.unexplained = sum(f.unexplained for f in self.functions)
+        self.stale = sum(len(f.stale_notes) for f in self.functions)
+        self.differences = sum(len(f.differences) for f in self.functions)  # changed stretches
+        self.notes = sum(len(f.notes) for f in self.functions)  # how many are about this base
+        self.ok = not (self.unexplained or self.stale)
 
 
 @functools.cache
