@@ -7,11 +7,11 @@ from pathlib import Path
 
 from patchset import apply, buildtree, cli, paths
 from patchset import wheel as wheels
+from patchset.catalog import reading, recognise
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
 from patchset.manifest import Series, series_for_release
-from patchset.recognise import reading, recognise
 from patchset.threeway import onto_fork
 
 DESCRIPTION = """\

@@ -11,12 +11,11 @@ from pathlib import Path
 from . import lock
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, files_at, pristine_tag
-from .catalog import blobs_of
+from .catalog import Files, blobs_of, reading, recognise
 from .errors import BackportError, Exit
 from .git import PROJECT_IDENTITY, Git, GitError, open_checkout
 from .manifest import Series, step_of
 from .patchfile import file_events, touched_paths
-from .recognise import Files, reading, recognise
 
 LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
 TEMP_PREFIX = "sglang-backports-apply-"

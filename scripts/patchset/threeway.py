@@ -8,13 +8,12 @@ from . import apply, paths, shape
 from . import wheel as wheels
 from .apply import ApplyReport, commit_patch, create_branch, delete_or_rename, refuse_clash
 from .buildtree import default_branch, files_at
-from .catalog import blobs_of, load_catalog
+from .catalog import Files, blobs_of, full_check, load_catalog
 from .errors import BackportError, Exit
 from .git import Git
 from .lock import marked_folder, tmpdir
 from .manifest import Series, git_blob_id, series_for_release
 from .paths import PATCHES_ROOT
-from .recognise import Files, full_check
 from .shapeflow import CannotTell, Sources, functions
 
 # A patch's blob ids (exported with --full-index): "index <pre>..<post>[ <mode>]".
