@@ -223,7 +223,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     for suite in all_runs:
         print(f"{suite.label:>{width}}: {suite.verdict()}")
     print("time: " + "; ".join(f"{name} {secs:.0f}s" for name, secs in phases.items()))
-    failed = [r.label for r in all_runs if r.failed]
+    failed = [r.label for r in all_runs if r.returncode != 0]
     if failed or not all_runs:
         print(f"FAILED: {', '.join(failed) or 'nothing ran'}")
         return Exit.TESTS_FAILED
