@@ -5,8 +5,7 @@ import textwrap
 from collections.abc import Container, Iterable
 from pathlib import Path
 
-from .notes import Note
-from .review import FileChange, FunctionComparison, FunctionSource, PatchReview, Review, Uncovered
+from .review import FileChange, FunctionComparison, FunctionSource, Note, PatchReview, Review
 
 # identical lines kept around each difference (HTML); longer identical runs are folded
 FOLD_CONTEXT = 3
@@ -65,10 +64,6 @@ def _summary(review: Review) -> str:
     )
 
 
-def _uncovered(missing: Uncovered) -> str:
-    return f"no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
-
-
 def _function_text(function: FunctionComparison, base_version: str) -> list[str]:
     numbers = _numbered(function)
     up = function.upstream_version
@@ -100,7 +95,7 @@ def _function_text(function: FunctionComparison, base_version: str) -> list[str]
         ):
             for i in range(start, end):
                 out.append(f"    {label} {side.first_line + i:5} | {side.lines[i]}")
-        out += [f"      ? {_uncovered(missing)}" for missing in diff.uncovered]
+        out += [f"      ? {missing}" for missing in diff.uncovered]
     if numbers:
         out.append("why:")
         for note, number in numbers.items():
@@ -152,7 +147,7 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
         for function in review.functions:
             where = f"  {review.base_version} {function.qualname}:"
             sig = [f"no note covers parameter {c.param}" for c in function.signature if not c.note]
-            uncovered = [_uncovered(u) for diff in function.differences for u in diff.uncovered]
+            uncovered = [str(u) for diff in function.differences for u in diff.uncovered]
             stale = [f"STALE note (covers nothing here): {n.title}" for n in function.stale_notes]
             out += [f"{where} {problem}" for problem in (*sig, *uncovered, *stale)]
     out.append(
