@@ -189,8 +189,7 @@ def _patch_html(patch: PatchReview) -> str:
         f'<div class="meta"><b>{_e(patch.subject)}</b></div>'
         f'<div class="meta">{_badge(status_class, f"Upstream-Status: {_e(patch.status)}")}'
         f" PR {_code(patch.pr)} · released in sglang {_code(patch.release)}</div>"
-        f'<div class="why">{why}</div>'
-        f"<div><b>Touches</b><ul>{touched}</ul></div>"
+        f'<div class="why">{why}</div><div><b>Touches</b><ul>{touched}</ul></div>'
         f'<pre class="stat">{_e(chr(10).join(diffstat(patch.files)))}</pre></div>'
     )
 
@@ -311,8 +310,7 @@ def _review_html(review: Review, prefix: str = "") -> str:
         f'<div class="{"summary" if review.ok else "summary bad"}">{_e(_summary(review))}<br>'
         f'<span class="meta">our files: {_e(review.source)}<br>upstream: sglang '
         f"{_e(review.upstream_version)}, from its pinned, sha256-checked wheel</span>"
-        f"<br>functions: {toc}</div>"
-        "<h2>Patches</h2>"
+        f"<br>functions: {toc}</div><h2>Patches</h2>"
         + "".join(_patch_html(p) for p in review.patches)
         + f"<h2>Cumulative diff against sglang {_e(review.base_version)}</h2>"
         + _cumulative_html(review)
@@ -329,8 +327,7 @@ def _review_html(review: Review, prefix: str = "") -> str:
 
 def _page(title: str, body: str) -> str:
     return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>\n{CSS}</style></head><body>{body}</body></html>\n"
     )
 

@@ -120,9 +120,8 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} did not apply:\n{(check.stdout + check.stderr).strip()}",
-                    f"{ROLLED_BACK}; the base or the patch differs from what the manifest "
-                    "pins, so refresh the patch on the pristine base and run "
-                    "scripts/export-patches",
+                    f"{ROLLED_BACK}; the base or the patch differs from what the manifest pins, "
+                    "so refresh the patch on the pristine base and run scripts/export-patches",
                 )
             index.run(*apply, str(patch))
         tree = index.out("write-tree")

@@ -301,10 +301,9 @@ class Flow:
             return self.block(stmt.body, paths, fn)
         if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
             return self.try_(stmt, paths, fn)
-        if type(stmt).__name__ == "Match":
-            paths = {p for p, _ in self.expr(stmt.subject, paths, fn)}  # type: ignore[attr-defined]
-            cases = [case.body for case in stmt.cases]  # type: ignore[attr-defined]
-            return self.branches(None, [*cases, []], paths, fn)
+        if isinstance(stmt, ast.Match):
+            paths = {p for p, _ in self.expr(stmt.subject, paths, fn)}
+            return self.branches(None, [*(case.body for case in stmt.cases), []], paths, fn)
         results = self.expr(stmt, paths, fn)
         targets = stmt.targets if isinstance(stmt, ast.Assign) else []
         if len(targets) != 1 or not isinstance(targets[0], ast.Name):
