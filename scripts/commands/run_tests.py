@@ -134,7 +134,7 @@ def make_env(env: venv.TestEnv) -> Path:
     state = "made" if venv.ensure_venv(env.venv, env.requirements, env.name) else "synced"
     took = time.monotonic() - started
     print(f"environment {env.name}: {env.venv} ({state} in {took:.0f}s)", flush=True)
-    return venv.venv_python(env.venv)
+    return env.python
 
 
 def link_default_venv(python: Path, build: Path) -> None:

@@ -30,6 +30,10 @@ class TestEnv:
     def venv(self) -> Path:
         return cache_dir() / "venvs" / f"{self.name}-{requirements_digest(self.requirements)[:16]}"
 
+    @property
+    def python(self) -> Path:
+        return venv_python(self.venv)
+
 
 def env_name(manifest: PinManifest) -> str:
     """The environment of a release: its own pins, or the named stand-in the manifest gives."""
