@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from patchset import buildtree
+from patchset import apply, buildtree
 from patchset import wheel as wheels
-from patchset.apply import files_per_step
 from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
@@ -117,7 +116,7 @@ def step_files(series: Series, build: Path, cache: Path) -> tuple[list[dict[str,
         if [blobs_of(files) for files in found] == [manifest.blobs_at(s) for s in manifest.steps]:
             return [*map(_decoded, found)], f"build tree {repo} ({tag}..{branch})"
     wheel = wheels.fetch_wheel(manifest.base, cache)
-    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files)).values()
+    per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files)).values()
     return [*map(_decoded, per_step)], f"pinned wheel {manifest.base.wheel} with the series applied"
 
 

@@ -259,11 +259,10 @@ class Flow:
         return evidence
 
     def run(self, fn: Fn, paths: set[Trace]) -> Out:
-        self.stack.append(fn)
-        try:
-            return self.block(fn.node.body, paths, fn)
-        finally:
-            self.stack.pop()
+        self.stack.append(fn)  # an exception ends the whole walk (shape.judge): no unwinding
+        out = self.block(fn.node.body, paths, fn)
+        self.stack.pop()
+        return out
 
     def block(self, stmts: list[ast.stmt], paths: set[Trace], fn: Fn) -> Out:
         out = Out()
