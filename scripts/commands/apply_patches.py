@@ -5,14 +5,12 @@ import shlex
 from functools import partial
 from pathlib import Path
 
-from patchset import apply, buildtree, cli, paths
+from patchset import apply, buildtree, catalog, cli, paths, threeway
 from patchset import wheel as wheels
 from patchset.errors import Exit
 from patchset.git import Git, open_checkout
 from patchset.lock import DEFAULT_WAIT_S
 from patchset.manifest import Series, series_for_release
-from patchset.recognise import reading, recognise
-from patchset.threeway import onto_fork
 
 DESCRIPTION = """\
 Apply the series under patches/ to sglang, on a branch of its own.
@@ -77,7 +75,7 @@ def branch_name(name: str) -> str:
 
 
 def check(args: argparse.Namespace, series: Series | None) -> int:
-    given = reading(series)  # with --sglang alone, the default: it names the files to read
+    given = catalog.reading(series)  # with --sglang alone, the default: it names the files to read
     if not args.sglang:
         apply.verify(given)
     where = args.sglang or buildtree.build_tree_path(given, paths.build_dir())
@@ -86,7 +84,7 @@ def check(args: argparse.Namespace, series: Series | None) -> int:
     else:  # no build tree yet: the pinned wheel's files
         where = wheels.fetch_wheel(given.manifest.base, paths.cache_dir())
         files = dict(wheels.read_files(where, given.manifest.files))
-    found, step = recognise(files, str(where), series, bool(args.sglang))
+    found, step = catalog.recognise(files, str(where), series, bool(args.sglang))
     if args.sglang or found is not series:  # the build tree's series is verified above
         apply.verify(found)
     results = apply.check_series(found, step, files)
@@ -133,7 +131,7 @@ def main() -> int:
         return check(args, series)
 
     if args.sglang:
-        fork = partial(onto_fork, args.sglang, args.branch, series, args.base)
+        fork = partial(threeway.onto_fork, args.sglang, args.branch, series, args.base)
         report = apply.apply_to_user_checkout(
             args.sglang, args.branch, args.wait, series, fork if args.three_way else None
         )

@@ -1,7 +1,5 @@
 """Show a reviewer the series: each patch, the net diff, and ours beside upstream's fix."""
 
-from __future__ import annotations
-
 import sys
 
 from patchreview.render import render_all_html, render_all_text, render_html, render_text

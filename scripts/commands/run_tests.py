@@ -1,7 +1,5 @@
 """Run the project's tests: the tools' tests once, the sglang tests once per base and step."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import time
@@ -9,12 +7,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from patchset import apply, buildtree, cli, lock, paths
+from patchset import apply, buildtree, cli, lock, paths, textout
 from patchset.errors import EXIT_TEXT, BackportError, Exit
 from patchset.manifest import Series, patch_set_folders, series_for_release
-from patchset.textout import progress
 from testrun import runner, venv
-from testrun.runner import SuiteRun
 
 DESCRIPTION = """\
 Set up and run every test of the project (docs/testing.md says how).
@@ -170,7 +166,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     phases: dict[str, float] = {}
 
     # per table printed at the end: title, headers, runs, the release whose environment runs them
-    tables: list[tuple[str, list[str], list[SuiteRun], Series]] = []
+    tables: list[tuple[str, list[str], list[runner.SuiteRun], Series]] = []
     if args.tree:
         series, final = chosen[0], chosen[0].manifest.final_step
         labels = [f"tree-{n}" for n in range(1, 1 + len(args.tree))] if args.tree[1:] else ["tree"]
@@ -198,7 +194,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     tools_python = python_of(default)
     if not args.python:
         link_default_venv(tools_python, build)
-    by_python: dict[Path, list[SuiteRun]] = {}
+    by_python: dict[Path, list[runner.SuiteRun]] = {}
     for _title, _headers, runs, series in tables:
         by_python.setdefault(python_of(series), []).extend(runs)
     phases["waiting for the environments"] = time.monotonic() - waited
@@ -207,10 +203,10 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     phases["step suites"] = time.monotonic() - started
 
     # test/tools after the step runs: on two cores, both at once took longer (docs/performance.md)
-    all_runs: list[SuiteRun] = []
+    all_runs: list[runner.SuiteRun] = []
     if not args.steps_only and not args.tree:
-        all_runs.append(SuiteRun("tools", runner.TOOL_TESTS, {}))
-        progress(f"test/tools started with {tools_python}, {args.parallel} xdist worker(s)")
+        all_runs.append(runner.SuiteRun("tools", runner.TOOL_TESTS, {}))
+        textout.progress(f"test/tools started with {tools_python}, {args.parallel} xdist worker(s)")
         started = time.monotonic()
         runner.run_tools(tools_python, all_runs[0], extra, args.parallel)
         phases["test/tools"] = time.monotonic() - started
@@ -227,7 +223,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
     for suite in all_runs:
         print(f"{suite.label:>{width}}: {suite.verdict()}")
     print("time: " + "; ".join(f"{name} {secs:.0f}s" for name, secs in phases.items()))
-    failed = [r.label for r in all_runs if r.failed]
+    failed = [r.label for r in all_runs if r.returncode != 0]
     if failed or not all_runs:
         print(f"FAILED: {', '.join(failed) or 'nothing ran'}")
         return Exit.TESTS_FAILED

@@ -1,14 +1,11 @@
 """Print a Review for the terminal, or as one self-contained HTML page."""
 
-from __future__ import annotations
-
 import html
 import textwrap
 from collections.abc import Container, Iterable
 from pathlib import Path
 
-from .notes import Note
-from .review import FileChange, FunctionComparison, FunctionSource, PatchReview, Review, Uncovered
+from .review import FileChange, FunctionComparison, FunctionSource, Note, PatchReview, Review
 
 # identical lines kept around each difference (HTML); longer identical runs are folded
 FOLD_CONTEXT = 3
@@ -67,10 +64,6 @@ def _summary(review: Review) -> str:
     )
 
 
-def _uncovered(missing: Uncovered) -> str:
-    return f"no note covers {missing.side} line {missing.line}: {missing.text.strip()}"
-
-
 def _function_text(function: FunctionComparison, base_version: str) -> list[str]:
     numbers = _numbered(function)
     up = function.upstream_version
@@ -102,7 +95,7 @@ def _function_text(function: FunctionComparison, base_version: str) -> list[str]
         ):
             for i in range(start, end):
                 out.append(f"    {label} {side.first_line + i:5} | {side.lines[i]}")
-        out += [f"      ? {_uncovered(missing)}" for missing in diff.uncovered]
+        out += [f"      ? {missing}" for missing in diff.uncovered]
     if numbers:
         out.append("why:")
         for note, number in numbers.items():
@@ -154,7 +147,7 @@ def render_all_text(reviews: list[Review], brief: bool = False) -> str:
         for function in review.functions:
             where = f"  {review.base_version} {function.qualname}:"
             sig = [f"no note covers parameter {c.param}" for c in function.signature if not c.note]
-            uncovered = [_uncovered(u) for diff in function.differences for u in diff.uncovered]
+            uncovered = [str(u) for diff in function.differences for u in diff.uncovered]
             stale = [f"STALE note (covers nothing here): {n.title}" for n in function.stale_notes]
             out += [f"{where} {problem}" for problem in (*sig, *uncovered, *stale)]
     out.append(
@@ -196,8 +189,7 @@ def _patch_html(patch: PatchReview) -> str:
         f'<div class="meta"><b>{_e(patch.subject)}</b></div>'
         f'<div class="meta">{_badge(status_class, f"Upstream-Status: {_e(patch.status)}")}'
         f" PR {_code(patch.pr)} · released in sglang {_code(patch.release)}</div>"
-        f'<div class="why">{why}</div>'
-        f"<div><b>Touches</b><ul>{touched}</ul></div>"
+        f'<div class="why">{why}</div><div><b>Touches</b><ul>{touched}</ul></div>'
         f'<pre class="stat">{_e(chr(10).join(diffstat(patch.files)))}</pre></div>'
     )
 
@@ -318,8 +310,7 @@ def _review_html(review: Review, prefix: str = "") -> str:
         f'<div class="{"summary" if review.ok else "summary bad"}">{_e(_summary(review))}<br>'
         f'<span class="meta">our files: {_e(review.source)}<br>upstream: sglang '
         f"{_e(review.upstream_version)}, from its pinned, sha256-checked wheel</span>"
-        f"<br>functions: {toc}</div>"
-        "<h2>Patches</h2>"
+        f"<br>functions: {toc}</div><h2>Patches</h2>"
         + "".join(_patch_html(p) for p in review.patches)
         + f"<h2>Cumulative diff against sglang {_e(review.base_version)}</h2>"
         + _cumulative_html(review)
@@ -336,8 +327,7 @@ def _review_html(review: Review, prefix: str = "") -> str:
 
 def _page(title: str, body: str) -> str:
     return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>\n{CSS}</style></head><body>{body}</body></html>\n"
     )
 

@@ -1,7 +1,6 @@
-"""Ours beside upstream's fix: differences found mechanically, their reasons from notes.toml
-(what no note covers is unexplained, a note that covers nothing is stale)."""
-
-from __future__ import annotations
+"""Ours beside upstream's fix: differences found mechanically, their reasons from the notes of
+notes.toml (its comment says what a note covers and when it applies; what no note covers is
+unexplained, a note that covers nothing is stale)."""
 
 import ast
 import difflib
@@ -12,19 +11,96 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from patchset import buildtree
+from patchset import apply, buildtree
 from patchset import wheel as wheels
-from patchset.apply import files_per_step
 from patchset.catalog import blobs_of
 from patchset.errors import BackportError, Exit
 from patchset.git import Git
-from patchset.manifest import Series, WheelPin
+from patchset.manifest import Releases, Series, WheelPin, release_key
 from patchset.patchfile import HUNK_HEADER, Patch, parse_patch
-
-from .notes import FunctionNotes, Note, check_bounds, load_notes
+from patchset.releases import TomlFile
 
 SIGNIFICANT = re.compile(r"[A-Za-z0-9_]")
+
+
+@dataclass(frozen=True)
+class Note:
+    title: str
+    why: str
+    params: tuple[str, ...] = ()
+    lines: tuple[str, ...] = ()
+    blocks: tuple[str, ...] = ()
+    comments: tuple[str, ...] = ()
+    before: str = ""  # the release where upstream made this change ("" = no bound)
+    since: str = ""  # the oldest base this note is about ("" = no bound)
+
+    def applies_to(self, release: str) -> bool:
+        key = release_key(release)
+        after_since = not self.since or release_key(self.since) <= key
+        return after_since and (not self.before or key < release_key(self.before))
+
+    @property
+    def bases(self) -> str:
+        since = f"{self.since} and later" if self.since else ""
+        before = f"older than {self.before}" if self.before else ""
+        return ", ".join(filter(None, [since, before])) or "every base"
+
+
+@dataclass(frozen=True)
+class FunctionNotes:
+    path: str
+    notes: tuple[Note, ...]
+
+
 Notes = dict[str, FunctionNotes]  # qualname -> its file and notes
+NOTES_FILE = Path(__file__).with_name("notes.toml")
+RESTORE = "restore it with `git checkout -- scripts/patchreview/notes.toml`"
+MATCHERS = ("params", "lines", "blocks", "comments")
+
+
+def _fits(matcher: str, text: object) -> bool:
+    """A parameter's name, or a regular expression that compiles."""
+    try:
+        if matcher == "params":
+            return isinstance(text, str) and text.isidentifier()
+        return isinstance(text, str) and re.compile(text) is not None
+    except re.error:
+        return False
+
+
+def load_notes(path: Path = NOTES_FILE) -> Notes:
+    """qualname -> its file and notes, as notes.toml holds them, every value checked."""
+    toml = TomlFile.load(path, "the review notes", RESTORE, f"{RESTORE}, or fix it")
+    found = {}
+    for qualname in toml.table(("functions",)):
+        notes = []
+        for title in toml.table(("functions", qualname, "notes")):
+            keys = ("functions", qualname, "notes", title)
+            if unknown := set(toml.table(keys)) - {"why", "since", "before", *MATCHERS}:
+                raise toml.refuse((*keys, min(unknown)), "is not a key of a note")
+            matchers = {m: tuple(toml.value((*keys, m), list, [])) for m in MATCHERS}
+            for m, patterns in matchers.items():
+                if bad := [p for p in patterns if not _fits(m, p)]:
+                    what = "a parameter's name" if m == "params" else "a regular expression"
+                    raise toml.refuse((*keys, m), f"holds {bad[0]!r}, which is not {what}")
+            bounds = {b: toml.text((*keys, b), default="") for b in ("since", "before")}
+            notes.append(Note(title, toml.text((*keys, "why")), **matchers, **bounds))
+        found[qualname] = FunctionNotes(toml.text(("functions", qualname, "path")), tuple(notes))
+    return found
+
+
+def check_bounds(notes: Notes, registry: Releases) -> None:
+    """Refuse a note whose bound is not a release of patches/releases.toml."""
+    for qualname, function_notes in notes.items():
+        for note in function_notes.notes:
+            if unknown := [b for b in (note.since, note.before) if b and b not in registry.known]:
+                raise BackportError(
+                    Exit.PATCHSET_INVALID,
+                    f"{NOTES_FILE}: the note {note.title!r} of {qualname} "
+                    f"is bounded by sglang {unknown[0]}, which {registry.path} does not know",
+                    "name the release in which upstream made the change, as releases.toml "
+                    "spells it",
+                )
 
 
 def step_files(series: Series, build: Path, cache: Path) -> tuple[list[dict[str, str]], str]:
@@ -40,7 +116,7 @@ def step_files(series: Series, build: Path, cache: Path) -> tuple[list[dict[str,
         if [blobs_of(files) for files in found] == [manifest.blobs_at(s) for s in manifest.steps]:
             return [*map(_decoded, found)], f"build tree {repo} ({tag}..{branch})"
     wheel = wheels.fetch_wheel(manifest.base, cache)
-    per_step = files_per_step(series, wheels.read_files(wheel, manifest.files)).values()
+    per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files)).values()
     return [*map(_decoded, per_step)], f"pinned wheel {manifest.base.wheel} with the series applied"
 
 
@@ -172,6 +248,9 @@ class Uncovered(NamedTuple):
     line: int  # line number in that side's file
     text: str
 
+    def __str__(self) -> str:
+        return f"no note covers {self.side} line {self.line}: {self.text.strip()}"
+
 
 @dataclass
 class Difference:  # one difflib opcode that is not 'equal', with what explains it
@@ -302,25 +381,12 @@ class Review:
     cumulative: dict[str, list[str]]
     functions: list[FunctionComparison]
 
-    @property
-    def unexplained(self) -> int:
-        return sum(f.unexplained for f in self.functions)
-
-    @property
-    def stale(self) -> int:
-        return sum(len(f.stale_notes) for f in self.functions)
-
-    @property
-    def differences(self) -> int:  # changed stretches of code (difflib opcodes)
-        return sum(len(f.differences) for f in self.functions)
-
-    @property
-    def notes(self) -> int:  # how many are about this base
-        return sum(len(f.notes) for f in self.functions)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.unexplained or self.stale)
+    def __post_init__(self) -> None:
+        self.unexplained = sum(f.unexplained for f in self.functions)
+        self.stale = sum(len(f.stale_notes) for f in self.functions)
+        self.differences = sum(len(f.differences) for f in self.functions)  # changed stretches
+        self.notes = sum(len(f.notes) for f in self.functions)  # how many are about this base
+        self.ok = not (self.unexplained or self.stale)
 
 
 @functools.cache

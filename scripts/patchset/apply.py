@@ -8,15 +8,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import lock
+from . import lock, patchfile
 from . import wheel as wheels
 from .buildtree import build_tree_path, default_branch, files_at, pristine_tag
-from .catalog import blobs_of
+from .catalog import Files, blobs_of, reading, recognise
 from .errors import BackportError, Exit
 from .git import PROJECT_IDENTITY, Git, GitError, open_checkout
 from .manifest import Series, step_of
-from .patchfile import file_events, touched_paths
-from .recognise import Files, reading, recognise
 
 LOCK_NAME = "sglang-backports.lock"  # in a user's git folder while a run holds it
 TEMP_PREFIX = "sglang-backports-apply-"
@@ -71,7 +69,7 @@ def verify(series: Series, hashes: bool = True) -> None:
         series.verify()
     allowed = set(series.manifest.files)
     for patch in series.patch_paths:
-        touched, problem = touched_paths(patch)
+        touched, problem = patchfile.touched_paths(patch)
         if problem:
             raise BackportError(
                 Exit.PATCHSET_INVALID, f"git cannot read patch {patch.name}: {problem}", RESTORE
@@ -84,7 +82,7 @@ def verify(series: Series, hashes: bool = True) -> None:
                 f"{RESTORE}; a fix that needs another file must add it to the manifest's "
                 "[blobs] and pass lint-patches",
             )
-        if events := file_events(patch):
+        if events := patchfile.file_events(patch):
             raise BackportError(
                 Exit.PATCHSET_INVALID,
                 f"patch {patch.name} does more than change lines of the series' files "
@@ -121,9 +119,8 @@ def _commit_series(git: Git, series: Series, tip: str, patches: list[Path], scra
                 raise BackportError(
                     Exit.APPLY_FAILED,
                     f"patch {patch.name} did not apply:\n{(check.stdout + check.stderr).strip()}",
-                    f"{ROLLED_BACK}; the base or the patch differs from what the manifest "
-                    "pins, so refresh the patch on the pristine base and run "
-                    "scripts/export-patches",
+                    f"{ROLLED_BACK}; the base or the patch differs from what the manifest pins, "
+                    "so refresh the patch on the pristine base and run scripts/export-patches",
                 )
             index.run(*apply, str(patch))
         tree = index.out("write-tree")

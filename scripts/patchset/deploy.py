@@ -9,11 +9,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import apply, lint
 from . import wheel as wheels
-from .apply import files_per_step
 from .catalog import blobs_of
 from .errors import BackportError, Exit
-from .lint import label_problems
 from .lock import deferred_signals, marked_folder
 from .manifest import BASE_STEP, Series, sha256_of
 
@@ -65,7 +64,7 @@ def build_wheel(series: Series, cache: Path, out_dir: Path, python: str | None) 
     """The patched wheel for python (cp312; default the manifest's) in out_dir, reproducibly."""
     series.verify()
     manifest = series.manifest
-    if problems := label_problems(manifest):
+    if problems := lint.label_problems(manifest):
         raise BackportError(
             Exit.PATCHSET_INVALID,
             f"{series.folder / 'pin.toml'}: " + "; ".join(problems),
@@ -85,7 +84,7 @@ def build_wheel(series: Series, cache: Path, out_dir: Path, python: str | None) 
             "this wheel cannot be patched by this series: check its pin "
             f'([wheels."{base.version}"] or the default one) against the package index',
         )
-    patched = files_per_step(series, base_files)[manifest.final_step].items()
+    patched = apply.files_per_step(series, base_files)[manifest.final_step].items()
     changed = {p.removeprefix(wheels.REPO_PREFIX): d for p, d in patched if d != base_files[p]}
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}-{version}-{tags}.whl"

@@ -168,8 +168,7 @@ def _check_pins(report: LintReport, manifest: PinManifest, patch: Patch) -> None
     for name in sorted(manifest.step_fixes[step] - manifest.step_fixes[before]):
         report.checked["trailers"] += 1
         first = next((r for r, k in registry.known.items() if name in k.fixes), None)
-        pr = registry.fixes[name].ref
-        for key, value in (("Upstream-PR", pr), ("Upstream-Release", first)):
+        for key, value in (("Upstream-PR", registry.fixes[name].ref), ("Upstream-Release", first)):
             found = patch.trailer(key)
             if found and value is not None and found[0].value != value:
                 problem = f"{key}: {found[0].value}, but {registry.path.name} says {name} "

@@ -1,7 +1,5 @@
 """The pin manifest (pin.toml) and the series file of one patch set."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import re
@@ -67,7 +65,7 @@ class ReleasePin:
     wheels: dict[str, WheelPin] = field(default_factory=dict)  # by CPython tag, default included
 
     @classmethod
-    def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> ReleasePin:
+    def from_table(cls, toml: TomlFile, keys: tuple[str, ...], version: str) -> "ReleasePin":
         """keys' table, and [wheels."VERSION"]: a cpXY-cpXY wheel per other Python, one platform."""
         default = toml.wheel_pin(keys, version)
         python, abi, platform = default.tags
@@ -118,7 +116,7 @@ class PinManifest:
         """Every release this series serves, the primary one first."""
         return [self.base.version, *self.same_files]
 
-    def for_release(self, version: str) -> PinManifest:
+    def for_release(self, version: str) -> "PinManifest":
         """The same series, laid out from another release with the same files."""
         if version == self.base.version:
             return self
@@ -145,7 +143,7 @@ class PinManifest:
         return {path: by_step[step] for path, by_step in self.blobs.items()}
 
     @classmethod
-    def load(cls, path: Path, registry: Releases | None = None) -> PinManifest:
+    def load(cls, path: Path, registry: Releases | None = None) -> "PinManifest":
         """pin.toml, checked: every key a command reads is there and well formed."""
         registry = registry or load_releases()
         missing = "pass --patch-set with a folder under patches/ that holds pin.toml"
@@ -291,7 +289,7 @@ class Series:
         return [self.folder / name for name in self.patch_names]
 
     @classmethod
-    def load(cls, folder: Path, registry: Releases | None = None) -> Series:
+    def load(cls, folder: Path, registry: Releases | None = None) -> "Series":
         """The series and its manifest (registry: as PinManifest.load's), hashes unchecked."""
         require_folder(folder)
         manifest = PinManifest.load(folder / MANIFEST_NAME, registry)
@@ -315,7 +313,7 @@ class Series:
                     f"{RESTORE}, or, if the change is wanted, {ON_BRANCH}",
                 )
 
-    def for_release(self, version: str) -> Series:
+    def for_release(self, version: str) -> "Series":
         return replace(self, manifest=self.manifest.for_release(version))
 
 

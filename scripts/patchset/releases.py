@@ -1,8 +1,6 @@
 """patches/releases.toml: the facts every sglang release shares, read and checked once;
 and TomlFile, the checked reader of every data file under patches/."""
 
-from __future__ import annotations
-
 import functools
 import json
 import re
@@ -65,7 +63,7 @@ class TomlFile:
     repair: str  # the next step for a damaged file
 
     @classmethod
-    def load(cls, path: Path, what: str, missing: str, repair: str) -> TomlFile:
+    def load(cls, path: Path, what: str, missing: str, repair: str) -> "TomlFile":
         try:
             data = tomlread.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:

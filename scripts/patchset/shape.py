@@ -48,9 +48,8 @@ def _future_map(sources: sf.Sources) -> dict[str, sf.Fn]:
     """FutureMap's methods: in overlap_utils.py, else wherever the tree defines the class."""
     for path in [OVERLAP, *(p for p in sources.defining("FutureMap", "class") if p != OVERLAP)]:
         module = sources.module(path)
-        methods = {f.node.name: f for f in sf.functions(module, path) if f.owner == "FutureMap"}
-        if methods:
-            return methods
+        if found := {f.node.name: f for f in sf.functions(module, path) if f.owner == "FutureMap"}:
+            return found
     return {}
 
 

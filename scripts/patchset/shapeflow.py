@@ -54,15 +54,14 @@ def _regular_file(path: Path) -> bytes | None:
         return handle.read(MAX_SOURCE_BYTES + 1)
 
 
+@dataclass(eq=False)
 class Sources:
     """One sglang tree's files by repository path: a package folder's, or the texts given."""
 
-    def __init__(
-        self, package: Path | None, texts: Mapping[str, str | bytes | None] | None = None
-    ) -> None:
-        self.package, self._given = package, dict(texts or {})
-        self._texts: dict[str, str | None] = {}
-        self._modules: dict[str, ast.Module] = {}
+    package: Path | None
+    _given: Mapping[str, str | bytes | None] = field(default_factory=dict)
+    _texts: dict[str, str | None] = field(default_factory=dict, init=False)
+    _modules: dict[str, ast.Module] = field(default_factory=dict, init=False)
 
     @classmethod
     def from_texts(cls, texts: Mapping[str, str | bytes | None]) -> "Sources":
@@ -243,16 +242,16 @@ def calls(node: ast.AST, certain: bool = True) -> Iterator[tuple[ast.Call, bool]
         yield node, certain
 
 
+@dataclass(eq=False)
 class Flow:
     """Walks the prebuilt path: every path's state at each process_prebuilt() call."""
 
-    def __init__(self, sources: Sources) -> None:
-        self.sources = sources
-        self.found: dict[Evidence, None] = {}  # evidence, in the order met
-        self.outcomes: dict[tuple[str, Evidence], None] = {}
-        self.conditions: list[str] = []  # the unknown conditions around the statement walked
-        self.stack: list[Fn] = []
-        self._relevant: dict[tuple[str, str], bool] = {}
+    sources: Sources
+    found: dict[Evidence, None] = field(default_factory=dict)  # evidence, in the order met
+    outcomes: dict[tuple[str, Evidence], None] = field(default_factory=dict)
+    conditions: list[str] = field(default_factory=list)  # unknown ones around the statement walked
+    stack: list[Fn] = field(default_factory=list)
+    _relevant: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def note(self, fn: Fn, line: int, what: str) -> Evidence:
         evidence = Evidence(fn.file, line, fn.name, what)
@@ -260,11 +259,10 @@ class Flow:
         return evidence
 
     def run(self, fn: Fn, paths: set[Trace]) -> Out:
-        self.stack.append(fn)
-        try:
-            return self.block(fn.node.body, paths, fn)
-        finally:
-            self.stack.pop()
+        self.stack.append(fn)  # an exception ends the whole walk (shape.judge): no unwinding
+        out = self.block(fn.node.body, paths, fn)
+        self.stack.pop()
+        return out
 
     def block(self, stmts: list[ast.stmt], paths: set[Trace], fn: Fn) -> Out:
         out = Out()
@@ -302,10 +300,9 @@ class Flow:
             return self.block(stmt.body, paths, fn)
         if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
             return self.try_(stmt, paths, fn)
-        if type(stmt).__name__ == "Match":
-            paths = {p for p, _ in self.expr(stmt.subject, paths, fn)}  # type: ignore[attr-defined]
-            cases = [case.body for case in stmt.cases]  # type: ignore[attr-defined]
-            return self.branches(None, [*cases, []], paths, fn)
+        if isinstance(stmt, ast.Match):
+            paths = {p for p, _ in self.expr(stmt.subject, paths, fn)}
+            return self.branches(None, [*(case.body for case in stmt.cases), []], paths, fn)
         results = self.expr(stmt, paths, fn)
         targets = stmt.targets if isinstance(stmt, ast.Assign) else []
         if len(targets) != 1 or not isinstance(targets[0], ast.Name):

@@ -1,7 +1,5 @@
 """The one text table and the one progress line that every command prints."""
 
-from __future__ import annotations
-
 import sys
 import textwrap
 from collections.abc import Sequence

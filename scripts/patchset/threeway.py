@@ -4,17 +4,13 @@ import re
 import shlex
 from pathlib import Path
 
-from . import apply, paths, shape
+from . import apply, lock, paths, shape
 from . import wheel as wheels
-from .apply import ApplyReport, commit_patch, create_branch, delete_or_rename, refuse_clash
 from .buildtree import default_branch, files_at
-from .catalog import blobs_of, load_catalog
+from .catalog import Files, blobs_of, full_check, load_catalog
 from .errors import BackportError, Exit
 from .git import Git
-from .lock import marked_folder, tmpdir
 from .manifest import Series, git_blob_id, series_for_release
-from .paths import PATCHES_ROOT
-from .recognise import Files, full_check
 from .shapeflow import CannotTell, Sources, functions
 
 # A patch's blob ids (exported with --full-index): "index <pre>..<post>[ <mode>]".
@@ -30,10 +26,10 @@ def onto_fork(
     git: Git,
     head: str,
     files: Files,
-) -> ApplyReport:
+) -> apply.ApplyReport:
     """--3way under the repository's lock: an apply.OntoFork once the first four are bound."""
     if series is None:
-        catalog = load_catalog(PATCHES_ROOT)
+        catalog = load_catalog(paths.PATCHES_ROOT)
         release = release or catalog.nearest_release(blobs_of(files), catalog.served)
         if release is None:
             raise BackportError(
@@ -42,12 +38,12 @@ def onto_fork(
                 "so which release it is a fork of cannot be told from its files",
                 "name it: add --base VERSION (one of those releases) to --3way",
             )
-        series = series_for_release(PATCHES_ROOT, release)
+        series = series_for_release(paths.PATCHES_ROOT, release)
     apply.verify(series)
     manifest = series.manifest
     branch = branch or default_branch(manifest)
     if not (exists := git.branch_exists(branch)):
-        refuse_clash(git, branch, where)
+        apply.refuse_clash(git, branch, where)
     wheel = wheels.fetch_wheel(manifest.base, paths.cache_dir())
     per_step = apply.files_per_step(series, wheels.read_files(wheel, manifest.files))
     ours = fork_changes(per_step[manifest.steps[0]], files, per_step[manifest.final_step])
@@ -56,7 +52,7 @@ def onto_fork(
         "by scripts/apply-patches --3way: git's three-way merge, the result "
         "judged fixed by its code shape.)\n"
     )
-    with marked_folder(tmpdir(), apply.TEMP_PREFIX) as scratch:
+    with lock.marked_folder(lock.tmpdir(), apply.TEMP_PREFIX) as scratch:
         ids = _write_preimages(git, per_step)
         # each merge driver of the user's is run as `false`: no program of theirs runs
         merger, drivers = git.overriding("merge", "driver", {"driver": "false"})
@@ -76,7 +72,7 @@ def onto_fork(
                     "preimages are in your repository now), then check it with "
                     + full_check(where),
                 )
-            tip = commit_patch(git, patch, merger.out("write-tree"), tip, scratch, note)
+            tip = apply.commit_patch(git, patch, merger.out("write-tree"), tip, scratch, note)
         merged = files_at(git, tip, manifest)
         judged = shape.judge(Sources.from_texts(merged))
         if not judged.fixed:
@@ -91,12 +87,12 @@ def onto_fork(
                 f"(docs/apply.md, --3way), then check it with {full_check(where)}",
             )
         if not exists:
-            create_branch(git, branch, tip, where)
+            apply.create_branch(git, branch, tip, where)
         elif files_at(git, f"refs/heads/{branch}", manifest) != merged:
             raise BackportError(
                 Exit.BRANCH_EXISTS,
                 f"branch {branch} already exists in {where} and does not hold this merge",
-                f"{delete_or_rename(branch, where)}; nothing of yours was changed",
+                f"{apply.delete_or_rename(branch, where)}; nothing of yours was changed",
             )
     done = list(series.patch_names)
     notes = [
@@ -105,7 +101,7 @@ def onto_fork(
         *_said(ours).strip().splitlines(),
         f"next step, the full check: {full_check(where)} (after switching to the branch)",
     ]
-    return ApplyReport(where, branch, [] if exists else done, done if exists else [], notes)
+    return apply.ApplyReport(where, branch, [] if exists else done, done if exists else [], notes)
 
 
 def _merge(

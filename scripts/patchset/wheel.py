@@ -23,9 +23,8 @@ def _check_hash(path: Path, pin: WheelPin, where: str) -> None:
             Exit.WHEEL_HASH,
             f"the {where} wheel {path} has sha256 {actual}, but the manifest pins "
             f"{pin.sha256} for {pin.wheel}",
-            f"delete {path} and run again; if a fresh download still differs, "
-            "the file on the package index is not the one this series was made "
-            "against: do not use it",
+            f"delete {path} and run again; if a fresh download still differs, the file on the "
+            "package index is not the one this series was made against: do not use it",
         )
 
 

@@ -2,8 +2,6 @@
 Each outcome is decided where the test ran and carried on its report: under pytest-xdist the
 controller, which runs no test, writes FILE."""
 
-from __future__ import annotations
-
 import json
 from collections.abc import Generator
 from pathlib import Path

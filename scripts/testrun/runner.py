@@ -1,7 +1,5 @@
 """One pytest run per suite and per sglang tree (docs/testing.md), and their tables."""
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os
@@ -57,17 +55,9 @@ class SuiteRun:
     properties: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
-    @property
-    def outcomes_file(self) -> Path:
-        return self.results / f"{self.label}.json"
-
-    @property
-    def log(self) -> Path:
-        return self.results / f"{self.label}.log"
-
-    @property
-    def failed(self) -> bool:
-        return self.returncode != 0
+    def __post_init__(self) -> None:
+        self.outcomes_file = self.results / f"{self.label}.json"
+        self.log = self.results / f"{self.label}.log"
 
     def pytest_args(self, extra: Sequence[str]) -> list[str]:
         """Its arguments; an outcome file of an earlier run is removed first."""

@@ -1,8 +1,6 @@
 """The step a test/steps run judges, named in the environment by scripts/run-tests; what it
 holds comes from pin.toml's [step-fixes]."""
 
-from __future__ import annotations
-
 import os
 from dataclasses import dataclass
 from pathlib import Path

@@ -2,8 +2,6 @@
 the cache folder under the digest of its files, so every clone reuses it and a changed
 file gets a fresh one (docs/testing.md)."""
 
-from __future__ import annotations
-
 import hashlib
 import os
 import subprocess

@@ -2,8 +2,6 @@
 after the heavy imports but before any sglang, so no run sees another's tree (runner.py
 writes JOBS.json)."""
 
-from __future__ import annotations
-
 import json
 import os
 import signal

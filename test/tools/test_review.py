@@ -19,13 +19,15 @@ from pathlib import Path
 import pytest
 from conftest import RunScript, SlimSet, fetch_or_skip
 from patchreview import review as review_module
-from patchreview.notes import FunctionNotes, Note, load_notes
 from patchreview.render import render_html, render_text
 from patchreview.review import (
+    FunctionNotes,
+    Note,
     Review,
     build_review,
     compare_function,
     function_source,
+    load_notes,
 )
 from patchset import paths
 from patchset.errors import BackportError, Exit
