@@ -1,8 +1,6 @@
 """The scenarios of patchset.plays, played through the real sglang code of the tree
 first on sys.path; stand-ins replace only scheduler state the relay does not touch."""
 
-from __future__ import annotations
-
 import dataclasses
 import inspect
 from array import array
