@@ -68,8 +68,9 @@ class TomlFile:
             data = tomlread.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             problem, next_step = f"{what} {path} does not exist", missing
-        except (tomlread.TOMLDecodeError, UnicodeDecodeError) as err:
-            problem, next_step = f"{what} {path} is not valid TOML: {err}", repair
+        except (tomlread.TOMLDecodeError, UnicodeDecodeError, RecursionError) as err:
+            why = "nested too deeply" if isinstance(err, RecursionError) else err
+            problem, next_step = f"{what} {path} is not valid TOML: {why}", repair
         else:
             return cls(path, data, repair)
         raise BackportError(Exit.PATCHSET_INVALID, problem, next_step)

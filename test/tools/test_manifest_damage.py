@@ -41,6 +41,12 @@ DAMAGE = {
         "sglang is missing",
     ),
     "a required field missing": ('tag = "v0.5.15.post1"\n', "", "sglang.tag is missing"),
+    # deeper than a TOML reader's recursion goes (tomllib's, and 3.10's subset reader)
+    "a value nested too deeply": (
+        'tag = "v0.5.15.post1"\n',
+        'tag = "v0.5.15.post1"\nx = ' + "[" * 100_000 + "]" * 100_000 + "\n",
+        "is not valid TOML: nested too deeply",
+    ),
     "a wheel that is not a wheel file name": (
         'wheel = "sglang-0.5.15.post1-cp311-cp311-manylinux_2_34_x86_64.whl"',
         'wheel = "sglang-0.5.15.post1.zip"',
