@@ -3,7 +3,7 @@
 import sys
 
 from patchreview.render import render_all_html, render_all_text, render_html, render_text
-from patchreview.review import build_review
+from patchreview.review import build_review, load_notes
 from patchset import cli, paths
 from patchset.errors import BackportError, Exit
 from patchset.manifest import Series, patch_set_folders
@@ -56,8 +56,8 @@ def main() -> int:
             f"no patch set (sglang-*/pin.toml) under {paths.PATCHES_ROOT}",
             "run from a complete checkout of this project",
         )
-    build, cache = paths.build_dir(), paths.cache_dir()
-    reviews = [build_review(Series.load(folder), build, cache) for folder in folders]
+    build, cache, notes = paths.build_dir(), paths.cache_dir(), load_notes()  # read once for all
+    reviews = [build_review(Series.load(folder), build, cache, notes) for folder in folders]
     sys.stdout.write(render_all_text(reviews, args.brief) if args.all else render_text(reviews[0]))
     if args.html:
         args.html.parent.mkdir(parents=True, exist_ok=True)
