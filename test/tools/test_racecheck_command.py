@@ -5,7 +5,8 @@ The series is applied to the session's own build folder first. One run
 measures every column (each run imports torch and the rest once): the series'
 steps (--step all) and, as --tree columns, three wrong fixes, what pip installs
 from our wheel, a copy of the patched tree whose process_batch_result_prefill
-lacks the prefill result's `copy_done.synchronize()`, and the unpatched base.
+lacks the prefill result's `copy_done.synchronize()`, the unpatched base, and
+three other waits (OTHER_WAITS: two wrong, one right).
 A given tree is reported as it is ("races open in this tree"), compared with
 the column of the step its files hold, and with nothing where they hold none.
 The steps are clean on H1; that copy races exactly
@@ -45,6 +46,26 @@ SYNCHRONIZE = (
     "            if result.copy_done is not None:\n"
     "                result.copy_done.synchronize()\n"
 )
+# Other waits in place of 0002's, in the order of their columns after the six above: a wait
+# on the scheduler's first admission only (a server keeps one scheduler), an event recorded
+# on the schedule stream itself, and the right event, through torch.cuda as a fork may write
+# them.
+OTHER_WAITS = {
+    "first-only": (
+        "            if not getattr(self, 'waited_once', False):\n"
+        "                self.waited_once = True\n" + WAIT.replace("    ", "        ", 1)
+    ),
+    "own-event": (
+        "            done = torch.cuda.Event()\n"
+        "            done.record()\n"
+        "            self.schedule_stream.wait_event(done)\n"
+    ),
+    "forward-event": (
+        "            done = torch.cuda.Event()\n"
+        "            done.record(self.forward_stream)\n"
+        "            self.schedule_stream.wait_event(done)\n"
+    ),
+}
 HISPARSE_STASH = "srt/managers/scheduler.py Scheduler._build_hisparse_decode_batch stash"
 
 
@@ -119,6 +140,10 @@ def checked(
         installed_tree,
         without_synchronize(patched_tree, folder / "no-sync"),
         session_step_trees["base"],
+        *(
+            edited_copy(patched_tree, folder / name, DECODE, WAIT, wait)
+            for name, wait in OTHER_WAITS.items()
+        ),
     ]
     return race_check("--step", "all", *(a for tree in trees for a in ("--tree", str(tree)))), trees
 
@@ -164,6 +189,24 @@ def test_waits_that_depend_on_the_batch_turn_their_cells_red(
     assert not {r for r in spec if r.split()[0] in EAGLE}
 
 
+def test_a_wait_on_the_first_admission_only_or_on_the_wrong_event_is_red(
+    checked: tuple[subprocess.CompletedProcess[str], list[Path]],
+) -> None:
+    """The columns of OTHER_WAITS: the first two as red as no wait at all (the scenarios'
+    scheduler has admitted a batch before), the right event clean."""
+    result, trees = checked
+    out = result.stdout
+    assert "could not run" not in result.stderr, result.stderr
+    reports = sections(out)
+    no_wait = raced(reports.get("tree 1", ""))
+    assert no_wait, out
+    first_only, own_event = (raced(reports.get(f"tree {n}", "")) for n in (7, 8))
+    assert first_only == no_wait, reports.get("tree 7", out)
+    assert own_event == no_wait, reports.get("tree 8", out)
+    assert reports.get("tree 9", "").startswith("tree 9: no race"), out
+    assert f"ok: no race in this tree {trees[8]}" in out
+
+
 def test_what_pip_installs_from_our_wheel_has_no_race(
     checked: tuple[subprocess.CompletedProcess[str], list[Path]],
 ) -> None:
@@ -190,7 +233,8 @@ def test_a_given_tree_is_reported_as_it_is(
     ) in out
     for tree in trees[:3]:
         assert f"races open in this tree {tree}: " in out
-    assert out.count(f"  the series' files in it match no step of sglang {version}'s") == 3
+    wrong = 3 + len(OTHER_WAITS)
+    assert out.count(f"  the series' files in it match no step of sglang {version}'s") == wrong
     # No cell of a given tree is held against a step it does not hold: only the copy
     # without the synchronize, whose series files are step 0002's, is (H1).
     assert out.count("[EXPECTED: clean]") == 1
