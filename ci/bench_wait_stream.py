@@ -5,8 +5,6 @@ before seeding) and "unpatched" runs alternating; the wait itself and the idle g
 shares of decode steps (docs/gpu.md). A measurement, not a test. Run it with an sglang tree on
 PYTHONPATH (ci/run-gpu uses the final step's tree)."""
 
-from __future__ import annotations
-
 import argparse
 import importlib.util
 import json

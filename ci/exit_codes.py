@@ -2,8 +2,6 @@
 --write rewrites it between its two markers; without, exit 13 (stale) when it differs from a
 fresh one. It lives here, above every library, because it imports every command."""
 
-from __future__ import annotations
-
 import argparse
 import runpy
 import sys

@@ -1,8 +1,6 @@
 """What test/steps/test_gpu_prebuilt_race.py and the GPU pipeline share: the variables the
 pipeline sets, the figures the tests record, and the skips a GPU run allows (BY_DESIGN)."""
 
-from __future__ import annotations
-
 REQUIRE_CUDA_ENV = "SGLANG_BACKPORTS_REQUIRE_CUDA"  # GPU runs: no device fails, not skips
 PLAY_CUDA_ENV = "SGLANG_BACKPORTS_PLAY_CUDA"  # a rehearsal: CUDA played, no sgl_kernel
 NO_SLEEP_ENV = "SGLANG_BACKPORTS_S1_NO_SLEEP"  # the control: the forward not held back

@@ -1,8 +1,6 @@
 """What a GPU run measured (outcome files, bench.json, facts.json), each figure beside its
 expected value; the criteria, fixed here and written before the first stage; the tarball."""
 
-from __future__ import annotations
-
 import json
 import shutil
 import subprocess

@@ -1,7 +1,5 @@
 """Git-less step trees from the wheel and the step files written where git is; blob ids checked."""
 
-from __future__ import annotations
-
 import os
 import shutil
 from functools import partial

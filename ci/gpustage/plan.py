@@ -1,7 +1,5 @@
 """The stages of the online and the offline GPU pipeline, for one series."""
 
-from __future__ import annotations
-
 import os
 import shutil
 import subprocess

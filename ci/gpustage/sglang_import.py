@@ -1,8 +1,6 @@
 """Import the sglang modules under test on a CUDA machine without sgl_kernel (it cannot travel
 to an offline runner): with CUDA hidden, then the path's CUDA flags restored (docs/gpu.md)."""
 
-from __future__ import annotations
-
 import ast
 import dis
 import functools

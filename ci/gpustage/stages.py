@@ -1,7 +1,5 @@
 """Stages of the GPU pipeline: their environment, how they run, how they are judged."""
 
-from __future__ import annotations
-
 import contextlib
 import io
 import itertools

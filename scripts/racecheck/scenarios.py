@@ -33,7 +33,6 @@ class _World:  # a decode scheduler's relay state: streams, request pool, Future
 
         self.device = device
         self.server_args = server_args
-        self.scheduler: Any = None  # made by the first admission
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
         self.schedule_stream = device.Stream(name="schedule_stream")
         self.forward_stream = device.Stream(name="forward_stream")
@@ -61,6 +60,19 @@ class _World:  # a decode scheduler's relay state: streams, request pool, Future
             "enable_overlap": True,
             "spec_algorithm": self.spec_algorithm,
         }
+        # One scheduler for the world's admissions, as a server keeps one.
+        self.scheduler = SimpleNamespace(
+            **self.relay,
+            grammar_manager=mock.Mock(has_waiting_grammars=mock.Mock(return_value=False)),
+            enable_priority_scheduling=False,
+            running_batch=mock.Mock(batch_size=mock.Mock(return_value=0)),
+            max_running_requests=POOL_SIZE,
+            server_args=self.server_args,
+            future_map=self.future_map,
+            schedule_stream=self.schedule_stream,
+            forward_stream=self.forward_stream,
+            device="cpu",  # where this world's tensors are; get_device_module is simulated
+        )
 
     def inflight_forward(
         self, rows: tuple[int, ...], *, stash: bool = True, runner: Any = None
@@ -118,24 +130,9 @@ class _World:  # a decode scheduler's relay state: streams, request pool, Future
         return req
 
     def admit_prebuilt(self, rows: tuple[int, ...]) -> Any:
-        """get_new_prebuilt_batch on the one scheduler of this world (a server keeps one, so
-        state a fix keeps on it lasts from one admission to the next)."""
+        """get_new_prebuilt_batch; what a fix keeps on the scheduler lasts to the next one."""
         from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
 
-        if self.scheduler is None:
-            self.scheduler = SimpleNamespace(
-                **self.relay,
-                grammar_manager=mock.Mock(has_waiting_grammars=mock.Mock(return_value=False)),
-                enable_priority_scheduling=False,
-                running_batch=mock.Mock(batch_size=mock.Mock(return_value=0)),
-                max_running_requests=POOL_SIZE,
-                server_args=self.server_args,
-                future_map=self.future_map,
-                schedule_stream=self.schedule_stream,
-                forward_stream=self.forward_stream,
-                # where this world's tensors are; get_device_module gives the simulation
-                device="cpu",
-            )
         scheduler = self.scheduler
         scheduler.waiting_queue = [self.request(row) for row in rows]
         function = SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch

@@ -110,19 +110,15 @@ def simulated_gpu(code_roots: Sequence[Path] = ()) -> Iterator[tuple[SimDevice, 
     watch = BufferWatch(device, code_roots)
     # The tree's code reaches the device through torch.get_device_module; code that names
     # torch.cuda's streams and events itself (a fork's, a fix's) gets the same simulation.
-    named = {name: getattr(device, name) for name in _CUDA_NAMES}
     with (
         mock.patch.object(torch, "get_device_module", lambda device_=None: device),
-        mock.patch.multiple(torch.cuda, **named),
+        mock.patch.multiple(torch.cuda, **{name: getattr(device, name) for name in _CUDA.split()}),
         watch,
     ):
         yield device, watch
 
 
-_CUDA_NAMES = (
-    "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream",
-    "StreamContext", "synchronize",
-)  # fmt: skip
+_CUDA = "Stream Event current_stream default_stream set_stream stream StreamContext synchronize"
 
 
 def _bind(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
