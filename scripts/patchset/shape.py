@@ -100,6 +100,65 @@ def _fix_a(sources: sf.Sources) -> sf.Evidence | None:
     return None
 
 
+def _consumer_side(sources: sf.Sources) -> sf.Evidence | None:
+    """How FutureMap's consumer side differs from every release's, where it does: publish
+    records publish_ready after it writes new_seq_lens_buf, whether or not the event existed,
+    and each method that reads new_seq_lens_buf waits on the event first (S2 needs both)."""
+    methods = _future_map(sources)
+    fn = methods["publish"]
+    nodes = list(ast.walk(fn.node))
+    writes = [n.lineno for n in nodes if isinstance(n, ast.Subscript | ast.Attribute)
+              and isinstance(n.ctx, ast.Store) and "new_seq_lens_buf" in sf.text(n)]  # fmt: skip
+    records = [n for n in nodes if isinstance(n, ast.Call) and _ready(n, "record")]
+    guards = [n for n in nodes if isinstance(n, ast.If) and "publish_ready" in sf.text(n.test)]
+    what = ""
+    if not writes or not records or min(r.lineno for r in records) < max(writes):
+        what = "does not record publish_ready after it writes new_seq_lens_buf"
+    elif all(any(r in ast.walk(g) for g in guards) for r in records):
+        what = "records publish_ready only as the event's existence decides"
+    for fn in [] if what else [m for n, m in methods.items() if n not in ("publish", "__init__")]:
+        body, flags = fn.node.body, {a.arg for a in fn.node.args.args}
+        reads = [i for i, stmt in enumerate(body) if _reads_seq_lens(stmt)]
+        if reads and not any(_waits(stmt, flags) for stmt in body[: reads[0]]):
+            what = "reads new_seq_lens_buf where it has not waited on publish_ready"
+            break
+    return sf.Evidence(fn.file, fn.node.lineno, fn.name, what) if what else None
+
+
+def _ready(call: ast.Call, *names: str) -> bool:
+    """A call of publish_ready's method names (or a wait_event on it, for "wait")."""
+    if any(sf.text(call.func).endswith(f"publish_ready.{name}") for name in names):
+        return True
+    return (
+        "wait" in names and sf.tail(call.func) == "wait_event" and "publish_ready" in sf.text(call)
+    )
+
+
+def _reads_seq_lens(stmt: ast.stmt) -> bool:
+    return any(
+        isinstance(n, ast.Attribute)
+        and n.attr == "new_seq_lens_buf"
+        and isinstance(n.ctx, ast.Load)
+        for n in ast.walk(stmt)
+    )
+
+
+def _waits(stmt: ast.stmt, flags: set[str]) -> bool:
+    """Whether every way through stmt waits on publish_ready: in each branch of an if, the
+    one where the event is None left out (nothing was published), and the one where a flag
+    the caller passes says the stream is ordered already (0.5.23's stream_ordered)."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        return _ready(stmt.value, "wait", "synchronize")
+    if not isinstance(stmt, ast.If):
+        return False
+    test = stmt.test
+    values = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else []
+    promised = any(isinstance(v, ast.Name) and v.id in flags for v in values)
+    body = promised or any(_waits(s, flags) for s in stmt.body)
+    none_else = not stmt.orelse and "publish_ready is not None" in sf.text(test)
+    return body and (none_else or any(_waits(s, flags) for s in stmt.orelse))
+
+
 def _war_barrier(sources: sf.Sources) -> list[sf.Evidence]:
     """The decode loop's ordering before batch selection: reported, never taken for fix B."""
     found = []
@@ -160,6 +219,10 @@ def judge(sources: sf.Sources) -> Judgement:
         f"every path with overlap on orders the schedule stream after the forward stream "
         f"between {sf.PREPARE}() and {sf.PROCESS}()"
     )
+    if (consumer := _consumer_side(sources)) is not None:
+        broken = f"{consumer.function} {consumer.what}"
+        why = f"{reason}, but {broken}: a consumer may read rows before their write (S2)"
+        return Judgement(CANNOT_TELL, why, (consumer, *evidence))
     return Judgement(FIXED, reason, evidence)
 
 

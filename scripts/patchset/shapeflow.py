@@ -151,9 +151,10 @@ def tail(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
-def ordering(call: ast.Call) -> tuple[str, str] | None:
+def ordering(call: ast.Call, current_stream: str = "schedule_stream") -> tuple[str, str] | None:
     """('full' | 'partial' | 'unknown', what) for a call that orders streams, else None.
-    unknown: a wait between streams of names sglang does not use."""
+    unknown: a wait between streams of names sglang does not use. current_stream: the one
+    a `with ...stream(X)` around the call makes current (the scheduler's is the schedule's)."""
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
@@ -161,6 +162,9 @@ def ordering(call: ast.Call) -> tuple[str, str] | None:
     if func.attr == "wait_stream" and call.args:
         waited = tail(call.args[0])
         current = owner.endswith("current_stream()")
+        if current and current_stream != "schedule_stream":
+            kind = "partial" if current_stream in _STREAMS else "unknown"
+            return kind, f"{text(call)}: the current stream there is {current_stream or 'unnamed'}"
         if waited == "forward_stream" and (owner_name == "schedule_stream" or current):
             return "full", f"{owner}.wait_stream({text(call.args[0])})"
         if waited not in _STREAMS and (current or owner_name not in _STREAMS):
@@ -250,6 +254,7 @@ class Flow:
     found: dict[Evidence, None] = field(default_factory=dict)  # evidence, in the order met
     outcomes: dict[tuple[str, Evidence], None] = field(default_factory=dict)
     conditions: list[str] = field(default_factory=list)  # unknown ones around the statement walked
+    current: list[str] = field(default_factory=list)  # streams the `with`s around it make current
     stack: list[Fn] = field(default_factory=list)
     _relevant: dict[tuple[str, str], bool] = field(default_factory=dict)
 
@@ -295,9 +300,15 @@ class Flow:
         if isinstance(stmt, ast.For | ast.AsyncFor | ast.While):
             return self.loop(stmt, paths, fn)
         if isinstance(stmt, ast.With | ast.AsyncWith):
+            entered = len(self.current)
             for item in stmt.items:
                 paths = {p for p, _ in self.expr(item.context_expr, paths, fn)}
-            return self.block(stmt.body, paths, fn)
+                made = item.context_expr
+                if isinstance(made, ast.Call) and tail(made.func) in ("stream", "StreamContext"):
+                    self.current += [tail(a) for a in made.args if text(a) != "None"][:1]
+            out = self.block(stmt.body, paths, fn)
+            del self.current[entered:]
+            return out
         if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
             return self.try_(stmt, paths, fn)
         if isinstance(stmt, ast.Match):
@@ -388,7 +399,7 @@ class Flow:
                 kind = "ordered" if path.prepared else "unprepared"
             self.outcomes.setdefault((kind, seeds), None)
             return {(path, None)}
-        if (found := ordering(call)) is not None:
+        if (found := ordering(call, *self.current[-1:])) is not None:
             kind, what = found
             where = f" (runs only when {' and '.join(self.conditions)})" if self.conditions else ""
             self.note(fn, call.lineno, _SAID[kind] + what + where)

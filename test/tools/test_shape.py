@@ -276,6 +276,25 @@ FORKS = {
         "        self.schedule_stream.wait_stream(self.forward_stream)\n" + PREPARE,
         shape.FIXED,  # the later wait still stands: a second, earlier one changes nothing
     ),
+    # the current stream's wait, where a `with` makes another stream current
+    "the current stream under the forward stream": (
+        WAIT,
+        "            with torch.cuda.stream(self.forward_stream):\n"
+        "                torch.cuda.current_stream().wait_stream(self.forward_stream)\n",
+        shape.AFFECTED,
+    ),
+    "the current stream under the schedule stream": (
+        WAIT,
+        "            with torch.cuda.stream(self.schedule_stream):\n"
+        "                torch.cuda.current_stream().wait_stream(self.forward_stream)\n",
+        shape.FIXED,
+    ),
+    "the current stream under a stream of another name": (
+        WAIT,
+        "            with torch.cuda.stream(self.side_stream):\n"
+        "                torch.cuda.current_stream().wait_stream(self.forward_stream)\n",
+        shape.CANNOT_TELL,
+    ),
 }
 
 
@@ -286,6 +305,36 @@ def test_a_fork_is_judged_as_a_person_would(
 ) -> None:
     judged = judge(edited(patched_texts, (DECODE, old, new)))
     assert judged.verdict == verdict, text_of(judged)
+
+
+# FutureMap's consumer side (S2), as publish and resolve_seq_lens_cpu of the patched
+# 0.5.15.post1 hold it: the write, then the event recorded; the wait before the read.
+WRITE = "        self.new_seq_lens_buf[indices] = new_seq_lens.to(self.new_seq_lens_buf.dtype)\n"
+RECORD = (
+    "            if self.publish_ready is None:\n"
+    "                self.publish_ready = torch.get_device_module(self.device).Event()\n"
+    "            self.publish_ready.record()\n"
+)
+CUDA_WAIT = "            else:\n                self.publish_ready.wait()\n"
+CONSUMER_SIDES = {
+    "the event recorded before the write": [(WRITE, ""), (RECORD, RECORD + "    " + WRITE)],
+    "the event recorded only as it is made": [
+        (RECORD, RECORD.replace("    self.publish_ready.r", "        self.publish_ready.r"))
+    ],
+    "the CUDA branch's wait gone": [(CUDA_WAIT, "            else:\n                pass\n")],
+}
+
+
+@SESSION_TREES
+@pytest.mark.parametrize("edits", CONSUMER_SIDES.values(), ids=CONSUMER_SIDES.keys())
+def test_fix_b_with_a_consumer_side_no_release_has_cannot_be_told(
+    patched_texts: Texts, edits: list[tuple[str, str]]
+) -> None:
+    """The seeding ordered, but a consumer waiting on publish_ready may read rows before
+    their write (race-check: S2 red): never fixed."""
+    judged = judge(edited(patched_texts, *((Path(shape.OVERLAP), old, new) for old, new in edits)))
+    assert judged.verdict == shape.CANNOT_TELL, text_of(judged)
+    assert "a consumer may read rows before their write (S2)" in judged.reason, text_of(judged)
 
 
 @SESSION_TREES
