@@ -219,6 +219,17 @@ def judge(sources: sf.Sources) -> Judgement:
         f"every path with overlap on orders the schedule stream after the forward stream "
         f"between {sf.PREPARE}() and {sf.PROCESS}()"
     )
+    reached = {(e.file, e.line) for _kind, e in flow.outcomes}
+    for path in sources.mentioning(f"{sf.PROCESS}("):  # a seeding the walk did not reach
+        for call in ast.walk(sources.module(path)):  # type: ignore[arg-type]
+            if (
+                isinstance(call, ast.Call)
+                and sf.tail(call.func) == sf.PROCESS
+                and ((path, call.lineno) not in reached)
+            ):
+                where = f"{path.removeprefix(sf.PREFIX)}:{call.lineno}"
+                why = f"{reason}, but {sf.PROCESS}() is also called at {where}, off that path"
+                return Judgement(CANNOT_TELL, why, evidence)
     if (consumer := _consumer_side(sources)) is not None:
         broken = f"{consumer.function} {consumer.what}"
         why = f"{reason}, but {broken}: a consumer may read rows before their write (S2)"

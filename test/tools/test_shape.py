@@ -276,6 +276,14 @@ FORKS = {
         "        self.schedule_stream.wait_stream(self.forward_stream)\n" + PREPARE,
         shape.FIXED,  # the later wait still stands: a second, earlier one changes nothing
     ),
+    "a second seeding off the prebuilt path": (
+        "    def process_decode_queue(self: Scheduler):\n",
+        "    def prebuilt_fast_path(self: Scheduler, new_batch):\n"
+        "        new_batch.prepare_for_prebuilt()\n"
+        "        new_batch.process_prebuilt(self.server_args, self.future_map)\n\n"
+        "    def process_decode_queue(self: Scheduler):\n",
+        shape.CANNOT_TELL,
+    ),
     # the current stream's wait, where a `with` makes another stream current
     "the current stream under the forward stream": (
         WAIT,
