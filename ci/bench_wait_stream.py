@@ -84,8 +84,7 @@ class Loop:
         )
         spec = mods["sglang.srt.speculative.spec_info"].SpeculativeAlgorithm
         self.future_map = overlap.FutureMap(dev, spec.from_string("EAGLE"), pool)
-        self.forward_stream = torch.cuda.Stream()
-        self.schedule_stream = torch.cuda.Stream()
+        self.forward_stream, self.schedule_stream = torch.cuda.Stream(), torch.cuda.Stream()
 
         b, h = args.batch, args.hidden
         self.weight = torch.randn(h, h, device=dev, dtype=torch.bfloat16) / h**0.5
@@ -193,19 +192,17 @@ def time_pairs(run: Callable[[int, bool], RunTimes], args: argparse.Namespace) -
     pairs = list(zip(times["unpatched"], times["patched"], strict=True))
     ratios = [patched / unpatched for unpatched, patched in pairs]
     deltas = [(patched - unpatched) * 1e3 for unpatched, patched in pairs]
-    step_ms = statistics.median(times["unpatched"]) * 1e3
+    ms = {v: {k: x * 1e3 for k, x in spread(ts).items()} for v, ts in times.items()}
     gap = {v: statistics.median(g) if g else 0.0 for v, g in gaps.items()}
     gap["added"] = gap["patched"] - gap["unpatched"]
     wait = spread(waits) if waits else {"median": 0.0, "min": 0.0, "max": 0.0}
     return {
-        "step_ms": step_ms,
+        "step_ms": ms["unpatched"]["median"],
         "wait_us": wait,
         "idle_gap_us": gap,
-        "shares": shares(wait["median"], gap["added"], step_ms),
+        "shares": shares(wait["median"], gap["added"], ms["unpatched"]["median"]),
         "config": {k: getattr(args, k) for k in INTS},
-        "ms_per_iteration": {
-            v: {k: x * 1e3 for k, x in spread(ts).items()} for v, ts in times.items()
-        },
+        "ms_per_iteration": ms,
         "ratio": spread(ratios),
         "ratios": ratios,
         # patched - unpatched, milliseconds per iteration, per run pair

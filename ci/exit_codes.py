@@ -16,8 +16,7 @@ from patchset.errors import COMMON, EXIT_TEXT, Exit  # noqa: E402
 README = ROOT / "README.md"
 BEGIN = "<!-- exit codes: made by `python3 ci/exit_codes.py --write` -->"
 END = "<!-- end of exit codes -->"
-# Every command of scripts/ (a link to launch.py; its module in scripts/commands/), and
-# ci/run-gpu, read by path.
+# Every command of scripts/: a link to launch.py, its module in scripts/commands/.
 LAUNCHERS = sorted(p.name for p in (ROOT / "scripts").iterdir() if p.is_file() and not p.suffix)
 
 
@@ -34,12 +33,10 @@ def exit_code_table() -> str:
 
 
 def with_table(readme: str) -> str:
-    """The README's text with a fresh table between the markers."""
     if BEGIN not in readme or END not in readme:
         raise SystemExit(f"error: {README} lacks the exit-code markers\n{BEGIN}\n{END}")
     head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{exit_code_table()}{END}{tail}"
+    return f"{head}{BEGIN}\n{exit_code_table()}{END}{rest.split(END, 1)[1]}"
 
 
 def main() -> int:

@@ -13,8 +13,7 @@ from patchset import textout
 from patchset.manifest import PinManifest
 from testrun.outcomes import read_outcomes
 
-from . import contract
-from .contract import ARRIVAL_RATES, DECODE_STEPS_MS
+from .contract import ARRIVAL_RATES, CSAN_PROPERTY, DECODE_STEPS_MS, S1_MIN_ITERATIONS, S1_PROPERTY
 from .stages import SUMMARY_FILE
 
 FACTS_FILE, CRITERIA_FILE, BENCH_FILE = "facts.json", "criteria.md", "bench.json"
@@ -28,7 +27,6 @@ VERSIONS = (
 
 
 def output(command: list[str]) -> str | None:
-    """What the command printed, or None where it is missing or failed."""
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -74,11 +72,11 @@ CRITERIA = f"""\
 ## Success criteria (written down before the run)
 
 - Base step (neither fix): the stale value wins in at least {MIN_RACE_SHARE:.0%} of the
-  {contract.S1_MIN_ITERATIONS} S1 iterations, for every field.
+  {S1_MIN_ITERATIONS} S1 iterations, for every field.
 - Step with fix A only (0001): S1 still loses the seed (fix A orders the consumer's read,
   not the two writes): seq_len stale in at least {MIN_RACE_SHARE:.0%}; the split of the
   stash fields is reported.
-- Step with fix B (0002): the seed wins every iteration ({contract.S1_MIN_ITERATIONS} and
+- Step with fix B (0002): the seed wins every iteration ({S1_MIN_ITERATIONS} and
   1,000) with no torn row.
 - CSAN reports a race on the base step and on 0001, and stays silent on 0002.
 - Controls on the base step: with the forward not held back (sleep 0) the seed wins in at
@@ -112,7 +110,7 @@ def write_criteria(reports: Path, stage_names: Collection[str] = ()) -> None:
     (reports / CRITERIA_FILE).write_text(CRITERIA, encoding="utf-8")
 
 
-def _property(reports: Path, stage: str, name: str = contract.S1_PROPERTY) -> dict[str, Any] | None:
+def _property(reports: Path, stage: str, name: str = S1_PROPERTY) -> dict[str, Any] | None:
     value = read_outcomes(reports / f"{stage}.json")[1].get(name)
     return json.loads(value) if value else None
 
@@ -194,7 +192,6 @@ def _bench_rows(bench: dict[str, Any] | None) -> list[tuple[str, ...]]:
 
 
 def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str:
-    """The figures of a run, as markdown: figure | measured | expected | met."""
     base, final = manifest.steps[0], manifest.final_step
     step_fixes = {step: manifest.step_fixes.get(step, frozenset()) for step in manifest.steps}
     rows: list[tuple[str, ...]] = []
@@ -205,7 +202,7 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
             rows.append(("clocks before the GPU stages", clocks.replace("\n", "; "), "", ""))
     for step, fixes in step_fixes.items():
         rows += s1_rows(f"step {step}", _property(reports, f"gpu-{step}"), fixes)
-        csan = _property(reports, f"gpu-{step}", contract.CSAN_PROPERTY)
+        csan = _property(reports, f"gpu-{step}", CSAN_PROPERTY)
         rows.append(_csan_row(f"step {step}", csan, "fix-b" in fixes))
     for label, stage, fixes in (
         (f"step {final}, long run", f"gpu-{final}-long", step_fixes[final]),
@@ -222,7 +219,6 @@ def figures(reports: Path, manifest: PinManifest, stage_names: list[str]) -> str
 
 
 def pack(reports: Path, tarball: Path) -> Path:
-    """Every report of the run in one .tar.gz, under the folder's own name."""
     tarball.parent.mkdir(parents=True, exist_ok=True)
     partial = tarball.with_name(tarball.name + ".partial")
     with tarfile.open(partial, "w:gz") as archive:

@@ -55,8 +55,7 @@ def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
 
 def _check_blob(series: Series, step: str, path: str, data: bytes, where: str) -> None:
     want = series.manifest.blobs_at(step)[path]
-    have = git_blob_id(data)
-    if have != want:
+    if (have := git_blob_id(data)) != want:
         raise _refuse(
             f"{where} has blob id {have}, but {series.folder.name}/pin.toml pins {want} "
             f"for {path} at step {step}: it is not this series' file"
@@ -70,10 +69,9 @@ def tree_path(root: Path, series: Series, step: str) -> Path:
 
 def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[str, Path]:
     """step -> its tree: later steps hard-link the base's; a carried file replaces a link."""
-    manifest = series.manifest
     carried = carried_files(series, step_files)
     trees: dict[str, Path] = {}
-    for step in manifest.steps:
+    for step in series.manifest.steps:
         tree = tree_path(root, series, step)
         if tree.exists():
             if not (tree / MARKER).is_file():
@@ -94,7 +92,7 @@ def lay_out(series: Series, wheel: Path, step_files: Path, root: Path) -> dict[s
             for path, data in carried.get(step, {}).items():
                 (aside / path).unlink()
                 (aside / path).write_bytes(data)
-            for path in manifest.files:
+            for path in series.manifest.files:
                 where = f"{path} in the laid-out tree of step {step} (from {wheel.name}"
                 where += " and the carried files)" if step in carried else ")"
                 _check_blob(series, step, path, (aside / path).read_bytes(), where)

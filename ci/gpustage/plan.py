@@ -70,8 +70,7 @@ def _lib(code: str) -> list[str]:
 
 
 def preflight(python: str, version: str, need_gpu: bool) -> tuple[bool, str]:
-    found = evidence.python_version(python)
-    if found is None:
+    if (found := evidence.python_version(python)) is None:
         return False, f"FAIL: {python} not found; pass --python with a Python {version}"
     if found != version:
         return False, f"FAIL: {python} is Python {found}; this run needs {version}"
@@ -263,7 +262,6 @@ def offline(opts: Options) -> list[Stage]:
 
     version = opts.wheelhouse.python_version if opts.wheelhouse else "of the wheelhouse"
     torch_pin = series.manifest.release.torch or "?"
-    gpu = [] if opts.rehearse else ["&&", "nvidia-smi", "-L"]
     cuda = [] if opts.rehearse else ["&&", opts.python, "-c", CUDA_CHECK]
     policy = "any" if opts.any_torch else "pinned"
     return [
@@ -271,7 +269,7 @@ def offline(opts: Options) -> list[Stage]:
             "preflight",
             f"Python {version} and {'no GPU (rehearsal)' if opts.rehearse else 'a CUDA GPU'} "
             "are present",
-            [opts.python, "--version", *gpu],
+            [opts.python, "--version", *([] if opts.rehearse else ["&&", "nvidia-smi", "-L"])],
             action=partial(preflight, opts.python, version, need_gpu=not opts.rehearse),
         ),
         Stage(

@@ -4,7 +4,6 @@ to an offline runner): with CUDA hidden, then the path's CUDA flags restored (do
 import ast
 import dis
 import functools
-import importlib
 import importlib.abc
 import importlib.util
 import inspect
@@ -97,12 +96,10 @@ def cuda_flags_of(module: ModuleType) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             # a value bound at import; an imported check function is called later
             flags |= {a.asname or a.name for a in node.names if a.name == "current_platform"}
-            continue
-        if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
-            continue
-        if any(_mentions_cuda(n, flags) for n in ast.walk(node.value)):
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            flags |= {t.id for t in targets if isinstance(t, ast.Name)}
+            if any(_mentions_cuda(n, flags) for n in ast.walk(node.value)):
+                flags |= {t.id for t in targets if isinstance(t, ast.Name)}
     return flags
 
 
@@ -141,19 +138,14 @@ def imports_in(code: CodeType, package: str) -> set[str]:
     found: set[str] = set()
     for each in _codes(code):
         ops = list(dis.get_instructions(each))
-        for k, op in enumerate(ops):
-            if op.opname != "IMPORT_NAME":
-                continue
+        for k in [k for k, op in enumerate(ops) if op.opname == "IMPORT_NAME"]:
             # compiled as LOAD_CONST level, LOAD_CONST fromlist, IMPORT_NAME name
             level, fromlist = ops[k - 2].argval, ops[k - 1].argval
-            name = importlib.util.resolve_name("." * level + op.argval, package)
+            name = importlib.util.resolve_name("." * level + ops[k].argval, package)
             found.add(name)
             if fromlist and _is_package(name):  # `from package import submodule`
-                found |= {
-                    f"{name}.{item}"
-                    for item in fromlist
-                    if item != "*" and importlib.util.find_spec(f"{name}.{item}") is not None
-                }
+                subs = (f"{name}.{item}" for item in fromlist if item != "*")
+                found |= {s for s in subs if importlib.util.find_spec(s) is not None}
     return found
 
 
@@ -214,7 +206,6 @@ class _NoSglKernel(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name.partition(".")[0] == "sgl_kernel":
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
 
 
 def play_cuda() -> None:

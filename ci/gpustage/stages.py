@@ -32,6 +32,7 @@ SETUP, CPU, GPU = "setup", "cpu", "gpu"
 HIDES_THE_RACE = ("CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS")
 Verdict = tuple[bool, str]  # ok, and the stage's result line
 Judge = Callable[[int, Path], Verdict]
+Figures = Callable[[], str]  # the measured figures, as markdown below the stage table
 SUMMARY_FILE = "summary.md"
 RESERVE_S = 10.0  # kept from a --deadline for the summary and the tarball
 # each command in its own process group: the deadline or an interrupt stops all it started
@@ -79,8 +80,7 @@ def print_plan(title: str, facts: dict[str, str], stages: list[Stage]) -> None:
         print(f"\n{number:2}. {stage.name}: {stage.purpose}")
         if stage.needs:
             print(f"    needs: {', '.join(stage.needs)}")
-        unset = [n for n in HIDES_THE_RACE if n not in stage.env]
-        if stage.kind == GPU and unset:
+        if stage.kind == GPU and (unset := [n for n in HIDES_THE_RACE if n not in stage.env]):
             print(f"    unset (hides the race): {', '.join(unset)}")
         if stage.budget_s:
             print(f"    starts only with {stage.budget_s:.0f} s left before a --deadline")
@@ -215,7 +215,6 @@ def judge_gpu_step(report: Path, shown: str, rehearsal: bool, rc: int, _log: Pat
 
 
 def judge_with_warnings(rc: int, log: Path) -> Verdict:
-    """Exit status 0 passes; WARNING and FAIL lines of the log are carried into the result."""
     lines = log.read_text(encoding="utf-8").splitlines()
     warnings = [line.strip() for line in lines if line.startswith(("WARNING: ", "FAIL: "))]
     return rc == 0, "; ".join(["ok" if rc == 0 else f"FAIL: exit {rc}", *warnings])
@@ -245,10 +244,7 @@ def summary_table(outcomes: list[Outcome]) -> str:
 
 
 def run_all(
-    stages: list[Stage],
-    reports: Path,
-    end: float | None = None,
-    figures: Callable[[], str] | None = None,
+    stages: list[Stage], reports: Path, end: float | None = None, figures: Figures | None = None
 ) -> Exit:
     """Run the stages; print and store the summary, figures() below it; the run's exit code."""
     reports.mkdir(parents=True, exist_ok=True)

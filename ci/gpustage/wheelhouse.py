@@ -47,6 +47,7 @@ NOT_IMPORTED = (
 )  # fmt: skip
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s\\;]+)")  # name==version, hashes skipped
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+_setup = partial(BackportError, Exit.SETUP)  # a setup failure: its problem, its next step
 
 
 def canonical(name: str) -> str:
@@ -106,8 +107,7 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
         ]  # fmt: skip
         print(f"$ {' '.join(command)}", flush=True)
         if rc := subprocess.run(command).returncode:
-            raise BackportError(
-                Exit.SETUP,
+            raise _setup(
                 f"pip download failed with exit code {rc} (its output is above)",
                 "run it where the package index is reachable; a pin with no wheel for "
                 f"Python {python_version} on x86_64 Linux needs another base or Python",
@@ -121,14 +121,11 @@ def build(manifest: PinManifest, python_version: str, out: Path, cache: Path) ->
 
 
 def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> None:
-    """wheelhouse.json for the wheels in out: the sglang wheel and those of the wanted pins."""
     by_dist = {_dist_of(p.name): p for p in out.glob("*.whl")}
     wanted = [(canonical(name), version) for name, version in wanted_pins(manifest).items()]
     if lost := [f"{name}=={version}" for name, version in wanted if (name, version) not in by_dist]:
-        raise BackportError(
-            Exit.SETUP,
-            f"pip did not bring {', '.join(lost)} into {out}",
-            "run it again; report it if it stays",
+        raise _setup(
+            f"pip did not bring {', '.join(lost)} into {out}", "run it again; report it if it stays"
         )
     entries = [
         Entry(*_dist_of(p.name), p.name, sha256_of(p), p.stat().st_size)
@@ -164,9 +161,8 @@ class Wheelhouse:
 def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
     """The wheelhouse in folder, checked against its manifest and the base; refuse otherwise."""
     again = f"build it again with `ci/run-gpu wheelhouse --out {folder}` where PyPI is reachable"
-    refuse = partial(BackportError, Exit.SETUP, next_step=again)
-    path = folder / MANIFEST
-    if not path.is_file():
+    refuse = partial(_setup, next_step=again)
+    if not (path := folder / MANIFEST).is_file():
         raise refuse(f"{folder} holds no {MANIFEST}: not a wheelhouse")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -184,8 +180,7 @@ def load(folder: Path, manifest: PinManifest) -> Wheelhouse:
         if (canonical(name), version) not in have:
             raise refuse(f"the wheelhouse {folder} lacks the package {name}=={version}")
     for entry in entries:
-        wheel = folder / entry.file
-        if not wheel.is_file():
+        if not (wheel := folder / entry.file).is_file():
             raise refuse(
                 f"the wheelhouse {folder} lacks {entry.file} (package {entry.name}), "
                 "which its manifest lists"
@@ -215,10 +210,8 @@ def ensure_double() -> Path:
         reverse=True,
     )
     on_path = shutil.which(f"python{DOUBLE_PYTHON}")
-    for python in ([on_path] if on_path else []) + [str(p) for p in pyenv]:
-        if version_of(python) == DOUBLE_PYTHON:
-            break
-    else:
+    runs = (p for p in [on_path, *map(str, pyenv)] if p and version_of(p) == DOUBLE_PYTHON)
+    if (python := next(runs, None)) is None:
         raise BackportError(
             Exit.ENVIRONMENT,
             f"no Python {DOUBLE_PYTHON} runs here (python{DOUBLE_PYTHON} on PATH: "

@@ -73,15 +73,13 @@ def _settings(args: Namespace, table: LaunchSettings | None, release: str) -> ex
         if table is None:
             raise BackportError(
                 Exit.PATCHSET_INVALID,
-                f"{zipapp.data_root() / RELEASES_NAME}: sglang {release} names no launch "
-                "profile (launch = PROFILE), so the launch arguments cannot be read for that "
-                "release",
+                f"{zipapp.data_root() / RELEASES_NAME}: sglang {release} names no launch profile "
+                "(launch = PROFILE), so the launch arguments cannot be read for that release",
                 "name its [launch.PROFILE] (docs/maintaining.md, adding a release)",
             )
         if args.tree:
-            settings = launchargs.parse_with_table(
-                words, table, "--tree: no interpreter here to run sglang's ServerArgs"
-            )
+            why = "--tree: no interpreter here to run sglang's ServerArgs"
+            settings = launchargs.parse_with_table(words, table, why)
         else:
             settings = serverargs.parse_with_server_args(args.python, words, args.env, table)
     settings.env = args.env

@@ -20,7 +20,6 @@ TIMEOUT_S = 10.0
 def from_server_info(
     url: str, api_key: str | None, table: LaunchSettings | None, timeout: float | None
 ) -> Settings:
-    """The settings a running server reports at /server_info, within timeout (or TIMEOUT_S) s."""
     info, shown = serverinfo.read_server_info(url, api_key, timeout or TIMEOUT_S)
     values = {name: info.get(name) for name in FIELDS}
     odd = [
@@ -135,8 +134,7 @@ def judge(
     lines.append(f"hisparse: {said}")
 
     reaching = (open_ if mode == "decode" else []) + ([seam] if hisparse_open else [])
-    entries = [entry for name in reaching for entry in races[name]]
-    buffers = dict.fromkeys(b for _kind, names, _rows in entries for b in names)
+    buffers = dict.fromkeys(b for name in reaching for _, names, _ in races[name] for b in names)
     if settings.unsettled:
         lines.append("not understood: " + "; ".join(settings.unsettled))
     keeps = "; ".join(keeps_out or ["no scenario this configuration plays is open at this step"])

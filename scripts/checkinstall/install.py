@@ -1,8 +1,6 @@
 """An environment's sglang: its three files hashed and named, and its RECORD, found by a probe
 run in that interpreter (sglang not imported), its JSON checked key by key: it may be anything."""
 
-from __future__ import annotations
-
 import ast
 import base64
 import contextlib
@@ -38,8 +36,7 @@ SHADOWED = "; it does not own the files found (another copy on sys.path shadows 
 _PROBE = r"""
 import json, os, posixpath, re, sys
 sys.path[:] = [p for p in sys.path if p != ""]
-import importlib.metadata as md
-import importlib.util
+import importlib.metadata as md, importlib.util
 out = {"python": sys.version.split()[0]}
 spec = importlib.util.find_spec("sglang")
 locations = list(spec.submodule_search_locations or []) if spec else []
@@ -193,7 +190,6 @@ class FileState:
 
     @property
     def record_match(self) -> bool | None:
-        """Whether the file matches its distribution's RECORD: None where nothing says."""
         return self.record == MATCHES if self.record in (MATCHES, *MODIFIED) else None
 
 
@@ -206,7 +202,7 @@ class InstallReport:
     dist: ProbedDist | None = None  # the one distribution that installs sglang, if any
     python: str | None = None  # the inspected interpreter (None for --tree)
     python_version: str | None = None
-    shape: shape.Judgement | None = None  # for files no blob id names
+    shape: "shape.Judgement | None" = None  # for files no blob id names
     judged_as: KnownContent | None = None  # with the shape's fixes: whose races are open
 
     @property
@@ -302,24 +298,6 @@ def _finder_mapping(source: str) -> dict[str, str]:
     return {}
 
 
-def _hook_packages(hooks: list[str]) -> list[Path]:
-    """Where an editable install's hooks put sglang: PATH/sglang for a .pth file's path line
-    (relative to its folder, as site.py reads it), else a setuptools finder's MAPPING."""
-    found = []
-    for hook in map(Path, hooks):
-        try:
-            text = hook.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        if hook.suffix == ".pth":
-            for line in text.splitlines():
-                if line.strip() and not line.startswith(("#", "import ", "import\t")):
-                    found.append(hook.parent / line.rstrip() / "sglang")
-        elif "sglang" in (mapping := _finder_mapping(text)):
-            found.append(Path(mapping["sglang"]))
-    return found
-
-
 def _check_record(report: InstallReport, dist: ProbedDist) -> None:
     if dist.listing is None:
         report.distribution += (
@@ -327,28 +305,39 @@ def _check_record(report: InstallReport, dist: ProbedDist) -> None:
             "are judged by their content alone"
         )
     for state in report.files:
-        state.record = _record(state, dist)
+        entry = dist.files.get(state.path.removeprefix(REPO_PREFIX))
+        if dist.listing is None:
+            state.record = NO_RECORD
+        elif entry is None:
+            state.record = f"not in {dist.listing}"
+        elif Path(str(entry[0])).resolve() != state.location.resolve():
+            state.record = "-"
+        elif dist.listing != "RECORD":
+            state.record = "in installed-files.txt (no hash): judged by content"
+        else:
+            digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256 or "")).rstrip(b"=")
+            matches = state.sha256 and entry[1:] == ["sha256", digest.decode()]
+            state.record = MATCHES if matches else "differs from RECORD"
     if all(s.record == "-" for s in report.files):  # it owns none of them
         report.distribution += SHADOWED
 
 
-def _record(state: FileState, dist: ProbedDist) -> str:
-    entry = dist.files.get(state.path.removeprefix(REPO_PREFIX))
-    if dist.listing is None:
-        return NO_RECORD
-    if entry is None:
-        return f"not in {dist.listing}"
-    if Path(str(entry[0])).resolve() != state.location.resolve():
-        return "-"
-    if dist.listing != "RECORD":
-        return "in installed-files.txt (no hash): judged by content"
-    digest = base64.urlsafe_b64encode(bytes.fromhex(state.sha256 or "")).rstrip(b"=").decode()
-    return MATCHES if state.sha256 and entry[1:] == ["sha256", digest] else "differs from RECORD"
-
-
 def _check_editable(report: InstallReport, dist: ProbedDist, url: str, package: Path) -> None:
-    """An editable install's RECORD lists only its hooks: the files are judged by content."""
-    packages = _hook_packages(dist.hooks)
+    """An editable install's RECORD lists only its hooks: the files are judged by content where
+    the hooks put sglang (PATH/sglang for a .pth file's path line, relative to its folder as
+    site.py reads it, else a setuptools finder's MAPPING)."""
+    packages: list[Path] = []
+    for hook in map(Path, dist.hooks):
+        try:
+            text = hook.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if hook.suffix == ".pth":
+            for line in text.splitlines():
+                if line.strip() and not line.startswith(("#", "import ", "import\t")):
+                    packages.append(hook.parent / line.rstrip() / "sglang")
+        elif "sglang" in (mapping := _finder_mapping(text)):
+            packages.append(Path(mapping["sglang"]))
     report.distribution += f", an editable install of {url}"
     if any(found.resolve() == package.resolve() for found in packages):
         report.distribution += f" (its hooks put sglang at {package}: judged by the files there)"
@@ -380,10 +369,9 @@ def inspect_install(python: Path, catalog: Catalog) -> InstallReport:
         pip = f"{shlex.quote(str(python))} -m pip uninstall --yes {dists[0].name}"
         raise BackportError(
             Exit.AMBIGUOUS,
-            f"{where} has {len(dists)} distributions {what} on its path: {named}. "
-            "Which one pip and importlib.metadata take depends on the order of sys.path, "
-            "and each may have written some of the files, so the files cannot be judged "
-            "against a RECORD",
+            f"{where} has {len(dists)} distributions {what} on its path: {named}. Which one pip "
+            "and importlib.metadata take depends on the order of sys.path, and each may have "
+            "written some of the files, so the files cannot be judged against a RECORD",
             f"keep one of them: `{pip}` removes the first one named; pip leaves one outside "
             "the environment alone (on PYTHONPATH or in a .pth file's folder): take that "
             "folder off the path or delete it; then run again",

@@ -115,28 +115,23 @@ def read_launch_args(text: str) -> tuple[list[str], dict[str, str]]:
             )
         return words[at + 2 :], env
     if re.match(r"^(?:.*/)?sglang$", head) and words[1:2] == ["serve"]:
-        return _model_type(words[2:]), env
+        # its own --model-type taken out: a diffusion server is not judged here
+        kept, kind, rest = [], "auto", iter(words[2:])
+        for word in rest:
+            name, eq, value = word.partition("=")
+            if name == "--model-type" and (eq or (value := next(rest, None)) is not None):
+                kind = value
+            else:
+                kept.append(word)
+        if kind not in ("auto", "llm"):
+            raise not_understood(f"sglang serve --model-type {kind}: not the language-model server")
+        return kept, env
     if not head.startswith("-"):
         raise not_understood(
             f"--launch-args start with {head!r}: neither an option nor sglang serve or "
             "python -m sglang.launch_server"
         )
     return words, env
-
-
-def _model_type(args: list[str]) -> list[str]:
-    """args without sglang serve's own --model-type; a diffusion server is not judged here."""
-    kept, kind, at = [], "auto", 0
-    while at < len(args):
-        name, eq, value = args[at].partition("=")
-        if name == "--model-type" and (eq or at + 1 < len(args)):
-            kind, at = (value, at + 1) if eq else (args[at + 1], at + 2)
-        else:
-            kept.append(args[at])
-            at += 1
-    if kind not in ("auto", "llm"):
-        raise not_understood(f"sglang serve --model-type {kind}: not the language-model server")
-    return kept
 
 
 def place_config(args: list[str], config: Path | None, root: Path | None) -> list[str]:
@@ -201,8 +196,13 @@ def eagle_family(value: object, table: LaunchSettings) -> bool:
     return isinstance(value, str) and value.upper() in table.eagle_family
 
 
-def read_yaml(path: str, python: Path) -> dict[str, Any]:
-    """A --config file as sglang reads it, with python's PyYAML."""
+def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[str]:
+    """args after the --config file's settings, as sglang's ConfigArgumentMerger puts them; the
+    file read as sglang reads it, with python's PyYAML."""
+    at = config_at(args)
+    if at is None:
+        return args
+    path = args[at + 1]
     if Path(path).suffix.lower() not in (".yaml", ".yml"):
         raise not_understood(f"--config {path} is not a .yaml or .yml file (sglang refuses it)")
     try:
@@ -222,20 +222,11 @@ def read_yaml(path: str, python: Path) -> dict[str, Any]:
         raise not_understood(f"--config {path} is not YAML sglang reads: {answer['error']}")
     if "data" not in answer:  # not our program's answer: nothing can be vouched for
         raise not_understood(f"--config {path} could not be read with {python}: it said {answer}")
-    data = answer["data"] if answer["data"] is not None else {}
-    if not isinstance(data, dict):
+    if not isinstance(answer["data"], dict | None):
         raise not_understood(f"--config {path} holds no mapping at its top (sglang refuses it)")
-    return data
-
-
-def merge_config(args: list[str], table: LaunchSettings, python: Path) -> list[str]:
-    """args after the --config file's settings, as sglang's ConfigArgumentMerger puts them."""
-    at = config_at(args)
-    if at is None:
-        return args
     store_true = {f.field for f in table.flags.values() if isinstance(f.default, bool)}
     merged: list[str] = []
-    for key, value in read_yaml(args[at + 1], python).items():
+    for key, value in (answer["data"] or {}).items():
         option = f"--{key}"
         if isinstance(value, bool) and str(key).replace("-", "_") in store_true:
             merged += [option] if value else []

@@ -95,9 +95,7 @@ for source in filter(os.path.isfile, sources):
             used = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(node)}
             names.setdefault(node.name, set()).update(used - {node.name, None})
             reach |= {node.name} if sets_off(node) else set()
-more = reach
-while more:
-    more = {name for name, used in names.items() if name not in reach and used & reach}
+while more := {name for name, used in names.items() if name not in reach and used & reach}:
     reach |= more
 def overlap_off():
     try:

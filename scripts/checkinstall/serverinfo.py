@@ -136,10 +136,8 @@ def read_server_info(url: str, api_key: str | None, timeout: float) -> tuple[dic
     try:
         info = json_answer(body)
     except ValueError as err:
-        what = str(err) if isinstance(err, NestedTooDeeply) else f"starts {body[:60]!r}"
-        raise _refuse(
-            shown, f"its answer is not JSON this command reads ({what})", _POINT
-        ) from None
+        why = str(err) if isinstance(err, NestedTooDeeply) else f"starts {body[:60]!r}"
+        raise _refuse(shown, f"its answer is not JSON this command reads ({why})", _POINT) from None
     if isinstance(info, dict) and isinstance(info.get("server_args"), dict):
         info = info["server_args"]
     if not isinstance(info, dict) or "disaggregation_mode" not in info:

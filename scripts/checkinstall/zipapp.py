@@ -48,10 +48,9 @@ def build_zipapp() -> bytes:
     kept = {path for pattern in DATA for path in project.glob(pattern)}
     files = sorted({*code, *(Path(f) for f in found if f), *kept})
     with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in [
-            ("__main__.py", ZIPAPP_MAIN.encode()),
-            *((p.relative_to(project).as_posix(), p.read_bytes()) for p in files),
-        ]:
+        entries = [("__main__.py", ZIPAPP_MAIN.encode())]
+        entries += [(p.relative_to(project).as_posix(), p.read_bytes()) for p in files]
+        for name, data in entries:
             info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             archive.writestr(info, data, zipfile.ZIP_DEFLATED)

@@ -46,10 +46,8 @@ WORDING = {
     Exit.BRANCH_EXISTS: "the target branch already exists and holds something else, or a "
     "ref is in the way of its name: pass --branch",
 }
-CODES = [
-    *WORDING, Exit.DIRTY_TREE, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE,
-    Exit.WOULD_NOT_APPLY, Exit.LOCKED,
-]  # fmt: skip
+CODES = [*WORDING, Exit.DIRTY_TREE, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE]
+CODES += [Exit.WOULD_NOT_APPLY, Exit.LOCKED]
 HELP = {
     "--sglang": "the folder of your git checkout that holds python/sglang",
     "--check": "say per patch whether it would apply cleanly; change nothing",

@@ -25,9 +25,8 @@ WORDING = {
     Exit.BASE_MISMATCH: "no patch set serves --base, or the wheel's files are not the pinned base",
     Exit.ENVIRONMENT: "--python cannot be run, or a file or folder cannot be written",
 }
-CODES = [
-    *WORDING, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED,
-]  # fmt: skip
+CODES = [*WORDING, Exit.PATCHSET_INVALID, Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE]
+CODES += [Exit.APPLY_FAILED]
 HELP = {
     "--base": "the sglang release to build for; picks the patch set under patches/ that serves "
     "it (with --patch-set: that folder must serve it)",

@@ -33,14 +33,13 @@ def main() -> int:
     p = cli.parser("review", DESCRIPTION, CODES, WORDING)
     html = "also write it here as one self-contained HTML page, side by side (--all: one page)"
     p.add_argument("--html", type=cli.absolute_path, metavar="FILE", help=html)
-    flags = {
+    for flag, what in {
         "--strict": "exit 13 when a difference is unexplained or a note is stale (on any base)",
         "--all": "review every patch set under patches/, one section per base and a table at "
         "the end (not with --patch-set)",
         "--brief": "with --all: print only the problems and the table of bases (the cheap form "
         "for CI)",
-    }
-    for flag, what in flags.items():
+    }.items():
         p.add_argument(flag, action="store_true", help=what)
     cli.add_patch_set(p)
     p.set_defaults(patch_set=None)  # to tell a --patch-set given from none

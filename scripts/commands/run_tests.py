@@ -1,10 +1,11 @@
 """Run the project's tests: the tools' tests once, the sglang tests once per base and step."""
 
 import argparse
+import functools
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from patchset import apply, buildtree, cli, lock, paths, textout
@@ -54,10 +55,8 @@ HELP = {
     "--parallel": "step runs at once, and pytest-xdist workers for test/tools "
     "(default: 2, or 1 on one core)",
 }
-APPLY_CODES = (
-    Exit.DIRTY_TREE, Exit.ALREADY_UPSTREAM, Exit.PATCHSET_INVALID, Exit.NOT_A_CHECKOUT,
-    Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED, Exit.BRANCH_EXISTS,
-)  # fmt: skip
+APPLY_CODES = (Exit.DIRTY_TREE, Exit.ALREADY_UPSTREAM, Exit.PATCHSET_INVALID, Exit.NOT_A_CHECKOUT)
+APPLY_CODES += (Exit.WHEEL_HASH, Exit.WHEEL_UNAVAILABLE, Exit.APPLY_FAILED, Exit.BRANCH_EXISTS)
 CODES = {
     Exit.OK: "every pytest run passed",
     Exit.BASE_MISMATCH: "--base names a release no patch set here serves",
@@ -109,24 +108,16 @@ def environments(
 ) -> Callable[[Series], Path]:
     """A release -> its environment's python, made in pool while the series are applied, one
     at a time (two made at once with the same torch both download it); or --python."""
+    if given is not None and not given.is_file():
+        raise BackportError(Exit.SETUP, f"--python {given} does not exist", "pass a python binary")
     if given is not None:
-        if not given.is_file():
-            raise BackportError(
-                Exit.SETUP, f"--python {given} does not exist", "pass a python binary"
-            )
         return lambda _series: given
     venv.uv_binary()  # bootstrapped once, here, before the threads share it
-    made: dict[str, Future[Path]] = {}
-
-    def start(one: Series) -> Future[Path]:
-        env = venv.env_for(one.manifest)
-        if env.name not in made:
-            made[env.name] = pool.submit(make_env, env)
-        return made[env.name]
-
+    # one future per environment: releases with the same pins share it
+    start = functools.cache(functools.partial(pool.submit, make_env))
     for one in series:
-        start(one)
-    return lambda one: start(one).result()
+        start(venv.env_for(one.manifest))
+    return lambda one: start(venv.env_for(one.manifest)).result()
 
 
 def make_env(env: venv.TestEnv) -> Path:
@@ -140,9 +131,8 @@ def make_env(env: venv.TestEnv) -> Path:
 def link_default_venv(python: Path, build: Path) -> None:
     """build/venv points at the default release's environment (ruff, race-check use it)."""
     link, target = build / "venv", python.parent.parent
-    if link.is_symlink() and link.readlink() == target:
-        return
-    if link.is_symlink() or not link.exists():  # a real folder there is the user's
+    stale = link.is_symlink() and link.readlink() != target  # a real folder there is the user's
+    if stale or not (link.is_symlink() or link.exists()):
         venv.make_aside(link, link, lambda made: made.symlink_to(target, target_is_directory=True))
 
 
@@ -216,8 +206,7 @@ def run(args: argparse.Namespace, pool: ThreadPoolExecutor) -> int:
         print(f"\nstep suite on sglang {title} (test/steps), one pytest run per step:")
         print(runner.step_table(runs, headers))
         if races := runner.step_table(runs, headers, prefix="race:"):
-            print(f"\nraces measured by scripts/racecheck on each step of {title}:")
-            print(races)
+            print(f"\nraces measured by scripts/racecheck on each step of {title}:\n{races}")
     print()
     width = max((len(r.label) for r in all_runs), default=5)
     for suite in all_runs:

@@ -22,8 +22,7 @@ def _count(n: int, word: str) -> str:
 
 def diffstat(files: list[FileChange], width: int = 40) -> list[str]:
     name_width = max((len(f.path) for f in files), default=0)
-    most = max((f.added + f.removed for f in files), default=0)
-    scale = min(1.0, width / most) if most else 1.0
+    scale = min(1.0, width / max([1, *(f.added + f.removed for f in files)]))
     lines = []
     for f in files:
         plus = "+" * max(round(f.added * scale), 1 if f.added else 0)
@@ -84,10 +83,9 @@ def _function_text(function: FunctionComparison, base_version: str) -> list[str]
     out.append(f"{len(function.differences)} differences from {up}, {verdict}:")
     for n, diff in enumerate(function.differences, 1):
         refs = ", ".join(f"[{numbers[note]}]" for note in diff.notes)
+        status = f"explained by {refs}" if refs else "layout only"
         if not diff.explained:
             status = "UNEXPLAINED" + (f" (partly {refs})" if refs else "")
-        else:
-            status = f"explained by {refs}" if refs else "layout only"
         out.append(f"  ({n}) {status}")
         for side, label, (start, end) in (
             (function.ours, "  ours", diff.ours),
@@ -171,7 +169,6 @@ def _code(text: str | None) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
-    """A small table of HTML cells: the signature's, and the one of every base."""
     head = "".join(f"<th>{h}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f'<table class="sig"><tr>{head}</tr>{body}</table>'
@@ -182,8 +179,7 @@ def _patch_html(patch: PatchReview) -> str:
     touched = "".join(
         f"<li>{_code(c.path)}: {', '.join(map(_code, c.functions))}</li>" for c in patch.files
     )
-    blocks = (" ".join(block.split()) for block in patch.why.split("\n\n") if block.strip())
-    why = "".join(f"<p>{_e(block)}</p>" for block in blocks)
+    why = "".join(f"<p>{_e(' '.join(b.split()))}</p>" for b in patch.why.split("\n\n") if b.strip())
     return (
         f'<div class="card"><h3>{_e(patch.name)}</h3>'
         f'<div class="meta"><b>{_e(patch.subject)}</b></div>'
@@ -248,9 +244,8 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
         (i1, i2), (j1, j2) = diff.ours, diff.upstream
         rows += _equal_rows(function, i, i1, j)
         titles = _e(_titles(diff.notes, numbers))
-        if diff.explained:
-            cls, text = "ok", f"explained: {titles or 'layout only'}"
-        else:
+        cls, text = "ok", f"explained: {titles or 'layout only'}"
+        if not diff.explained:
             partly = f" (partly: {titles})" if titles else ""
             text = f"UNEXPLAINED: no note in notes.toml covers the outlined lines{partly}"
             cls = "bad"
@@ -267,8 +262,7 @@ def _side_by_side(function: FunctionComparison, base_version: str, numbers: dict
         f'<tr><th colspan="2">ours: sglang {_e(base_version)} + series '
         f'<span class="meta">({_e(ours.path)})</span></th>'
         f'<th colspan="2">upstream: sglang {_e(function.upstream_version)}</th></tr>'
-        + "".join(rows)
-        + "</table>"
+        f"{''.join(rows)}</table>"
     )
 
 
@@ -340,7 +334,6 @@ def render_html(review: Review) -> str:
 
 
 def render_all_html(reviews: list[Review]) -> str:
-    """Every base's review on one page, a table of the bases first."""
     rows = [
         [
             f'<a href="#sglang-{_e(r.base_version)}">{_e(r.base_version)}</a>',

@@ -59,7 +59,6 @@ MATCHERS = ("params", "lines", "blocks", "comments")
 
 
 def _fits(matcher: str, text: object) -> bool:
-    """A parameter's name, or a regular expression that compiles."""
     try:
         if matcher == "params":
             return isinstance(text, str) and text.isidentifier()
@@ -69,7 +68,6 @@ def _fits(matcher: str, text: object) -> bool:
 
 
 def load_notes(path: Path = NOTES_FILE) -> Notes:
-    """qualname -> its file and notes, as notes.toml holds them, every value checked."""
     toml = TomlFile.load(path, "the review notes", RESTORE, f"{RESTORE}, or fix it")
     found = {}
     for qualname in toml.table(("functions",)):
@@ -90,17 +88,14 @@ def load_notes(path: Path = NOTES_FILE) -> Notes:
 
 
 def check_bounds(notes: Notes, registry: Releases) -> None:
-    """Refuse a note whose bound is not a release of patches/releases.toml."""
-    for qualname, function_notes in notes.items():
-        for note in function_notes.notes:
-            if unknown := [b for b in (note.since, note.before) if b and b not in registry.known]:
-                raise BackportError(
-                    Exit.PATCHSET_INVALID,
-                    f"{NOTES_FILE}: the note {note.title!r} of {qualname} "
-                    f"is bounded by sglang {unknown[0]}, which {registry.path} does not know",
-                    "name the release in which upstream made the change, as releases.toml "
-                    "spells it",
-                )
+    for qualname, note in ((q, n) for q, about in notes.items() for n in about.notes):
+        if unknown := [b for b in (note.since, note.before) if b and b not in registry.known]:
+            raise BackportError(
+                Exit.PATCHSET_INVALID,
+                f"{NOTES_FILE}: the note {note.title!r} of {qualname} "
+                f"is bounded by sglang {unknown[0]}, which {registry.path} does not know",
+                "name the release in which upstream made the change, as releases.toml spells it",
+            )
 
 
 def step_files(series: Series, build: Path, cache: Path) -> tuple[list[dict[str, str]], str]:
@@ -208,17 +203,15 @@ class PatchReview(NamedTuple):
 
 
 def review_patch(patch: Patch, before: dict[str, str], after: dict[str, str]) -> PatchReview:
-    """A patch's message, and the functions its changed lines fall in."""
     changes: list[FileChange] = []
     for diff in patch.files:
-        old_scopes = scopes_of(before[diff.path]) if diff.path in before else ()
-        new_scopes = scopes_of(after[diff.path]) if diff.path in after else ()
+        old, new = (scopes_of(f[diff.path]) if diff.path in f else () for f in (before, after))
         touched: dict[str, None] = {}
         for line in (line for hunk in diff.hunks for line in hunk):
             if line.kind == "+" and line.new_line is not None:
-                touched[enclosing(new_scopes, line.new_line)] = None
+                touched[enclosing(new, line.new_line)] = None
             elif line.kind == "-" and line.old_line is not None:
-                touched[enclosing(old_scopes, line.old_line)] = None
+                touched[enclosing(old, line.old_line)] = None
         changes.append(FileChange(diff.path, diff.added, diff.removed, list(touched)))
 
     trailers = [patch.trailer(f"Upstream-{key}") for key in ("Status", "PR", "Release")]
@@ -228,7 +221,6 @@ def review_patch(patch: Patch, before: dict[str, str], after: dict[str, str]) ->
 
 
 def cumulative_diff(base: dict[str, str], final: dict[str, str]) -> dict[str, list[str]]:
-    """path -> unified diff lines of the pinned base against the fully patched file."""
     out: dict[str, list[str]] = {}
     for path, before in base.items():
         scopes = scopes_of(final[path])
@@ -292,7 +284,6 @@ class FunctionComparison:
 
 
 def _covered_lines(lines: list[str], changed: range, note: Note) -> set[int]:
-    """Indices of changed lines (of one side) that this note covers."""
     covered: set[int] = set()
     for i in changed:
         text = lines[i]
@@ -331,30 +322,26 @@ def compare_function(
         if (mine := ours.params.get(name)) != (theirs := upstream.params.get(name)):
             note = next((n for n in about if name in n.params), None)
             signature.append(SignatureChange(name, mine, theirs, note))
-    signature_ok = all(s.note is not None for s in signature)
     signature_notes = [s.note for s in signature if s.note is not None]
     matcher = difflib.SequenceMatcher(None, ours.lines, upstream.lines, autojunk=False)
     differences: list[Difference] = []
     for _, i1, i2, j1, j2 in (op for op in matcher.get_opcodes() if op[0] != "equal"):
         diff = Difference((i1, i2), (j1, j2))
-        for side, source, span in (
-            ("ours", ours, range(i1, i2)),
-            ("upstream", upstream, range(j1, j2)),
-        ):
+        for side, src, span in ("ours", ours, range(i1, i2)), ("upstream", upstream, range(j1, j2)):
             covered: set[int] = set()
             for note in about:
-                if hit := _covered_lines(source.lines, span, note):
+                if hit := _covered_lines(src.lines, span, note):
                     covered |= hit
                     diff.notes[note] = None
             for i in span:
-                text = source.lines[i]
+                text = src.lines[i]
                 if i in covered or not SIGNIFICANT.search(text):
                     continue
-                if i < source.header_lines and signature_ok:
+                if i < src.header_lines and all(s.note for s in signature):
                     # a signature line: ast compared the parameters above
                     diff.notes.update(dict.fromkeys(signature_notes))
                     continue
-                diff.uncovered.append(Uncovered(side, source.first_line + i, text))
+                diff.uncovered.append(Uncovered(side, src.first_line + i, text))
         differences.append(diff)
     used = {*signature_notes, *(note for d in differences for note in d.notes)}
     return FunctionComparison(
