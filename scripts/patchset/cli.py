@@ -98,8 +98,13 @@ def release_interrupts() -> None:
 
 
 def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so every cleanup on the way runs."""
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so every cleanup on the way runs; the name is
+    kept apart too (raised inside a codec, the interrupt's text becomes the codec's)."""
+    _SIGNALLED.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt(_SIGNALLED[-1])
+
+
+_SIGNALLED: list[str] = []
 
 
 REMOVED = "what this run made was removed"
@@ -123,8 +128,8 @@ def run(main: Callable[[], int]) -> None:
         code = report(BackportError(Exit.ENVIRONMENT, str(err), f"{next_step}; {REMOVED}"))
     except OSError as err:
         code = report(describe_os_error(err))
-    except KeyboardInterrupt as err:
-        print(f"interrupted ({str(err) or 'SIGINT'}); {REMOVED}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"interrupted ({(_SIGNALLED or ['SIGINT'])[-1]}); {REMOVED}", file=sys.stderr)
         code = Exit.INTERRUPTED
     except Exception:
         traceback.print_exc()

@@ -34,11 +34,20 @@ def temp_parent() -> Path:
     unless TMPDIR names another place; else the usual temporary folder."""
     with contextlib.suppress(OSError, ValueError):
         room = os.statvfs(RAM_FOLDER)
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        free = _available_memory()
         usable = "TMPDIR" not in os.environ and os.access(RAM_FOLDER, os.W_OK | os.X_OK)
         if usable and min(room.f_bavail * room.f_frsize, free) > RAM_NEEDED:
             return RAM_FOLDER
     return tmpdir()
+
+
+def _available_memory() -> int:
+    """What the kernel could hand out without swapping (its page cache counts: after a large
+    download most memory holds cached files), else the free pages."""
+    for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(eq=False)

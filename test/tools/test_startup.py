@@ -171,3 +171,30 @@ def test_ctrl_c_at_any_moment_of_the_start_is_one_line_and_130(name: str, tmp_pa
             assert proc.returncode >= 0, (step, stderr)
         outcomes.append(proc.returncode)
     assert Exit.INTERRUPTED in outcomes, outcomes
+
+
+# CPython rewrites an exception raised inside a codec into one of the same type whose text
+# is the codec's: "decoding with 'cp437' codec failed (KeyboardInterrupt: SIGTERM)" (a
+# SIGTERM while zipfile decodes a member's name, as build-wheel met it).
+IN_A_CODEC = """
+import signal, sys
+sys.path.insert(0, sys.argv[1])
+from patchset import cli
+
+def main():
+    try:
+        cli._terminate(signal.SIGTERM, None)
+    except KeyboardInterrupt as raised:
+        wrapped = f"decoding with 'cp437' codec failed (KeyboardInterrupt: {raised})"
+        raise KeyboardInterrupt(wrapped) from None
+
+cli.run(main)
+"""
+
+
+def test_a_signal_met_inside_a_codec_is_still_named() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", IN_A_CODEC, str(SCRIPTS)], capture_output=True, text=True
+    )
+    assert done.returncode == Exit.INTERRUPTED, done.stderr
+    assert done.stderr == "interrupted (SIGTERM); what this run made was removed\n"
