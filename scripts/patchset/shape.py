@@ -107,8 +107,8 @@ def _consumer_side(sources: sf.Sources) -> sf.Evidence | None:
     methods = _future_map(sources)
     fn = methods["publish"]
     nodes = list(ast.walk(fn.node))
-    writes = [n.lineno for n in nodes if isinstance(n, ast.Subscript | ast.Attribute)
-              and isinstance(n.ctx, ast.Store) and "new_seq_lens_buf" in sf.text(n)]  # fmt: skip
+    stored = [n for n in nodes if isinstance(getattr(n, "ctx", None), ast.Store)]
+    writes = [n.lineno for n in stored if "new_seq_lens_buf" in sf.text(n)]
     records = [n for n in nodes if isinstance(n, ast.Call) and _ready(n, "record")]
     guards = [n for n in nodes if isinstance(n, ast.If) and "publish_ready" in sf.text(n.test)]
     what = ""
@@ -117,7 +117,10 @@ def _consumer_side(sources: sf.Sources) -> sf.Evidence | None:
     elif all(any(r in ast.walk(g) for g in guards) for r in records):
         what = "records publish_ready only as the event's existence decides"
     for fn in [] if what else [m for n, m in methods.items() if n not in ("publish", "__init__")]:
-        body, flags = fn.node.body, {a.arg for a in fn.node.args.args}
+        args = fn.node.args  # its flags: parameters that default to True or False
+        defaults = zip(args.args[::-1], args.defaults[::-1], strict=False)
+        flags = {a.arg for a, d in defaults if isinstance(getattr(d, "value", None), bool)}
+        body = fn.node.body
         reads = [i for i, stmt in enumerate(body) if _reads_seq_lens(stmt)]
         if reads and not any(_waits(stmt, flags) for stmt in body[: reads[0]]):
             what = "reads new_seq_lens_buf where it has not waited on publish_ready"
