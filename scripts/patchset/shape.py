@@ -93,7 +93,7 @@ def _fix_a(sources: sf.Sources) -> sf.Evidence | None:
     calls = [c for c in sf.body_calls(publish) if isinstance(c.func, ast.Attribute)]
     ready = [c for c in calls if any("publish_ready" in sf.text(a) for a in c.args)]
     waits = [c for c in ready if sf.tail(c.func) == "wait_event"]
-    records = [c.lineno for c in calls if sf.text(c.func).endswith("publish_ready.record")]
+    records = [c.lineno for c in calls if _ready(c, "record")]
     if waits and records and waits[0].lineno < max(records):
         what = f"fix A: {sf.text(waits[0])} before publish_ready.record()"
         return sf.Evidence(publish.file, waits[0].lineno, publish.name, what)
