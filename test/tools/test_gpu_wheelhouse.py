@@ -97,7 +97,7 @@ def test_offline_dry_run_prints_the_plan(
     site = build / "gpu-site"
     assert (
         f"-m pip install --disable-pip-version-check --no-index --no-deps --require-hashes "
-        f"--find-links {fake_wheelhouse} --upgrade --target {site} -r "
+        f"--no-compile --find-links {fake_wheelhouse} --upgrade --target {site} -r "
     ) in plan
     assert f"the base pins torch {series.manifest.release.torch}" not in plan  # said at run time
     assert f"{series.manifest.release.torch} pinned" in plan
