@@ -6,9 +6,9 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
+from patchset.lock import marked_folder, tmpdir
 from patchset.releases import LaunchSettings
 
 from checkinstall import launchargs
@@ -162,8 +162,8 @@ def parse_with_server_args(
     command = [str(python), "-c", SERVER_ARGS_PROBE, json.dumps(probe_request(args, env, table))]
     # sglang's handlers write where they run, and temporary files: in a folder of their own
     try:
-        with TemporaryDirectory(prefix="check-install-probe-", ignore_cleanup_errors=True) as tmp:
-            scratch = dict(os.environ, TMPDIR=tmp, TEMP=tmp, TMP=tmp)
+        with marked_folder(tmpdir(), "check-install-probe-") as tmp:  # a killed run's: swept
+            scratch = dict(os.environ, TMPDIR=str(tmp), TEMP=str(tmp), TMP=str(tmp))
             result = subprocess.run(
                 command, capture_output=True, text=True, timeout=300, cwd=tmp, env=scratch
             )

@@ -32,6 +32,7 @@ from conftest import SCRIPTS
 from patchset import catalog as catalogs
 from patchset import paths
 from patchset.errors import BackportError, Exit
+from patchset.lock import TEMP_MARKER, TEMP_MARKER_TEXT
 from patchset.manifest import series_for_release
 from patchset.releases import load_releases
 from testrun.venv import env_for
@@ -290,12 +291,15 @@ def test_the_command_runs_the_probe_in_the_interpreter_under_check(tmp_path: Pat
     command as a unit writes it (continued lines, the module, a --config file named
     relative to the server's folder, which holds the model path) is read as sglang
     reads it. sglang's handlers run in a scratch folder: --crash-dump-folder dumps
-    makes dumps/<host>/ where they run, not in the caller's folder nor its TMPDIR."""
+    makes dumps/<host>/ where they run, not in the caller's folder nor its TMPDIR; a
+    killed run's scratch folder there is removed."""
     python, tree = release_env(DEFAULT)
     (tmp_path / "decode.yaml").write_text(DECODE_EAGLE_YAML)
     caller, tmp = tmp_path / "caller", tmp_path / "tmp"
     caller.mkdir()
-    tmp.mkdir()
+    killed = tmp / "check-install-probe-0123456789abcdef"  # marked, its maker gone
+    (killed / "dumps").mkdir(parents=True)
+    (killed / TEMP_MARKER).write_bytes(TEMP_MARKER_TEXT)
     launch = (
         "python3 -m sglang.launch_server \\\n  --config decode.yaml \\\n  --log-level info"
         " --crash-dump-folder dumps"
