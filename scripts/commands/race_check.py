@@ -149,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(python, [str(python), str(SCRIPTS / "race-check"), *command])
     runs = plan_runs(chosen, ALL if regenerate else args.step, args.tree or [], regenerate)
     started = time.perf_counter()
-    preload_s = run_trees(runs)
+    preload_s, failed = run_trees(runs)
     wall = time.perf_counter() - started
+    if failed and (regenerate or len(failed) == len(runs)):
+        raise failed[0][1]  # no table is written, or none to show
+    # a tree that could not run is said at the end; the others' tables are still shown
+    runs = [r for r in runs if all(r is not run for run, _ in failed)]
     bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
     for version in dict.fromkeys(r.version for r in runs):
         if several:
@@ -167,7 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timings: third-party imports {preload_s:.1f} s (once); {timings}; wall {wall:.1f} s")
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
-    return report.verdict(runs)
+    code = report.verdict(runs)
+    if failed:
+        errors = [err for _, err in failed]
+        why = "; ".join(err.problem for err in errors) + " (the other trees' tables are above)"
+        # a race found in another tree stays the exit code: it is the worse news
+        raise BackportError(code or errors[0].code, why, errors[0].next_step)
+    return code
 
 
 def plan_runs(
@@ -326,8 +336,11 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def run_trees(runs: list[report.TreeRun]) -> float:
-    """Every tree's scenarios into its run; the seconds the third-party preload took."""
+def run_trees(
+    runs: list[report.TreeRun],
+) -> tuple[float, list[tuple[report.TreeRun, BackportError]]]:
+    """Every tree's scenarios into its run; the seconds the third-party preload took, and
+    the runs that could not run, each with why."""
     csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
     preload_s = preload()
     started = f"race-check: {len(SCENARIOS)} scenarios on {{0.label}} ({{0.tree}})"
@@ -335,9 +348,8 @@ def run_trees(runs: list[report.TreeRun]) -> float:
         jobs = [(run, tmp / f"{n}.pickle") for n, run in enumerate(runs)]
         # More children than cores would only share them and hold more memory.
         fork_each(jobs, os.cpu_count() or 1, _child, lambda job: print(started.format(job[0])))
-        for run, out in jobs:
-            _take_result(run, out)
-    return preload_s
+        failed = [(run, err) for run, out in jobs if (err := _take_result(run, out))]
+    return preload_s, failed
 
 
 def _child(job: tuple[report.TreeRun, Path]) -> int:
@@ -357,8 +369,9 @@ def _child(job: tuple[report.TreeRun, Path]) -> int:
     return 0
 
 
-def _take_result(run: report.TreeRun, out: Path) -> None:
-    """What the child wrote into run, else raised: its refusal, or what it printed."""
+def _take_result(run: report.TreeRun, out: Path) -> BackportError | None:
+    """What the child wrote into run; else why it has none: its refusal, or what it printed
+    (a fault of the checker itself is raised)."""
     if not out.is_file():
         log = out.with_suffix(".log")
         printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
@@ -369,9 +382,9 @@ def _take_result(run: report.TreeRun, out: Path) -> None:
         )
     elif isinstance(result := pickle.loads(out.read_bytes()), dict):
         vars(run).update(result)
-        return
+        return None
     code, problem, next_step = result
     if code == Exit.INTERNAL:
         print(problem, file=sys.stderr)
         raise RuntimeError(f"the checker failed on {run.tree} (the trace above)")
-    raise BackportError(code, f"{run.label} ({run.tree}): {problem}", next_step)
+    return BackportError(code, f"{run.label} ({run.tree}): {problem}", next_step)

@@ -6,7 +6,8 @@ measures every column (each run imports torch and the rest once): the series'
 steps (--step all) and, as --tree columns, three wrong fixes, what pip installs
 from our wheel, a copy of the patched tree whose process_batch_result_prefill
 lacks the prefill result's `copy_done.synchronize()`, the unpatched base, and
-three other waits (OTHER_WAITS: two wrong, one right).
+three other waits (OTHER_WAITS: two wrong, one right), and a tree the scenarios
+cannot drive (its table is missing; the others' are all shown).
 A given tree is reported as it is ("races open in this tree"), compared with
 the column of the step its files hold, and with nothing where they hold none.
 The steps are clean on H1; that copy races exactly
@@ -66,6 +67,8 @@ OTHER_WAITS = {
         "            self.schedule_stream.wait_event(done)\n"
     ),
 }
+# In place of 0002's wait: a tree whose decode path fails whenever a scenario drives it.
+BROKEN = "            raise RuntimeError('a path the scenarios cannot drive')\n"
 HISPARSE_STASH = "srt/managers/scheduler.py Scheduler._build_hisparse_decode_batch stash"
 
 
@@ -144,6 +147,7 @@ def checked(
             edited_copy(patched_tree, folder / name, DECODE, WAIT, wait)
             for name, wait in OTHER_WAITS.items()
         ),
+        edited_copy(patched_tree, folder / "broken", DECODE, WAIT, BROKEN),
     ]
     return race_check("--step", "all", *(a for tree in trees for a in ("--tree", str(tree)))), trees
 
@@ -196,7 +200,6 @@ def test_a_wait_on_the_first_admission_only_or_on_the_wrong_event_is_red(
     scheduler has admitted a batch before), the right event clean."""
     result, trees = checked
     out = result.stdout
-    assert "could not run" not in result.stderr, result.stderr
     reports = sections(out)
     no_wait = raced(reports.get("tree 1", ""))
     assert no_wait, out
@@ -205,6 +208,23 @@ def test_a_wait_on_the_first_admission_only_or_on_the_wrong_event_is_red(
     assert own_event == no_wait, reports.get("tree 8", out)
     assert reports.get("tree 9", "").startswith("tree 9: no race"), out
     assert f"ok: no race in this tree {trees[8]}" in out
+
+
+def test_a_tree_that_cannot_run_is_named_after_every_other_trees_table(
+    checked: tuple[subprocess.CompletedProcess[str], list[Path]],
+) -> None:
+    """The last tree fails in every scenario: the error names it alone, after the nine
+    other trees' reports and verdicts; the races found elsewhere keep exit 15."""
+    result, trees = checked
+    assert result.returncode == 15, result.stdout + result.stderr
+    assert f"tree 10 ({trees[9]}): scenario " in result.stderr, result.stderr
+    assert "could not run: RuntimeError: a path the scenarios cannot drive" in result.stderr
+    assert result.stderr.count("could not run") == 1, result.stderr  # no other tree's
+    assert "(the other trees' tables are above)" in result.stderr
+    reports = sections(result.stdout)
+    assert [f"tree {n}" in reports for n in range(1, 11)] == [True] * 9 + [False], reports
+    assert f"ok: no race in this tree {trees[8]}" in result.stdout
+    assert f"this tree {trees[9]}" not in result.stdout  # no verdict on it
 
 
 def test_what_pip_installs_from_our_wheel_has_no_race(
