@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     preload_s, failed = run_trees(runs)
     wall = time.perf_counter() - started
     if failed and (regenerate or len(failed) == len(runs)):
-        raise failed[0][1]  # no table is written, or none to show
+        raise next(iter(failed.values()))  # no table is written, or none to show
     # a tree that could not run is said at the end; the others' tables are still shown
-    runs = [r for r in runs if all(r is not run for run, _ in failed)]
+    runs = [run for n, run in enumerate(runs) if n not in failed]
     bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
     for version in dict.fromkeys(r.version for r in runs):
         if several:
@@ -172,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
     code = report.verdict(runs)
-    if failed:
-        errors = [err for _, err in failed]
+    if errors := list(failed.values()):
         why = "; ".join(err.problem for err in errors) + " (the other trees' tables are above)"
         # a race found in another tree stays the exit code: it is the worse news
         raise BackportError(code or errors[0].code, why, errors[0].next_step)
@@ -336,11 +335,9 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def run_trees(
-    runs: list[report.TreeRun],
-) -> tuple[float, list[tuple[report.TreeRun, BackportError]]]:
+def run_trees(runs: list[report.TreeRun]) -> tuple[float, dict[int, BackportError]]:
     """Every tree's scenarios into its run; the seconds the third-party preload took, and
-    the runs that could not run, each with why."""
+    why each run that could not run (by its index) has no result."""
     csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
     preload_s = preload()
     started = f"race-check: {len(SCENARIOS)} scenarios on {{0.label}} ({{0.tree}})"
@@ -348,7 +345,7 @@ def run_trees(
         jobs = [(run, tmp / f"{n}.pickle") for n, run in enumerate(runs)]
         # More children than cores would only share them and hold more memory.
         fork_each(jobs, os.cpu_count() or 1, _child, lambda job: print(started.format(job[0])))
-        failed = [(run, err) for run, out in jobs if (err := _take_result(run, out))]
+        failed = {n: err for n, (run, out) in enumerate(jobs) if (err := _take_result(run, out))}
     return preload_s, failed
 
 
