@@ -367,8 +367,7 @@ def _child(job: tuple[report.TreeRun, Path]) -> int:
 
 
 def _take_result(run: report.TreeRun, out: Path) -> BackportError | None:
-    """What the child wrote into run; else why it has none: its refusal, or what it printed
-    (a fault of the checker itself is raised)."""
+    """What the child wrote into run, else why not (a fault of the checker is raised)."""
     if not out.is_file():
         log = out.with_suffix(".log")
         printed = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
