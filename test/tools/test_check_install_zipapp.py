@@ -25,10 +25,11 @@ VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 # what the zipapp may hold besides __main__.py: check-install's code, the patchset
 # modules it imports, and the release data; never another command's modules
 CODE = {"scripts/launch.py", "scripts/commands/__init__.py", "scripts/commands/check_install.py"}
+# lock: the ServerArgs probe's scratch folder is a marked one
 PATCHSET = {
     "__init__", "errors", "cli", "paths", "catalog", "manifest", "releases",
     "tomlread", "plays", "shape", "shapeflow", "lock", "textout",
-}  # fmt: skip (lock: the ServerArgs probe's scratch folder is a marked one)
+}  # fmt: skip
 NEVER = {"apply", "wheel", "lint", "export", "git", "deploy", "buildtree", "docs"}
 # run the zipapp as on a read-only root file system: any write, folder made, rename or
 # removal is refused (an audit hook: this test runs as root, whom permissions let write)
