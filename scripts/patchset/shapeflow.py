@@ -151,10 +151,13 @@ def tail(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
-def ordering(call: ast.Call, current_stream: str = "schedule_stream") -> tuple[str, str] | None:
+def ordering(
+    call: ast.Call, current_stream: str = "schedule_stream", recorded: frozenset = frozenset()
+) -> tuple[str, str] | None:
     """('full' | 'partial' | 'unknown', what) for a call that orders streams, else None.
     unknown: a wait between streams of names sglang does not use. current_stream: the one
-    a `with ...stream(X)` around the call makes current (the scheduler's is the schedule's)."""
+    a `with ...stream(X)` around the call makes current (the scheduler's is the schedule's);
+    recorded: the events this function recorded on the forward stream on the way here."""
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
@@ -176,6 +179,11 @@ def ordering(call: ast.Call, current_stream: str = "schedule_stream") -> tuple[s
         if device or got:
             return "full", f"{text(call)}: the host waits for the forward stream"
         return "partial", f"{text(call)}: not the forward stream or the device"
+    schedule = owner_name == "schedule_stream" or (
+        owner.endswith("current_stream()") and current_stream == "schedule_stream"
+    )
+    if func.attr == "wait_event" and schedule and call.args and text(call.args[0]) in recorded:
+        return "full", f"{text(call)}: its event was recorded on the forward stream before"
     if func.attr == "wait_event":
         return "partial", f"{text(call)}: an event covers what came before its record only"
     return None
@@ -188,6 +196,7 @@ class Trace:
     early: bool = False  # a full ordering before it
     unsure: bool = False  # since prepare_for_prebuilt(), a wait between unknown streams
     nones: frozenset[str] = frozenset()  # names known to hold None on this path
+    recorded: frozenset[tuple[str, str]] = frozenset()  # (function, event) on the forward stream
 
 
 @dataclass
@@ -399,7 +408,14 @@ class Flow:
                 kind = "ordered" if path.prepared else "unprepared"
             self.outcomes.setdefault((kind, seeds), None)
             return {(path, None)}
-        if (found := ordering(call, *self.current[-1:])) is not None:
+        owner = text(call.func.value) if isinstance(call.func, ast.Attribute) else "self"
+        if name == "record" and owner != "self":  # an event's record: on which stream
+            on = tail(call.args[0]) if call.args else ["schedule_stream", *self.current][-1]
+            kept = path.recorded - {(fn.name, owner)}
+            kept |= {(fn.name, owner)} if on == "forward_stream" else set()
+            return {(replace(path, recorded=kept), None)}
+        mine = frozenset(event for f, event in path.recorded if f == fn.name)
+        if (found := ordering(call, *self.current[-1:], recorded=mine)) is not None:
             kind, what = found
             where = f" (runs only when {' and '.join(self.conditions)})" if self.conditions else ""
             self.note(fn, call.lineno, _SAID[kind] + what + where)

@@ -266,6 +266,49 @@ FORKS = {
         "            self.schedule_stream.wait_event(self.forward_read_done)\n",
         shape.AFFECTED,
     ),
+    # an event: full when this function recorded it on the forward stream on every way here
+    "an event recorded on the forward stream": (
+        WAIT,
+        "            done = torch.cuda.Event()\n"
+        "            done.record(self.forward_stream)\n"
+        "            self.schedule_stream.wait_event(done)\n",
+        shape.FIXED,
+    ),
+    "an event recorded under `with` the forward stream": (
+        WAIT,
+        "            with torch.cuda.stream(self.forward_stream):\n"
+        "                done = self.forward_done\n"
+        "                done.record()\n"
+        "            self.schedule_stream.wait_event(done)\n",
+        shape.FIXED,
+    ),
+    "an event recorded on the schedule stream": (
+        WAIT,
+        "            done = torch.cuda.Event()\n"
+        "            done.record()\n"
+        "            self.schedule_stream.wait_event(done)\n",
+        shape.AFFECTED,
+    ),
+    "an event recorded on the forward stream on one way only": (
+        WAIT,
+        "            if len(can_run_list) == 1:\n"
+        "                self.done.record(self.forward_stream)\n"
+        "            self.schedule_stream.wait_event(self.done)\n",
+        shape.AFFECTED,
+    ),
+    "an event recorded on the forward stream, then the schedule stream": (
+        WAIT,
+        "            self.done.record(self.forward_stream)\n"
+        "            self.done.record(self.schedule_stream)\n"
+        "            self.schedule_stream.wait_event(self.done)\n",
+        shape.AFFECTED,
+    ),
+    "the forward stream waits on the forward stream's event": (
+        WAIT,
+        "            self.done.record(self.forward_stream)\n"
+        "            self.forward_stream.wait_event(self.done)\n",
+        shape.AFFECTED,
+    ),
     "a wait per request": (
         WAIT,
         "            for _ in new_batch.reqs:\n    " + WAIT,
