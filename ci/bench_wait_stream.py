@@ -65,8 +65,7 @@ class Loop:
     """Everything one decode-like loop needs, built once and reused by both variants."""
 
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
-        # imported as the GPU test does: no sgl_kernel needed
-        mods = sglang_import.import_modules()
+        mods = sglang_import.import_modules()  # imported as the GPU test does: no sgl_kernel needed
         overlap = mods["sglang.srt.managers.overlap_utils"]
         eagle = mods["sglang.srt.speculative.eagle_disaggregation"]
         self.build_draft_input = eagle.build_eagle_disagg_draft_input

@@ -30,21 +30,19 @@ def write_step_files(series: Series, wheel: Path, out: Path) -> list[Path]:
 
 def carried_files(series: Series, folder: Path) -> dict[str, dict[str, bytes]]:
     """step -> path -> bytes of the carried files, each checked against pin.toml, or refuse."""
-    manifest = series.manifest
+    manifest, steps = series.manifest, series.manifest.steps[1:]
     if not folder.is_dir():
         raise _refuse(
             f"the step files folder {folder} does not exist: the step trees cannot be laid out"
         )
-    expected = {
-        folder / step / path: (step, path) for step in manifest.steps[1:] for path in manifest.files
-    }
+    expected = {folder / step / path: (step, path) for step in steps for path in manifest.files}
     if extra := sorted(
         str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p not in expected
     ):
         raise _refuse(
             f"{folder} holds {', '.join(extra)}: no touched file of a step of {series.folder.name}"
         )
-    carried: dict[str, dict[str, bytes]] = {step: {} for step in manifest.steps[1:]}
+    carried: dict[str, dict[str, bytes]] = {step: {} for step in steps}
     for file, (step, path) in expected.items():
         if not file.is_file():
             raise _refuse(f"{folder} lacks {step}/{path}, a touched file of step {step}")

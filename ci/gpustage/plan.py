@@ -32,8 +32,7 @@ PIP_INSTALL = ["-m", "pip", "install", "--disable-pip-version-check"]
 TORCH_CHECK = (
     "import sys, torch, torchvision; v = torch.__version__.split('+')[0]; "
     "print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'torchvision', "
-    "torchvision.__version__); want = sys.argv[1]; "
-    "ok = v == want or sys.argv[2] == 'any'; "
+    "torchvision.__version__); want = sys.argv[1]; ok = v == want or sys.argv[2] == 'any'; "
     "print(('ok: ' if v == want else 'WARNING: ' if ok else 'FAIL: ') + "
     "f'the base pins torch {want}, the runner has {v}'); sys.exit(0 if ok else 3)"
 )
@@ -180,8 +179,7 @@ def online(opts: Options) -> list[Stage]:
     assert opts.venv is not None
     manifest = opts.series.manifest
     version = manifest.base.version
-    vpy = str(opts.venv / "bin" / "python")
-    wheel = str(paths.cache_dir() / manifest.base.wheel)
+    vpy, wheel = str(opts.venv / "bin" / "python"), str(paths.cache_dir() / manifest.base.wheel)
     cuda_check = (
         'import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"; '
         'print(torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'

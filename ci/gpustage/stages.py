@@ -198,10 +198,9 @@ def judge_gpu_step(report: Path, shown: str, rehearsal: bool, rc: int, _log: Pat
     xml = report.with_suffix(".xml")
     skipped_cases = ElementTree.parse(xml).iterfind(".//testcase[skipped]") if xml.is_file() else ()
     reasons = {c.get("name", ""): c.findall("skipped")[0].get("message", "") for c in skipped_cases}
-    skips = [n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP]
     if refused := [
         f"{test} ({reasons.get(test) or 'no reason found'})"
-        for test in skips
+        for test in (n.partition("::")[2] for n, o in by_test.items() if o == testrun_outcomes.SKIP)
         if not contract.allowed(test, reasons.get(test, ""), rehearsal)
     ]:
         where = "in a rehearsal" if rehearsal else "on a GPU run"

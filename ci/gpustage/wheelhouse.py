@@ -2,8 +2,6 @@
 pins, the sglang wheel), and the image's double for a rehearsal: our test environment holds the
 whole closure, so it would hide what is missing."""
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import json
@@ -82,6 +80,22 @@ class Entry:
     size: int
 
 
+@dataclass(frozen=True)
+class Wheelhouse:
+    python_version: str
+    sglang_wheel: str
+    entries: list[Entry]
+    total_bytes: int
+
+    def requirements(self) -> str:
+        """For pip --require-hashes: every wheel but sglang's, which is laid out as a tree."""
+        return "".join(
+            f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n"
+            for e in self.entries
+            if e.file != self.sglang_wheel
+        )
+
+
 def _dist_of(file: str) -> tuple[str, str]:
     name, version = file.split("-")[:2]
     return canonical(name), version
@@ -140,22 +154,6 @@ def write_manifest(manifest: PinManifest, python_version: str, out: Path) -> Non
         "packages": [e.__dict__ for e in entries],
     }
     (out / MANIFEST).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
-@dataclass(frozen=True)
-class Wheelhouse:
-    python_version: str
-    sglang_wheel: str
-    entries: list[Entry]
-    total_bytes: int
-
-    def requirements(self) -> str:
-        """For pip --require-hashes: every wheel but sglang's, which is laid out as a tree."""
-        return "".join(
-            f"{e.name}=={e.version} --hash=sha256:{e.sha256}\n"
-            for e in self.entries
-            if e.file != self.sglang_wheel
-        )
 
 
 def load(folder: Path, manifest: PinManifest) -> Wheelhouse:

@@ -162,9 +162,9 @@ def ordering(
     if not isinstance(func, ast.Attribute):
         return None
     owner, owner_name = text(func.value), tail(func.value)
+    current = owner.endswith("current_stream()")
     if func.attr == "wait_stream" and call.args:
         waited = tail(call.args[0])
-        current = owner.endswith("current_stream()")
         if current and current_stream != "schedule_stream":
             kind = "partial" if current_stream in _STREAMS else "unknown"
             return kind, f"{text(call)}: the current stream there is {current_stream or 'unnamed'}"
@@ -179,12 +179,10 @@ def ordering(
         if device or got:
             return "full", f"{text(call)}: the host waits for the forward stream"
         return "partial", f"{text(call)}: not the forward stream or the device"
-    schedule = owner_name == "schedule_stream" or (
-        owner.endswith("current_stream()") and current_stream == "schedule_stream"
-    )
-    if func.attr == "wait_event" and schedule and call.args and text(call.args[0]) in recorded:
-        return "full", f"{text(call)}: its event was recorded on the forward stream before"
     if func.attr == "wait_event":
+        mine = owner_name == "schedule_stream" or (current and current_stream == "schedule_stream")
+        if mine and call.args and text(call.args[0]) in recorded:
+            return "full", f"{text(call)}: its event was recorded on the forward stream before"
         return "partial", f"{text(call)}: an event covers what came before its record only"
     return None
 
@@ -411,8 +409,8 @@ class Flow:
         owner = text(call.func.value) if isinstance(call.func, ast.Attribute) else "self"
         if name == "record" and owner != "self":  # an event's record: on which stream
             on = tail(call.args[0]) if call.args else ["schedule_stream", *self.current][-1]
-            kept = path.recorded - {(fn.name, owner)}
-            kept |= {(fn.name, owner)} if on == "forward_stream" else set()
+            event = (fn.name, owner)
+            kept = path.recorded - {event} | ({event} if on == "forward_stream" else set())
             return {(replace(path, recorded=kept), None)}
         mine = frozenset(event for f, event in path.recorded if f == fn.name)
         if (found := ordering(call, *self.current[-1:], recorded=mine)) is not None:
