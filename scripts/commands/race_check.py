@@ -151,10 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     preload_s, failed = run_trees(runs)
     wall = time.perf_counter() - started
-    if failed and (regenerate or len(failed) == len(runs)):
+    runs = [run for n, run in enumerate(runs) if n not in failed]  # the others: said at the end
+    if failed and (regenerate or not runs):
         raise next(iter(failed.values()))  # no table is written, or none to show
-    # a tree that could not run is said at the end; the others' tables are still shown
-    runs = [run for n, run in enumerate(runs) if n not in failed]
     bases: dict[str, dict[str, None]] = {}  # barrier -> the bases it was found in
     for version in dict.fromkeys(r.version for r in runs):
         if several:
@@ -336,8 +335,7 @@ def _short(err: BaseException) -> str:
 
 
 def run_trees(runs: list[report.TreeRun]) -> tuple[float, dict[int, BackportError]]:
-    """Every tree's scenarios into its run; the seconds the third-party preload took, and
-    why each run that could not run (by its index) has no result."""
+    """Each tree's scenarios into its run; the preload's seconds, and each failed run's why."""
     csan.load()  # a torch whose sanitizer changed shape is refused before anything runs
     preload_s = preload()
     started = f"race-check: {len(SCENARIOS)} scenarios on {{0.label}} ({{0.tree}})"

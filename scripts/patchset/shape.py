@@ -132,18 +132,13 @@ def _ready(call: ast.Call, *names: str) -> bool:
     """A call of publish_ready's method names (or a wait_event on it, for "wait")."""
     if any(sf.text(call.func).endswith(f"publish_ready.{name}") for name in names):
         return True
-    return (
-        "wait" in names and sf.tail(call.func) == "wait_event" and "publish_ready" in sf.text(call)
-    )
+    waited = sf.tail(call.func) == "wait_event" and "publish_ready" in sf.text(call)
+    return "wait" in names and waited
 
 
 def _reads_seq_lens(stmt: ast.stmt) -> bool:
-    return any(
-        isinstance(n, ast.Attribute)
-        and n.attr == "new_seq_lens_buf"
-        and isinstance(n.ctx, ast.Load)
-        for n in ast.walk(stmt)
-    )
+    attributes = [n for n in ast.walk(stmt) if isinstance(n, ast.Attribute)]
+    return any(n.attr == "new_seq_lens_buf" and isinstance(n.ctx, ast.Load) for n in attributes)
 
 
 def _waits(stmt: ast.stmt, flags: set[str]) -> bool:
