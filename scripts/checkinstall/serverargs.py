@@ -161,9 +161,11 @@ def parse_with_server_args(
     """The settings as python's own sglang parses args; the table's where it cannot."""
     command = [str(python), "-c", SERVER_ARGS_PROBE, json.dumps(probe_request(args, env, table))]
     # sglang's handlers write where they run, and temporary files: in a folder of their own
+    path = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     try:
         with marked_folder(tmpdir(), "check-install-probe-") as tmp:  # a killed run's: swept
             scratch = dict(os.environ, TMPDIR=str(tmp), TEMP=str(tmp), TMP=str(tmp))
+            scratch["PYTHONPATH"] = os.pathsep.join(path)  # relative entries: the caller's folders
             result = subprocess.run(
                 command, capture_output=True, text=True, timeout=300, cwd=tmp, env=scratch
             )

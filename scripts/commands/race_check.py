@@ -170,10 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"timings: third-party imports {preload_s:.1f} s (once); {timings}; wall {wall:.1f} s")
     if regenerate:
         return expected_tables(chosen, runs, write=args.write_expected)
-    code = report.verdict(runs)
+    code = report.verdict(runs)  # a race stays the exit code beside a failed run: worse news
     if errors := list(failed.values()):
         why = "; ".join(err.problem for err in errors) + " (the other trees' tables are above)"
-        # a race found in another tree stays the exit code: it is the worse news
         raise BackportError(code or errors[0].code, why, errors[0].next_step)
     return code
 

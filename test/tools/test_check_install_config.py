@@ -292,7 +292,8 @@ def test_the_command_runs_the_probe_in_the_interpreter_under_check(tmp_path: Pat
     relative to the server's folder, which holds the model path) is read as sglang
     reads it. sglang's handlers run in a scratch folder: --crash-dump-folder dumps
     makes dumps/<host>/ where they run, not in the caller's folder nor its TMPDIR; a
-    killed run's scratch folder there is removed."""
+    killed run's scratch folder there is removed. The tree is on PYTHONPATH relative to the
+    caller's folder, which the probe, run in its scratch folder, still finds."""
     python, tree = release_env(DEFAULT)
     (tmp_path / "decode.yaml").write_text(DECODE_EAGLE_YAML)
     caller, tmp = tmp_path / "caller", tmp_path / "tmp"
@@ -306,7 +307,7 @@ def test_the_command_runs_the_probe_in_the_interpreter_under_check(tmp_path: Pat
     )
     result = check(
         "--python", str(python), "--launch-args", launch, "--config-root", str(tmp_path),
-        tree_on_path=tree, cwd=caller, fresh=True, TMPDIR=str(tmp),
+        cwd=caller, fresh=True, TMPDIR=str(tmp), PYTHONPATH=os.path.relpath(tree, caller),
     )  # fmt: skip
     assert result.returncode == Exit.EXPOSED, result.stdout + result.stderr
     assert f"sglang {DEFAULT}'s own ServerArgs" in line(result, "configuration parsed by")
