@@ -152,7 +152,7 @@ def tail(node: ast.AST) -> str:
 
 
 def ordering(
-    call: ast.Call, current_stream: str = "schedule_stream", recorded: frozenset = frozenset()
+    call: ast.Call, current_stream: str = "schedule_stream", recorded: frozenset[str] = frozenset()
 ) -> tuple[str, str] | None:
     """('full' | 'partial' | 'unknown', what) for a call that orders streams, else None.
     unknown: a wait between streams of names sglang does not use. current_stream: the one
