@@ -120,9 +120,8 @@ def _consumer_side(sources: sf.Sources) -> sf.Evidence | None:
         args = fn.node.args  # its flags: parameters that default to True or False
         defaults = zip(args.args[::-1], args.defaults[::-1], strict=False)
         flags = {a.arg for a, d in defaults if isinstance(getattr(d, "value", None), bool)}
-        body = fn.node.body
-        reads = [i for i, stmt in enumerate(body) if _reads_seq_lens(stmt)]
-        if reads and not any(_waits(stmt, flags) for stmt in body[: reads[0]]):
+        reads = [i for i, stmt in enumerate(fn.node.body) if _reads_seq_lens(stmt)]
+        if reads and not any(_waits(stmt, flags) for stmt in fn.node.body[: reads[0]]):
             what = "reads new_seq_lens_buf where it has not waited on publish_ready"
             break
     return sf.Evidence(fn.file, fn.node.lineno, fn.name, what) if what else None
@@ -130,10 +129,9 @@ def _consumer_side(sources: sf.Sources) -> sf.Evidence | None:
 
 def _ready(call: ast.Call, *names: str) -> bool:
     """A call of publish_ready's method names (or a wait_event on it, for "wait")."""
-    if any(sf.text(call.func).endswith(f"publish_ready.{name}") for name in names):
-        return True
+    named = any(sf.text(call.func).endswith(f"publish_ready.{name}") for name in names)
     waited = sf.tail(call.func) == "wait_event" and "publish_ready" in sf.text(call)
-    return "wait" in names and waited
+    return named or ("wait" in names and waited)
 
 
 def _reads_seq_lens(stmt: ast.stmt) -> bool:

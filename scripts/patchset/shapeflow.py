@@ -154,10 +154,9 @@ def tail(node: ast.AST) -> str:
 def ordering(
     call: ast.Call, current_stream: str = "schedule_stream", recorded: frozenset[str] = frozenset()
 ) -> tuple[str, str] | None:
-    """('full' | 'partial' | 'unknown', what) for a call that orders streams, else None.
-    unknown: a wait between streams of names sglang does not use. current_stream: the one
-    a `with ...stream(X)` around the call makes current (the scheduler's is the schedule's);
-    recorded: the events this function recorded on the forward stream on the way here."""
+    """('full' | 'partial' | 'unknown', what) for a stream-ordering call, else None (unknown: a
+    wait between streams of names sglang does not use); current_stream: the one a `with ...
+    stream(X)` around it makes current; recorded: events it recorded on the forward stream."""
     func = call.func
     if not isinstance(func, ast.Attribute):
         return None
@@ -290,6 +289,10 @@ class Flow:
     def stmt(self, stmt: ast.stmt, paths: set[Trace], fn: Fn) -> Out:
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             return Out(paths)
+        if any(p.recorded for p in paths):  # a name stored to in stmt: maybe another event now
+            stores = [n for n in ast.walk(stmt) if isinstance(getattr(n, "ctx", None), ast.Store)]
+            stored = {(fn.name, text(n)) for n in stores}
+            paths = {replace(p, recorded=p.recorded - stored) for p in paths}
         if isinstance(stmt, ast.Return):  # a bare return, or return None, returns None
             value = stmt.value
             none = value is None or (isinstance(value, ast.Constant) and value.value is None)

@@ -303,6 +303,13 @@ FORKS = {
         "            self.schedule_stream.wait_event(self.done)\n",
         shape.AFFECTED,
     ),
+    "an event recorded on the forward stream, then a new one under its name": (
+        WAIT,
+        "            self.done.record(self.forward_stream)\n"
+        "            self.done = torch.cuda.Event()\n"
+        "            self.schedule_stream.wait_event(self.done)\n",
+        shape.AFFECTED,
+    ),
     "the forward stream waits on the forward stream's event": (
         WAIT,
         "            self.done.record(self.forward_stream)\n"
