@@ -42,8 +42,7 @@ def temp_parent() -> Path:
 
 
 def _available_memory() -> int:
-    """What the kernel could hand out without swapping (its page cache counts: after a large
-    download most memory holds cached files), else the free pages."""
+    """What the kernel can hand out without swapping (page cache included), else free pages."""
     for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
